@@ -1,0 +1,3 @@
+module github.com/tensorferry/tensorferry
+
+go 1.26

@@ -1,0 +1,33 @@
+package memory
+
+import (
+	"fmt"
+	"sync"
+)
+
+var (
+	allocMu    sync.RWMutex
+	allocators = map[Kind]func(Device) (Allocator, error){
+		KindHost: func(Device) (Allocator, error) { return HostAllocator{}, nil },
+	}
+)
+
+// RegisterAllocatorFactory installs the factory for a device kind. The CUDA
+// backend registers KindPinned and KindCUDA from an init function.
+func RegisterAllocatorFactory(k Kind, f func(Device) (Allocator, error)) {
+	allocMu.Lock()
+	defer allocMu.Unlock()
+	allocators[k] = f
+}
+
+// AllocatorFor returns an allocator for dev, or an error wrapping
+// ErrNotSupported (with the reason) when this machine cannot serve it.
+func AllocatorFor(dev Device) (Allocator, error) {
+	allocMu.RLock()
+	f, ok := allocators[dev.Kind]
+	allocMu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("memory: no allocator for %s: %w", dev, ErrNotSupported)
+	}
+	return f(dev)
+}
