@@ -1,0 +1,105 @@
+package rdma
+
+import (
+	"context"
+	"errors"
+	"net"
+
+	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/tensor"
+	"go.uber.org/zap"
+)
+
+// Channel names, in order of preference.
+const (
+	Local   = "local"
+	IPC     = "ipc"
+	Verbs   = "verbs"
+	Staging = "staging"
+)
+
+// Names lists every channel in order of preference.
+var Names = []string{Local, IPC, Verbs, Staging}
+
+// Errors shared by channels.
+var (
+	// ErrNotViable is wrapped by the error a channel constructor returns when
+	// the channel cannot run on this machine (no driver, no device); the
+	// node then runs without it and reports the reason.
+	ErrNotViable = errors.New("rdma: channel not viable here")
+	// ErrClosed is returned after Close.
+	ErrClosed = errors.New("rdma: channel closed")
+	// ErrPeerDown fails transfers whose other end went away.
+	ErrPeerDown = errors.New("rdma: peer down")
+	// ErrTooSmall is returned when the destination is smaller than the source.
+	ErrTooSmall = errors.New("rdma: destination smaller than source")
+	// ErrNoOffer is returned when a descriptor carries no offer for the
+	// channel asked to fetch it.
+	ErrNoOffer = errors.New("rdma: descriptor has no offer for this channel")
+)
+
+// Channel moves the bytes of exported tensors from the node that owns them
+// (the owner) to a node that received their descriptor (the fetcher). Every
+// transfer is a pull: the fetcher allocates the destination and asks.
+//
+// A Channel is safe for concurrent use.
+type Channel interface {
+	// Name is one of Names.
+	Name() string
+	// Offer runs on the owner while a descriptor of e is being encoded for
+	// peer. It returns the bytes to place in Descriptor.Offers[Name()], or
+	// nil when the channel offers nothing for that peer. Offers must not
+	// grant anything to other peers (an RDMA key, an IPC handle).
+	Offer(ctx context.Context, e *tensor.Export, peer string) ([]byte, error)
+	// Fetch runs on the fetcher: it copies the d.Bytes bytes of the export
+	// into the start of dst. dst smaller than d.Bytes gives ErrTooSmall. It
+	// does not release the lease: the caller does, after Fetch returns.
+	Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer) error
+	// PeerDown drops everything held for the named node: connections,
+	// mappings, registrations; its transfers in flight fail.
+	PeerDown(node string)
+	// Close releases every resource; transfers in flight fail with ErrClosed.
+	Close() error
+}
+
+// ConnServer is implemented by channels that receive data connections (the
+// staging channel). The node accepts and authenticates the connection, then
+// hands it over; the channel owns it from then on.
+type ConnServer interface {
+	ServeConn(conn net.Conn, peer string)
+}
+
+// ControlHandler is implemented by channels that exchange set-up messages
+// over the control plane (RDMA queue pair numbers, IPC host proofs).
+type ControlHandler interface {
+	// HandleControl answers a request sent by peer's channel of the same
+	// name through Env.Control.
+	HandleControl(ctx context.Context, peer string, req []byte) ([]byte, error)
+}
+
+// Env is what a node gives its channels.
+type Env struct {
+	Node        string
+	Incarnation uint64
+	// Store is the node's table of exports; channels serve only its ids.
+	Store *tensor.Store
+	Log   *zap.Logger
+	// Dial opens an authenticated data connection to node's data listener,
+	// to be served by that node's channel of the same name (ConnServer).
+	Dial func(ctx context.Context, node, channel string) (net.Conn, error)
+	// Control sends req to node's channel of the given name (its
+	// ControlHandler) over the authenticated control connection.
+	Control func(ctx context.Context, node, channel string, req []byte) ([]byte, error)
+	// ChunkSize is the staging chunk in bytes; ChunksInFlight how many are
+	// outstanding per transfer.
+	ChunkSize      int
+	ChunksInFlight int
+}
+
+// Logger returns Log or a no-op logger.
+func (e *Env) Logger() *zap.Logger {
+	if e == nil || e.Log == nil {
+		return zap.NewNop()
+	}
+	return e.Log
+}

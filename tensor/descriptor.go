@@ -1,0 +1,71 @@
+package tensor
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/tensorferry/tensorferry/memory"
+)
+
+// ErrBadDescriptor is wrapped by every descriptor validation error.
+var ErrBadDescriptor = errors.New("tensor: bad descriptor")
+
+// Limits applied to descriptors received from the wire.
+const (
+	maxOffers     = 8
+	maxOfferBytes = 4096
+	maxNameLen    = 256
+)
+
+// Descriptor names a tensor exported by its owner: what a message carries
+// instead of the bytes. The receiver fetches the bytes through a data channel
+// and then releases the lease.
+type Descriptor struct {
+	Owner       string `msgpack:"o"` // owner node name
+	Incarnation uint64 `msgpack:"i"` // owner node incarnation; descriptors of an old life are rejected
+	ExportID    uint64 `msgpack:"e"` // export id in the owner's Store
+	Lease       uint64 `msgpack:"l"` // lease id, unguessable, issued with the export
+	DType       DType  `msgpack:"t"`
+	Shape       Shape  `msgpack:"s"`
+	Bytes       int64  `msgpack:"b"` // must equal Shape × DType size
+	Device      string `msgpack:"d"` // owner-side device, e.g. "cuda:0"
+	// Offers holds what the owner offers each data channel, keyed by channel
+	// name (for example the CUDA IPC handle for "ipc").
+	Offers map[string][]byte `msgpack:"f,omitempty"`
+}
+
+// Validate checks that the descriptor is well formed: a known dtype, a valid
+// shape, a byte size equal to shape × dtype size, a parsable device, and
+// bounded offers.
+func (d *Descriptor) Validate() error {
+	if d == nil {
+		return fmt.Errorf("%w: nil", ErrBadDescriptor)
+	}
+	if d.Owner == "" || len(d.Owner) > maxNameLen {
+		return fmt.Errorf("%w: owner name %q", ErrBadDescriptor, d.Owner)
+	}
+	n, err := d.Shape.ByteSize(d.DType)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrBadDescriptor, err)
+	}
+	if n != d.Bytes {
+		return fmt.Errorf("%w: %w: %d bytes for %v of %v (want %d)", ErrBadDescriptor, ErrBadSize, d.Bytes, d.Shape, d.DType, n)
+	}
+	if _, err := memory.ParseDevice(d.Device); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadDescriptor, err)
+	}
+	if len(d.Offers) > maxOffers {
+		return fmt.Errorf("%w: %d offers", ErrBadDescriptor, len(d.Offers))
+	}
+	for k, v := range d.Offers {
+		if len(k) > maxNameLen || len(v) > maxOfferBytes {
+			return fmt.Errorf("%w: offer %q of %d bytes", ErrBadDescriptor, k, len(v))
+		}
+	}
+	return nil
+}
+
+// String describes the descriptor without its offers.
+func (d *Descriptor) String() string {
+	return fmt.Sprintf("%s#%d/%d export %d: %v%v (%d bytes) on %s", d.Owner, d.Incarnation, d.Lease, d.ExportID, d.DType, d.Shape, d.Bytes, d.Device)
+}

@@ -1,0 +1,131 @@
+package tensor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/tensorferry/tensorferry/memory"
+)
+
+// ErrRefSpent is returned when a Ref that was already fetched or released is
+// fetched again.
+var ErrRefSpent = errors.New("tensor: ref already fetched or released")
+
+// Fetcher is what a receiving node attaches to the Refs it delivers.
+type Fetcher interface {
+	// FetchDescriptor allocates a tensor on dev and fills it from the owner.
+	FetchDescriptor(ctx context.Context, d *Descriptor, dev memory.Device) (*Tensor, error)
+	// ReleaseDescriptor ends the descriptor's lease on the owner.
+	ReleaseDescriptor(ctx context.Context, d *Descriptor) error
+}
+
+// Ref is a lazily fetched tensor: a message field of type Ref carries only a
+// descriptor. The receiving actor calls Fetch when and where it wants the
+// bytes, or puts the Ref into another message to forward it without moving
+// any bytes; a forwarded Ref still fetches from the original owner.
+//
+// The zero Ref is empty. Refs are cheap to copy; copies share state.
+type Ref struct{ st *refState }
+
+type refState struct {
+	mu      sync.Mutex
+	local   *Tensor     // owner side: the tensor to export when sent
+	desc    *Descriptor // receiver side
+	fetcher Fetcher
+	spent   bool
+}
+
+// NewRef makes a Ref to a local tensor. Sending it lends t as for a tensor
+// field, but the receiver fetches only when it asks.
+func NewRef(t *Tensor) Ref { return Ref{st: &refState{local: t}} }
+
+// RefFromDescriptor makes a Ref that fetches d through f.
+func RefFromDescriptor(d *Descriptor, f Fetcher) Ref {
+	return Ref{st: &refState{desc: d, fetcher: f}}
+}
+
+// IsZero reports whether the Ref is empty.
+func (r Ref) IsZero() bool { return r.st == nil }
+
+// Local returns the local tensor of a Ref made with NewRef, else nil.
+func (r Ref) Local() *Tensor {
+	if r.st == nil {
+		return nil
+	}
+	return r.st.local
+}
+
+// Descriptor returns the descriptor of a received Ref, else nil.
+func (r Ref) Descriptor() *Descriptor {
+	if r.st == nil {
+		return nil
+	}
+	r.st.mu.Lock()
+	defer r.st.mu.Unlock()
+	return r.st.desc
+}
+
+// Fetch copies the referenced tensor onto dev and releases the lease. A Ref
+// made with NewRef returns a copy of its tensor on dev.
+func (r Ref) Fetch(ctx context.Context, dev memory.Device) (*Tensor, error) {
+	if r.st == nil {
+		return nil, errors.New("tensor: fetch of an empty Ref")
+	}
+	if r.st.local != nil {
+		return r.st.local.To(ctx, dev)
+	}
+	r.st.mu.Lock()
+	if r.st.spent {
+		r.st.mu.Unlock()
+		return nil, ErrRefSpent
+	}
+	r.st.spent = true
+	d, f := r.st.desc, r.st.fetcher
+	r.st.mu.Unlock()
+	if f == nil {
+		return nil, fmt.Errorf("tensor: Ref to %v has no fetcher (not delivered by a node)", d)
+	}
+	t, err := f.FetchDescriptor(ctx, d, dev)
+	rerr := f.ReleaseDescriptor(context.WithoutCancel(ctx), d)
+	if err != nil {
+		return nil, err
+	}
+	if rerr != nil {
+		_ = t.Free()
+		return nil, rerr
+	}
+	return t, nil
+}
+
+// Release gives the lease back without fetching.
+func (r Ref) Release(ctx context.Context) error {
+	if r.st == nil || r.st.local != nil {
+		return nil
+	}
+	r.st.mu.Lock()
+	if r.st.spent {
+		r.st.mu.Unlock()
+		return ErrRefSpent
+	}
+	r.st.spent = true
+	d, f := r.st.desc, r.st.fetcher
+	r.st.mu.Unlock()
+	if f == nil {
+		return nil
+	}
+	return f.ReleaseDescriptor(ctx, d)
+}
+
+// String describes the Ref.
+func (r Ref) String() string {
+	switch {
+	case r.st == nil:
+		return "Ref(empty)"
+	case r.st.local != nil:
+		return "Ref(" + r.st.local.String() + ")"
+	default:
+		return "Ref(" + r.st.desc.String() + ")"
+	}
+}

@@ -1,0 +1,86 @@
+package tensor
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"strconv"
+	"strings"
+)
+
+// MaxDims is the largest number of dimensions a shape may have.
+const MaxDims = 16
+
+// Errors returned when validating shapes and descriptors.
+var (
+	ErrBadShape = errors.New("tensor: bad shape")
+	ErrBadDType = errors.New("tensor: unknown dtype")
+	ErrOverflow = errors.New("tensor: size overflows")
+	ErrBadSize  = errors.New("tensor: byte size does not match shape × dtype size")
+)
+
+// Shape is the list of dimensions of a contiguous, row-major tensor. A
+// zero-dimensional shape is a scalar of one element.
+type Shape []int64
+
+// NumElements returns the number of elements, or an error for a negative
+// dimension, too many dimensions, or a product that overflows int64.
+func (s Shape) NumElements() (int64, error) {
+	if len(s) > MaxDims {
+		return 0, fmt.Errorf("%w: %d dimensions > %d", ErrBadShape, len(s), MaxDims)
+	}
+	n := uint64(1)
+	for i, d := range s {
+		if d < 0 {
+			return 0, fmt.Errorf("%w: dimension %d is %d", ErrBadShape, i, d)
+		}
+		hi, lo := bits.Mul64(n, uint64(d))
+		if hi != 0 || lo > math.MaxInt64 {
+			return 0, fmt.Errorf("%w: shape %v", ErrOverflow, s)
+		}
+		n = lo
+	}
+	return int64(n), nil
+}
+
+// ByteSize returns the size in bytes of a tensor of this shape and dtype.
+func (s Shape) ByteSize(dt DType) (int64, error) {
+	if !dt.Valid() {
+		return 0, fmt.Errorf("%w: %v", ErrBadDType, dt)
+	}
+	n, err := s.NumElements()
+	if err != nil {
+		return 0, err
+	}
+	hi, lo := bits.Mul64(uint64(n), uint64(dt.Size()))
+	if hi != 0 || lo > math.MaxInt64 {
+		return 0, fmt.Errorf("%w: shape %v of %v", ErrOverflow, s, dt)
+	}
+	return int64(lo), nil
+}
+
+// Equal reports whether two shapes have the same dimensions.
+func (s Shape) Equal(o Shape) bool {
+	if len(s) != len(o) {
+		return false
+	}
+	for i := range s {
+		if s[i] != o[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// Clone returns a copy of the shape.
+func (s Shape) Clone() Shape { return append(Shape(nil), s...) }
+
+// String formats the shape as "[2 3 4]".
+func (s Shape) String() string {
+	parts := make([]string, len(s))
+	for i, d := range s {
+		parts[i] = strconv.FormatInt(d, 10)
+	}
+	return "[" + strings.Join(parts, " ") + "]"
+}

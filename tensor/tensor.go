@@ -1,0 +1,178 @@
+package tensor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"unsafe"
+
+	"github.com/tensorferry/tensorferry/memory"
+)
+
+// ErrLeased is returned by Free while leases on the tensor are outstanding.
+var ErrLeased = errors.New("tensor: tensor is lent out (leases outstanding)")
+
+// Tensor is a contiguous, row-major tensor on one device. The tensor owns its
+// buffer unless made with View semantics by the caller.
+//
+// Sending a tensor to a remote actor lends it: the runtime takes a lease, and
+// the owner must not write the tensor until every lease is released. Leases
+// reports how many are out; WaitReleased blocks until none are.
+type Tensor struct {
+	dtype DType
+	shape Shape
+	buf   memory.Buffer
+
+	mu     sync.Mutex
+	leases int
+	idle   chan struct{} // closed while leases == 0; replaced when a lease is taken
+}
+
+// New allocates a tensor on dev. Host memory is zeroed; device memory is not.
+func New(dev memory.Device, dt DType, shape Shape) (*Tensor, error) {
+	n, err := shape.ByteSize(dt)
+	if err != nil {
+		return nil, err
+	}
+	if n > math.MaxInt {
+		return nil, fmt.Errorf("%w: %d bytes", ErrOverflow, n)
+	}
+	a, err := memory.AllocatorFor(dev)
+	if err != nil {
+		return nil, err
+	}
+	buf, err := a.Alloc(int(n))
+	if err != nil {
+		return nil, err
+	}
+	return FromBuffer(buf, dt, shape)
+}
+
+// FromBuffer makes a tensor over buf, which must hold exactly shape × dtype
+// bytes. The tensor takes ownership: Free frees buf.
+func FromBuffer(buf memory.Buffer, dt DType, shape Shape) (*Tensor, error) {
+	n, err := shape.ByteSize(dt)
+	if err != nil {
+		return nil, err
+	}
+	if int64(buf.Len()) != n {
+		return nil, fmt.Errorf("%w: buffer has %d bytes, %v of %v needs %d", ErrBadSize, buf.Len(), shape, dt, n)
+	}
+	t := &Tensor{dtype: dt, shape: shape.Clone(), buf: buf, idle: make(chan struct{})}
+	close(t.idle)
+	return t, nil
+}
+
+// FromFloat32s makes a host tensor holding a copy of data.
+func FromFloat32s(data []float32, shape Shape) (*Tensor, error) {
+	t, err := New(memory.CPU, Float32, shape)
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) != int64(t.buf.Len()/4) {
+		_ = t.Free()
+		return nil, fmt.Errorf("%w: %d values for shape %v", ErrBadSize, len(data), shape)
+	}
+	copy(t.Float32s(), data)
+	return t, nil
+}
+
+// DType returns the element type.
+func (t *Tensor) DType() DType { return t.dtype }
+
+// Shape returns the dimensions. The caller must not modify it.
+func (t *Tensor) Shape() Shape { return t.shape }
+
+// Device returns where the bytes live.
+func (t *Tensor) Device() memory.Device { return t.buf.Device() }
+
+// Buffer returns the underlying buffer.
+func (t *Tensor) Buffer() memory.Buffer { return t.buf }
+
+// ByteSize returns the size in bytes.
+func (t *Tensor) ByteSize() int64 { return int64(t.buf.Len()) }
+
+// Host returns the bytes of a host tensor, nil for device tensors.
+func (t *Tensor) Host() []byte { return t.buf.Host() }
+
+// Float32s returns the elements of a host float32 tensor as a slice sharing
+// its memory, nil for other dtypes or device tensors.
+func (t *Tensor) Float32s() []float32 {
+	b := t.buf.Host()
+	if t.dtype != Float32 || len(b) < 4 {
+		return nil
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)
+}
+
+// To returns a copy of the tensor on dev (a new tensor, even when dev is the
+// tensor's own device).
+func (t *Tensor) To(ctx context.Context, dev memory.Device) (*Tensor, error) {
+	out, err := New(dev, t.dtype, t.shape)
+	if err != nil {
+		return nil, err
+	}
+	if err := memory.Copy(ctx, out.buf, t.buf); err != nil {
+		_ = out.Free()
+		return nil, err
+	}
+	return out, nil
+}
+
+// Leases returns the number of outstanding leases.
+func (t *Tensor) Leases() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.leases
+}
+
+// WaitReleased blocks until no lease on the tensor is outstanding, so the
+// owner may write it again, or until ctx is done.
+func (t *Tensor) WaitReleased(ctx context.Context) error {
+	t.mu.Lock()
+	idle := t.idle
+	t.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("tensor: waiting for leases: %w", ctx.Err())
+	}
+}
+
+func (t *Tensor) addLease() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.leases == 0 {
+		t.idle = make(chan struct{})
+	}
+	t.leases++
+}
+
+func (t *Tensor) dropLease() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.leases == 0 {
+		return
+	}
+	t.leases--
+	if t.leases == 0 {
+		close(t.idle)
+	}
+}
+
+// Free releases the tensor's memory. It fails with ErrLeased while leases are
+// outstanding.
+func (t *Tensor) Free() error {
+	if n := t.Leases(); n > 0 {
+		return fmt.Errorf("%w: %d", ErrLeased, n)
+	}
+	return t.buf.Free()
+}
+
+// String describes the tensor, e.g. "float32[2 3]@cpu".
+func (t *Tensor) String() string {
+	return fmt.Sprintf("%v%v@%v", t.dtype, t.shape, t.buf.Device())
+}
