@@ -1,0 +1,147 @@
+package wire
+
+import "fmt"
+
+// Frame bodies. All are msgpack maps with short keys; zero fields are
+// omitted and unknown keys are ignored, so fields can be added later.
+
+// Hello opens the handshake (initiator → acceptor).
+type Hello struct {
+	Version uint16 `msgpack:"v,omitempty"`
+	Cluster string `msgpack:"c,omitempty"`
+	Nonce   []byte `msgpack:"n,omitempty"` // NonceSize random bytes
+	Purpose string `msgpack:"p,omitempty"` // PurposeControl or PurposeData
+}
+
+// Challenge answers Hello (acceptor → initiator). It reveals nothing but the
+// acceptor's protocol version and a fresh nonce.
+type Challenge struct {
+	Version uint16 `msgpack:"v,omitempty"`
+	Nonce   []byte `msgpack:"n,omitempty"`
+}
+
+// Auth proves the initiator knows the secret (initiator → acceptor).
+type Auth struct {
+	Node        string `msgpack:"n,omitempty"`
+	Incarnation uint64 `msgpack:"i,omitempty"`
+	MAC         []byte `msgpack:"m,omitempty"`
+}
+
+// Welcome proves the acceptor knows the secret and ends the handshake
+// (acceptor → initiator).
+type Welcome struct {
+	Node        string `msgpack:"n,omitempty"`
+	Incarnation uint64 `msgpack:"i,omitempty"`
+	MAC         []byte `msgpack:"m,omitempty"`
+}
+
+// Caps carries a node's capabilities. Body is opaque msgpack defined by the
+// layer above (decode it with DecodeMsgpack).
+type Caps struct {
+	Body []byte `msgpack:"b,omitempty"`
+}
+
+// Message carries one user message to an actor.
+type Message struct {
+	Target     string            `msgpack:"t,omitempty"`  // actor id on the receiving node
+	SenderNode string            `msgpack:"sn,omitempty"` // node of the sender
+	SenderID   string            `msgpack:"si,omitempty"` // sender actor id; empty if none
+	Type       string            `msgpack:"ty,omitempty"` // registered type name (see Registry)
+	Ser        uint8             `msgpack:"s,omitempty"`  // serializer id
+	Body       []byte            `msgpack:"b,omitempty"`  // serialized message
+	Header     map[string]string `msgpack:"h,omitempty"`
+	Request    uint64            `msgpack:"r,omitempty"` // request id; 0 if none
+}
+
+// SystemKind is the kind of a System frame.
+type SystemKind uint8
+
+// System kinds.
+const (
+	SystemWatch      SystemKind = 1
+	SystemUnwatch    SystemKind = 2
+	SystemTerminated SystemKind = 3
+	SystemStop       SystemKind = 4
+	SystemPoison     SystemKind = 5
+	SystemDeadLetter SystemKind = 6
+)
+
+var systemKindNames = [...]string{
+	SystemWatch:      "Watch",
+	SystemUnwatch:    "Unwatch",
+	SystemTerminated: "Terminated",
+	SystemStop:       "Stop",
+	SystemPoison:     "Poison",
+	SystemDeadLetter: "DeadLetter",
+}
+
+// String returns the kind's name.
+func (k SystemKind) String() string {
+	if int(k) < len(systemKindNames) && systemKindNames[k] != "" {
+		return systemKindNames[k]
+	}
+	return fmt.Sprintf("SystemKind(%d)", uint8(k))
+}
+
+// System carries an actor system message (watch, termination, stop...).
+type System struct {
+	Kind        SystemKind `msgpack:"k,omitempty"`
+	Target      string     `msgpack:"t,omitempty"`
+	WatcherNode string     `msgpack:"wn,omitempty"`
+	WatcherID   string     `msgpack:"wi,omitempty"`
+	Why         int32      `msgpack:"w,omitempty"`
+	Detail      string     `msgpack:"d,omitempty"`
+}
+
+// Ping is a liveness probe; the peer answers with a Pong echoing it.
+type Ping struct {
+	Seq      uint64 `msgpack:"s,omitempty"`
+	UnixNano int64  `msgpack:"t,omitempty"`
+}
+
+// Pong answers a Ping.
+type Pong struct {
+	Seq      uint64 `msgpack:"s,omitempty"`
+	UnixNano int64  `msgpack:"t,omitempty"`
+}
+
+// GoAway announces that the sender closes the connection.
+type GoAway struct {
+	Code   ErrCode `msgpack:"c,omitempty"`
+	Reason string  `msgpack:"r,omitempty"`
+}
+
+// Error fails one request or transfer, identified by Stream.
+type Error struct {
+	Code   ErrCode `msgpack:"c,omitempty"`
+	Stream uint32  `msgpack:"s,omitempty"`
+	Msg    string  `msgpack:"m,omitempty"`
+}
+
+// Fetch asks the owner of an exported tensor to send bytes of it. The stream
+// id of the frame header identifies the transfer; the owner answers with
+// Data frames on that stream and a FetchEnd.
+type Fetch struct {
+	ExportID    uint64 `msgpack:"e,omitempty"`
+	Lease       uint64 `msgpack:"l,omitempty"`
+	Incarnation uint64 `msgpack:"i,omitempty"`
+	Offset      uint64 `msgpack:"o,omitempty"`
+	Length      uint64 `msgpack:"n,omitempty"`
+	Chunk       uint32 `msgpack:"c,omitempty"` // bytes per Data frame
+	Window      uint32 `msgpack:"w,omitempty"` // Data frames in flight
+}
+
+// FetchEnd ends a transfer: Code NoError and the number of bytes sent, or
+// the reason it failed.
+type FetchEnd struct {
+	Code  ErrCode `msgpack:"c,omitempty"`
+	Msg   string  `msgpack:"m,omitempty"`
+	Bytes uint64  `msgpack:"b,omitempty"`
+}
+
+// Release returns a lease on an exported tensor to its owner.
+type Release struct {
+	ExportID    uint64 `msgpack:"e,omitempty"`
+	Lease       uint64 `msgpack:"l,omitempty"`
+	Incarnation uint64 `msgpack:"i,omitempty"`
+}

@@ -1,0 +1,126 @@
+package wire
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrCode is a protocol error code carried by GoAway, Error and FetchEnd
+// frames and by ConnError and StreamError.
+type ErrCode uint32
+
+// Error codes.
+const (
+	CodeNoError     ErrCode = 0  // no error; a graceful close
+	CodeProtocol    ErrCode = 1  // the peer broke the protocol
+	CodeInternal    ErrCode = 2  // an internal failure of the sender
+	CodeFrameSize   ErrCode = 3  // a frame too large or too short
+	CodeAuth        ErrCode = 4  // authentication failed
+	CodeVersion     ErrCode = 5  // unsupported protocol version
+	CodeCluster     ErrCode = 6  // cluster names differ
+	CodeNotFound    ErrCode = 7  // no such actor, export or transfer
+	CodeReleased    ErrCode = 8  // the export or lease was released
+	CodeOutOfRange  ErrCode = 9  // offset or length outside the exported region
+	CodeCancelled   ErrCode = 10 // the request or transfer was cancelled
+	CodeTimeout     ErrCode = 11 // a deadline passed
+	CodeUnavailable ErrCode = 12 // the resource is temporarily unavailable
+	CodeShutdown    ErrCode = 13 // the node is shutting down
+)
+
+var errCodeNames = [...]string{
+	CodeNoError:     "NoError",
+	CodeProtocol:    "Protocol",
+	CodeInternal:    "Internal",
+	CodeFrameSize:   "FrameSize",
+	CodeAuth:        "Auth",
+	CodeVersion:     "Version",
+	CodeCluster:     "Cluster",
+	CodeNotFound:    "NotFound",
+	CodeReleased:    "Released",
+	CodeOutOfRange:  "OutOfRange",
+	CodeCancelled:   "Cancelled",
+	CodeTimeout:     "Timeout",
+	CodeUnavailable: "Unavailable",
+	CodeShutdown:    "Shutdown",
+}
+
+// String returns the code's name, or "ErrCode(n)" for an unknown code.
+func (c ErrCode) String() string {
+	if int(c) < len(errCodeNames) {
+		return errCodeNames[c]
+	}
+	return fmt.Sprintf("ErrCode(%d)", uint32(c))
+}
+
+// Sentinel errors. They are returned wrapped (in a *ConnError, a *StreamError
+// or with fmt.Errorf's %w); test for them with errors.Is.
+var (
+	// ErrFrameTooLarge: a frame's declared length exceeds the maximum.
+	ErrFrameTooLarge = errors.New("wire: frame too large")
+	// ErrShortFrame: a frame was truncated, or its payload is shorter than
+	// its type requires.
+	ErrShortFrame = errors.New("wire: short frame")
+	// ErrBadHeader: a frame header has reserved bits set.
+	ErrBadHeader = errors.New("wire: bad frame header")
+	// ErrBadBody: a frame body is not valid msgpack for its type.
+	ErrBadBody = errors.New("wire: bad frame body")
+	// ErrAuthFailed: the handshake's HMAC check failed (wrong secret,
+	// replay or tampering).
+	ErrAuthFailed = errors.New("wire: authentication failed")
+	// ErrVersion: the peers speak different protocol versions.
+	ErrVersion = errors.New("wire: protocol version mismatch")
+	// ErrClusterMismatch: the peers belong to different clusters.
+	ErrClusterMismatch = errors.New("wire: cluster mismatch")
+	// ErrUnexpectedPeer: the acceptor authenticated as a node other than
+	// HandshakeConfig.Expect.
+	ErrUnexpectedPeer = errors.New("wire: unexpected peer")
+	// ErrClosed: the connection is closed.
+	ErrClosed = errors.New("wire: connection closed")
+)
+
+// ConnError is an error that kills the whole connection. Err, when set, is
+// the underlying cause (often a sentinel) and is returned by Unwrap.
+type ConnError struct {
+	Code   ErrCode
+	Reason string
+	Err    error
+}
+
+// Error implements error.
+func (e *ConnError) Error() string {
+	msg := "wire: connection error " + e.Code.String()
+	if e.Reason != "" {
+		msg += ": " + e.Reason
+	}
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Unwrap returns the cause.
+func (e *ConnError) Unwrap() error { return e.Err }
+
+// StreamError is an error that fails a single request or transfer (the
+// stream) and leaves the connection usable.
+type StreamError struct {
+	Stream uint32
+	Code   ErrCode
+	Cause  error
+}
+
+// Error implements error.
+func (e *StreamError) Error() string {
+	msg := fmt.Sprintf("wire: stream %d error %s", e.Stream, e.Code)
+	if e.Cause != nil {
+		msg += ": " + e.Cause.Error()
+	}
+	return msg
+}
+
+// Unwrap returns the cause.
+func (e *StreamError) Unwrap() error { return e.Cause }
+
+func connErr(code ErrCode, sentinel error, format string, args ...any) *ConnError {
+	return &ConnError{Code: code, Reason: fmt.Sprintf(format, args...), Err: sentinel}
+}

@@ -1,0 +1,336 @@
+package wire
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+)
+
+// ProtocolVersion is the version of the protocol this package speaks.
+const ProtocolVersion uint16 = 1
+
+// NonceSize is the size of the handshake nonces.
+const NonceSize = 32
+
+// Connection purposes.
+const (
+	PurposeControl = "control" // actor messages, system messages, fetch control
+	PurposeData    = "data"    // bulk Data frames
+)
+
+// DefaultHandshakeTimeout bounds a handshake when HandshakeConfig.Timeout is
+// zero.
+const DefaultHandshakeTimeout = 5 * time.Second
+
+// HandshakeMaxFrameSize is the largest frame payload accepted during the
+// handshake.
+const HandshakeMaxFrameSize = 4 << 10
+
+// maxNameLen bounds cluster and node names.
+const maxNameLen = 255
+
+const (
+	labelInitiator = "tensorferry initiator v1"
+	labelAcceptor  = "tensorferry acceptor v1"
+)
+
+// HandshakeConfig configures one side of a handshake.
+type HandshakeConfig struct {
+	// Cluster is the cluster name; both sides must agree.
+	Cluster string
+	// Node is this node's name, sent only after the peer proved it knows
+	// Secret.
+	Node string
+	// Incarnation identifies this life of the node; it changes on restart.
+	Incarnation uint64
+	// Secret is the shared cluster secret (at least 16 bytes; 32 random
+	// bytes recommended).
+	Secret []byte
+	// Purpose is PurposeControl (default) or PurposeData. The initiator
+	// sends it; an acceptor with a non-empty Purpose refuses other purposes.
+	Purpose string
+	// Timeout bounds the whole handshake (default DefaultHandshakeTimeout).
+	Timeout time.Duration
+	// Expect, on the initiator, is the node name it means to reach; "" means
+	// any. Ignored by the acceptor.
+	Expect string
+}
+
+// Peer is the authenticated other end of a connection.
+type Peer struct {
+	Node        string
+	Incarnation uint64
+	Purpose     string
+}
+
+func (c *HandshakeConfig) validate(initiator bool) error {
+	switch {
+	case c.Cluster == "" || len(c.Cluster) > maxNameLen:
+		return fmt.Errorf("wire: handshake config: cluster name must have 1 to %d bytes", maxNameLen)
+	case c.Node == "" || len(c.Node) > maxNameLen:
+		return fmt.Errorf("wire: handshake config: node name must have 1 to %d bytes", maxNameLen)
+	case len(c.Secret) < 16:
+		return errors.New("wire: handshake config: secret must have at least 16 bytes")
+	}
+	p := c.Purpose
+	if initiator && p == "" {
+		p = PurposeControl
+	}
+	if p != "" && p != PurposeControl && p != PurposeData {
+		return fmt.Errorf("wire: handshake config: unknown purpose %q", c.Purpose)
+	}
+	return nil
+}
+
+// Handshake authenticates nc as the initiator (the side that dialed) or the
+// acceptor and returns the peer. Both sides prove knowledge of the shared
+// secret with an HMAC-SHA256 over a transcript of both fresh nonces, so a
+// recorded handshake cannot be replayed. The acceptor sends nothing but its
+// version and nonce until the initiator has proved itself; the initiator
+// names itself only in Auth, which a peer without the secret cannot answer.
+//
+// The whole handshake is bounded by cfg.Timeout and ctx; the deadline on nc
+// is cleared on success. Nothing but handshake frames is accepted. On
+// failure nc is closed and the error wraps one of ErrVersion,
+// ErrClusterMismatch, ErrAuthFailed, ErrUnexpectedPeer, a *ConnError for a
+// malformed frame, ctx.Err() or the I/O error (os.ErrDeadlineExceeded on
+// timeout).
+func Handshake(ctx context.Context, nc net.Conn, cfg HandshakeConfig, initiator bool) (Peer, error) {
+	if err := cfg.validate(initiator); err != nil {
+		nc.Close()
+		return Peer{}, err
+	}
+	if initiator && cfg.Purpose == "" {
+		cfg.Purpose = PurposeControl
+	}
+	timeout := cfg.Timeout
+	if timeout <= 0 {
+		timeout = DefaultHandshakeTimeout
+	}
+	deadline := time.Now().Add(timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	if err := nc.SetDeadline(deadline); err != nil {
+		nc.Close()
+		return Peer{}, fmt.Errorf("wire: handshake: set deadline: %w", err)
+	}
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(fired)
+		nc.SetDeadline(time.Unix(1, 0)) // unblock reads and writes now
+	})
+
+	hs := &handshake{cfg: cfg, fr: NewFramer(nc, nc)}
+	hs.fr.SetMaxReadFrameSize(HandshakeMaxFrameSize)
+	hs.fr.SetMaxWriteFrameSize(HandshakeMaxFrameSize)
+	var peer Peer
+	var err error
+	if initiator {
+		peer, err = hs.initiate()
+	} else {
+		peer, err = hs.accept()
+	}
+	if !stop() {
+		<-fired
+		if err == nil {
+			err = fmt.Errorf("wire: handshake: %w", ctx.Err())
+		} else {
+			err = fmt.Errorf("wire: handshake: %w (%w)", ctx.Err(), err)
+		}
+	}
+	if err == nil {
+		if derr := nc.SetDeadline(time.Time{}); derr != nil {
+			err = fmt.Errorf("wire: handshake: clear deadline: %w", derr)
+		}
+	}
+	if err != nil {
+		nc.Close()
+		return Peer{}, err
+	}
+	return peer, nil
+}
+
+type handshake struct {
+	cfg HandshakeConfig
+	fr  *Framer
+}
+
+func (hs *handshake) initiate() (Peer, error) {
+	nonceI := make([]byte, NonceSize)
+	if _, err := rand.Read(nonceI); err != nil {
+		return Peer{}, fmt.Errorf("wire: handshake: nonce: %w", err)
+	}
+	hello := Hello{Version: ProtocolVersion, Cluster: hs.cfg.Cluster, Nonce: nonceI, Purpose: hs.cfg.Purpose}
+	if err := hs.fr.WriteHello(&hello); err != nil {
+		return Peer{}, fmt.Errorf("wire: handshake: send hello: %w", err)
+	}
+	f, err := hs.read(FrameChallenge)
+	if err != nil {
+		return Peer{}, err
+	}
+	ch := f.(*ChallengeFrame).Challenge
+	if ch.Version != ProtocolVersion {
+		return Peer{}, fmt.Errorf("wire: handshake: acceptor speaks version %d, want %d: %w", ch.Version, ProtocolVersion, ErrVersion)
+	}
+	if len(ch.Nonce) != NonceSize {
+		return Peer{}, connErr(CodeProtocol, nil, "handshake: challenge nonce of %d bytes", len(ch.Nonce))
+	}
+	t := transcript{version: ProtocolVersion, cluster: hs.cfg.Cluster, purpose: hs.cfg.Purpose,
+		nonceI: nonceI, nonceA: ch.Nonce, nodeI: hs.cfg.Node, incI: hs.cfg.Incarnation}
+	auth := Auth{Node: hs.cfg.Node, Incarnation: hs.cfg.Incarnation, MAC: t.mac(hs.cfg.Secret, labelInitiator, false)}
+	if err := hs.fr.WriteAuth(&auth); err != nil {
+		return Peer{}, fmt.Errorf("wire: handshake: send auth: %w", err)
+	}
+	f, err = hs.read(FrameWelcome)
+	if err != nil {
+		return Peer{}, err
+	}
+	w := f.(*WelcomeFrame).Welcome
+	if w.Node == "" || len(w.Node) > maxNameLen {
+		return Peer{}, connErr(CodeProtocol, nil, "handshake: welcome names no valid node")
+	}
+	t.nodeA, t.incA = w.Node, w.Incarnation
+	if !hmac.Equal(w.MAC, t.mac(hs.cfg.Secret, labelAcceptor, true)) {
+		hs.refuse(CodeAuth)
+		return Peer{}, fmt.Errorf("wire: handshake: acceptor's proof is wrong: %w", ErrAuthFailed)
+	}
+	if hs.cfg.Expect != "" && w.Node != hs.cfg.Expect {
+		hs.refuse(CodeAuth)
+		return Peer{}, fmt.Errorf("wire: handshake: reached node %q, expected %q: %w", w.Node, hs.cfg.Expect, ErrUnexpectedPeer)
+	}
+	return Peer{Node: w.Node, Incarnation: w.Incarnation, Purpose: hs.cfg.Purpose}, nil
+}
+
+func (hs *handshake) accept() (Peer, error) {
+	f, err := hs.read(FrameHello)
+	if err != nil {
+		return Peer{}, err
+	}
+	hello := f.(*HelloFrame).Hello
+	if hello.Version != ProtocolVersion {
+		hs.refuse(CodeVersion)
+		return Peer{}, fmt.Errorf("wire: handshake: initiator speaks version %d, want %d: %w", hello.Version, ProtocolVersion, ErrVersion)
+	}
+	if hello.Cluster != hs.cfg.Cluster {
+		hs.refuse(CodeCluster)
+		return Peer{}, fmt.Errorf("wire: handshake: initiator is in cluster %q: %w", hello.Cluster, ErrClusterMismatch)
+	}
+	if hello.Purpose != PurposeControl && hello.Purpose != PurposeData ||
+		hs.cfg.Purpose != "" && hello.Purpose != hs.cfg.Purpose {
+		hs.refuse(CodeProtocol)
+		return Peer{}, connErr(CodeProtocol, nil, "handshake: purpose %q not accepted", hello.Purpose)
+	}
+	if len(hello.Nonce) != NonceSize {
+		hs.refuse(CodeProtocol)
+		return Peer{}, connErr(CodeProtocol, nil, "handshake: hello nonce of %d bytes", len(hello.Nonce))
+	}
+	nonceA := make([]byte, NonceSize)
+	if _, err := rand.Read(nonceA); err != nil {
+		return Peer{}, fmt.Errorf("wire: handshake: nonce: %w", err)
+	}
+	if err := hs.fr.WriteChallenge(&Challenge{Version: ProtocolVersion, Nonce: nonceA}); err != nil {
+		return Peer{}, fmt.Errorf("wire: handshake: send challenge: %w", err)
+	}
+	f, err = hs.read(FrameAuth)
+	if err != nil {
+		return Peer{}, err
+	}
+	auth := f.(*AuthFrame).Auth
+	if auth.Node == "" || len(auth.Node) > maxNameLen {
+		hs.refuse(CodeProtocol)
+		return Peer{}, connErr(CodeProtocol, nil, "handshake: auth names no valid node")
+	}
+	t := transcript{version: ProtocolVersion, cluster: hs.cfg.Cluster, purpose: hello.Purpose,
+		nonceI: hello.Nonce, nonceA: nonceA, nodeI: auth.Node, incI: auth.Incarnation}
+	if !hmac.Equal(auth.MAC, t.mac(hs.cfg.Secret, labelInitiator, false)) {
+		hs.refuse(CodeAuth)
+		return Peer{}, fmt.Errorf("wire: handshake: initiator's proof is wrong: %w", ErrAuthFailed)
+	}
+	t.nodeA, t.incA = hs.cfg.Node, hs.cfg.Incarnation
+	welcome := Welcome{Node: hs.cfg.Node, Incarnation: hs.cfg.Incarnation, MAC: t.mac(hs.cfg.Secret, labelAcceptor, true)}
+	if err := hs.fr.WriteWelcome(&welcome); err != nil {
+		return Peer{}, fmt.Errorf("wire: handshake: send welcome: %w", err)
+	}
+	return Peer{Node: auth.Node, Incarnation: auth.Incarnation, Purpose: hello.Purpose}, nil
+}
+
+// read reads the next frame and requires type want. A GoAway from the peer
+// becomes the error its code names.
+func (hs *handshake) read(want FrameType) (Frame, error) {
+	f, err := hs.fr.ReadFrame()
+	if err != nil {
+		return nil, fmt.Errorf("wire: handshake: read %s: %w", want, err)
+	}
+	h := f.Header()
+	if h.Type == want && h.Stream == 0 {
+		return f, nil
+	}
+	if g, ok := f.(*GoAwayFrame); ok {
+		var sentinel error
+		switch g.GoAway.Code {
+		case CodeVersion:
+			sentinel = ErrVersion
+		case CodeCluster:
+			sentinel = ErrClusterMismatch
+		case CodeAuth:
+			sentinel = ErrAuthFailed
+		default:
+			sentinel = &ConnError{Code: g.GoAway.Code, Reason: "refused by peer"}
+		}
+		return nil, fmt.Errorf("wire: handshake: peer refused with %s: %w", g.GoAway.Code, sentinel)
+	}
+	hs.refuse(CodeProtocol)
+	return nil, connErr(CodeProtocol, nil, "handshake: got %s while waiting for %s", h, want)
+}
+
+// refuse sends a GoAway carrying only code, best effort.
+func (hs *handshake) refuse(code ErrCode) {
+	hs.fr.WriteGoAway(&GoAway{Code: code})
+}
+
+// transcript is what the handshake MACs bind: every field is length
+// prefixed, so no two different transcripts encode alike.
+type transcript struct {
+	version        uint16
+	cluster        string
+	purpose        string
+	nonceI, nonceA []byte
+	nodeI          string
+	incI           uint64
+	nodeA          string
+	incA           uint64
+}
+
+func (t *transcript) mac(secret []byte, label string, withAcceptor bool) []byte {
+	m := hmac.New(sha256.New, secret)
+	var num [8]byte
+	field := func(b []byte) {
+		binary.BigEndian.PutUint32(num[:4], uint32(len(b)))
+		m.Write(num[:4])
+		m.Write(b)
+	}
+	u64 := func(v uint64) {
+		binary.BigEndian.PutUint64(num[:], v)
+		m.Write(num[:])
+	}
+	field([]byte(label))
+	u64(uint64(t.version))
+	field([]byte(t.cluster))
+	field([]byte(t.purpose))
+	field(t.nonceI)
+	field(t.nonceA)
+	field([]byte(t.nodeI))
+	u64(t.incI)
+	if withAcceptor {
+		field([]byte(t.nodeA))
+		u64(t.incA)
+	}
+	return m.Sum(nil)
+}
