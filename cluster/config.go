@@ -1,0 +1,494 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tensorferry/tensorferry/memory"
+)
+
+// Config describes a cluster: its name, the shared secret, timing and
+// transfer settings, and the nodes. Read one from a YAML file with Load or
+// Parse, or build one in code starting from DefaultConfig or LocalConfig and
+// call Validate.
+//
+// A Config is not safe for concurrent modification; once validated it may be
+// read from any number of goroutines.
+type Config struct {
+	// Cluster is the cluster name, 1 to 64 characters from [a-zA-Z0-9._-].
+	// Nodes of different clusters refuse each other at handshake.
+	Cluster string
+
+	// Secret is the shared secret used for the mutual HMAC handshake, at
+	// least MinSecretLen bytes. It is never written by Marshal. When it is
+	// empty, Validate loads it from SecretFile or SecretEnv.
+	Secret []byte `yaml:"-"`
+	// SecretFile is the path of a file holding the secret; one trailing
+	// newline ("\n" or "\r\n") is trimmed. A relative path is resolved
+	// against the directory of the config file (the dir given to Parse).
+	SecretFile string
+	// SecretEnv is the name of an environment variable holding the secret.
+	// Exactly one of SecretFile and SecretEnv is set in a config file.
+	SecretEnv string
+
+	// HeartbeatInterval is how often (a duration) each node sends a
+	// heartbeat on every control connection.
+	HeartbeatInterval time.Duration
+	// FailureTimeout is how long (a duration) a peer may stay silent before
+	// it is declared down. It must exceed 2 × HeartbeatInterval.
+	FailureTimeout time.Duration
+	// DialTimeout bounds (a duration) one attempt to dial and handshake a peer.
+	DialTimeout time.Duration
+	// ReconnectMin is the first backoff delay (a duration) before redialing
+	// a lost peer; the delay doubles up to ReconnectMax.
+	ReconnectMin time.Duration
+	// ReconnectMax is the largest backoff delay (a duration) between redials.
+	ReconnectMax time.Duration
+	// TransferTimeout is the deadline (a duration) of one out-of-band tensor
+	// transfer, from descriptor to delivered bytes.
+	TransferTimeout time.Duration
+
+	// MaxFrameSize is the largest control frame accepted, in bytes; a larger
+	// frame kills its connection before anything is allocated for it.
+	MaxFrameSize int
+	// InlineThreshold is a size in bytes: tensors at or below it are copied
+	// inline into control frames instead of moving out of band. It must be
+	// below MaxFrameSize.
+	InlineThreshold int
+	// ChunkSize is the size in bytes of one staging chunk (one pinned host
+	// buffer of the staging ring).
+	ChunkSize int
+	// ChunksInFlight is the number of staging chunks (a count) that may be
+	// in flight at once per transfer.
+	ChunksInFlight int
+
+	// DisableChannels lists data channels no node of the cluster may use:
+	// any of "local", "ipc", "staging", "verbs".
+	DisableChannels []string
+
+	// Nodes lists every node of the cluster; there is at least one.
+	Nodes []NodeConfig
+
+	// dir is the directory relative secret paths resolve against.
+	dir string
+	// lines maps field paths ("nodes[1].address") to their YAML line, for
+	// error messages; nil for configs built in code.
+	lines map[string]int
+}
+
+// NodeConfig describes one node of the cluster.
+type NodeConfig struct {
+	// Name is unique in the cluster, 1 to 64 characters from [a-zA-Z0-9._-].
+	Name string
+	// Address is the host:port of the node's control listener.
+	Address string
+	// DataAddress is the host:port of the node's data (bulk) listener.
+	// Validate sets it, when empty, to the control port + 100 on the same
+	// host.
+	DataAddress string
+	// Devices lists the devices the node offers; Validate sets [cpu] when
+	// empty.
+	Devices []memory.Device
+	// DisableChannels lists data channels this node must not use, in
+	// addition to the cluster-wide Config.DisableChannels.
+	DisableChannels []string
+}
+
+// MinSecretLen is the smallest accepted secret, in bytes.
+const MinSecretLen = 16
+
+// maxSecretFile bounds the size of a secret file read from disk, in bytes.
+const maxSecretFile = 64 << 10
+
+// dataPortOffset is added to the control port to get the default data port.
+const dataPortOffset = 100
+
+// Channel names accepted in disable_channels.
+var knownChannels = []string{"local", "ipc", "staging", "verbs"}
+
+// ErrInvalidConfig is matched (with errors.Is) by every error that reports a
+// bad configuration; such errors are *ConfigError.
+var ErrInvalidConfig = errors.New("cluster: invalid config")
+
+// ConfigError reports what is wrong with a configuration and where.
+type ConfigError struct {
+	// Line is the 1-based line of the YAML source at fault; 0 for configs
+	// built in code.
+	Line int
+	// Field is the path of the field at fault, such as "nodes[1].address";
+	// empty when the whole document is at fault.
+	Field string
+	// Err says what is wrong; it may wrap an underlying error (a file not
+	// found, a bad device).
+	Err error
+}
+
+// Error returns, for example,
+// `cluster: config line 12: nodes[1].address: duplicate of nodes[0] ("127.0.0.1:7001")`.
+func (e *ConfigError) Error() string {
+	var b strings.Builder
+	b.WriteString("cluster: config")
+	if e.Line > 0 {
+		b.WriteString(" line ")
+		b.WriteString(strconv.Itoa(e.Line))
+	}
+	if e.Field != "" {
+		b.WriteString(": ")
+		b.WriteString(e.Field)
+	}
+	b.WriteString(": ")
+	b.WriteString(e.Err.Error())
+	return b.String()
+}
+
+// Unwrap returns the cause and ErrInvalidConfig.
+func (e *ConfigError) Unwrap() []error { return []error{e.Err, ErrInvalidConfig} }
+
+// DefaultConfig returns a Config with every setting at its default and no
+// cluster name, secret or nodes: fill those in, then call Validate.
+func DefaultConfig() *Config {
+	return &Config{
+		// A heartbeat every 500ms costs nothing on a LAN and lets a
+		// failure be noticed within a few seconds.
+		HeartbeatInterval: 500 * time.Millisecond,
+		// Six missed heartbeats: tolerates a GC pause or a busy link
+		// without declaring a live node dead.
+		FailureTimeout: 3 * time.Second,
+		// A LAN peer answers in well under a millisecond; 2s covers a
+		// loaded host without stalling reconnection for long.
+		DialTimeout: 2 * time.Second,
+		// Redial quickly after a blip, then back off exponentially...
+		ReconnectMin: 100 * time.Millisecond,
+		// ...but never wait longer than 5s, so a restarted node is found
+		// again promptly.
+		ReconnectMax: 5 * time.Second,
+		// 16 MiB holds any control message with inline tensors and
+		// bounds what a bad peer can make us allocate.
+		MaxFrameSize: 16 << 20,
+		// Up to 64 KiB, copying inline beats a rendezvous round trip
+		// (the eager protocol of MPI).
+		InlineThreshold: 64 << 10,
+		// 4 MiB chunks keep the D2H → socket → H2D pipeline busy while
+		// the pinned ring stays small.
+		ChunkSize: 4 << 20,
+		// 4 chunks in flight let all three pipeline stages overlap with
+		// one chunk to spare.
+		ChunksInFlight: 4,
+		// 60s moves many GiB even over a slow staging path, yet a
+		// stuck transfer is failed within a minute.
+		TransferTimeout: 60 * time.Second,
+	}
+}
+
+// Node returns the node called name.
+func (c *Config) Node(name string) (NodeConfig, bool) {
+	for _, n := range c.Nodes {
+		if n.Name == name {
+			return n, true
+		}
+	}
+	return NodeConfig{}, false
+}
+
+// ChannelDisabled reports whether node must not use channel, because the
+// channel is disabled cluster-wide or for that node.
+func (c *Config) ChannelDisabled(node, channel string) bool {
+	if slices.Contains(c.DisableChannels, channel) {
+		return true
+	}
+	n, ok := c.Node(node)
+	return ok && slices.Contains(n.DisableChannels, channel)
+}
+
+// Validate fills zero values with their defaults (see DefaultConfig; a
+// node's DataAddress and Devices too), loads the secret from SecretFile or
+// SecretEnv when Secret is empty, and rejects bad values. Every error it
+// returns is a *ConfigError matching ErrInvalidConfig; for configs read from
+// YAML it names the line.
+func (c *Config) Validate() error {
+	c.fillDefaults()
+	if err := c.validateSettings(); err != nil {
+		return err
+	}
+	if err := c.validateNodes(); err != nil {
+		return err
+	}
+	return c.loadSecret()
+}
+
+func (c *Config) fillDefaults() {
+	d := DefaultConfig()
+	for _, f := range []struct{ v, def *time.Duration }{
+		{&c.HeartbeatInterval, &d.HeartbeatInterval},
+		{&c.FailureTimeout, &d.FailureTimeout},
+		{&c.DialTimeout, &d.DialTimeout},
+		{&c.ReconnectMin, &d.ReconnectMin},
+		{&c.ReconnectMax, &d.ReconnectMax},
+		{&c.TransferTimeout, &d.TransferTimeout},
+	} {
+		if *f.v == 0 {
+			*f.v = *f.def
+		}
+	}
+	for _, f := range []struct{ v, def *int }{
+		{&c.MaxFrameSize, &d.MaxFrameSize},
+		{&c.InlineThreshold, &d.InlineThreshold},
+		{&c.ChunkSize, &d.ChunkSize},
+		{&c.ChunksInFlight, &d.ChunksInFlight},
+	} {
+		if *f.v == 0 {
+			*f.v = *f.def
+		}
+	}
+}
+
+// errf returns a *ConfigError for field, with the field's line (or that of
+// its nearest recorded parent) when the config came from YAML.
+func (c *Config) errf(field, format string, args ...any) error {
+	return &ConfigError{Line: c.line(field), Field: field, Err: fmt.Errorf(format, args...)}
+}
+
+func (c *Config) line(field string) int {
+	for p := field; ; {
+		if l, ok := c.lines[p]; ok {
+			return l
+		}
+		if p == "" {
+			return 0
+		}
+		if i := strings.LastIndexAny(p, ".["); i >= 0 {
+			p = p[:i]
+		} else {
+			p = ""
+		}
+	}
+}
+
+func (c *Config) validateSettings() error {
+	if err := checkName(c.Cluster); err != nil {
+		return c.errf("cluster", "%w", err)
+	}
+	for _, f := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"heartbeat_interval", c.HeartbeatInterval},
+		{"failure_timeout", c.FailureTimeout},
+		{"dial_timeout", c.DialTimeout},
+		{"reconnect_min", c.ReconnectMin},
+		{"reconnect_max", c.ReconnectMax},
+		{"transfer_timeout", c.TransferTimeout},
+	} {
+		if f.v < 0 {
+			return c.errf(f.name, "must be positive, got %v", f.v)
+		}
+	}
+	if c.FailureTimeout <= 2*c.HeartbeatInterval {
+		return c.errf("failure_timeout", "%v must exceed 2 × heartbeat_interval (%v)", c.FailureTimeout, c.HeartbeatInterval)
+	}
+	if c.ReconnectMax < c.ReconnectMin {
+		return c.errf("reconnect_max", "%v is below reconnect_min (%v)", c.ReconnectMax, c.ReconnectMin)
+	}
+	if c.MaxFrameSize < 1<<10 || c.MaxFrameSize > 1<<30 {
+		return c.errf("max_frame_size", "%d bytes is outside 1KiB..1GiB", c.MaxFrameSize)
+	}
+	if c.InlineThreshold < 0 || c.InlineThreshold >= c.MaxFrameSize {
+		return c.errf("inline_threshold", "%d bytes must be below max_frame_size (%d)", c.InlineThreshold, c.MaxFrameSize)
+	}
+	if c.ChunkSize < 0 || c.ChunkSize > 1<<30 {
+		return c.errf("chunk_size", "%d bytes is outside 1B..1GiB", c.ChunkSize)
+	}
+	if c.ChunksInFlight < 0 || c.ChunksInFlight > 1024 {
+		return c.errf("chunks_in_flight", "%d is outside 1..1024", c.ChunksInFlight)
+	}
+	return checkChannels(c, "disable_channels", c.DisableChannels)
+}
+
+func checkChannels(c *Config, field string, chans []string) error {
+	for i, ch := range chans {
+		if !slices.Contains(knownChannels, ch) {
+			return c.errf(fmt.Sprintf("%s[%d]", field, i), "unknown channel %q: want one of %s", ch, strings.Join(knownChannels, ", "))
+		}
+		if j := slices.Index(chans[:i], ch); j >= 0 {
+			return c.errf(fmt.Sprintf("%s[%d]", field, i), "duplicate of %s[%d] (%q)", field, j, ch)
+		}
+	}
+	return nil
+}
+
+// checkName accepts 1 to 64 characters from [a-zA-Z0-9._-].
+func checkName(s string) error {
+	if s == "" {
+		return errors.New("required")
+	}
+	if len(s) > 64 {
+		return fmt.Errorf("%q is longer than 64 characters", s)
+	}
+	for _, r := range s {
+		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-'
+		if !ok {
+			return fmt.Errorf("%q: want 1 to 64 characters from [a-zA-Z0-9._-]", s)
+		}
+	}
+	return nil
+}
+
+// loadSecret reads the secret from SecretFile or SecretEnv unless Secret is
+// already set, and checks its length.
+func (c *Config) loadSecret() error {
+	if c.SecretFile != "" && c.SecretEnv != "" {
+		return c.errf("secret_env", "set only one of secret_file and secret_env")
+	}
+	if len(c.Secret) == 0 {
+		switch {
+		case c.SecretFile != "":
+			b, err := readSecretFile(c.secretPath())
+			if err != nil {
+				return c.errf("secret_file", "%w", err)
+			}
+			c.Secret = trimNewline(b)
+		case c.SecretEnv != "":
+			v, ok := os.LookupEnv(c.SecretEnv)
+			if !ok {
+				return c.errf("secret_env", "environment variable %s is not set", c.SecretEnv)
+			}
+			c.Secret = trimNewline([]byte(v))
+		default:
+			return c.errf("secret_file", "a secret is required: set secret_file or secret_env")
+		}
+	}
+	if len(c.Secret) < MinSecretLen {
+		field := "secret_file"
+		if c.SecretEnv != "" {
+			field = "secret_env"
+		}
+		return c.errf(field, "secret is %d bytes, want at least %d", len(c.Secret), MinSecretLen)
+	}
+	return nil
+}
+
+// secretPath resolves SecretFile against the config file's directory.
+func (c *Config) secretPath() string {
+	if filepath.IsAbs(c.SecretFile) || c.dir == "" {
+		return c.SecretFile
+	}
+	return filepath.Join(c.dir, c.SecretFile)
+}
+
+func readSecretFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxSecretFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	if len(b) > maxSecretFile {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, maxSecretFile)
+	}
+	return b, nil
+}
+
+func trimNewline(b []byte) []byte {
+	if n := len(b); n > 0 && b[n-1] == '\n' {
+		b = b[:n-1]
+		if n := len(b); n > 0 && b[n-1] == '\r' {
+			b = b[:n-1]
+		}
+	}
+	return b
+}
+
+func (c *Config) validateNodes() error {
+	if len(c.Nodes) == 0 {
+		return c.errf("nodes", "at least one node is required")
+	}
+	names := make(map[string]int, len(c.Nodes))
+	type owner struct {
+		node  int
+		field string
+	}
+	addrs := make(map[string]owner, 2*len(c.Nodes))
+	for i := range c.Nodes {
+		n := &c.Nodes[i]
+		p := fmt.Sprintf("nodes[%d]", i)
+		if err := checkName(n.Name); err != nil {
+			return c.errf(p+".name", "%w", err)
+		}
+		if j, dup := names[n.Name]; dup {
+			return c.errf(p+".name", "duplicate of nodes[%d] (%q)", j, n.Name)
+		}
+		names[n.Name] = i
+		if n.Address == "" {
+			return c.errf(p+".address", "required")
+		}
+		host, port, err := splitAddr(n.Address)
+		if err != nil {
+			return c.errf(p+".address", "%w", err)
+		}
+		n.Address = net.JoinHostPort(host, strconv.Itoa(port))
+		if n.DataAddress == "" {
+			if port+dataPortOffset > 65535 {
+				return c.errf(p+".address", "port %d leaves no room for the default data port (+%d): set data_address", port, dataPortOffset)
+			}
+			n.DataAddress = net.JoinHostPort(host, strconv.Itoa(port+dataPortOffset))
+		} else {
+			dh, dp, err := splitAddr(n.DataAddress)
+			if err != nil {
+				return c.errf(p+".data_address", "%w", err)
+			}
+			n.DataAddress = net.JoinHostPort(dh, strconv.Itoa(dp))
+		}
+		for _, a := range []struct{ field, addr string }{{"address", n.Address}, {"data_address", n.DataAddress}} {
+			if o, dup := addrs[a.addr]; dup {
+				of := fmt.Sprintf("nodes[%d]", o.node)
+				if o.field != a.field {
+					of += "." + o.field
+				}
+				return c.errf(p+"."+a.field, "duplicate of %s (%q)", of, a.addr)
+			}
+			addrs[a.addr] = owner{i, a.field}
+		}
+		if len(n.Devices) == 0 {
+			n.Devices = []memory.Device{memory.CPU}
+		}
+		for k, d := range n.Devices {
+			if _, err := memory.ParseDevice(d.String()); err != nil {
+				return c.errf(fmt.Sprintf("%s.devices[%d]", p, k), "%w", err)
+			}
+			if j := slices.Index(n.Devices[:k], d); j >= 0 {
+				return c.errf(fmt.Sprintf("%s.devices[%d]", p, k), "duplicate of devices[%d] (%s)", j, d)
+			}
+		}
+		if err := checkChannels(c, p+".disable_channels", n.DisableChannels); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// splitAddr parses host:port with a non-empty host and a port in 1..65535.
+func splitAddr(s string) (string, int, error) {
+	host, ps, err := net.SplitHostPort(s)
+	if err != nil {
+		return "", 0, fmt.Errorf("%q: want host:port: %w", s, err)
+	}
+	if host == "" {
+		return "", 0, fmt.Errorf("%q: host is empty", s)
+	}
+	port, err := strconv.Atoi(ps)
+	if err != nil || port < 1 || port > 65535 {
+		return "", 0, fmt.Errorf("%q: port must be a number in 1..65535", s)
+	}
+	return host, port, nil
+}

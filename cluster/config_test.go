@@ -1,0 +1,590 @@
+package cluster
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tensorferry/tensorferry/memory"
+)
+
+const testSecret = "0123456789abcdef0123456789abcdef"
+
+// secretDir returns a directory holding secret.key with content.
+func secretDir(t testing.TB, content string) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "secret.key"), []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// public returns a copy of c without the unexported bookkeeping, to compare.
+func public(c *Config) Config {
+	cp := *c
+	cp.lines, cp.dir = nil, ""
+	return cp
+}
+
+// base is a minimal valid config; line numbers of the cases below count from it.
+const base = `cluster: demo
+secret_file: secret.key
+nodes:
+  - name: a
+    address: 127.0.0.1:7001
+  - name: b
+    address: 127.0.0.1:7002
+`
+
+func TestParseValid(t *testing.T) {
+	tests := []struct {
+		name  string
+		yaml  string
+		check func(t *testing.T, c *Config)
+	}{
+		{"defaults", base, func(t *testing.T, c *Config) {
+			want := DefaultConfig()
+			want.Cluster = "demo"
+			want.SecretFile = "secret.key"
+			want.Secret = []byte(testSecret)
+			want.Nodes = []NodeConfig{
+				{Name: "a", Address: "127.0.0.1:7001", DataAddress: "127.0.0.1:7101", Devices: []memory.Device{memory.CPU}},
+				{Name: "b", Address: "127.0.0.1:7002", DataAddress: "127.0.0.1:7102", Devices: []memory.Device{memory.CPU}},
+			}
+			if got := public(c); !reflect.DeepEqual(got, *want) {
+				t.Errorf("got  %+v\nwant %+v", got, *want)
+			}
+		}},
+		{"every setting", `cluster: x.y_z-1
+secret_file: secret.key
+heartbeat_interval: 100ms
+failure_timeout: 1s
+dial_timeout: 3s
+reconnect_min: 1ms
+reconnect_max: 1m
+max_frame_size: 1GiB
+inline_threshold: 1024
+chunk_size: 512 KiB
+chunks_in_flight: 16
+transfer_timeout: 2h
+disable_channels: [ipc, verbs]
+nodes:
+  - name: n0
+    address: "[::1]:9000"
+    data_address: localhost:9999
+    devices: [cuda:0, cuda:3, pinned, cpu]
+    disable_channels: [staging]
+`, func(t *testing.T, c *Config) {
+			if c.HeartbeatInterval != 100*time.Millisecond || c.FailureTimeout != time.Second ||
+				c.DialTimeout != 3*time.Second || c.ReconnectMin != time.Millisecond ||
+				c.ReconnectMax != time.Minute || c.TransferTimeout != 2*time.Hour {
+				t.Errorf("durations: %+v", c)
+			}
+			if c.MaxFrameSize != 1<<30 || c.InlineThreshold != 1024 || c.ChunkSize != 512<<10 || c.ChunksInFlight != 16 {
+				t.Errorf("sizes: %d %d %d %d", c.MaxFrameSize, c.InlineThreshold, c.ChunkSize, c.ChunksInFlight)
+			}
+			n := c.Nodes[0]
+			if n.Address != "[::1]:9000" || n.DataAddress != "localhost:9999" {
+				t.Errorf("addresses: %q %q", n.Address, n.DataAddress)
+			}
+			if want := []memory.Device{memory.CUDA(0), memory.CUDA(3), memory.Pinned, memory.CPU}; !reflect.DeepEqual(n.Devices, want) {
+				t.Errorf("devices %v, want %v", n.Devices, want)
+			}
+			for _, tc := range []struct {
+				node, ch string
+				want     bool
+			}{
+				{"n0", "ipc", true}, {"n0", "verbs", true}, {"n0", "staging", true}, {"n0", "local", false},
+				{"other", "staging", false}, {"other", "ipc", true},
+			} {
+				if got := c.ChannelDisabled(tc.node, tc.ch); got != tc.want {
+					t.Errorf("ChannelDisabled(%q, %q) = %v, want %v", tc.node, tc.ch, got, tc.want)
+				}
+			}
+		}},
+		{"null values take defaults", `cluster: demo
+secret_file: secret.key
+heartbeat_interval:
+disable_channels:
+nodes:
+  - name: a
+    address: 127.0.0.1:7001
+    devices: ~
+`, func(t *testing.T, c *Config) {
+			if c.HeartbeatInterval != 500*time.Millisecond || c.DisableChannels != nil || len(c.Nodes[0].Devices) != 1 {
+				t.Errorf("got %+v", c)
+			}
+		}},
+		{"anchors", `cluster: demo
+secret_file: secret.key
+nodes:
+  - name: a
+    address: 127.0.0.1:7001
+    devices: &gpus [cuda:0, cuda:1]
+  - name: b
+    address: 127.0.0.1:7002
+    devices: *gpus
+`, func(t *testing.T, c *Config) {
+			if !reflect.DeepEqual(c.Nodes[1].Devices, []memory.Device{memory.CUDA(0), memory.CUDA(1)}) {
+				t.Errorf("devices %v", c.Nodes[1].Devices)
+			}
+		}},
+	}
+	dir := secretDir(t, testSecret+"\n")
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse([]byte(tt.yaml), dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.check(t, c)
+		})
+	}
+}
+
+func TestParseInvalid(t *testing.T) {
+	tests := []struct {
+		name, yaml, want string
+		secret           string // content of secret.key; testSecret when empty
+	}{
+		{"duplicate address", strings.Replace(base, "7002", "7001", 1),
+			`cluster: config line 7: nodes[1].address: duplicate of nodes[0] ("127.0.0.1:7001")`, ""},
+		{"duplicate name", strings.Replace(base, "name: b", "name: a", 1),
+			`cluster: config line 6: nodes[1].name: duplicate of nodes[0] ("a")`, ""},
+		{"address is another's data address", strings.Replace(base, "7001\n", "7001\n    data_address: 127.0.0.1:7002\n", 1),
+			`cluster: config line 8: nodes[1].address: duplicate of nodes[0].data_address ("127.0.0.1:7002")`, ""},
+		{"address is another's default data address", strings.Replace(base, "7002", "7101", 1),
+			`cluster: config line 7: nodes[1].address: duplicate of nodes[0].data_address ("127.0.0.1:7101")`, ""},
+		{"data address is own address", strings.Replace(base, "7001\n", "7001\n    data_address: 127.0.0.1:7001\n", 1),
+			`cluster: config line 6: nodes[0].data_address: duplicate of nodes[0].address ("127.0.0.1:7001")`, ""},
+		{"data address duplicate", strings.Replace(base, "7002\n", "7002\n    data_address: 127.0.0.1:7101\n", 1),
+			`cluster: config line 8: nodes[1].data_address: duplicate of nodes[0] ("127.0.0.1:7101")`, ""},
+		{"unknown key", strings.Replace(base, "nodes:", "heartbeat: 1s\nnodes:", 1),
+			`cluster: config line 3: heartbeat: unknown key`, ""},
+		{"unknown node key", strings.Replace(base, "    address: 127.0.0.1:7002", "    adress: 127.0.0.1:7002", 1),
+			`cluster: config line 7: nodes[1].adress: unknown key`, ""},
+		{"duplicate key", "cluster: a\n" + base,
+			`cluster: config line 2: cluster: duplicate key`, ""},
+		{"duration without unit", strings.Replace(base, "nodes:", "failure_timeout: 3\nnodes:", 1),
+			`cluster: config line 3: failure_timeout: bad duration "3": want a Go duration`, ""},
+		{"negative duration", strings.Replace(base, "nodes:", "dial_timeout: -1s\nnodes:", 1),
+			`cluster: config line 3: dial_timeout: must be positive, got "-1s"`, ""},
+		{"duration is a list", strings.Replace(base, "nodes:", "dial_timeout: [1s]\nnodes:", 1),
+			`cluster: config line 3: dial_timeout: want a single value, got a list`, ""},
+		{"failure timeout too short", strings.Replace(base, "nodes:", "heartbeat_interval: 500ms\nfailure_timeout: 1s\nnodes:", 1),
+			`cluster: config line 4: failure_timeout: 1s must exceed 2 × heartbeat_interval (500ms)`, ""},
+		{"failure timeout below default heartbeat", strings.Replace(base, "nodes:", "failure_timeout: 900ms\nnodes:", 1),
+			`cluster: config line 3: failure_timeout: 900ms must exceed 2 × heartbeat_interval (500ms)`, ""},
+		{"reconnect max below min", strings.Replace(base, "nodes:", "reconnect_min: 1s\nreconnect_max: 10ms\nnodes:", 1),
+			`cluster: config line 4: reconnect_max: 10ms is below reconnect_min (1s)`, ""},
+		{"bad size unit", strings.Replace(base, "nodes:", "max_frame_size: 16MB\nnodes:", 1),
+			`cluster: config line 3: max_frame_size: bad size "16MB": want bytes as an integer or with a KiB, MiB or GiB suffix`, ""},
+		{"negative size", strings.Replace(base, "nodes:", "chunk_size: -1\nnodes:", 1),
+			`cluster: config line 3: chunk_size: bad size "-1"`, ""},
+		{"zero size", strings.Replace(base, "nodes:", "chunk_size: 0KiB\nnodes:", 1),
+			`cluster: config line 3: chunk_size: must be positive, got "0KiB"`, ""},
+		{"huge size", strings.Replace(base, "nodes:", "chunk_size: 9223372036854775807GiB\nnodes:", 1),
+			`cluster: config line 3: chunk_size: size "9223372036854775807GiB" is too large`, ""},
+		{"frame too large", strings.Replace(base, "nodes:", "max_frame_size: 2GiB\nnodes:", 1),
+			`cluster: config line 3: max_frame_size: 2147483648 bytes is outside 1KiB..1GiB`, ""},
+		{"inline not below frame", strings.Replace(base, "nodes:", "max_frame_size: 64KiB\ninline_threshold: 64KiB\nnodes:", 1),
+			`cluster: config line 4: inline_threshold: 65536 bytes must be below max_frame_size (65536)`, ""},
+		{"zero chunks in flight", strings.Replace(base, "nodes:", "chunks_in_flight: 0\nnodes:", 1),
+			`cluster: config line 3: chunks_in_flight: bad count "0": want a positive integer`, ""},
+		{"too many chunks in flight", strings.Replace(base, "nodes:", "chunks_in_flight: 5000\nnodes:", 1),
+			`cluster: config line 3: chunks_in_flight: 5000 is outside 1..1024`, ""},
+		{"unknown channel", strings.Replace(base, "nodes:", "disable_channels:\n  - ipc\n  - rdma\nnodes:", 1),
+			`cluster: config line 5: disable_channels[1]: unknown channel "rdma": want one of local, ipc, staging, verbs`, ""},
+		{"duplicate channel", strings.Replace(base, "nodes:", "disable_channels: [ipc, ipc]\nnodes:", 1),
+			`cluster: config line 3: disable_channels[1]: duplicate of disable_channels[0] ("ipc")`, ""},
+		{"unknown node channel", strings.Replace(base, "7002\n", "7002\n    disable_channels: [tcp]\n", 1),
+			`cluster: config line 8: nodes[1].disable_channels[0]: unknown channel "tcp"`, ""},
+		{"bad device", strings.Replace(base, "7001\n", "7001\n    devices: [cpu, gpu0]\n", 1),
+			`cluster: config line 6: nodes[0].devices[1]: memory: unknown device "gpu0"`, ""},
+		{"duplicate device", strings.Replace(base, "7001\n", "7001\n    devices: [cuda:1, cuda:1]\n", 1),
+			`cluster: config line 6: nodes[0].devices[1]: duplicate of devices[0] (cuda:1)`, ""},
+		{"devices not a list", strings.Replace(base, "7001\n", "7001\n    devices: cuda:0\n", 1),
+			`cluster: config line 6: nodes[0].devices: want a list, got "cuda:0"`, ""},
+		{"missing address", strings.Replace(base, "    address: 127.0.0.1:7001\n", "", 1),
+			`cluster: config line 4: nodes[0].address: required`, ""},
+		{"address without port", strings.Replace(base, "127.0.0.1:7001", "127.0.0.1", 1),
+			`cluster: config line 5: nodes[0].address: "127.0.0.1": want host:port`, ""},
+		{"address with port 0", strings.Replace(base, "127.0.0.1:7001", "127.0.0.1:0", 1),
+			`cluster: config line 5: nodes[0].address: "127.0.0.1:0": port must be a number in 1..65535`, ""},
+		{"address without host", strings.Replace(base, "127.0.0.1:7001", ":7001", 1),
+			`cluster: config line 5: nodes[0].address: ":7001": host is empty`, ""},
+		{"no room for data port", strings.Replace(base, "127.0.0.1:7001", "127.0.0.1:65500", 1),
+			`cluster: config line 5: nodes[0].address: port 65500 leaves no room for the default data port (+100): set data_address`, ""},
+		{"bad node name", strings.Replace(base, "name: b", "name: b/c", 1),
+			`cluster: config line 6: nodes[1].name: "b/c": want 1 to 64 characters from [a-zA-Z0-9._-]`, ""},
+		{"missing node name", strings.Replace(base, "  - name: b\n    address", "  - address", 1),
+			`cluster: config line 6: nodes[1].name: required`, ""},
+		{"node not a mapping", base + "  - c\n",
+			`cluster: config line 8: nodes[2]: want a mapping of keys, got "c"`, ""},
+		{"bad cluster name", strings.Replace(base, "cluster: demo", "cluster: my demo", 1),
+			`cluster: config line 1: cluster: "my demo": want 1 to 64 characters`, ""},
+		{"long cluster name", strings.Replace(base, "demo", strings.Repeat("x", 65), 1),
+			`cluster: config line 1: cluster: "xxxx`, ""},
+		{"missing cluster name", strings.Replace(base, "cluster: demo\n", "", 1),
+			`cluster: config line 1: cluster: required`, ""},
+		{"no nodes", "cluster: demo\nsecret_file: secret.key\n",
+			`cluster: config line 1: nodes: at least one node is required`, ""},
+		{"empty node list", "cluster: demo\nsecret_file: secret.key\nnodes: []\n",
+			`cluster: config line 3: nodes: at least one node is required`, ""},
+		{"nodes not a list", "cluster: demo\nsecret_file: secret.key\nnodes: {a: b}\n",
+			`cluster: config line 3: nodes: want a list of nodes, got a mapping`, ""},
+		{"missing secret", strings.Replace(base, "secret_file: secret.key\n", "", 1),
+			`cluster: config line 1: secret_file: a secret is required: set secret_file or secret_env`, ""},
+		{"two secrets", strings.Replace(base, "nodes:", "secret_env: TF_TEST_SECRET\nnodes:", 1),
+			`cluster: config line 3: secret_env: set only one of secret_file and secret_env`, ""},
+		{"short secret", base,
+			`cluster: config line 2: secret_file: secret is 15 bytes, want at least 16`, "0123456789abcde\r\n"},
+		{"missing secret file", strings.Replace(base, "secret.key", "nope.key", 1),
+			`cluster: config line 2: secret_file: open `, ""},
+		{"unset secret env", strings.Replace(base, "secret_file: secret.key", "secret_env: TF_TEST_UNSET_SECRET", 1),
+			`cluster: config line 2: secret_env: environment variable TF_TEST_UNSET_SECRET is not set`, ""},
+		{"root is a list", "- a\n- b\n",
+			`cluster: config line 1: want a mapping of keys, got a list`, ""},
+		{"yaml syntax", "cluster: demo\nnodes: [a\n",
+			`cluster: config: yaml: line `, ""},
+		{"empty document", "",
+			`cluster: config: empty document`, ""},
+		{"key is a mapping", "? {a: b}\n: c\n",
+			`cluster: config line 1: want a plain key, got a mapping`, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			secret := tt.secret
+			if secret == "" {
+				secret = testSecret
+			}
+			c, err := Parse([]byte(tt.yaml), secretDir(t, secret))
+			if err == nil {
+				t.Fatalf("Parse succeeded: %+v", c)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error %q\nwant it to contain %q", err, tt.want)
+			}
+			if !errors.Is(err, ErrInvalidConfig) {
+				t.Errorf("error %q does not match ErrInvalidConfig", err)
+			}
+		})
+	}
+}
+
+func TestParseSecretFileNotExist(t *testing.T) {
+	_, err := Parse([]byte(strings.Replace(base, "secret.key", "nope.key", 1)), t.TempDir())
+	if !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("got %v, want an error matching fs.ErrNotExist", err)
+	}
+}
+
+func TestParseSecretEnv(t *testing.T) {
+	t.Setenv("TF_TEST_SECRET", testSecret+"\n")
+	c, err := Parse([]byte(strings.Replace(base, "secret_file: secret.key", "secret_env: TF_TEST_SECRET", 1)), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(c.Secret) != testSecret {
+		t.Errorf("secret %q, want %q", c.Secret, testSecret)
+	}
+	t.Setenv("TF_TEST_SECRET", "short")
+	_, err = Parse([]byte(strings.Replace(base, "secret_file: secret.key", "secret_env: TF_TEST_SECRET", 1)), "")
+	if want := "cluster: config line 2: secret_env: secret is 5 bytes, want at least 16"; err == nil || err.Error() != want {
+		t.Errorf("got %v, want %s", err, want)
+	}
+}
+
+func TestParseAbsoluteSecretFile(t *testing.T) {
+	path := filepath.Join(secretDir(t, testSecret), "secret.key")
+	c, err := Parse([]byte(strings.Replace(base, "secret.key", path, 1)), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(c.Secret) != testSecret {
+		t.Errorf("secret %q", c.Secret)
+	}
+}
+
+func TestParseSecretFileTooLarge(t *testing.T) {
+	_, err := Parse([]byte(base), secretDir(t, strings.Repeat("x", maxSecretFile+1)))
+	if err == nil || !strings.Contains(err.Error(), "cluster: config line 2: secret_file: ") || !strings.Contains(err.Error(), "is larger than 65536 bytes") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestLoadTestdata(t *testing.T) {
+	c, err := Load("testdata/local3.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Cluster != "local3" || len(c.Secret) != 32 || len(c.Nodes) != 3 {
+		t.Fatalf("got %+v", c)
+	}
+	want := []NodeConfig{
+		{Name: "a", Address: "127.0.0.1:7001", DataAddress: "127.0.0.1:7101", Devices: []memory.Device{memory.CUDA(0)}},
+		{Name: "b", Address: "127.0.0.1:7002", DataAddress: "127.0.0.1:7202", Devices: []memory.Device{memory.CUDA(1)}},
+		{Name: "c", Address: "127.0.0.1:7003", DataAddress: "127.0.0.1:7103", Devices: []memory.Device{memory.CPU}, DisableChannels: []string{"verbs"}},
+	}
+	if !reflect.DeepEqual(c.Nodes, want) {
+		t.Errorf("nodes\n%+v\nwant\n%+v", c.Nodes, want)
+	}
+	d := DefaultConfig()
+	if c.HeartbeatInterval != d.HeartbeatInterval || c.FailureTimeout != d.FailureTimeout || c.DialTimeout != d.DialTimeout ||
+		c.ReconnectMin != d.ReconnectMin || c.ReconnectMax != d.ReconnectMax || c.TransferTimeout != d.TransferTimeout ||
+		c.MaxFrameSize != d.MaxFrameSize || c.InlineThreshold != d.InlineThreshold || c.ChunkSize != d.ChunkSize ||
+		c.ChunksInFlight != d.ChunksInFlight || len(c.DisableChannels) != 0 {
+		t.Errorf("testdata/local3.yaml should spell out the defaults, got %+v", c)
+	}
+	if n, ok := c.Node("b"); !ok || n.Name != "b" {
+		t.Errorf("Node(b) = %+v, %v", n, ok)
+	}
+	if _, ok := c.Node("z"); ok {
+		t.Error("Node(z) found")
+	}
+	if !c.ChannelDisabled("c", "verbs") || c.ChannelDisabled("a", "verbs") {
+		t.Error("ChannelDisabled: verbs is disabled on c only")
+	}
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	_, err := Load(filepath.Join(t.TempDir(), "none.yaml"))
+	if !errors.Is(err, fs.ErrNotExist) || !strings.HasPrefix(err.Error(), "cluster: read config: ") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestMarshalRoundTrip(t *testing.T) {
+	for _, path := range []string{"testdata/local3.yaml"} {
+		c, err := Load(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.DisableChannels = []string{"ipc"}
+		c.ChunkSize = 3000 // not a multiple of KiB
+		b, err := c.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(b), string(c.Secret)) {
+			t.Fatalf("Marshal wrote the secret:\n%s", b)
+		}
+		back, err := Parse(b, "testdata")
+		if err != nil {
+			t.Fatalf("%v in\n%s", err, b)
+		}
+		if got, want := public(back), public(c); !reflect.DeepEqual(got, want) {
+			t.Errorf("round trip\ngot  %+v\nwant %+v\nYAML:\n%s", got, want, b)
+		}
+	}
+}
+
+func TestMarshalNeedsSecretSource(t *testing.T) {
+	c, err := LocalConfig("t", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Marshal(); err == nil || !strings.HasPrefix(err.Error(), "cluster: marshal: ") {
+		t.Fatalf("got %v, want an error: the config holds only Secret", err)
+	}
+}
+
+func TestLocalConfigWriteFilesLoad(t *testing.T) {
+	c, err := LocalConfig("loop", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Secret) != 32 || c.HeartbeatInterval != 50*time.Millisecond || c.FailureTimeout != 500*time.Millisecond {
+		t.Errorf("got %+v", c)
+	}
+	seen := map[string]bool{}
+	for i, n := range c.Nodes {
+		if want := "node" + string(rune('0'+i)); n.Name != want {
+			t.Errorf("node %d named %q, want %q", i, n.Name, want)
+		}
+		for _, a := range []string{n.Address, n.DataAddress} {
+			if !strings.HasPrefix(a, "127.0.0.1:") || seen[a] {
+				t.Errorf("address %q: want a distinct 127.0.0.1 address", a)
+			}
+			seen[a] = true
+		}
+	}
+	other, err := LocalConfig("loop", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(other.Secret) == string(c.Secret) {
+		t.Error("two LocalConfigs share a secret")
+	}
+
+	dir := t.TempDir()
+	path, err := c.WriteFiles(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.SecretFile != "" {
+		t.Errorf("WriteFiles changed the config: SecretFile %q", c.SecretFile)
+	}
+	fi, err := os.Stat(filepath.Join(dir, SecretFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("secret file mode %v, want 0600", fi.Mode().Perm())
+	}
+	back, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := public(c)
+	want.SecretFile = SecretFileName
+	if got := public(back); !reflect.DeepEqual(got, want) {
+		t.Errorf("loaded\n%+v\nwant\n%+v", got, want)
+	}
+}
+
+func TestLocalConfigBadCount(t *testing.T) {
+	for _, n := range []int{0, -1, maxLocalNodes + 1} {
+		if _, err := LocalConfig("x", n); err == nil {
+			t.Errorf("LocalConfig(%d) succeeded", n)
+		}
+	}
+	if _, err := LocalConfig("bad name", 1); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("LocalConfig with a bad name: %v", err)
+	}
+}
+
+func TestWriteFilesErrors(t *testing.T) {
+	c := DefaultConfig()
+	if _, err := c.WriteFiles(t.TempDir()); err == nil {
+		t.Error("WriteFiles without a secret succeeded")
+	}
+	c.Secret = []byte(testSecret + "\n")
+	if _, err := c.WriteFiles(t.TempDir()); err == nil {
+		t.Error("WriteFiles with a secret ending in a newline succeeded")
+	}
+	c.Secret = []byte(testSecret)
+	if _, err := c.WriteFiles(filepath.Join(t.TempDir(), "missing")); err == nil {
+		t.Error("WriteFiles to a missing directory succeeded")
+	}
+}
+
+func TestValidateInCode(t *testing.T) {
+	c := DefaultConfig()
+	c.Cluster = "code"
+	c.Secret = []byte(testSecret)
+	c.HeartbeatInterval = 0 // filled with the default
+	c.Nodes = []NodeConfig{{Name: "a", Address: "localhost:7000"}, {Name: "b"}}
+	err := c.Validate()
+	if want := "cluster: config: nodes[1].address: required"; err == nil || err.Error() != want {
+		t.Fatalf("got %v, want %s", err, want)
+	}
+	var ce *ConfigError
+	if !errors.As(err, &ce) || ce.Line != 0 || ce.Field != "nodes[1].address" {
+		t.Errorf("ConfigError %+v", ce)
+	}
+	c.Nodes[1].Address = "localhost:7001"
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c.HeartbeatInterval != 500*time.Millisecond || c.Nodes[1].DataAddress != "localhost:7101" || !reflect.DeepEqual(c.Nodes[1].Devices, []memory.Device{memory.CPU}) {
+		t.Errorf("defaults not filled: %+v", c)
+	}
+	before := public(c)
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(public(c), before) {
+		t.Error("a second Validate changed the config")
+	}
+
+	for _, tc := range []struct {
+		name   string
+		change func(c *Config)
+		want   string
+	}{
+		{"negative timeout", func(c *Config) { c.DialTimeout = -time.Second }, "cluster: config: dial_timeout: must be positive, got -1s"},
+		{"negative inline", func(c *Config) { c.InlineThreshold = -1 }, "cluster: config: inline_threshold: -1 bytes must be below max_frame_size (16777216)"},
+		{"bad device", func(c *Config) { c.Nodes[0].Devices = []memory.Device{{Kind: 9}} }, `cluster: config: nodes[0].devices[0]: memory: unknown device "device(9:0)": want cpu, pinned or cuda:N`},
+		{"short secret", func(c *Config) { c.Secret = []byte("x") }, "cluster: config: secret_file: secret is 1 bytes, want at least 16"},
+		{"small frame", func(c *Config) { c.MaxFrameSize = 100 }, "cluster: config: max_frame_size: 100 bytes is outside 1KiB..1GiB"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := DefaultConfig()
+			c.Cluster = "code"
+			c.Secret = []byte(testSecret)
+			c.Nodes = []NodeConfig{{Name: "a", Address: "localhost:7000"}}
+			tc.change(c)
+			if err := c.Validate(); err == nil || err.Error() != tc.want {
+				t.Errorf("got %v, want %s", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int
+		ok   bool
+	}{
+		{"0", 0, true}, {"65536", 65536, true}, {"64KiB", 64 << 10, true}, {"16 MiB", 16 << 20, true},
+		{"2GiB", 2 << 30, true}, {" 7 ", 7, true},
+		{"", 0, false}, {"KiB", 0, false}, {"1.5MiB", 0, false}, {"16MB", 0, false}, {"16mib", 0, false},
+		{"-1", 0, false}, {"+1", 0, false}, {"0x10", 0, false}, {"99999999999999999999", 0, false},
+		{"9007199254740992GiB", 0, false},
+	} {
+		got, err := ParseSize(tc.in)
+		if (err == nil) != tc.ok || got != tc.want {
+			t.Errorf("ParseSize(%q) = %d, %v; want %d, ok=%v", tc.in, got, err, tc.want, tc.ok)
+		}
+		if tc.ok {
+			if back, err := ParseSize(FormatSize(got)); err != nil || back != got {
+				t.Errorf("ParseSize(FormatSize(%d)) = %d, %v", got, back, err)
+			}
+		}
+	}
+	for n, want := range map[int]string{0: "0", 1: "1", 1024: "1KiB", 1536: "1536", 3 << 20: "3MiB", 1 << 30: "1GiB", 5<<30 + 1<<20: "5121MiB"} {
+		if got := FormatSize(n); got != want {
+			t.Errorf("FormatSize(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+// FuzzParse checks that no input makes Parse panic, and that every config it
+// accepts survives Marshal and Parse unchanged.
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(base))
+	f.Add([]byte(strings.Replace(base, "7002", "7001", 1)))
+	f.Add([]byte("cluster: a\nsecret_file: secret.key\nmax_frame_size: 1GiB\nnodes:\n- {name: x, address: 'h:1', devices: [cuda:1]}\n"))
+	if b, err := os.ReadFile("testdata/local3.yaml"); err == nil {
+		f.Add(b)
+	}
+	dir := secretDir(f, testSecret)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := Parse(data, dir)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidConfig) {
+				t.Fatalf("error %v does not match ErrInvalidConfig", err)
+			}
+			return
+		}
+		b, err := c.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := Parse(b, dir)
+		if err != nil {
+			t.Fatalf("%v in\n%s", err, b)
+		}
+		if !reflect.DeepEqual(public(back), public(c)) {
+			t.Fatalf("round trip changed the config:\n%+v\n%+v", public(back), public(c))
+		}
+	})
+}
