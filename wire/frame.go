@@ -2,7 +2,6 @@ package wire
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -432,10 +431,13 @@ func (fr *Framer) readPayload(n int) ([]byte, error) {
 }
 
 // AppendFrame appends a complete frame (header and msgpack-encoded body) to
-// dst. A nil body gives an empty payload; a []byte body is sent raw.
+// dst. A nil body gives an empty payload.
 func AppendFrame(dst []byte, t FrameType, flags Flags, stream uint32, body any) ([]byte, error) {
 	return appendFrame(dst, t, flags, stream, body, MaxFrameSizeLimit)
 }
+
+// rawPayload is a payload appendFrame copies as it is.
+type rawPayload []byte
 
 func appendFrame(dst []byte, t FrameType, flags Flags, stream uint32, body any, maxSize uint32) ([]byte, error) {
 	start := len(dst)
@@ -443,7 +445,7 @@ func appendFrame(dst []byte, t FrameType, flags Flags, stream uint32, body any, 
 	var err error
 	switch b := body.(type) {
 	case nil:
-	case []byte:
+	case rawPayload:
 		dst = append(dst, b...)
 	default:
 		dst, err = appendMsgpack(dst, body)
@@ -481,18 +483,12 @@ func (fr *Framer) shrinkWriteBuf() {
 // returns ErrFrameTooLarge (wrapped) if the payload exceeds the maximum
 // write size.
 func (fr *Framer) WriteFrame(t FrameType, flags Flags, stream uint32, payload []byte) error {
-	if payload == nil {
-		payload = []byte{}
-	}
-	return fr.writeBody(t, flags, stream, payload)
+	return fr.writeBody(t, flags, stream, rawPayload(payload))
 }
 
 // WriteBody writes a frame whose payload is the msgpack encoding of body,
 // in one Write call.
 func (fr *Framer) WriteBody(t FrameType, flags Flags, stream uint32, body any) error {
-	if _, ok := body.([]byte); ok {
-		return fmt.Errorf("wire: WriteBody: use WriteFrame for raw payloads")
-	}
 	return fr.writeBody(t, flags, stream, body)
 }
 
@@ -594,9 +590,4 @@ func appendDataHeader(dst []byte, stream uint32, off uint64, length uint32, flag
 	putHeader(h[:], FrameData, flags, stream, length)
 	binary.BigEndian.PutUint64(h[HeaderSize:], off)
 	return append(dst, h[:]...)
-}
-
-// errIsEOF reports whether err means the peer closed the stream.
-func errIsEOF(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed)
 }

@@ -1,0 +1,270 @@
+package wire
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+
+	"github.com/vmihailenco/msgpack/v5"
+	"google.golang.org/protobuf/proto"
+)
+
+// Serializer ids carried in Message.Ser.
+const (
+	SerMsgpack  uint8 = 1
+	SerProtobuf uint8 = 2
+)
+
+// ErrUnknownType: a message type is not registered (Encode, Decode) or
+// arrived with a serializer other than the one registered for it.
+var ErrUnknownType = errors.New("wire: unknown message type")
+
+// Serializer turns user messages into bytes and back.
+type Serializer interface {
+	// ID is the serializer id carried in Message.Ser.
+	ID() uint8
+	// Name names the serializer in errors and logs.
+	Name() string
+	// Marshal encodes v.
+	Marshal(v any) ([]byte, error)
+	// Unmarshal decodes b into a new value of typ and returns a pointer to
+	// it.
+	Unmarshal(b []byte, typ reflect.Type) (any, error)
+}
+
+// MsgpackSerializer encodes plain Go values with msgpack (id SerMsgpack).
+// Types can take over their own encoding with msgpack's CustomEncoder and
+// CustomDecoder interfaces. Input is validated before decoding as for frame
+// bodies (see DecodeMsgpack).
+type MsgpackSerializer struct{}
+
+// ID returns SerMsgpack.
+func (MsgpackSerializer) ID() uint8 { return SerMsgpack }
+
+// Name returns "msgpack".
+func (MsgpackSerializer) Name() string { return "msgpack" }
+
+// Marshal encodes v.
+func (MsgpackSerializer) Marshal(v any) ([]byte, error) { return appendMsgpack(nil, v) }
+
+// MarshalWith is Marshal with hook, if not nil, called on a fresh encoder
+// before encoding (to attach state that CustomEncoder methods look up by
+// the encoder's pointer).
+func (MsgpackSerializer) MarshalWith(v any, hook func(*msgpack.Encoder)) ([]byte, error) {
+	if hook == nil {
+		return appendMsgpack(nil, v)
+	}
+	var w sliceWriter
+	enc := msgpack.NewEncoder(&w)
+	enc.UseCompactInts(true)
+	enc.SetSortMapKeys(true)
+	hook(enc)
+	if err := enc.Encode(v); err != nil {
+		return nil, fmt.Errorf("wire: msgpack encode %T: %w", v, err)
+	}
+	return w.b, nil
+}
+
+// Unmarshal decodes b into a new value of typ.
+func (s MsgpackSerializer) Unmarshal(b []byte, typ reflect.Type) (any, error) {
+	return s.UnmarshalWith(b, typ, nil)
+}
+
+// UnmarshalWith is Unmarshal with hook, if not nil, called on the decoder
+// before decoding (to set a custom struct tag or attach state).
+func (MsgpackSerializer) UnmarshalWith(b []byte, typ reflect.Type, hook func(*msgpack.Decoder)) (any, error) {
+	p := reflect.New(typ)
+	if err := decodeMsgpackWith(b, p.Interface(), hook); err != nil {
+		return nil, err
+	}
+	return p.Interface(), nil
+}
+
+// ProtoSerializer encodes values implementing proto.Message (id
+// SerProtobuf).
+type ProtoSerializer struct{}
+
+// ID returns SerProtobuf.
+func (ProtoSerializer) ID() uint8 { return SerProtobuf }
+
+// Name returns "protobuf".
+func (ProtoSerializer) Name() string { return "protobuf" }
+
+// Marshal encodes v, which must be a proto.Message.
+func (ProtoSerializer) Marshal(v any) ([]byte, error) {
+	m, ok := v.(proto.Message)
+	if !ok {
+		return nil, fmt.Errorf("wire: protobuf: %T is not a proto.Message", v)
+	}
+	b, err := proto.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("wire: protobuf: marshal %T: %w", v, err)
+	}
+	return b, nil
+}
+
+// Unmarshal decodes b into a new value of typ, whose pointer must be a
+// proto.Message.
+func (ProtoSerializer) Unmarshal(b []byte, typ reflect.Type) (any, error) {
+	p := reflect.New(typ).Interface()
+	m, ok := p.(proto.Message)
+	if !ok {
+		return nil, fmt.Errorf("wire: protobuf: %T is not a proto.Message", p)
+	}
+	if err := proto.Unmarshal(b, m); err != nil {
+		return nil, fmt.Errorf("wire: protobuf: unmarshal %T: %w", p, err)
+	}
+	return p, nil
+}
+
+var protoMessageType = reflect.TypeFor[proto.Message]()
+
+type registeredType struct {
+	name string
+	typ  reflect.Type // the value type (not a pointer)
+	ser  Serializer
+}
+
+// Registry maps message type names to Go types and their serializers. It
+// is safe for concurrent use. Both ends must register the same names.
+type Registry struct {
+	mu     sync.RWMutex
+	byName map[string]*registeredType
+	byType map[reflect.Type]*registeredType
+}
+
+// NewRegistry returns an empty Registry.
+func NewRegistry() *Registry {
+	return &Registry{byName: map[string]*registeredType{}, byType: map[reflect.Type]*registeredType{}}
+}
+
+// Register registers the type of sample (a value or a pointer to one)
+// under name. Values whose pointer implements proto.Message use the
+// protobuf serializer, others msgpack. Registering the same name and type
+// again is a no-op; reusing a name or type for something else is an error.
+func (r *Registry) Register(name string, sample any) error {
+	if name == "" || sample == nil {
+		return errors.New("wire: register: empty name or nil sample")
+	}
+	typ := reflect.TypeOf(sample)
+	if typ.Kind() == reflect.Pointer {
+		typ = typ.Elem()
+	}
+	var ser Serializer = MsgpackSerializer{}
+	if reflect.PointerTo(typ).Implements(protoMessageType) {
+		ser = ProtoSerializer{}
+	}
+	return r.RegisterSerializer(name, sample, ser)
+}
+
+// RegisterSerializer is Register with an explicit serializer.
+func (r *Registry) RegisterSerializer(name string, sample any, ser Serializer) error {
+	if name == "" || sample == nil || ser == nil {
+		return errors.New("wire: register: empty name, nil sample or nil serializer")
+	}
+	typ := reflect.TypeOf(sample)
+	if typ.Kind() == reflect.Pointer {
+		typ = typ.Elem()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rt, ok := r.byName[name]; ok {
+		if rt.typ == typ && rt.ser.ID() == ser.ID() {
+			return nil
+		}
+		return fmt.Errorf("wire: register %q: name already used by %v", name, rt.typ)
+	}
+	if rt, ok := r.byType[typ]; ok {
+		return fmt.Errorf("wire: register %q: type %v already registered as %q", name, typ, rt.name)
+	}
+	rt := &registeredType{name: name, typ: typ, ser: ser}
+	r.byName[name] = rt
+	r.byType[typ] = rt
+	return nil
+}
+
+// MustRegister is Register that panics on error, for package init.
+func (r *Registry) MustRegister(name string, sample any) {
+	if err := r.Register(name, sample); err != nil {
+		panic(err)
+	}
+}
+
+// Lookup returns the Go type (not a pointer) registered under name.
+func (r *Registry) Lookup(name string) (reflect.Type, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	rt, ok := r.byName[name]
+	if !ok {
+		return nil, false
+	}
+	return rt.typ, true
+}
+
+// Encode serializes msg (a registered type or a pointer to one) and returns
+// its type name and serializer id. An unregistered type gives
+// ErrUnknownType.
+func (r *Registry) Encode(msg any) (typeName string, ser uint8, body []byte, err error) {
+	return r.EncodeWith(msg, nil)
+}
+
+// EncodeWith is Encode with hook, if not nil, called on the msgpack encoder
+// before encoding. hook is not called for other serializers.
+func (r *Registry) EncodeWith(msg any, hook func(*msgpack.Encoder)) (typeName string, ser uint8, body []byte, err error) {
+	if msg == nil {
+		return "", 0, nil, fmt.Errorf("%w: nil message", ErrUnknownType)
+	}
+	typ := reflect.TypeOf(msg)
+	if typ.Kind() == reflect.Pointer {
+		typ = typ.Elem()
+	}
+	r.mu.RLock()
+	rt, ok := r.byType[typ]
+	r.mu.RUnlock()
+	if !ok {
+		return "", 0, nil, fmt.Errorf("%w: %v is not registered", ErrUnknownType, typ)
+	}
+	if reflect.ValueOf(msg).Kind() == reflect.Pointer && reflect.ValueOf(msg).IsNil() {
+		return "", 0, nil, fmt.Errorf("wire: encode: nil %T", msg)
+	}
+	if ms, ok := rt.ser.(MsgpackSerializer); ok && hook != nil {
+		body, err = ms.MarshalWith(msg, hook)
+	} else {
+		body, err = rt.ser.Marshal(msg)
+	}
+	if err != nil {
+		return "", 0, nil, err
+	}
+	return rt.name, rt.ser.ID(), body, nil
+}
+
+// Decode decodes body as the type registered under typeName and returns a
+// pointer to a new value. An unknown name, or a serializer id other than
+// the registered one, gives ErrUnknownType.
+func (r *Registry) Decode(typeName string, ser uint8, body []byte) (any, error) {
+	return r.DecodeWith(typeName, ser, body, nil)
+}
+
+// DecodeWith is Decode with hook, if not nil, called on the msgpack
+// decoder before decoding (for example to attach state that the types'
+// DecodeMsgpack methods use). hook is not called for other serializers.
+func (r *Registry) DecodeWith(typeName string, ser uint8, body []byte, hook func(*msgpack.Decoder)) (any, error) {
+	r.mu.RLock()
+	rt, ok := r.byName[typeName]
+	r.mu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownType, typeName)
+	}
+	if rt.ser.ID() != ser {
+		return nil, fmt.Errorf("%w: %q arrived with serializer %d, registered with %d (%s)", ErrUnknownType, typeName, ser, rt.ser.ID(), rt.ser.Name())
+	}
+	if ms, ok := rt.ser.(MsgpackSerializer); ok && hook != nil {
+		return ms.UnmarshalWith(body, rt.typ, hook)
+	}
+	v, err := rt.ser.Unmarshal(body, rt.typ)
+	if err != nil {
+		return nil, fmt.Errorf("wire: decode %q: %w", typeName, err)
+	}
+	return v, nil
+}

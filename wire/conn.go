@@ -1,0 +1,403 @@
+package wire
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+)
+
+// DefaultSendQueue is the default number of frames a Conn queues before
+// Send blocks.
+const DefaultSendQueue = 4096
+
+// connBufferSize is the size of a Conn's read and write buffers.
+const connBufferSize = 64 << 10
+
+// ConnOptions configures a Conn.
+type ConnOptions struct {
+	// MaxFrameSize is the largest payload read or written, in bytes
+	// (default DefaultMaxFrameSize, at most MaxFrameSizeLimit).
+	MaxFrameSize uint32
+	// SendQueue is the number of frames queued for the writer (default
+	// DefaultSendQueue). When it is full, Send blocks: memory stays bounded.
+	SendQueue int
+	// Logger receives the reason a connection closes (default: none).
+	Logger *zap.Logger
+	// Handler is called for every frame received, in order, from the single
+	// reader goroutine. Frame bodies are decoded before the call and own
+	// their memory, except DataFrame.Data and UnknownFrame.Payload, which
+	// are valid only until Handler returns: copy what must outlive the call.
+	// Handler must not block for long (it stalls all reading) and must not
+	// call Close; it may call Fail. Unknown frame types are passed on for
+	// Handler to ignore or Fail.
+	Handler func(Frame)
+	// OnClose is called once, with the cause, after the Conn's goroutines
+	// have exited. It must not call Close.
+	OnClose func(error)
+}
+
+// Conn is an authenticated connection carrying frames. Sends from any
+// goroutine are queued and written, in the order they were queued, by one
+// writer goroutine that batches whatever is queued into few writes; one
+// reader goroutine decodes frames and passes them to the Handler.
+type Conn struct {
+	nc    net.Conn
+	peer  Peer
+	opts  ConnOptions
+	log   *zap.Logger
+	max   uint32
+	queue chan *outFrame
+	rd    *Framer
+	bw    *bufio.Writer
+
+	mu      sync.Mutex
+	started bool
+	closing bool
+	err     error
+
+	done       chan struct{} // closed when the Conn starts closing
+	writerDone chan struct{} // closed when the writer goroutine has exited
+	closed     chan struct{} // closed after goroutines exited and OnClose returned
+	wg         sync.WaitGroup
+	goAway     atomic.Pointer[GoAway]
+}
+
+// outFrame is one queued frame. Control frames carry header and payload in
+// buf. Data frames and flush markers have written, which the writer closes
+// once it no longer needs data; a Data frame's payload stays in the
+// caller's slice until then.
+type outFrame struct {
+	buf     []byte
+	data    []byte
+	written chan struct{}
+	state   atomic.Int32 // frameQueued, frameTaken, frameCancelled
+	err     error
+}
+
+const (
+	frameQueued int32 = iota
+	frameTaken
+	frameCancelled
+)
+
+var outFramePool = sync.Pool{New: func() any { return new(outFrame) }}
+
+// NewConn wraps nc, which has completed Handshake with peer. Call Start to
+// begin reading and writing.
+func NewConn(nc net.Conn, peer Peer, opts ConnOptions) *Conn {
+	if opts.SendQueue <= 0 {
+		opts.SendQueue = DefaultSendQueue
+	}
+	log := opts.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	c := &Conn{
+		nc:         nc,
+		peer:       peer,
+		opts:       opts,
+		log:        log.With(zap.String("peer", peer.Node), zap.Uint64("incarnation", peer.Incarnation), zap.String("purpose", peer.Purpose)),
+		max:        clampFrameSize(opts.MaxFrameSize),
+		queue:      make(chan *outFrame, opts.SendQueue),
+		bw:         bufio.NewWriterSize(nc, connBufferSize),
+		done:       make(chan struct{}),
+		writerDone: make(chan struct{}),
+		closed:     make(chan struct{}),
+	}
+	c.rd = NewFramer(nil, bufio.NewReaderSize(nc, connBufferSize))
+	c.rd.SetMaxReadFrameSize(c.max)
+	return c
+}
+
+// Peer returns the authenticated peer.
+func (c *Conn) Peer() Peer { return c.peer }
+
+// Done returns a channel closed when the Conn starts closing.
+func (c *Conn) Done() <-chan struct{} { return c.done }
+
+// Err returns the cause the Conn closed with, or nil while it is open.
+func (c *Conn) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// Start starts the reader and writer goroutines. It does nothing on a
+// started or closed Conn.
+func (c *Conn) Start() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.started || c.closing {
+		return
+	}
+	c.started = true
+	c.wg.Add(2)
+	go c.readLoop()
+	go c.writeLoop()
+	go func() {
+		c.wg.Wait()
+		c.finish()
+	}()
+}
+
+// Close closes the connection with cause err (nil means ErrClosed) and
+// waits until its goroutines have exited and OnClose has returned. Frames
+// still queued are discarded; call Flush first for a graceful close. Close
+// is idempotent and returns nil; it must not be called from Handler or
+// OnClose (use Fail).
+func (c *Conn) Close(err error) error {
+	c.fail(err)
+	<-c.closed
+	return nil
+}
+
+// Fail starts closing the connection with cause err and returns at once.
+// It is safe to call from Handler.
+func (c *Conn) Fail(err error) {
+	c.fail(err)
+}
+
+func (c *Conn) fail(err error) {
+	c.mu.Lock()
+	if c.closing {
+		c.mu.Unlock()
+		return
+	}
+	c.closing = true
+	if err == nil {
+		err = ErrClosed
+	}
+	c.err = err
+	started := c.started
+	c.mu.Unlock()
+
+	if !errors.Is(err, ErrClosed) {
+		c.log.Warn("wire: closing connection", zap.Error(err))
+	} else {
+		c.log.Debug("wire: closing connection", zap.Error(err))
+	}
+	close(c.done)
+	c.nc.Close()
+	if !started {
+		close(c.writerDone)
+		c.finish()
+	}
+}
+
+func (c *Conn) finish() {
+	if c.opts.OnClose != nil {
+		c.opts.OnClose(c.Err())
+	}
+	close(c.closed)
+}
+
+// closedErr is the error sends return once the Conn is closing.
+func (c *Conn) closedErr() error {
+	err := c.Err()
+	if err == nil || errors.Is(err, ErrClosed) {
+		return ErrClosed
+	}
+	return fmt.Errorf("%w: %w", ErrClosed, err)
+}
+
+func (c *Conn) checkType(t FrameType) error {
+	if t.isHandshake() {
+		return fmt.Errorf("wire: send: %s is a handshake frame", t)
+	}
+	return nil
+}
+
+// Send queues a frame whose payload is the msgpack encoding of body (nil
+// for an empty payload). It blocks while the send queue is full, until
+// ctx is done (returning ctx.Err()) or the Conn closes (returning an
+// error that wraps ErrClosed). A nil error means the frame was queued, not
+// that the peer received it. Encoding errors and ErrFrameTooLarge are
+// returned before anything is queued.
+func (c *Conn) Send(ctx context.Context, t FrameType, flags Flags, stream uint32, body any) error {
+	if err := c.checkType(t); err != nil {
+		return err
+	}
+	of := outFramePool.Get().(*outFrame)
+	var err error
+	of.buf, err = appendFrame(of.buf[:0], t, flags, stream, body, c.max)
+	if err != nil {
+		outFramePool.Put(of)
+		return err
+	}
+	return c.enqueue(ctx, of)
+}
+
+// SendRaw is Send with a payload that is sent as it is. payload is copied
+// before SendRaw returns.
+func (c *Conn) SendRaw(ctx context.Context, t FrameType, flags Flags, stream uint32, payload []byte) error {
+	return c.Send(ctx, t, flags, stream, rawPayload(payload))
+}
+
+// SendData sends a Data frame carrying p at offset off of transfer stream,
+// ordered with the Conn's other sends. p is written from the caller's slice
+// without an extra copy (except what fits the write buffer), so SendData
+// returns only once the writer is done with p: p may be reused then. ctx
+// bounds the wait until the writer takes the frame; once taken, the write
+// completes or the Conn fails.
+func (c *Conn) SendData(ctx context.Context, stream uint32, off uint64, p []byte) error {
+	n := uint64(DataOffsetSize) + uint64(len(p))
+	if n > uint64(c.max) {
+		return fmt.Errorf("%w: DATA payload of %d bytes exceeds %d", ErrFrameTooLarge, n, c.max)
+	}
+	of := &outFrame{
+		buf:     appendDataHeader(make([]byte, 0, HeaderSize+DataOffsetSize), stream, off, uint32(n), 0),
+		data:    p,
+		written: make(chan struct{}),
+	}
+	return c.sendAndWait(ctx, of)
+}
+
+// Flush waits until every frame queued before it has been written to the
+// connection (handed to the kernel). Flush then Close closes gracefully.
+func (c *Conn) Flush(ctx context.Context) error {
+	return c.sendAndWait(ctx, &outFrame{written: make(chan struct{})})
+}
+
+func (c *Conn) sendAndWait(ctx context.Context, of *outFrame) error {
+	if err := c.enqueue(ctx, of); err != nil {
+		return err
+	}
+	select {
+	case <-of.written:
+		return of.err
+	case <-ctx.Done():
+		if of.state.CompareAndSwap(frameQueued, frameCancelled) {
+			return ctx.Err()
+		}
+		select { // taken: wait for the write to finish
+		case <-of.written:
+			return of.err
+		case <-c.writerDone:
+		}
+	case <-c.writerDone:
+	}
+	select {
+	case <-of.written:
+		return of.err
+	default:
+		return c.closedErr()
+	}
+}
+
+func (c *Conn) enqueue(ctx context.Context, of *outFrame) error {
+	select {
+	case <-c.done:
+		return c.closedErr()
+	default:
+	}
+	select {
+	case c.queue <- of:
+		return nil
+	case <-c.done:
+		return c.closedErr()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (c *Conn) writeLoop() {
+	defer c.wg.Done()
+	defer close(c.writerDone)
+	for {
+		var of *outFrame
+		select {
+		case of = <-c.queue:
+		case <-c.done:
+			return
+		}
+		for of != nil {
+			if err := c.writeFrame(of); err != nil {
+				c.fail(fmt.Errorf("wire: write to %s: %w", c.peer.Node, err))
+				return
+			}
+			select {
+			case of = <-c.queue:
+			default:
+				of = nil
+			}
+		}
+		if err := c.bw.Flush(); err != nil {
+			c.fail(fmt.Errorf("wire: write to %s: %w", c.peer.Node, err))
+			return
+		}
+	}
+}
+
+func (c *Conn) writeFrame(of *outFrame) error {
+	if of.written == nil {
+		_, err := c.bw.Write(of.buf)
+		if cap(of.buf) <= 64<<10 {
+			outFramePool.Put(of)
+		}
+		return err
+	}
+	if !of.state.CompareAndSwap(frameQueued, frameTaken) {
+		return nil // cancelled by the sender
+	}
+	var err error
+	if of.buf == nil {
+		err = c.bw.Flush()
+	} else if _, err = c.bw.Write(of.buf); err == nil {
+		_, err = c.bw.Write(of.data)
+	}
+	if err != nil {
+		of.err = fmt.Errorf("%w: write: %w", ErrClosed, err)
+	}
+	of.data = nil
+	close(of.written)
+	return err
+}
+
+func (c *Conn) readLoop() {
+	defer c.wg.Done()
+	for {
+		f, err := c.rd.ReadFrame()
+		if err != nil {
+			c.fail(c.readError(err))
+			return
+		}
+		h := f.Header()
+		if h.Type.isHandshake() {
+			c.fail(connErr(CodeProtocol, nil, "%s after the handshake", h))
+			return
+		}
+		if g, ok := f.(*GoAwayFrame); ok {
+			ga := g.GoAway
+			c.goAway.Store(&ga)
+		}
+		if c.opts.Handler != nil {
+			c.opts.Handler(f)
+		}
+	}
+}
+
+func (c *Conn) readError(err error) error {
+	select {
+	case <-c.done:
+		return err // closing already; the cause is set
+	default:
+	}
+	if errors.Is(err, io.EOF) {
+		if g := c.goAway.Load(); g != nil {
+			return &ConnError{Code: g.Code, Reason: "peer went away: " + g.Reason, Err: ErrClosed}
+		}
+		return fmt.Errorf("wire: %s closed the connection: %w", c.peer.Node, err)
+	}
+	var ce *ConnError
+	if errors.As(err, &ce) {
+		return err
+	}
+	return fmt.Errorf("wire: read from %s: %w", c.peer.Node, err)
+}
