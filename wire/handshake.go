@@ -127,7 +127,7 @@ func Handshake(ctx context.Context, nc net.Conn, cfg HandshakeConfig, initiator 
 		nc.SetDeadline(time.Unix(1, 0)) // unblock reads and writes now
 	})
 
-	hs := &handshake{cfg: cfg, fr: NewFramer(nc, nc)}
+	hs := &handshake{cfg: cfg, nc: nc, deadline: deadline, fr: NewFramer(nc, nc)}
 	hs.fr.SetMaxReadFrameSize(HandshakeMaxFrameSize)
 	hs.fr.SetMaxWriteFrameSize(HandshakeMaxFrameSize)
 	var peer Peer
@@ -158,9 +158,14 @@ func Handshake(ctx context.Context, nc net.Conn, cfg HandshakeConfig, initiator 
 }
 
 type handshake struct {
-	cfg HandshakeConfig
-	fr  *Framer
+	cfg      HandshakeConfig
+	nc       net.Conn
+	deadline time.Time
+	fr       *Framer
 }
+
+// refuseTimeout bounds the best-effort GoAway sent when refusing a peer.
+const refuseTimeout = 100 * time.Millisecond
 
 func (hs *handshake) initiate() (Peer, error) {
 	nonceI := make([]byte, NonceSize)
@@ -290,8 +295,11 @@ func (hs *handshake) read(want FrameType) (Frame, error) {
 	return nil, connErr(CodeProtocol, nil, "handshake: got %s while waiting for %s", h, want)
 }
 
-// refuse sends a GoAway carrying only code, best effort.
+// refuse sends a GoAway carrying only code, best effort and briefly.
 func (hs *handshake) refuse(code ErrCode) {
+	if d := time.Now().Add(refuseTimeout); d.Before(hs.deadline) {
+		hs.nc.SetWriteDeadline(d)
+	}
 	hs.fr.WriteGoAway(&GoAway{Code: code})
 }
 

@@ -1,0 +1,190 @@
+package wire
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// FuzzReadFrame: ReadFrame never panics, returns a frame or an error, and
+// allocates no more than a small multiple of its input.
+func FuzzReadFrame(f *testing.F) {
+	for _, tc := range frameCases() {
+		f.Add(unhex(f, tc.hex))
+	}
+	for _, hb := range hostileBodies {
+		body := unhex(f, hb.hex)
+		f.Add(unhex(f, hdr(uint32(len(body)), FrameMessage, 0, 1)+hb.hex))
+	}
+	f.Add(unhex(f, "ffffffff 0c 00 0000 00000001"))
+	f.Add(unhex(f, hdr(1<<24, FrameData, 0, 1)+"00000000"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		fr := NewFramer(nil, bytes.NewReader(in))
+		for range 4 {
+			var fm Frame
+			var err error
+			n := allocatedBytes(func() { fm, err = fr.ReadFrame() })
+			if n > uint64(64<<10+8*len(in)) {
+				t.Fatalf("%d bytes allocated for %d bytes of input", n, len(in))
+			}
+			if err != nil {
+				var ce *ConnError
+				if err != io.EOF && !errors.As(err, &ce) {
+					t.Fatalf("error %v is neither io.EOF nor a ConnError", err)
+				}
+				return
+			}
+			if int(fm.Header().Length) > len(in) {
+				t.Fatalf("frame of %d bytes from %d bytes of input", fm.Header().Length, len(in))
+			}
+		}
+	})
+}
+
+// rewrite writes frame f again with fr.
+func rewrite(fr *Framer, f Frame) error {
+	h := f.Header()
+	var body any
+	switch f := f.(type) {
+	case *HelloFrame:
+		body = &f.Hello
+	case *ChallengeFrame:
+		body = &f.Challenge
+	case *AuthFrame:
+		body = &f.Auth
+	case *WelcomeFrame:
+		body = &f.Welcome
+	case *MessageFrame:
+		body = &f.Message
+	case *SystemFrame:
+		body = &f.System
+	case *PingFrame:
+		body = &f.Ping
+	case *PongFrame:
+		body = &f.Pong
+	case *GoAwayFrame:
+		body = &f.GoAway
+	case *ErrorFrame:
+		body = &f.Error
+	case *FetchFrame:
+		body = &f.Fetch
+	case *FetchEndFrame:
+		body = &f.FetchEnd
+	case *ReleaseFrame:
+		body = &f.Release
+	case *CapsFrame:
+		body = &f.Caps
+	case *DataFrame:
+		p := binary.BigEndian.AppendUint64(nil, f.Offset)
+		return fr.WriteFrame(h.Type, h.Flags, h.Stream, append(p, f.Data...))
+	case *UnknownFrame:
+		return fr.WriteFrame(h.Type, h.Flags, h.Stream, f.Payload)
+	}
+	return fr.WriteBody(h.Type, h.Flags, h.Stream, body)
+}
+
+// FuzzFrameRoundTrip: any frame that decodes re-encodes to a canonical form
+// that decodes and re-encodes to exactly the same bytes.
+func FuzzFrameRoundTrip(f *testing.F) {
+	for _, tc := range frameCases() {
+		f.Add(unhex(f, tc.hex))
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		f1, err := NewFramer(nil, bytes.NewReader(in)).ReadFrame()
+		if err != nil {
+			return
+		}
+		var b1, b2 bytes.Buffer
+		if err := rewrite(NewFramer(&b1, nil), f1); err != nil {
+			t.Fatalf("re-encode %v: %v", f1.Header(), err)
+		}
+		f2, err := NewFramer(nil, bytes.NewReader(b1.Bytes())).ReadFrame()
+		if err != nil {
+			t.Fatalf("re-encoded frame does not decode: %v\n%x", err, b1.Bytes())
+		}
+		if f2.Header().Type != f1.Header().Type || f2.Header().Stream != f1.Header().Stream || f2.Header().Flags != f1.Header().Flags {
+			t.Fatalf("header changed: %v -> %v", f1.Header(), f2.Header())
+		}
+		if err := rewrite(NewFramer(&b2, nil), f2); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(b1.Bytes(), b2.Bytes()) {
+			t.Fatalf("not a fixpoint:\n%x\n%x", b1.Bytes(), b2.Bytes())
+		}
+	})
+}
+
+// FuzzCheckMsgpack: whatever checkMsgpack accepts is exactly one msgpack
+// value that msgpack's own Skip walks to the end.
+func FuzzCheckMsgpack(f *testing.F) {
+	for _, hb := range hostileBodies {
+		f.Add(unhex(f, hb.hex))
+	}
+	for _, tc := range frameCases() {
+		if b := unhex(f, tc.hex); len(b) > HeaderSize {
+			f.Add(b[HeaderSize:])
+		}
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		if checkMsgpack(in, MaxMsgpackDepth) != nil {
+			return
+		}
+		r := bytes.NewReader(in)
+		dec := msgpack.NewDecoder(r)
+		if err := dec.Skip(); err != nil {
+			t.Fatalf("accepted, but msgpack cannot skip it: %v", err)
+		}
+		if r.Len() != 0 {
+			t.Fatalf("accepted, but %d bytes follow the value", r.Len())
+		}
+		var v any
+		_ = DecodeMsgpack(in, &v) // must not panic
+	})
+}
+
+// FuzzHandshake feeds arbitrary bytes to an acceptor: it never panics,
+// never hangs (the handshake deadline bounds it) and never succeeds.
+func FuzzHandshake(f *testing.F) {
+	var hello bytes.Buffer
+	NewFramer(&hello, nil).WriteHello(&Hello{Version: 1, Cluster: "c", Nonce: make([]byte, NonceSize), Purpose: "control"})
+	f.Add(hello.Bytes())
+	withAuth := bytes.Clone(hello.Bytes())
+	var auth bytes.Buffer
+	NewFramer(&auth, nil).WriteAuth(&Auth{Node: "x", Incarnation: 1, MAC: make([]byte, 32)})
+	f.Add(append(withAuth, auth.Bytes()...))
+	for _, tc := range frameCases() {
+		f.Add(unhex(f, tc.hex))
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		a, b := net.Pipe()
+		wrote, drained := make(chan struct{}), make(chan struct{})
+		go func() { // write the input
+			defer close(wrote)
+			b.Write(in)
+		}()
+		go func() { // read whatever the acceptor sends
+			defer close(drained)
+			io.Copy(io.Discard, b)
+		}()
+		cfg := testConfig("acceptor")
+		cfg.Timeout = 50 * time.Millisecond
+		start := time.Now()
+		_, err := Handshake(context.Background(), a, cfg, false)
+		if err == nil {
+			t.Fatal("handshake with arbitrary bytes succeeded")
+		}
+		if d := time.Since(start); d > 2*time.Second {
+			t.Fatalf("handshake took %v", d)
+		}
+		b.Close()
+		<-wrote
+		<-drained
+	})
+}

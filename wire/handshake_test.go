@@ -1,0 +1,440 @@
+package wire
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+)
+
+var testSecret = []byte("0123456789abcdef0123456789abcdef")
+
+func testConfig(node string) HandshakeConfig {
+	return HandshakeConfig{Cluster: "test", Node: node, Incarnation: 7, Secret: testSecret, Timeout: 2 * time.Second}
+}
+
+type result struct {
+	peer Peer
+	err  error
+}
+
+// recordingConn records what is read from and written to a net.Conn.
+type recordingConn struct {
+	net.Conn
+	mu      sync.Mutex
+	read    bytes.Buffer
+	written bytes.Buffer
+}
+
+func (c *recordingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.mu.Lock()
+	c.read.Write(p[:n])
+	c.mu.Unlock()
+	return n, err
+}
+
+func (c *recordingConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.mu.Lock()
+	c.written.Write(p[:n])
+	c.mu.Unlock()
+	return n, err
+}
+
+func (c *recordingConn) bytesRead() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return bytes.Clone(c.read.Bytes())
+}
+
+func (c *recordingConn) bytesWritten() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return bytes.Clone(c.written.Bytes())
+}
+
+// handshakePair runs both sides over a in-memory pipe.
+func handshakePair(t *testing.T, ic, ac HandshakeConfig) (ini, acc result, iconn *recordingConn, aconn net.Conn) {
+	t.Helper()
+	a, b := net.Pipe()
+	iconn = &recordingConn{Conn: a}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		acc.peer, acc.err = Handshake(context.Background(), b, ac, false)
+	}()
+	ini.peer, ini.err = Handshake(context.Background(), iconn, ic, true)
+	wg.Wait()
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return ini, acc, iconn, b
+}
+
+// framesIn decodes the frames in b.
+func framesIn(t *testing.T, b []byte) []Frame {
+	t.Helper()
+	fr := NewFramer(nil, bytes.NewReader(b))
+	var out []Frame
+	for {
+		f, err := fr.ReadFrame()
+		if err == io.EOF {
+			return out
+		}
+		if err != nil {
+			t.Fatalf("recorded bytes: %v", err)
+		}
+		out = append(out, f)
+	}
+}
+
+func TestHandshakeSuccess(t *testing.T) {
+	for _, purpose := range []string{"", PurposeControl, PurposeData} {
+		ic, ac := testConfig("ini"), testConfig("acc")
+		ic.Purpose, ic.Incarnation, ic.Expect = purpose, 11, "acc"
+		ac.Incarnation = 22
+		ini, acc, iconn, aconn := handshakePair(t, ic, ac)
+		if ini.err != nil || acc.err != nil {
+			t.Fatalf("initiator: %v, acceptor: %v", ini.err, acc.err)
+		}
+		want := purpose
+		if want == "" {
+			want = PurposeControl
+		}
+		if ini.peer != (Peer{"acc", 22, want}) {
+			t.Errorf("initiator's peer %+v", ini.peer)
+		}
+		if acc.peer != (Peer{"ini", 11, want}) {
+			t.Errorf("acceptor's peer %+v", acc.peer)
+		}
+		// The connection works afterwards, with the deadline cleared.
+		go iconn.Write([]byte("x"))
+		buf := make([]byte, 1)
+		if _, err := io.ReadFull(aconn, buf); err != nil || buf[0] != 'x' {
+			t.Fatalf("after handshake: %v", err)
+		}
+	}
+}
+
+func TestHandshakeTCPAndDeadlineCleared(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ac := testConfig("acc")
+	ac.Timeout = 50 * time.Millisecond
+	done := make(chan result, 1)
+	var server net.Conn
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		server = c
+		p, err := Handshake(context.Background(), c, ac, false)
+		done <- result{p, err}
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ic := testConfig("ini")
+	ic.Timeout = 50 * time.Millisecond
+	if _, err := Handshake(context.Background(), c, ic, true); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	defer server.Close()
+	time.Sleep(100 * time.Millisecond) // past the handshake timeout
+	if _, err := c.Write([]byte("late")); err != nil {
+		t.Fatalf("write after the handshake timeout: %v", err)
+	}
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(server, buf); err != nil {
+		t.Fatalf("read after the handshake timeout: %v", err)
+	}
+}
+
+func TestHandshakeWrongSecret(t *testing.T) {
+	ic, ac := testConfig("ini"), testConfig("secret-acceptor-name")
+	ic.Secret = []byte("another secret of enough length!")
+	ac.Incarnation = 0x5eC7e7
+	ini, acc, iconn, _ := handshakePair(t, ic, ac)
+	if !errors.Is(ini.err, ErrAuthFailed) {
+		t.Errorf("initiator: %v, want ErrAuthFailed", ini.err)
+	}
+	if !errors.Is(acc.err, ErrAuthFailed) {
+		t.Errorf("acceptor: %v, want ErrAuthFailed", acc.err)
+	}
+	// The initiator learned nothing: a challenge, then a GoAway with a code.
+	got := iconn.bytesRead()
+	if bytes.Contains(got, []byte("secret-acceptor-name")) {
+		t.Fatal("the acceptor's node name reached an unauthenticated initiator")
+	}
+	frames := framesIn(t, got)
+	if len(frames) != 2 {
+		t.Fatalf("initiator received %d frames: %v", len(frames), frames)
+	}
+	if ch, ok := frames[0].(*ChallengeFrame); !ok || ch.Challenge.Version != ProtocolVersion || len(ch.Challenge.Nonce) != NonceSize {
+		t.Fatalf("first frame %#v", frames[0])
+	}
+	if ga, ok := frames[1].(*GoAwayFrame); !ok || ga.GoAway != (GoAway{Code: CodeAuth}) {
+		t.Fatalf("second frame %#v", frames[1])
+	}
+}
+
+// A fake acceptor without the secret cannot fool the initiator.
+func TestHandshakeImpostorAcceptor(t *testing.T) {
+	a, b := net.Pipe()
+	defer b.Close()
+	go func() {
+		fr := NewFramer(b, b)
+		if _, err := fr.ReadFrame(); err != nil {
+			return
+		}
+		fr.WriteChallenge(&Challenge{Version: ProtocolVersion, Nonce: make([]byte, NonceSize)})
+		if _, err := fr.ReadFrame(); err != nil {
+			return
+		}
+		fr.WriteWelcome(&Welcome{Node: "evil", Incarnation: 1, MAC: make([]byte, 32)})
+		io.Copy(io.Discard, b)
+	}()
+	_, err := Handshake(context.Background(), a, testConfig("ini"), true)
+	if !errors.Is(err, ErrAuthFailed) {
+		t.Fatalf("got %v, want ErrAuthFailed", err)
+	}
+}
+
+func TestHandshakeWrongCluster(t *testing.T) {
+	ic, ac := testConfig("ini"), testConfig("acc")
+	ic.Cluster = "other"
+	ini, acc, iconn, _ := handshakePair(t, ic, ac)
+	if !errors.Is(ini.err, ErrClusterMismatch) || !errors.Is(acc.err, ErrClusterMismatch) {
+		t.Fatalf("initiator: %v, acceptor: %v", ini.err, acc.err)
+	}
+	frames := framesIn(t, iconn.bytesRead())
+	if len(frames) != 1 || frames[0].(*GoAwayFrame).GoAway != (GoAway{Code: CodeCluster}) {
+		t.Fatalf("initiator received %v", frames)
+	}
+}
+
+func TestHandshakeExpect(t *testing.T) {
+	ic, ac := testConfig("ini"), testConfig("acc")
+	ic.Expect = "someone-else"
+	ini, acc, _, _ := handshakePair(t, ic, ac)
+	if !errors.Is(ini.err, ErrUnexpectedPeer) {
+		t.Fatalf("initiator: %v", ini.err)
+	}
+	if acc.err != nil { // the acceptor finished before the initiator refused
+		t.Logf("acceptor: %v", acc.err)
+	}
+}
+
+func TestHandshakeAcceptorPurpose(t *testing.T) {
+	ic, ac := testConfig("ini"), testConfig("acc")
+	ic.Purpose, ac.Purpose = PurposeData, PurposeControl
+	ini, acc, _, _ := handshakePair(t, ic, ac)
+	var ce *ConnError
+	if !errors.As(acc.err, &ce) || ini.err == nil {
+		t.Fatalf("initiator: %v, acceptor: %v", ini.err, acc.err)
+	}
+}
+
+// rawAcceptor runs an acceptor against script, which plays the initiator
+// by hand, and returns the acceptor's error.
+func rawAcceptor(t *testing.T, cfg HandshakeConfig, script func(fr *Framer)) error {
+	t.Helper()
+	a, b := net.Pipe()
+	defer b.Close()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := Handshake(context.Background(), a, cfg, false)
+		errc <- err
+	}()
+	script(NewFramer(b, b))
+	b.Close()
+	return <-errc
+}
+
+func TestHandshakeWrongVersion(t *testing.T) {
+	var got Frame
+	err := rawAcceptor(t, testConfig("acc"), func(fr *Framer) {
+		fr.WriteHello(&Hello{Version: 2, Cluster: "test", Nonce: make([]byte, NonceSize), Purpose: PurposeControl})
+		got, _ = fr.ReadFrame()
+	})
+	if !errors.Is(err, ErrVersion) {
+		t.Fatalf("acceptor: %v", err)
+	}
+	if ga, ok := got.(*GoAwayFrame); !ok || ga.GoAway != (GoAway{Code: CodeVersion}) {
+		t.Fatalf("initiator received %#v", got)
+	}
+
+	// An acceptor answering with another version.
+	a, b := net.Pipe()
+	defer b.Close()
+	go func() {
+		fr := NewFramer(b, b)
+		fr.ReadFrame()
+		fr.WriteChallenge(&Challenge{Version: 9, Nonce: make([]byte, NonceSize)})
+		io.Copy(io.Discard, b)
+	}()
+	if _, err := Handshake(context.Background(), a, testConfig("ini"), true); !errors.Is(err, ErrVersion) {
+		t.Fatalf("initiator: %v", err)
+	}
+}
+
+func TestHandshakeRefusedByGoAway(t *testing.T) {
+	for code, want := range map[ErrCode]error{CodeVersion: ErrVersion, CodeCluster: ErrClusterMismatch, CodeAuth: ErrAuthFailed} {
+		a, b := net.Pipe()
+		go func() {
+			fr := NewFramer(b, b)
+			fr.ReadFrame()
+			fr.WriteGoAway(&GoAway{Code: code})
+			b.Close()
+		}()
+		if _, err := Handshake(context.Background(), a, testConfig("ini"), true); !errors.Is(err, want) {
+			t.Fatalf("GoAway %s: %v", code, err)
+		}
+	}
+}
+
+func TestHandshakeReplay(t *testing.T) {
+	ini, acc, iconn, _ := handshakePair(t, testConfig("ini"), testConfig("acc"))
+	if ini.err != nil || acc.err != nil {
+		t.Fatal(ini.err, acc.err)
+	}
+	recorded := iconn.bytesWritten()
+	if n := len(framesIn(t, recorded)); n != 2 {
+		t.Fatalf("recorded %d initiator frames, want Hello and Auth", n)
+	}
+	// A fresh acceptor gets the same bytes: its nonce differs, the MAC fails.
+	var answers []Frame
+	err := rawAcceptor(t, testConfig("acc"), func(fr *Framer) {
+		wrote := make(chan struct{})
+		defer func() { <-wrote }()
+		go func() {
+			defer close(wrote)
+			fr.w.Write(recorded)
+		}()
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				return
+			}
+			answers = append(answers, f)
+		}
+	})
+	if !errors.Is(err, ErrAuthFailed) {
+		t.Fatalf("replay: %v", err)
+	}
+	for _, f := range answers {
+		if _, ok := f.(*WelcomeFrame); ok {
+			t.Fatal("replayed handshake got a Welcome")
+		}
+	}
+}
+
+func TestHandshakeNonHandshakeFrameFirst(t *testing.T) {
+	err := rawAcceptor(t, testConfig("acc"), func(fr *Framer) {
+		fr.WriteMessage(0, &Message{Target: "x"})
+		fr.ReadFrame()
+	})
+	var ce *ConnError
+	if !errors.As(err, &ce) || ce.Code != CodeProtocol {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestHandshakeSilentPeerTimesOut(t *testing.T) {
+	for _, initiator := range []bool{true, false} {
+		a, b := net.Pipe()
+		go io.Copy(io.Discard, b) // reads, never answers
+		cfg := testConfig("x")
+		cfg.Timeout = 100 * time.Millisecond
+		start := time.Now()
+		_, err := Handshake(context.Background(), a, cfg, initiator)
+		d := time.Since(start)
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Errorf("initiator=%v: %v, want a deadline error", initiator, err)
+		}
+		if d < 90*time.Millisecond || d > time.Second {
+			t.Errorf("initiator=%v: returned after %v, timeout 100ms", initiator, d)
+		}
+		b.Close()
+	}
+}
+
+func TestHandshakeContextCancel(t *testing.T) {
+	a, b := net.Pipe()
+	defer b.Close()
+	go io.Copy(io.Discard, b)
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(50*time.Millisecond, cancel)
+	start := time.Now()
+	_, err := Handshake(ctx, a, testConfig("x"), true)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("got %v", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("took %v", d)
+	}
+}
+
+func TestHandshakeConfigValidation(t *testing.T) {
+	bad := []func(*HandshakeConfig){
+		func(c *HandshakeConfig) { c.Cluster = "" },
+		func(c *HandshakeConfig) { c.Node = "" },
+		func(c *HandshakeConfig) { c.Secret = []byte("short") },
+		func(c *HandshakeConfig) { c.Purpose = "bulk" },
+	}
+	for i, mod := range bad {
+		cfg := testConfig("x")
+		mod(&cfg)
+		a, b := net.Pipe()
+		_, err := Handshake(context.Background(), a, cfg, true)
+		if err == nil {
+			t.Errorf("case %d: accepted", i)
+		}
+		b.Close()
+	}
+}
+
+func TestTranscriptBindsEveryField(t *testing.T) {
+	base := transcript{version: 1, cluster: "c", purpose: "control", nonceI: []byte{1}, nonceA: []byte{2},
+		nodeI: "i", incI: 1, nodeA: "a", incA: 2}
+	mods := []func(*transcript){
+		func(x *transcript) { x.version = 2 },
+		func(x *transcript) { x.cluster = "d" },
+		func(x *transcript) { x.purpose = "data" },
+		func(x *transcript) { x.nonceI = []byte{3} },
+		func(x *transcript) { x.nonceA = []byte{3} },
+		func(x *transcript) { x.nodeI = "j" },
+		func(x *transcript) { x.incI = 3 },
+		func(x *transcript) { x.nodeA = "b" },
+		func(x *transcript) { x.incA = 3 },
+		// Moving bytes between adjacent fields changes the MAC too.
+		func(x *transcript) { x.cluster, x.purpose = "cc", "ontrol" },
+	}
+	want := base.mac(testSecret, labelAcceptor, true)
+	if bytes.Equal(want, base.mac(testSecret, labelInitiator, true)) {
+		t.Fatal("labels do not separate the MACs")
+	}
+	for i, mod := range mods {
+		x := base
+		mod(&x)
+		if bytes.Equal(x.mac(testSecret, labelAcceptor, true), want) {
+			t.Errorf("modification %d does not change the MAC", i)
+		}
+	}
+}
