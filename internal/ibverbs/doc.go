@@ -1,0 +1,41 @@
+// Package ibverbs gives Go access to RDMA verbs (rdma-core's libibverbs)
+// without linking against it: libibverbs.so.1 is opened with dlopen at run
+// time, so a binary built with this package starts on machines without
+// rdma-core. There every call fails with an error wrapping ErrNoRDMA that
+// says why, and Devices returns an empty list.
+//
+// It covers what a one-sided RDMA data channel needs: device and port
+// discovery (GUID, state, link layer, MTU, LID, GID table with the RoCE v2
+// IPv4-mapped entry), contexts, protection domains, completion queues,
+// reliable-connected queue pairs and their RESET→INIT→RTR→RTS state machine,
+// memory regions on host memory, on GPU memory through a dmabuf file
+// descriptor (RegDmabufMR) or through peer memory (RegMR on a device
+// pointer), RDMA READ work requests and completion polling.
+//
+// Every error names the verbs call and the errno; a failed work completion
+// becomes a *WCError carrying ibv_wc_status_str.
+//
+// Building needs rdma-core's headers (Debian: libibverbs-dev). Build with
+// the tag noibverbs, without cgo or off Linux to get the ErrNoRDMA-only
+// variant that needs no headers.
+//
+// Example: read 4 KiB from a remote region into a local one.
+//
+//	devs, err := ibverbs.Devices()
+//	if err != nil || len(devs) == 0 {
+//		return err // wraps ErrNoRDMA where rdma-core or a device is missing
+//	}
+//	ctx, err := ibverbs.Open(devs[0].Name)
+//	...
+//	defer ctx.Close()
+//	pd, _ := ctx.AllocPD()
+//	cq, _ := ctx.CreateCQ(64)
+//	qp, _ := pd.CreateRCQP(cq, ibverbs.QPCaps{MaxSendWR: 64})
+//	local := qp.LocalEndpoint(port, gidIndex, psn) // send to the peer
+//	err = qp.Connect(port, gidIndex, ibverbs.AccessRemoteRead, remote, ibverbs.DefaultConnectOptions())
+//	mr, _ := pd.RegMR(buf.Ptr(), buf.Len(), ibverbs.AccessLocalWrite)
+//	err = qp.PostReads([]ibverbs.ReadRequest{{WRID: 1, LocalAddr: mr.Addr(),
+//		LKey: mr.LKey(), Length: 4096, RemoteAddr: raddr, RKey: rkey, Signaled: true}})
+//	wcs := make([]ibverbs.WorkCompletion, 8)
+//	n, err := cq.Poll(wcs) // then wcs[i].Err()
+package ibverbs
