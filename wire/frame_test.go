@@ -42,8 +42,10 @@ type frameCase struct {
 func frameCases() []frameCase {
 	return []frameCase{
 		{
-			name:  "hello",
-			write: func(fr *Framer) error { return fr.WriteHello(&Hello{Version: 1, Cluster: "c1", Nonce: []byte{1, 2, 3}, Purpose: "control"}) },
+			name: "hello",
+			write: func(fr *Framer) error {
+				return fr.WriteHello(&Hello{Version: 1, Cluster: "c1", Nonce: []byte{1, 2, 3}, Purpose: "control"})
+			},
 			// {v:1, c:"c1", n:bin(010203), p:"control"}
 			hex:  hdr(26, FrameHello, 0, 0) + "84 a176 01 a163 a26331 a16e c403010203 a170 a7636f6e74726f6c",
 			want: &HelloFrame{FrameHeader{26, FrameHello, 0, 0}, Hello{1, "c1", []byte{1, 2, 3}, "control"}},
