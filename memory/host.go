@@ -84,6 +84,7 @@ func (h *hostBuffer) Free() error {
 		return ErrFreed
 	}
 	h.freed = true
+	notifyFree(h.alloc)
 	h.raw, h.b = nil, nil
 	return nil
 }
