@@ -1,0 +1,5 @@
+//go:build !race
+
+package rdmatest
+
+const raceEnabled = false

@@ -1,0 +1,618 @@
+package staging
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/rdma"
+	"github.com/tensorferry/tensorferry/tensor"
+	"go.uber.org/zap"
+)
+
+// MaxConnsPerPeer bounds the data connections a fetcher keeps to one owner;
+// it is also the number of transfers from one owner that run at once (the
+// others wait for a connection).
+const MaxConnsPerPeer = 8
+
+var _ rdma.Channel = (*Channel)(nil)
+var _ rdma.ConnServer = (*Channel)(nil)
+
+// Channel is the staging channel. It is both ends: the fetcher side dials
+// data connections through Env.Dial and pulls, the owner side serves the
+// connections handed to ServeConn from the Env's Store.
+//
+// Connections: a fetcher keeps a small pool of data connections per owner
+// (at most MaxConnsPerPeer). Each connection carries one transfer at a time,
+// as a stream of DATA frames answering one REQUEST, so a connection owns
+// its staging ring outright and a large transfer never waits behind another
+// one's chunks. Idle connections are reused; a connection that failed, or
+// whose transfer was cancelled, is closed and a new one is dialled.
+type Channel struct {
+	env    *rdma.Env
+	log    *zap.Logger
+	chunk  int
+	window int
+
+	mu     sync.Mutex
+	closed bool
+	peers  map[string]*peerPool
+	served map[*serverConn]struct{}
+	wg     sync.WaitGroup
+
+	fetching atomic.Int64 // transfers in progress on the fetcher side
+	serving  atomic.Int64 // streams in progress on the owner side
+}
+
+type peerPool struct {
+	slots  chan struct{} // one token per transfer in progress
+	idle   []*clientConn
+	active map[*clientConn]struct{}
+}
+
+type clientConn struct {
+	conn   net.Conn
+	fr     *Framer
+	stream uint32
+	down   atomic.Pointer[error] // why the channel closed the conn (ErrPeerDown, ErrClosed)
+}
+
+type serverConn struct {
+	conn net.Conn
+	peer string
+	down atomic.Pointer[error]
+}
+
+// New returns a staging channel for the node described by env. env.Dial is
+// needed to fetch and env.Store to serve; the chunk size and window come from
+// env.ChunkSize and env.ChunksInFlight (DefaultChunkSize and DefaultWindow
+// when zero).
+func New(env *rdma.Env) (*Channel, error) {
+	if env == nil || env.Store == nil {
+		return nil, errors.New("staging: Env with a Store required")
+	}
+	chunk := env.ChunkSize
+	if chunk == 0 {
+		chunk = DefaultChunkSize
+	}
+	if chunk < 0 || chunk > MaxChunkSize {
+		return nil, fmt.Errorf("staging: chunk size %d outside (0, %d]", chunk, MaxChunkSize)
+	}
+	window := env.ChunksInFlight
+	if window == 0 {
+		window = DefaultWindow
+	}
+	if window < 0 || window > MaxWindow {
+		return nil, fmt.Errorf("staging: %d chunks in flight outside (0, %d]", window, MaxWindow)
+	}
+	return &Channel{
+		env:    env,
+		log:    env.Logger().Named("staging"),
+		chunk:  chunk,
+		window: window,
+		peers:  map[string]*peerPool{},
+		served: map[*serverConn]struct{}{},
+	}, nil
+}
+
+// Name returns rdma.Staging.
+func (c *Channel) Name() string { return rdma.Staging }
+
+// Offer returns nil: the fetcher reaches the owner through Env.Dial, and the
+// owner checks every request against its Store.
+func (c *Channel) Offer(context.Context, *tensor.Export, string) ([]byte, error) { return nil, nil }
+
+// InFlight returns the number of transfers in progress at this node, as
+// fetcher and as owner. Tests use it to check that nothing was left behind.
+func (c *Channel) InFlight() int { return int(c.fetching.Load() + c.serving.Load()) }
+
+// RemoteError is a failure reported by the owner for one transfer. It
+// unwraps to tensor.ErrUnknownExport, tensor.ErrBadLease, tensor.ErrStale,
+// memory.ErrOutOfRange or rdma.ErrClosed according to its code.
+type RemoteError struct {
+	Owner   string
+	Code    Code
+	Message string
+}
+
+func (e *RemoteError) Error() string {
+	return fmt.Sprintf("staging: owner %s: %s: %s", e.Owner, e.Code, e.Message)
+}
+
+// Unwrap returns the sentinel matching the code, or nil.
+func (e *RemoteError) Unwrap() error {
+	switch e.Code {
+	case CodeUnknownExport:
+		return tensor.ErrUnknownExport
+	case CodeBadLease:
+		return tensor.ErrBadLease
+	case CodeStale:
+		return tensor.ErrStale
+	case CodeOutOfRange:
+		return memory.ErrOutOfRange
+	case CodeClosed:
+		return rdma.ErrClosed
+	}
+	return nil
+}
+
+func codeOf(err error) Code {
+	switch {
+	case errors.Is(err, tensor.ErrUnknownExport):
+		return CodeUnknownExport
+	case errors.Is(err, tensor.ErrBadLease):
+		return CodeBadLease
+	case errors.Is(err, tensor.ErrStale):
+		return CodeStale
+	case errors.Is(err, memory.ErrOutOfRange):
+		return CodeOutOfRange
+	case errors.Is(err, tensor.ErrStoreClosed), errors.Is(err, rdma.ErrClosed):
+		return CodeClosed
+	case errors.Is(err, context.Canceled):
+		return CodeCanceled
+	}
+	return CodeInternal
+}
+
+// Fetch pulls the d.Bytes bytes of the export into the start of dst. A dst
+// smaller than d.Bytes fails with rdma.ErrTooSmall before any I/O. Errors
+// reported by the owner are *RemoteError (errors.Is matches
+// tensor.ErrUnknownExport, tensor.ErrBadLease, tensor.ErrStale); a lost
+// connection gives rdma.ErrPeerDown, Close rdma.ErrClosed, and a cancelled
+// or expired ctx its error.
+func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer) error {
+	if err := d.Validate(); err != nil {
+		return fmt.Errorf("staging: fetch: %w", err)
+	}
+	if int64(dst.Len()) < d.Bytes {
+		return fmt.Errorf("staging: fetch %v into %d bytes: %w", d, dst.Len(), rdma.ErrTooSmall)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("staging: fetch %v: %w", d, err)
+	}
+	c.fetching.Add(1)
+	defer c.fetching.Add(-1)
+	p, err := c.pool(d.Owner)
+	if err != nil {
+		return err
+	}
+	select {
+	case p.slots <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("staging: fetch %v: waiting for a connection: %w", d, ctx.Err())
+	}
+	defer func() { <-p.slots }()
+	var sink deviceSink
+	if !dst.Device().IsHost() && d.Bytes > 0 {
+		view, err := dst.Slice(0, int(d.Bytes))
+		if err != nil {
+			return err
+		}
+		if sink, err = newDeviceSink(view, c.chunk, c.window); err != nil {
+			return err
+		}
+		defer sink.close()
+	}
+	for attempt := 0; ; attempt++ {
+		cc, reused, err := c.conn(ctx, d.Owner, p)
+		if err != nil {
+			return fmt.Errorf("staging: fetch %v: %w", d, err)
+		}
+		started, keep, err := c.transfer(ctx, cc, d, dst, sink)
+		c.putConn(d.Owner, p, cc, keep)
+		if err != nil && reused && !started && attempt == 0 && ctx.Err() == nil && cc.down.Load() == nil {
+			// A pooled connection the owner had already closed: redial once.
+			continue
+		}
+		return err
+	}
+}
+
+func (c *Channel) pool(owner string) (*peerPool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, rdma.ErrClosed
+	}
+	p := c.peers[owner]
+	if p == nil {
+		p = &peerPool{slots: make(chan struct{}, MaxConnsPerPeer), active: map[*clientConn]struct{}{}}
+		c.peers[owner] = p
+	}
+	return p, nil
+}
+
+// conn returns an idle connection of p, or dials one.
+func (c *Channel) conn(ctx context.Context, owner string, p *peerPool) (cc *clientConn, reused bool, err error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, false, rdma.ErrClosed
+	}
+	if c.peers[owner] != p {
+		c.mu.Unlock()
+		return nil, false, fmt.Errorf("%w: %s", rdma.ErrPeerDown, owner)
+	}
+	if n := len(p.idle); n > 0 {
+		cc = p.idle[n-1]
+		p.idle = p.idle[:n-1]
+		p.active[cc] = struct{}{}
+		c.mu.Unlock()
+		return cc, true, nil
+	}
+	c.mu.Unlock()
+	if c.env.Dial == nil {
+		return nil, false, errors.New("staging: Env.Dial not set")
+	}
+	conn, err := c.env.Dial(ctx, owner, rdma.Staging)
+	if err != nil {
+		return nil, false, fmt.Errorf("dial %s: %w", owner, err)
+	}
+	cc = &clientConn{conn: conn, fr: NewFramer(conn, conn, MaxChunkSize)}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.closed:
+		err = rdma.ErrClosed
+	case c.peers[owner] != p:
+		err = fmt.Errorf("%w: %s", rdma.ErrPeerDown, owner)
+	}
+	if err != nil {
+		_ = conn.Close()
+		return nil, false, err
+	}
+	p.active[cc] = struct{}{}
+	return cc, false, nil
+}
+
+func (c *Channel) putConn(owner string, p *peerPool, cc *clientConn, keep bool) {
+	c.mu.Lock()
+	delete(p.active, cc)
+	if keep && !c.closed && c.peers[owner] == p && cc.down.Load() == nil && len(p.idle) < MaxConnsPerPeer {
+		p.idle = append(p.idle, cc)
+		c.mu.Unlock()
+		return
+	}
+	c.mu.Unlock()
+	_ = cc.conn.Close()
+}
+
+// aLongTimeAgo is a deadline in the past, used to interrupt blocked I/O.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// transfer runs one request on cc. started reports whether any response
+// arrived, keep whether cc can carry another transfer.
+func (c *Channel) transfer(ctx context.Context, cc *clientConn, d *tensor.Descriptor, dst memory.Buffer, sink deviceSink) (started, keep bool, err error) {
+	interrupted := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		_ = cc.conn.SetDeadline(aLongTimeAgo)
+		close(interrupted)
+	})
+	defer func() {
+		if !stop() {
+			// The deadline was set: the connection cannot be reused.
+			<-interrupted
+			keep = false
+			if err != nil && ctx.Err() != nil {
+				// Tell the owner to stop at once, then drop the connection.
+				_ = cc.conn.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+				_ = cc.fr.WriteCancel(cc.stream)
+				err = fmt.Errorf("staging: fetch %v: %w", d, ctx.Err())
+			}
+		}
+	}()
+	fail := func(err error) (bool, bool, error) {
+		if why := cc.down.Load(); why != nil {
+			return started, false, fmt.Errorf("staging: fetch %v: %w", d, *why)
+		}
+		if ctx.Err() != nil {
+			return started, false, err // replaced by the ctx error above
+		}
+		var ne net.Error
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) || errors.As(err, &ne) {
+			return started, false, fmt.Errorf("staging: fetch %v: connection to %s lost: %w: %w", d, d.Owner, rdma.ErrPeerDown, err)
+		}
+		return started, false, fmt.Errorf("staging: fetch %v from %s: %w", d, d.Owner, err)
+	}
+
+	cc.stream++
+	stream := cc.stream
+	req := Request{
+		ExportID:    d.ExportID,
+		Lease:       d.Lease,
+		Incarnation: d.Incarnation,
+		Offset:      0,
+		Length:      uint64(d.Bytes),
+		ChunkSize:   uint32(c.chunk),
+		Window:      uint32(c.window),
+	}
+	if err := cc.fr.WriteRequest(stream, req); err != nil {
+		return fail(err)
+	}
+	host := dst.Host()
+	next := uint64(0)
+	for {
+		h, err := cc.fr.ReadHeader()
+		if err != nil {
+			return fail(err)
+		}
+		started = true
+		if h.Stream != stream {
+			return fail(fmt.Errorf("%w: %v for stream %d during stream %d", ErrBadFrame, h.Type, h.Stream, stream))
+		}
+		switch h.Type {
+		case FrameData:
+			off, n, err := cc.fr.ReadDataOffset(h)
+			if err != nil {
+				return fail(err)
+			}
+			if off != next || n > c.chunk || uint64(n) > req.Length-next || (n == 0 && req.Length > 0) {
+				return fail(fmt.Errorf("%w: DATA [%d, +%d) out of order or range (expected offset %d of %d, chunk %d)", ErrBadFrame, off, n, next, req.Length, c.chunk))
+			}
+			if sink == nil {
+				if _, err := io.ReadFull(cc.conn, host[off:off+uint64(n)]); err != nil {
+					return fail(unexpectedEOF(err))
+				}
+			} else {
+				slot, err := sink.slot(ctx, n)
+				if err != nil {
+					return fail(err)
+				}
+				if _, err := io.ReadFull(cc.conn, slot); err != nil {
+					return fail(unexpectedEOF(err))
+				}
+				if err := sink.commit(ctx, int(off), n); err != nil {
+					return fail(err)
+				}
+			}
+			next += uint64(n)
+		case FrameEnd, FrameError:
+			st, err := cc.fr.ReadStatus(h)
+			if err != nil {
+				return fail(err)
+			}
+			if h.Type == FrameEnd && st.Code == CodeOK {
+				if next != req.Length {
+					return fail(fmt.Errorf("%w: END after %d of %d bytes", ErrBadFrame, next, req.Length))
+				}
+				if sink != nil {
+					if err := sink.finish(ctx); err != nil {
+						return started, false, err
+					}
+				}
+				return started, true, nil
+			}
+			return started, true, &RemoteError{Owner: d.Owner, Code: st.Code, Message: st.Message}
+		default:
+			return fail(fmt.Errorf("%w: unexpected %v from the owner", ErrBadFrame, h.Type))
+		}
+	}
+}
+
+// ServeConn serves a data connection accepted (and authenticated) by the
+// node for peer. It returns at once; the channel owns conn from then on and
+// closes it when the peer closes it, on a protocol error, on PeerDown(peer)
+// or on Close.
+func (c *Channel) ServeConn(conn net.Conn, peer string) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		_ = conn.Close()
+		return
+	}
+	sc := &serverConn{conn: conn, peer: peer}
+	c.served[sc] = struct{}{}
+	c.wg.Add(1)
+	c.mu.Unlock()
+	go c.serve(sc)
+}
+
+// serve reads the requests of one connection; each is answered on a
+// goroutine of its own so that a CANCEL can stop it.
+func (c *Channel) serve(sc *serverConn) {
+	defer c.wg.Done()
+	fr := NewFramer(sc.conn, sc.conn, MaxChunkSize)
+	var (
+		cur    uint32
+		cancel context.CancelFunc = func() {}
+		done                      = make(chan struct{})
+		last   uint32
+	)
+	close(done)
+	defer func() {
+		cancel()
+		_ = sc.conn.Close()
+		<-done
+		c.mu.Lock()
+		delete(c.served, sc)
+		c.mu.Unlock()
+	}()
+	for {
+		h, err := fr.ReadHeader()
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && sc.down.Load() == nil {
+				c.log.Debug("data connection ends", zap.String("peer", sc.peer), zap.Error(err))
+			}
+			return
+		}
+		switch h.Type {
+		case FrameRequest:
+			req, err := fr.ReadRequest(h)
+			if err != nil {
+				return
+			}
+			if h.Stream <= last {
+				c.log.Debug("stream id reused", zap.String("peer", sc.peer), zap.Uint32("stream", h.Stream))
+				return
+			}
+			<-done // one transfer at a time per connection
+			last, cur = h.Stream, h.Stream
+			ctx, cancelStream := context.WithCancel(context.Background())
+			cancel = cancelStream
+			done = make(chan struct{})
+			c.serving.Add(1)
+			go func(done chan struct{}, stream uint32) {
+				defer close(done)
+				defer c.serving.Add(-1)
+				defer cancelStream()
+				c.send(ctx, sc, fr, stream, req)
+			}(done, h.Stream)
+		case FrameCancel:
+			if h.Stream == cur {
+				cancel()
+			}
+		default:
+			c.log.Debug("unexpected frame from fetcher", zap.String("peer", sc.peer), zap.Stringer("type", h.Type))
+			return
+		}
+	}
+}
+
+// send answers one request. It reads only the export named by the request,
+// within its bounds.
+func (c *Channel) send(ctx context.Context, sc *serverConn, fr *Framer, stream uint32, req Request) {
+	status := func(t FrameType, code Code, msg string) {
+		if err := fr.WriteStatus(t, stream, Status{Code: code, Message: msg}); err != nil {
+			_ = sc.conn.Close()
+		}
+	}
+	e, release, err := c.env.Store.Acquire(req.Incarnation, req.ExportID, req.Lease)
+	if err != nil {
+		status(FrameError, codeOf(err), err.Error())
+		return
+	}
+	defer release()
+	buf := e.Tensor.Buffer()
+	size := uint64(buf.Len())
+	if req.Offset > size || req.Length > size-req.Offset {
+		status(FrameError, CodeOutOfRange, fmt.Sprintf("[%d, +%d) outside export %d of %d bytes", req.Offset, req.Length, req.ExportID, size))
+		return
+	}
+	chunk, window := int(req.ChunkSize), int(req.Window)
+	if chunk == 0 {
+		chunk = DefaultChunkSize
+	}
+	if window == 0 {
+		window = DefaultWindow
+	}
+	if chunk > MaxChunkSize || window > MaxWindow {
+		status(FrameError, CodeBadRequest, fmt.Sprintf("chunk %d or window %d above %d, %d", chunk, window, MaxChunkSize, MaxWindow))
+		return
+	}
+	off, n := int(req.Offset), int(req.Length)
+	if n == 0 {
+		status(FrameEnd, CodeOK, "")
+		return
+	}
+	canceled := func() bool {
+		if ctx.Err() != nil {
+			status(FrameEnd, CodeCanceled, "canceled by the fetcher")
+			return true
+		}
+		return false
+	}
+	if host := buf.Host(); host != nil {
+		for done := 0; done < n; {
+			if canceled() {
+				return
+			}
+			k := min(chunk, n-done)
+			if err := fr.WriteData(stream, uint64(off+done), host[off+done:off+done+k]); err != nil {
+				_ = sc.conn.Close()
+				return
+			}
+			done += k
+		}
+		status(FrameEnd, CodeOK, "")
+		return
+	}
+	part, err := buf.Slice(off, n)
+	if err != nil {
+		status(FrameError, CodeOutOfRange, err.Error())
+		return
+	}
+	src, err := newDeviceSource(part, chunk, window)
+	if err != nil {
+		status(FrameError, CodeInternal, err.Error())
+		return
+	}
+	defer src.close()
+	for done := 0; done < n; {
+		if canceled() {
+			return
+		}
+		o, p, err := src.next(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				status(FrameError, codeOf(err), err.Error())
+			} else {
+				canceled()
+			}
+			return
+		}
+		if err := fr.WriteData(stream, uint64(off+o), p); err != nil {
+			_ = sc.conn.Close()
+			return
+		}
+		done += len(p)
+	}
+	status(FrameEnd, CodeOK, "")
+}
+
+// PeerDown closes every data connection to and from node; its transfers in
+// flight fail with rdma.ErrPeerDown.
+func (c *Channel) PeerDown(node string) {
+	why := fmt.Errorf("%w: %s", rdma.ErrPeerDown, node)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p := c.peers[node]; p != nil {
+		delete(c.peers, node)
+		p.closeAll(why)
+	}
+	for sc := range c.served {
+		if sc.peer == node {
+			sc.down.Store(&why)
+			_ = sc.conn.Close()
+		}
+	}
+}
+
+func (p *peerPool) closeAll(why error) {
+	for _, cc := range p.idle {
+		_ = cc.conn.Close()
+	}
+	p.idle = nil
+	for cc := range p.active {
+		cc.down.Store(&why)
+		_ = cc.conn.Close()
+	}
+}
+
+// Close closes every connection and waits for the channel's goroutines;
+// transfers in flight fail with rdma.ErrClosed.
+func (c *Channel) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	why := rdma.ErrClosed
+	for node, p := range c.peers {
+		delete(c.peers, node)
+		p.closeAll(why)
+	}
+	for sc := range c.served {
+		sc.down.Store(&why)
+		_ = sc.conn.Close()
+	}
+	c.mu.Unlock()
+	c.wg.Wait()
+	return nil
+}

@@ -1,0 +1,21 @@
+// Package staging is the data channel that works between any two nodes: the
+// fetcher pulls an export's bytes over dedicated data connections (never the
+// control connection), in chunks (Env.ChunkSize, default 4 MiB), with
+// Env.ChunksInFlight chunks staged ahead per transfer.
+//
+// The wire format is a fixed binary framing (see Framer): a 16-byte header
+// and a REQUEST, DATA, END, ERROR or CANCEL body. It is the same for host and
+// device memory: for a device-memory export the owner copies chunks to
+// host staging buffers while earlier chunks are on the socket, and the
+// fetcher copies chunks to a device destination while it reads the next.
+// Host destinations are read straight from the socket, without a copy.
+//
+// The owner serves only ids found in its Store, checks every request against
+// the export's bounds, and reports a bad request (unknown or released id,
+// wrong lease, stale incarnation, range outside the export) to that transfer
+// only: the connection stays up.
+//
+//	ch, _ := staging.New(env)      // env.Dial reaches other nodes' listeners
+//	node.OnDataConn = ch.ServeConn // connections dialled by peers' channels
+//	err := ch.Fetch(ctx, d, dst)   // d from a message, dst on any device
+package staging
