@@ -1,0 +1,132 @@
+// Command remote measures 64-byte actor-style messaging between two
+// endpoints on loopback, side by side in one run: the raw Go TCP round trip
+// (the floor), protoactor-go's gRPC remote, and every path other files add
+// to extraPaths.
+//
+//	go run ./benchmarks/remote            # table
+//	go run ./benchmarks/remote --quick    # counts / 20
+//	go run ./benchmarks/remote --json     # {"bench":"remote","path":"raw-tcp","metric":"rtt_p50_us",...} per line
+//
+// Figures: rtt_p50_us, rtt_p99_us, rtt_min_us over --rtt-count round trips
+// after a warm-up; oneway_msgs_per_s over --oneway-count messages, timed
+// from the first send until the receiver has counted the last. Every
+// message carries a 64-byte payload. raw-tcp's one-way figure writes through
+// a 64 KiB bufio.Writer: it is the ceiling of batched writes on this host,
+// not a per-message protocol.
+//
+// Another path joins the same run from its own file of this package, with no
+// change here:
+//
+//	func init() {
+//		extraPaths = append(extraPaths, path{name: "tensorferry", open: openTensorferry})
+//	}
+//
+// where open starts both ends and returns endpoints whose pinger (a Pinger:
+// RoundTrip) and sender (a Sender: Send, WaitReceived) are measured by
+// measureRTT and measureOneWay exactly as the built-in paths are, and whose
+// close stops every goroutine it started (TestPaths checks with goleak).
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+)
+
+func main() {
+	rttCount := flag.Int("rtt-count", 20000, "timed round trips per path")
+	onewayCount := flag.Int("oneway-count", 1000000, "timed one-way messages per path")
+	quick := flag.Bool("quick", false, "divide counts by 20")
+	asJSON := flag.Bool("json", false, "print one JSON object per figure per line")
+	only := flag.String("paths", "", "comma-separated path names to measure (default: all)")
+	timeout := flag.Duration("timeout", 2*time.Minute, "how long to wait for one-way messages to arrive")
+	flag.Parse()
+	if *quick {
+		*rttCount = max(1, *rttCount/20)
+		*onewayCount = max(1, *onewayCount/20)
+	}
+
+	paths := append([]path{rawTCPPath(), protoRemotePath()}, extraPaths...)
+	if *only != "" {
+		want := strings.Split(*only, ",")
+		paths = slices.DeleteFunc(paths, func(p path) bool { return !slices.Contains(want, p.name) })
+		if len(paths) == 0 {
+			fmt.Fprintf(os.Stderr, "remote: no path named in --paths=%s\n", *only)
+			os.Exit(2)
+		}
+	}
+
+	goroutines := runtime.NumGoroutine()
+	var all []result
+	failed := false
+	for _, p := range paths {
+		rs, err := run(p, *rttCount, *onewayCount, *timeout)
+		all = append(all, rs...)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "remote: %s: %v\n", p.name, err)
+			failed = true
+		}
+	}
+	var err error
+	if *asJSON {
+		err = writeJSON(os.Stdout, all)
+	} else {
+		err = writeTable(os.Stdout, all)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "remote: %v\n", err)
+		failed = true
+	}
+	if n := leftover(goroutines, 2*time.Second); n > 0 {
+		fmt.Fprintf(os.Stderr, "remote: %d goroutines still running after every path closed\n", n)
+		failed = true
+	}
+	if failed {
+		os.Exit(1)
+	}
+}
+
+// run opens p, measures what it offers and closes it.
+func run(p path, rttCount, onewayCount int, timeout time.Duration) (rs []result, err error) {
+	e, err := p.open()
+	if err != nil {
+		return nil, fmt.Errorf("open: %w", err)
+	}
+	defer func() {
+		if cerr := e.close(); cerr != nil && err == nil {
+			err = fmt.Errorf("close: %w", cerr)
+		}
+	}()
+	if e.pinger != nil {
+		r, err := measureRTT(p.name, e.pinger.RoundTrip, rttCount)
+		if err != nil {
+			return rs, err
+		}
+		rs = append(rs, r...)
+	}
+	if e.sender != nil {
+		r, err := measureOneWay(p.name, e.sender, onewayCount, timeout)
+		if err != nil {
+			return rs, err
+		}
+		rs = append(rs, r...)
+	}
+	return rs, nil
+}
+
+// leftover waits up to grace for the goroutine count to fall back to base
+// and returns how many more are still running.
+func leftover(base int, grace time.Duration) int {
+	deadline := time.Now().Add(grace)
+	for {
+		n := runtime.NumGoroutine() - base
+		if n <= 0 || time.Now().After(deadline) {
+			return max(n, 0)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
