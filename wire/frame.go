@@ -252,7 +252,13 @@ var frameParsers = [...]frameParser{
 	},
 	FrameMessage: func(h FrameHeader, p []byte) (Frame, error) {
 		f := &MessageFrame{FrameHeader: h}
-		return f, decodeBody(h, p, &f.Message)
+		if err := checkMsgpack(p, MaxMsgpackDepth); err != nil {
+			return nil, bodyError(h, fmt.Errorf("%w: %w", ErrBadBody, err))
+		}
+		if err := decodeMessage(p, &f.Message); err != nil {
+			return nil, bodyError(h, err)
+		}
+		return f, nil
 	},
 	FrameSystem: func(h FrameHeader, p []byte) (Frame, error) {
 		f := &SystemFrame{FrameHeader: h}
@@ -302,9 +308,13 @@ func parseData(h FrameHeader, p []byte) (Frame, error) {
 
 func decodeBody(h FrameHeader, p []byte, v any) error {
 	if err := DecodeMsgpack(p, v); err != nil {
-		return &ConnError{Code: CodeProtocol, Reason: fmt.Sprintf("%s frame on stream %d", h.Type, h.Stream), Err: err}
+		return bodyError(h, err)
 	}
 	return nil
+}
+
+func bodyError(h FrameHeader, err error) error {
+	return &ConnError{Code: CodeProtocol, Reason: fmt.Sprintf("%s frame on stream %d", h.Type, h.Stream), Err: err}
 }
 
 // Framer reads and writes frames. It keeps no connection state. Its read

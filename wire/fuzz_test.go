@@ -188,3 +188,42 @@ func FuzzHandshake(f *testing.F) {
 		<-drained
 	})
 }
+
+// FuzzMessageDecode: the frame parser's Message decoder and the msgpack
+// decoder path agree, and accepted input re-encodes to itself once
+// canonical.
+func FuzzMessageDecode(f *testing.F) {
+	for _, hb := range hostileBodies {
+		f.Add(unhex(f, hb.hex))
+	}
+	for _, tc := range frameCases() {
+		if b := unhex(f, tc.hex); len(b) > HeaderSize {
+			f.Add(b[HeaderSize:])
+		}
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		var fast, slow Message
+		errFast := checkMsgpack(in, MaxMsgpackDepth)
+		if errFast == nil {
+			errFast = decodeMessage(in, &fast)
+		}
+		errSlow := DecodeMsgpack(in, &slow)
+		if (errFast == nil) != (errSlow == nil) {
+			t.Fatalf("fast: %v, msgpack: %v", errFast, errSlow)
+		}
+		if errFast != nil {
+			return
+		}
+		b1, err := EncodeMsgpack(&fast)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b2, err := EncodeMsgpack(&slow)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(b1, b2) {
+			t.Fatalf("decoders disagree: %+v vs %+v", fast, slow)
+		}
+	})
+}

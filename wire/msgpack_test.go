@@ -18,7 +18,7 @@ func TestCheckMsgpackAccepts(t *testing.T) {
 		map[string]any{}, map[string]any{"a": 1, "b": map[string]any{"c": []any{}}},
 		map[int]int{1: 2, 3: 4, 5: 6, 7: 8, 9: 10, 11: 12, 13: 14, 15: 16, 17: 18, 19: 20, 21: 22, 23: 24, 25: 26, 27: 28, 29: 30, 31: 32},
 		msgpack.RawMessage{0xd4, 0x01, 0x02},             // fixext1
-		msgpack.RawMessage{0xd8, 0x01, 16: 0x00},         // fixext16
+		msgpack.RawMessage{0xd8, 0x01, 17: 0x00},         // fixext16
 		msgpack.RawMessage{0xc7, 0x02, 0x05, 0x01, 0x02}, // ext8
 		&Message{Target: "t", Header: map[string]string{"a": "b"}, Body: []byte{1}},
 	}

@@ -1,0 +1,103 @@
+package wire
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"testing"
+)
+
+func benchMessage() *Message {
+	return &Message{Target: "ps/worker-3", SenderNode: "node-1", SenderID: "trainer", Type: "example.Grad",
+		Ser: SerMsgpack, Body: make([]byte, 64), Request: 12345}
+}
+
+func BenchmarkWriteMessage(b *testing.B) {
+	fr := NewFramer(io.Discard, nil)
+	m := benchMessage()
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := fr.WriteMessage(1, m); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkReadFrame(b *testing.B) {
+	var one bytes.Buffer
+	if err := NewFramer(&one, nil).WriteMessage(1, benchMessage()); err != nil {
+		b.Fatal(err)
+	}
+	r := bytes.NewReader(nil)
+	fr := NewFramer(nil, r)
+	b.SetBytes(int64(one.Len()))
+	b.ReportAllocs()
+	for b.Loop() {
+		r.Reset(one.Bytes())
+		if _, err := fr.ReadFrame(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkReadData(b *testing.B) {
+	var one bytes.Buffer
+	if err := NewFramer(&one, nil).WriteData(1, 0, make([]byte, 1<<20)); err != nil {
+		b.Fatal(err)
+	}
+	r := bytes.NewReader(nil)
+	fr := NewFramer(nil, r)
+	b.SetBytes(int64(one.Len()))
+	b.ReportAllocs()
+	for b.Loop() {
+		r.Reset(one.Bytes())
+		if _, err := fr.ReadFrame(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkConnSend measures one-way small messages through two Conns on
+// loopback TCP.
+func BenchmarkConnSend(b *testing.B) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		acc <- c
+	}()
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	recv := make(chan struct{}, 1)
+	var count int
+	target := 0
+	server := NewConn(<-acc, Peer{}, ConnOptions{Handler: func(Frame) {
+		count++
+		if count == target {
+			recv <- struct{}{}
+		}
+	}})
+	client := NewConn(nc, Peer{}, ConnOptions{})
+	server.Start()
+	client.Start()
+	defer server.Close(nil)
+	defer client.Close(nil)
+	m := benchMessage()
+	ctx := context.Background()
+	b.ReportAllocs()
+	target = b.N
+	b.ResetTimer()
+	for range b.N {
+		if err := client.Send(ctx, FrameMessage, 0, 0, m); err != nil {
+			b.Fatal(err)
+		}
+	}
+	<-recv
+}

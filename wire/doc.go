@@ -1,0 +1,35 @@
+// Package wire is tensorferry's control plane: the frame codec, the
+// authenticating handshake, connections that batch small frames, and the
+// registry that serializes user messages. It uses no gRPC.
+//
+// A frame is a 12-byte header (length, type, flags, reserved, stream id, big
+// endian) and a payload: a msgpack map for every type except FrameData,
+// whose payload is an 8-byte offset followed by raw bytes. Framer reads and
+// writes frames without connection state; every msgpack body is validated
+// (declared lengths, nesting) before it is decoded, and a frame's length is
+// checked against the maximum before anything is allocated.
+//
+// A connection starts with Handshake (version, cluster, mutual HMAC-SHA256
+// challenge–response over the cluster secret); only then is it wrapped in a
+// Conn, which runs one reader and one writer goroutine:
+//
+//	cfg := wire.HandshakeConfig{Cluster: "lab", Node: "n1", Incarnation: inc,
+//		Secret: secret, Purpose: wire.PurposeControl, Expect: "n2"}
+//	nc, _ := net.Dial("tcp", addr)
+//	peer, err := wire.Handshake(ctx, nc, cfg, true) // false on the accepting side
+//	if err != nil {
+//		return err // nc is closed; errors.Is(err, wire.ErrAuthFailed) etc.
+//	}
+//	c := wire.NewConn(nc, peer, wire.ConnOptions{
+//		Handler: func(f wire.Frame) { /* in order, on the reader goroutine */ },
+//		OnClose: func(err error) { /* once */ },
+//	})
+//	c.Start()
+//	name, ser, body, _ := registry.Encode(&Grad{Step: 1})
+//	err = c.Send(ctx, wire.FrameMessage, 0, 0, &wire.Message{Target: "ps", Type: name, Ser: ser, Body: body})
+//
+// Errors come in two scopes, as in HTTP/2: a *ConnError kills the
+// connection, a *StreamError fails one request or transfer. Sentinels
+// (ErrFrameTooLarge, ErrShortFrame, ErrAuthFailed, ...) are wrapped and
+// tested with errors.Is.
+package wire
