@@ -3,6 +3,7 @@ package memory
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"math/rand/v2"
 	"sync"
@@ -24,11 +25,11 @@ func needGPU(t *testing.T) {
 
 func randomBytes(n int, seed uint64) []byte {
 	r := rand.New(rand.NewPCG(seed, 11))
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(r.Uint32())
+	b := make([]byte, n+8)
+	for i := 0; i < n; i += 8 {
+		binary.LittleEndian.PutUint64(b[i:], r.Uint64())
 	}
-	return b
+	return b[:n:n]
 }
 
 func TestCUDAClass(t *testing.T) {
@@ -224,8 +225,9 @@ func TestGPUCopyAllPairs(t *testing.T) {
 					t.Fatalf("%d bytes host -> %s: %v", n, from, err)
 				}
 				if to.IsHost() {
-					for i := range b.Host() {
-						b.Host()[i] = 0xEE
+					h := b.Host()
+					for i := range h {
+						h[i] = 0xEE
 					}
 				} else {
 					poison(t, b, 0xEE)
