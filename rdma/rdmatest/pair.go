@@ -118,7 +118,7 @@ func (o *owner) check() error {
 }
 
 // close ends every lease and frees the tensors once the channel has let go.
-func (o *owner) close(t *testing.T) {
+func (o *owner) close(t testing.TB) {
 	o.store.Close()
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -144,7 +144,7 @@ func (o *owner) close(t *testing.T) {
 // side's HandleControl directly. Kill closes the owner's channel and its
 // listener. Everything is closed in t.Cleanup, and an export still lent
 // after the owner closed fails the test.
-func InProcessPair(t *testing.T, newChannel func(env *rdma.Env) (rdma.Channel, error), ownerDev, fetchDev memory.Device) *Pair {
+func InProcessPair(t testing.TB, newChannel func(env *rdma.Env) (rdma.Channel, error), ownerDev, fetchDev memory.Device) *Pair {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -245,7 +245,7 @@ func InProcessPair(t *testing.T, newChannel func(env *rdma.Env) (rdma.Channel, e
 		FetchDevice: fetchDev,
 		OwnerDevice: ownerDev,
 		ChunkSize:   TestChunkSize,
-		Export: func(t *testing.T, seed uint64, size int) *tensor.Descriptor {
+		Export: func(t testing.TB, seed uint64, size int) *tensor.Descriptor {
 			t.Helper()
 			d, err := o.export(seed, size)
 			if err != nil {
@@ -253,7 +253,7 @@ func InProcessPair(t *testing.T, newChannel func(env *rdma.Env) (rdma.Channel, e
 			}
 			return d
 		},
-		Release: func(_ *testing.T, d *tensor.Descriptor) error { return o.release(d) },
+		Release: func(_ testing.TB, d *tensor.Descriptor) error { return o.release(d) },
 		Kill:    kill,
 		Check:   o.check,
 	}
@@ -261,7 +261,7 @@ func InProcessPair(t *testing.T, newChannel func(env *rdma.Env) (rdma.Channel, e
 
 // SameNodePair builds one node whose channel is both owner and fetcher, for
 // channels that move bytes within a process (local). It has no Kill.
-func SameNodePair(t *testing.T, newChannel func(env *rdma.Env) (rdma.Channel, error), ownerDev, fetchDev memory.Device) *Pair {
+func SameNodePair(t testing.TB, newChannel func(env *rdma.Env) (rdma.Channel, error), ownerDev, fetchDev memory.Device) *Pair {
 	t.Helper()
 	const node = "node"
 	env := &rdma.Env{
@@ -290,7 +290,7 @@ func SameNodePair(t *testing.T, newChannel func(env *rdma.Env) (rdma.Channel, er
 		FetchDevice: fetchDev,
 		OwnerDevice: ownerDev,
 		ChunkSize:   TestChunkSize,
-		Export: func(t *testing.T, seed uint64, size int) *tensor.Descriptor {
+		Export: func(t testing.TB, seed uint64, size int) *tensor.Descriptor {
 			t.Helper()
 			d, err := o.export(seed, size)
 			if err != nil {
@@ -298,7 +298,7 @@ func SameNodePair(t *testing.T, newChannel func(env *rdma.Env) (rdma.Channel, er
 			}
 			return d
 		},
-		Release: func(_ *testing.T, d *tensor.Descriptor) error { return o.release(d) },
+		Release: func(_ testing.TB, d *tensor.Descriptor) error { return o.release(d) },
 		Check:   o.check,
 	}
 }

@@ -28,9 +28,9 @@ type Pair struct {
 	// Export makes the owner export a uint8 tensor of shape {size} holding
 	// Fill(seed)'s first size bytes, and returns its descriptor with the
 	// owner's offers for the fetcher.
-	Export func(t *testing.T, seed uint64, size int) *tensor.Descriptor
+	Export func(t testing.TB, seed uint64, size int) *tensor.Descriptor
 	// Release ends the export's lease on the owner.
-	Release func(t *testing.T, d *tensor.Descriptor) error
+	Release func(t testing.TB, d *tensor.Descriptor) error
 	// Kill kills the owner abruptly; nil skips the peer-killed case.
 	Kill func()
 	// Check returns an error if the owner still holds resources for finished

@@ -13,7 +13,8 @@ import (
 //
 //	type u8 | flags u8 | reserved u16 | stream u32 | length u64
 //
-// followed by length bytes of body. All integers are big-endian. Bodies:
+// followed by length bytes of body. No flags are defined yet: flags and
+// reserved must be zero. All integers are big-endian. Bodies:
 //
 //	REQUEST  export id u64, lease u64, incarnation u64, offset u64,
 //	         length u64, chunk size u32, window u32       (48 bytes)
@@ -194,8 +195,8 @@ func (f *Framer) ReadHeader() (Header, error) {
 		Stream: binary.BigEndian.Uint32(b[4:8]),
 		Length: binary.BigEndian.Uint64(b[8:16]),
 	}
-	if r := binary.BigEndian.Uint16(b[2:4]); r != 0 {
-		return h, fmt.Errorf("%w: reserved bits set (%#x)", ErrBadFrame, r)
+	if r := binary.BigEndian.Uint16(b[2:4]); r != 0 || h.Flags != 0 {
+		return h, fmt.Errorf("%w: flags %#x or reserved bits %#x set (none are defined)", ErrBadFrame, h.Flags, r)
 	}
 	switch h.Type {
 	case FrameRequest:
