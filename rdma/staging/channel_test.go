@@ -81,7 +81,7 @@ func TestOwnerAnswersBadRequestsPerStream(t *testing.T) {
 		{"stale incarnation", mod(func(r *staging.Request) { r.Incarnation = 2 }), staging.CodeStale},
 		{"past the end", mod(func(r *staging.Request) { r.Offset, r.Length = 900, 101 }), staging.CodeOutOfRange},
 		{"offset beyond", mod(func(r *staging.Request) { r.Offset, r.Length = 1001, 0 }), staging.CodeOutOfRange},
-		{"length overflows", mod(func(r *staging.Request) { r.Offset, r.Length = 10, ^uint64(0) - 5 }), staging.CodeOutOfRange},
+		{"length overflows", mod(func(r *staging.Request) { r.Offset, r.Length = 10, ^uint64(0)-5 }), staging.CodeOutOfRange},
 		{"chunk too large", mod(func(r *staging.Request) { r.ChunkSize = staging.MaxChunkSize + 1 }), staging.CodeBadRequest},
 		{"window too large", mod(func(r *staging.Request) { r.Window = staging.MaxWindow + 1 }), staging.CodeBadRequest},
 	}
@@ -145,7 +145,10 @@ func TestOwnerClosesConnectionOnProtocolError(t *testing.T) {
 		name string
 		send func(fr *staging.Framer, conn net.Conn) error
 	}{
-		{"garbage", func(_ *staging.Framer, c net.Conn) error { _, err := c.Write(bytes.Repeat([]byte{0xff}, 16)); return err }},
+		{"garbage", func(_ *staging.Framer, c net.Conn) error {
+			_, err := c.Write(bytes.Repeat([]byte{0xff}, 16))
+			return err
+		}},
 		{"data from the fetcher", func(fr *staging.Framer, _ net.Conn) error { return fr.WriteData(1, 0, []byte{1}) }},
 		{"stream id reused", func(fr *staging.Framer, _ net.Conn) error {
 			if err := fr.WriteRequest(5, staging.Request{ExportID: 999}); err != nil {
