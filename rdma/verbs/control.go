@@ -1,0 +1,218 @@
+package verbs
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/tensorferry/tensorferry/internal/ibverbs"
+	"github.com/tensorferry/tensorferry/rdma"
+	"github.com/tensorferry/tensorferry/tensor"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Control operations, sent by the fetcher's channel to the owner's through
+// rdma.Env.Control.
+const (
+	// opConnect carries the fetcher's queue pair endpoint; the owner answers
+	// with the endpoint of the queue pair it created for the fetcher.
+	opConnect uint8 = 1
+	// opBegin asks to read an export: the owner checks the lease, keeps the
+	// export lent and answers with its address, length and rkey.
+	opBegin uint8 = 2
+	// opEnd ends the acquisition opBegin made.
+	opEnd uint8 = 3
+)
+
+// Reply codes: each maps back to the sentinel the owner met.
+const (
+	codeOK uint8 = iota
+	codeUnknownExport
+	codeBadLease
+	codeStale
+	codeStoreClosed
+	codeClosed
+	codeBadRequest
+	codeFailed
+)
+
+// maxControlBytes bounds a control message or reply.
+const maxControlBytes = 1024
+
+// endpointMsg is an ibverbs.Endpoint on the wire.
+type endpointMsg struct {
+	QPN uint32 `msgpack:"q"`
+	PSN uint32 `msgpack:"p"`
+	LID uint16 `msgpack:"l"`
+	GID []byte `msgpack:"g"` // 16 bytes, or empty without a GRH
+	MTU uint8  `msgpack:"m"`
+}
+
+func endpointToMsg(e ibverbs.Endpoint) endpointMsg {
+	m := endpointMsg{QPN: e.QPN, PSN: e.PSN, LID: e.LID, MTU: uint8(e.MTU)}
+	if e.HasGID {
+		m.GID = append([]byte(nil), e.GID[:]...)
+	}
+	return m
+}
+
+func (m endpointMsg) endpoint() (ibverbs.Endpoint, error) {
+	e := ibverbs.Endpoint{QPN: m.QPN & 0xffffff, PSN: m.PSN & 0xffffff, LID: m.LID, MTU: ibverbs.MTU(m.MTU)}
+	switch len(m.GID) {
+	case 0:
+	case 16:
+		copy(e.GID[:], m.GID)
+		e.HasGID = true
+	default:
+		return e, fmt.Errorf("%w: GID of %d bytes", errBadMessage, len(m.GID))
+	}
+	if e.MTU.Bytes() == 0 {
+		return e, fmt.Errorf("%w: MTU code %d", errBadMessage, m.MTU)
+	}
+	if e.QPN == 0 {
+		return e, fmt.Errorf("%w: queue pair number 0", errBadMessage)
+	}
+	return e, nil
+}
+
+// request is a control message from fetcher to owner.
+type request struct {
+	Op          uint8       `msgpack:"o"`
+	Endpoint    endpointMsg `msgpack:"e,omitempty"`
+	Incarnation uint64      `msgpack:"i,omitempty"`
+	ExportID    uint64      `msgpack:"x,omitempty"`
+	Lease       uint64      `msgpack:"l,omitempty"`
+	Token       uint64      `msgpack:"t,omitempty"`
+}
+
+// reply is the owner's answer.
+type reply struct {
+	Code     uint8       `msgpack:"c"`
+	Msg      string      `msgpack:"m,omitempty"`
+	Endpoint endpointMsg `msgpack:"e,omitempty"`
+	Token    uint64      `msgpack:"t,omitempty"`
+	Addr     uint64      `msgpack:"a,omitempty"`
+	RKey     uint32      `msgpack:"k,omitempty"`
+	Len      int64       `msgpack:"n,omitempty"`
+}
+
+var errBadMessage = errors.New("verbs: bad control message")
+
+func encode(v any) ([]byte, error) { return msgpack.Marshal(v) }
+
+// decodeRequest parses a fetcher's control message.
+func decodeRequest(b []byte) (*request, error) {
+	if len(b) > maxControlBytes {
+		return nil, fmt.Errorf("%w: %d bytes", errBadMessage, len(b))
+	}
+	var r request
+	if err := msgpack.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("%w: %w", errBadMessage, err)
+	}
+	switch r.Op {
+	case opConnect:
+		if _, err := r.Endpoint.endpoint(); err != nil {
+			return nil, err
+		}
+	case opBegin, opEnd:
+	default:
+		return nil, fmt.Errorf("%w: unknown op %d", errBadMessage, r.Op)
+	}
+	return &r, nil
+}
+
+// decodeReply parses an owner's answer.
+func decodeReply(b []byte) (*reply, error) {
+	if len(b) > maxControlBytes {
+		return nil, fmt.Errorf("%w: reply of %d bytes", errBadMessage, len(b))
+	}
+	var r reply
+	if err := msgpack.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("%w: reply: %w", errBadMessage, err)
+	}
+	if r.Len < 0 {
+		return nil, fmt.Errorf("%w: reply length %d", errBadMessage, r.Len)
+	}
+	return &r, nil
+}
+
+// codeOf maps an owner-side error to a reply code.
+func codeOf(err error) uint8 {
+	switch {
+	case errors.Is(err, tensor.ErrUnknownExport):
+		return codeUnknownExport
+	case errors.Is(err, tensor.ErrBadLease):
+		return codeBadLease
+	case errors.Is(err, tensor.ErrStale):
+		return codeStale
+	case errors.Is(err, tensor.ErrStoreClosed):
+		return codeStoreClosed
+	case errors.Is(err, rdma.ErrClosed):
+		return codeClosed
+	case errors.Is(err, errBadMessage):
+		return codeBadRequest
+	}
+	return codeFailed
+}
+
+// err rebuilds the owner's error on the fetcher, wrapping the same sentinel.
+func (r *reply) err(owner string) error {
+	var s error
+	switch r.Code {
+	case codeOK:
+		return nil
+	case codeUnknownExport:
+		s = tensor.ErrUnknownExport
+	case codeBadLease:
+		s = tensor.ErrBadLease
+	case codeStale:
+		s = tensor.ErrStale
+	case codeStoreClosed:
+		s = tensor.ErrStoreClosed
+	case codeClosed:
+		s = rdma.ErrPeerDown
+	case codeBadRequest:
+		s = errBadMessage
+	default:
+		return fmt.Errorf("verbs: owner %s: %s", owner, r.Msg)
+	}
+	return fmt.Errorf("verbs: owner %s: %w (%s)", owner, s, r.Msg)
+}
+
+// offerLen is the size of an encoded offer: version, address, length, rkey.
+const offerLen = 1 + 8 + 8 + 4
+
+const offerVersion = 1
+
+// offer is what Offer puts in a descriptor for the verbs channel: where the
+// export lies in the owner's address space and the rkey that reads it.
+type offer struct {
+	Addr uint64
+	Len  int64
+	RKey uint32
+}
+
+func (o offer) encode() []byte {
+	b := make([]byte, offerLen)
+	b[0] = offerVersion
+	binary.LittleEndian.PutUint64(b[1:], o.Addr)
+	binary.LittleEndian.PutUint64(b[9:], uint64(o.Len))
+	binary.LittleEndian.PutUint32(b[17:], o.RKey)
+	return b
+}
+
+// decodeOffer parses an offer from a descriptor.
+func decodeOffer(b []byte) (offer, error) {
+	if len(b) != offerLen || b[0] != offerVersion {
+		return offer{}, fmt.Errorf("%w: offer of %d bytes", errBadMessage, len(b))
+	}
+	o := offer{
+		Addr: binary.LittleEndian.Uint64(b[1:]),
+		Len:  int64(binary.LittleEndian.Uint64(b[9:])),
+		RKey: binary.LittleEndian.Uint32(b[17:]),
+	}
+	if o.Len < 0 {
+		return offer{}, fmt.Errorf("%w: offer length %d", errBadMessage, o.Len)
+	}
+	return o, nil
+}

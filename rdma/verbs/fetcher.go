@@ -1,0 +1,486 @@
+package verbs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/tensorferry/tensorferry/internal/ibverbs"
+	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/rdma"
+	"github.com/tensorferry/tensorferry/tensor"
+	"go.uber.org/zap"
+)
+
+// drainTimeout is how long a cancelled transfer waits for its outstanding
+// reads before it flushes the queue pair (failing the other transfers on
+// it) so that it can return without the NIC still writing its destination.
+const drainTimeout = time.Second
+
+var errCacheClosed = errors.New("verbs: connection closed")
+
+// fetchPeer is the fetcher's connection to one owner: a protection domain,
+// one RC queue pair and its completion queue, a poller that hands
+// completions to the transfers waiting for them, and the cache of
+// destination registrations.
+type fetchPeer struct {
+	c     *Channel
+	node  string
+	ready chan struct{} // closed when set-up finished; err says how
+	err   error
+
+	pd    *ibverbs.PD
+	cq    *ibverbs.CQ
+	qp    *ibverbs.QP
+	cache *regCache
+
+	slots chan struct{} // one token per posted work request
+	wake  chan struct{}
+	quit  chan struct{}
+	done  chan struct{} // closed when the poller returned
+
+	mu      sync.Mutex
+	broken  error
+	waiters map[uint64]chan<- ibverbs.WorkCompletion
+	nextWR  uint64
+	users   sync.WaitGroup
+}
+
+// control sends req to node's verbs channel and decodes the reply.
+func (c *Channel) control(ctx context.Context, node string, req *request) (*reply, error) {
+	b, err := encode(req)
+	if err != nil {
+		return nil, err
+	}
+	rb, err := c.env.Control(ctx, node, rdma.Verbs, b)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("verbs: control message to %s: %w", node, err)
+	}
+	rep, err := decodeReply(rb)
+	if err != nil {
+		return nil, err
+	}
+	return rep, rep.err(node)
+}
+
+// Fetch reads the export named by d from its owner into the start of dst
+// with RDMA READs of Config.ChunkSize bytes, Config.Window outstanding. The
+// owner checks the lease first (tensor.ErrUnknownExport, ErrBadLease,
+// ErrStale come back from it). dst smaller than d.Bytes gives
+// rdma.ErrTooSmall, a descriptor without a verbs offer rdma.ErrNoOffer. A
+// work completion error fails the transfer with an *ibverbs.WCError (and
+// rdma.ErrPeerDown when the owner stopped answering); cancelling ctx
+// returns ctx's error once no read still writes into dst.
+func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer) error {
+	if err := d.Validate(); err != nil {
+		return fmt.Errorf("verbs: fetch: %w", err)
+	}
+	if int64(dst.Len()) < d.Bytes {
+		return fmt.Errorf("verbs: fetch %v into %d bytes: %w", d, dst.Len(), rdma.ErrTooSmall)
+	}
+	raw, ok := d.Offers[rdma.Verbs]
+	if !ok {
+		return fmt.Errorf("verbs: fetch %v: %w", d, rdma.ErrNoOffer)
+	}
+	off, err := decodeOffer(raw)
+	if err != nil {
+		return fmt.Errorf("verbs: fetch %v: %w", d, err)
+	}
+	if off.Len != d.Bytes {
+		return fmt.Errorf("verbs: fetch %v: offer of %d bytes: %w", d, off.Len, tensor.ErrBadSize)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("verbs: fetch %v: %w", d, err)
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return rdma.ErrClosed
+	}
+	c.fetching.Add(1)
+	c.bg.Add(1)
+	c.mu.Unlock()
+	defer c.bg.Done()
+	defer c.fetching.Add(-1)
+
+	rep, err := c.control(ctx, d.Owner, &request{Op: opBegin, Incarnation: d.Incarnation, ExportID: d.ExportID, Lease: d.Lease})
+	if err != nil {
+		return fmt.Errorf("verbs: fetch %v: %w", d, err)
+	}
+	defer c.endRead(ctx, d.Owner, rep.Token)
+	if rep.Len != d.Bytes {
+		return fmt.Errorf("verbs: fetch %v: owner holds %d bytes: %w", d, rep.Len, tensor.ErrBadSize)
+	}
+	if d.Bytes == 0 {
+		return nil
+	}
+	out, err := dst.Slice(0, int(d.Bytes))
+	if err != nil {
+		return fmt.Errorf("verbs: fetch %v: %w", d, err)
+	}
+	for attempt := 0; ; attempt++ {
+		fp, err := c.fetchPeer(ctx, d.Owner)
+		if err != nil {
+			return fmt.Errorf("verbs: fetch %v: %w", d, err)
+		}
+		err = fp.read(ctx, out, rep.Addr, rep.RKey)
+		if errors.Is(err, errCacheClosed) && attempt == 0 {
+			continue // the connection was torn down under us: one retry
+		}
+		if err != nil {
+			return fmt.Errorf("verbs: fetch %v: %w", d, err)
+		}
+		return nil
+	}
+}
+
+// endRead tells the owner the read is over, even when ctx was cancelled.
+func (c *Channel) endRead(ctx context.Context, owner string, token uint64) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := c.control(ctx, owner, &request{Op: opEnd, Token: token}); err != nil {
+		c.log.Debug("ending a read", zap.String("owner", owner), zap.Error(err))
+	}
+}
+
+// fetchPeer returns the connection to owner, setting it up on first use.
+func (c *Channel) fetchPeer(ctx context.Context, owner string) (*fetchPeer, error) {
+	for attempt := 0; ; attempt++ {
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			return nil, rdma.ErrClosed
+		}
+		fp := c.fetches[owner]
+		create := fp == nil
+		if create {
+			fp = &fetchPeer{c: c, node: owner, ready: make(chan struct{})}
+			c.fetches[owner] = fp
+		}
+		c.mu.Unlock()
+		if create {
+			fp.err = fp.setup(ctx)
+			if fp.err != nil {
+				c.mu.Lock()
+				if c.fetches[owner] == fp {
+					delete(c.fetches, owner)
+				}
+				c.mu.Unlock()
+			}
+			close(fp.ready)
+			return fp, fp.err
+		}
+		select {
+		case <-fp.ready:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if fp.err == nil || attempt > 0 {
+			return fp, fp.err
+		}
+		// Another transfer's set-up failed (perhaps its context ended): try
+		// once ourselves.
+	}
+}
+
+// setup creates the queue pair, exchanges endpoints with the owner and
+// starts the poller.
+func (fp *fetchPeer) setup(ctx context.Context) (err error) {
+	c := fp.c
+	if fp.pd, err = c.ctx.AllocPD(); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			fp.destroy()
+		}
+	}()
+	if fp.cq, err = c.ctx.CreateCQ(c.cfg.SendQueue); err != nil {
+		return err
+	}
+	if fp.qp, err = fp.pd.CreateRCQP(fp.cq, ibverbs.QPCaps{MaxSendWR: uint32(c.cfg.SendQueue), MaxRecvWR: 1}); err != nil {
+		return err
+	}
+	psn := randomPSN()
+	local := fp.qp.LocalEndpoint(c.port, psn)
+	rep, err := c.control(ctx, fp.node, &request{Op: opConnect, Endpoint: endpointToMsg(local)})
+	if err != nil {
+		return fmt.Errorf("connecting to %s: %w", fp.node, err)
+	}
+	remote, err := rep.Endpoint.endpoint()
+	if err != nil {
+		return fmt.Errorf("connecting to %s: %w", fp.node, err)
+	}
+	if remote.HasGID != local.HasGID {
+		return fmt.Errorf("connecting to %s: link layers differ (GID here %v, there %v)", fp.node, local.HasGID, remote.HasGID)
+	}
+	if err := fp.qp.Connect(c.port, 0, remote, psn, c.cfg.Connect); err != nil {
+		return fmt.Errorf("connecting to %s: %w", fp.node, err)
+	}
+	fp.cache = newRegCache(c, fp.pd)
+	fp.slots = make(chan struct{}, c.cfg.SendQueue)
+	fp.wake = make(chan struct{}, 1)
+	fp.quit = make(chan struct{})
+	fp.done = make(chan struct{})
+	fp.waiters = map[uint64]chan<- ibverbs.WorkCompletion{}
+	c.stats.conns.Add(1)
+	c.bg.Add(1)
+	go fp.poll()
+	return nil
+}
+
+// destroy frees what setup made, in order. Only without users.
+func (fp *fetchPeer) destroy() {
+	warn := func(what string, err error) {
+		if err != nil {
+			fp.c.log.Warn(what, zap.String("owner", fp.node), zap.Error(err))
+		}
+	}
+	if fp.qp != nil {
+		warn("destroying a queue pair", fp.qp.Close())
+	}
+	if fp.cache != nil {
+		fp.cache.close()
+	}
+	if fp.cq != nil {
+		warn("destroying a completion queue", fp.cq.Close())
+	}
+	if fp.pd != nil {
+		warn("freeing a protection domain", fp.pd.Close())
+	}
+}
+
+// fail breaks the connection: the queue pair is moved to the error state so
+// every outstanding read completes (flushed), and once the transfers using
+// it have returned, everything is destroyed in the background.
+func (fp *fetchPeer) fail(err error) {
+	fp.mu.Lock()
+	if fp.broken != nil {
+		fp.mu.Unlock()
+		return
+	}
+	fp.broken = err
+	fp.mu.Unlock()
+	c := fp.c
+	c.mu.Lock()
+	if c.fetches[fp.node] == fp {
+		delete(c.fetches, fp.node)
+	}
+	c.mu.Unlock()
+	if e := fp.qp.SetError(); e != nil {
+		c.log.Debug("flushing a queue pair", zap.String("owner", fp.node), zap.Error(e))
+	}
+	c.log.Debug("connection broken", zap.String("owner", fp.node), zap.Error(err))
+	c.bg.Add(1)
+	go func() {
+		defer c.bg.Done()
+		fp.users.Wait()
+		close(fp.quit)
+		<-fp.done
+		fp.destroy()
+	}()
+}
+
+// teardown breaks a connection that may still be setting up.
+func (fp *fetchPeer) teardown(err error) {
+	<-fp.ready
+	if fp.err == nil {
+		fp.fail(err)
+	}
+}
+
+// enter counts a transfer as a user of the connection.
+func (fp *fetchPeer) enter() error {
+	fp.mu.Lock()
+	defer fp.mu.Unlock()
+	if fp.broken != nil {
+		return fmt.Errorf("%w: %w", errCacheClosed, fp.broken)
+	}
+	fp.users.Add(1)
+	return nil
+}
+
+func (fp *fetchPeer) brokenErr() error {
+	fp.mu.Lock()
+	defer fp.mu.Unlock()
+	return fp.broken
+}
+
+// post registers a waiter for one READ and posts it.
+func (fp *fetchPeer) post(req ibverbs.ReadRequest, comps chan<- ibverbs.WorkCompletion) error {
+	fp.mu.Lock()
+	if fp.broken != nil {
+		fp.mu.Unlock()
+		return fp.broken
+	}
+	fp.nextWR++
+	req.WRID = fp.nextWR
+	fp.waiters[req.WRID] = comps
+	fp.mu.Unlock()
+	if err := fp.qp.PostReads([]ibverbs.ReadRequest{req}); err != nil {
+		fp.mu.Lock()
+		delete(fp.waiters, req.WRID)
+		fp.mu.Unlock()
+		return err
+	}
+	select {
+	case fp.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// read copies n = dst.Len() bytes from the owner's (raddr, rkey) into dst.
+func (fp *fetchPeer) read(ctx context.Context, dst memory.Buffer, raddr uint64, rkey uint32) error {
+	if err := fp.enter(); err != nil {
+		return err
+	}
+	defer fp.users.Done()
+	reg, put, err := fp.cache.get(dst)
+	if err != nil {
+		return err
+	}
+	defer put()
+	c := fp.c
+	n := int64(dst.Len())
+	chunk := int64(c.cfg.ChunkSize)
+	window := c.cfg.Window
+	laddr := dst.Ptr()
+	lkey := reg.mr.LKey()
+	comps := make(chan ibverbs.WorkCompletion, window)
+
+	var (
+		next        int64
+		outstanding int
+		firstErr    error
+		ctxDone     = ctx.Done()
+		drain       <-chan time.Time
+	)
+	stop := func(err error) {
+		if firstErr == nil {
+			firstErr = err
+		}
+	}
+	for {
+		// Post while the window and the send queue have room.
+		for firstErr == nil && next < n && outstanding < window {
+			if outstanding > 0 {
+				select {
+				case fp.slots <- struct{}{}:
+				default:
+					goto wait // the queue pair is full: wait for our own reads
+				}
+			} else {
+				select {
+				case fp.slots <- struct{}{}:
+				case <-ctxDone:
+					stop(ctx.Err())
+					goto wait
+				}
+			}
+			length := min(chunk, n-next)
+			err := fp.post(ibverbs.ReadRequest{
+				LocalAddr: laddr + uintptr(next), LKey: lkey, Length: uint32(length),
+				RemoteAddr: raddr + uint64(next), RKey: rkey, Signaled: true,
+			}, comps)
+			if err != nil {
+				<-fp.slots
+				stop(err)
+				break
+			}
+			outstanding++
+			next += length
+		}
+	wait:
+		if outstanding == 0 {
+			break
+		}
+		select {
+		case wc := <-comps:
+			outstanding--
+			<-fp.slots
+			if err := wc.Err(); err != nil {
+				stop(err)
+				fp.fail(fmt.Errorf("read from %s failed: %w", fp.node, err))
+			}
+		case <-ctxDone:
+			// Stop posting; the reads already posted still write dst.
+			stop(ctx.Err())
+			ctxDone = nil
+			drain = time.After(drainTimeout)
+		case <-drain:
+			drain = nil
+			fp.fail(fmt.Errorf("cancelled transfer: reads from %s outstanding after %v", fp.node, drainTimeout))
+		}
+	}
+	if firstErr == nil {
+		return nil
+	}
+	var wce *ibverbs.WCError
+	if errors.As(firstErr, &wce) {
+		switch wce.Status {
+		case ibverbs.WCRetryExcErr, ibverbs.WCRNRRetryExcErr:
+			return fmt.Errorf("%w: %s stopped answering: %w", rdma.ErrPeerDown, fp.node, firstErr)
+		case ibverbs.WCWRFlushErr:
+			if b := fp.brokenErr(); b != nil {
+				return fmt.Errorf("%w (%w)", b, firstErr)
+			}
+		}
+	}
+	return firstErr
+}
+
+// poll hands completions to the transfers waiting for them until quit.
+func (fp *fetchPeer) poll() {
+	defer fp.c.bg.Done()
+	defer close(fp.done)
+	wcs := make([]ibverbs.WorkCompletion, 32)
+	idle := 0
+	for {
+		n, err := fp.cq.Poll(wcs)
+		if err != nil {
+			fp.fail(fmt.Errorf("polling completions: %w", err))
+		}
+		for _, wc := range wcs[:n] {
+			fp.mu.Lock()
+			ch := fp.waiters[wc.WRID]
+			delete(fp.waiters, wc.WRID)
+			fp.mu.Unlock()
+			if ch != nil {
+				ch <- wc // buffered for the transfer's whole window
+			}
+		}
+		if n > 0 {
+			idle = 0
+			continue
+		}
+		fp.mu.Lock()
+		pending := len(fp.waiters)
+		fp.mu.Unlock()
+		if pending == 0 {
+			select {
+			case <-fp.wake:
+			case <-fp.quit:
+				return
+			}
+			continue
+		}
+		select {
+		case <-fp.quit:
+			return
+		default:
+		}
+		idle++
+		if idle < 32 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(time.Duration(min(idle, 500)) * time.Microsecond)
+		}
+	}
+}
