@@ -23,7 +23,9 @@ const connBufferSize = 64 << 10
 // ConnOptions configures a Conn.
 type ConnOptions struct {
 	// MaxFrameSize is the largest payload read or written, in bytes
-	// (default DefaultMaxFrameSize, at most MaxFrameSizeLimit).
+	// (default DefaultMaxFrameSize, at most MaxFrameSizeLimit). Both ends
+	// must use the same value. The read buffer grows to the largest frame
+	// received and is reused.
 	MaxFrameSize uint32
 	// SendQueue is the number of frames queued for the writer (default
 	// DefaultSendQueue). When it is full, Send blocks: memory stays bounded.
@@ -223,6 +225,9 @@ func (c *Conn) checkType(t FrameType) error {
 func (c *Conn) Send(ctx context.Context, t FrameType, flags Flags, stream uint32, body any) error {
 	if err := c.checkType(t); err != nil {
 		return err
+	}
+	if _, raw := body.(rawPayload); t == FrameData && !raw {
+		return errors.New("wire: send: DATA payloads are raw: use SendData or SendRaw")
 	}
 	of := outFramePool.Get().(*outFrame)
 	var err error

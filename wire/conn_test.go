@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -452,6 +453,9 @@ func TestConnSendErrors(t *testing.T) {
 	if err := c.Send(ctx, FrameAuth, 0, 0, &Auth{}); err == nil {
 		t.Fatal("Send of a handshake frame accepted")
 	}
+	if err := c.Send(ctx, FrameData, 0, 0, &Message{}); err == nil {
+		t.Fatal("Send of a msgpack DATA frame accepted")
+	}
 	if err := c.Send(ctx, FrameMessage, 0, 0, func() {}); err == nil {
 		t.Fatal("Send of an unencodable body accepted")
 	}
@@ -482,5 +486,56 @@ func TestConnSendRaw(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("timeout")
+	}
+}
+
+func TestConnConcurrentSenders(t *testing.T) {
+	a, b := tcpPair(t)
+	const senders, each = 8, 500
+	var mu sync.Mutex
+	next := make([]uint64, senders)
+	var bad atomic.Value
+	all := make(chan struct{})
+	count := 0
+	cb := NewConn(b, Peer{}, ConnOptions{Handler: func(f Frame) {
+		m := f.(*MessageFrame)
+		s := m.Stream
+		mu.Lock()
+		defer mu.Unlock()
+		if m.Message.Request != next[s] {
+			bad.Store(fmt.Sprintf("sender %d: got %d, want %d", s, m.Message.Request, next[s]))
+		}
+		next[s]++
+		count++
+		if count == senders*each {
+			close(all)
+		}
+	}})
+	ca := NewConn(a, Peer{}, ConnOptions{SendQueue: 16})
+	ca.Start()
+	cb.Start()
+	defer cb.Close(nil)
+	defer ca.Close(nil)
+	var wg sync.WaitGroup
+	for s := range senders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				if err := ca.Send(context.Background(), FrameMessage, 0, uint32(s), &Message{Request: uint64(i)}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	select {
+	case <-all:
+	case <-time.After(10 * time.Second):
+		t.Fatal("not all messages arrived")
+	}
+	if v := bad.Load(); v != nil {
+		t.Fatal(v)
 	}
 }

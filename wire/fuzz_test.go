@@ -165,9 +165,10 @@ func FuzzHandshake(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in []byte) {
 		a, b := net.Pipe()
 		wrote, drained := make(chan struct{}), make(chan struct{})
-		go func() { // write the input
+		go func() { // write the input, then hang up
 			defer close(wrote)
 			b.Write(in)
+			b.Close()
 		}()
 		go func() { // read whatever the acceptor sends
 			defer close(drained)
