@@ -124,3 +124,23 @@ func (e *StreamError) Unwrap() error { return e.Cause }
 func connErr(code ErrCode, sentinel error, format string, args ...any) *ConnError {
 	return &ConnError{Code: code, Reason: fmt.Sprintf(format, args...), Err: sentinel}
 }
+
+// remoteError is the message a peer sent with an error code.
+type remoteError struct{ msg string }
+
+func (e *remoteError) Error() string { return "peer says: " + e.msg }
+
+// StreamError returns the error an Error frame reports, for the stream it
+// names.
+func (f *ErrorFrame) StreamError() *StreamError {
+	return &StreamError{Stream: f.Error.Stream, Code: f.Error.Code, Cause: &remoteError{f.Error.Msg}}
+}
+
+// Err returns nil if the transfer ended well (CodeNoError), and otherwise
+// a *StreamError for the frame's stream.
+func (f *FetchEndFrame) Err() error {
+	if f.FetchEnd.Code == CodeNoError {
+		return nil
+	}
+	return &StreamError{Stream: f.Stream, Code: f.FetchEnd.Code, Cause: &remoteError{f.FetchEnd.Msg}}
+}

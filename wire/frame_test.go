@@ -497,3 +497,20 @@ func TestErrorsUnwrap(t *testing.T) {
 		t.Fatal("errors.As does not find the StreamError")
 	}
 }
+
+func TestFrameErrors(t *testing.T) {
+	ef := &ErrorFrame{FrameHeader{Stream: 3}, Error{Code: CodeNotFound, Stream: 3, Msg: "no export 9"}}
+	se := ef.StreamError()
+	if se.Stream != 3 || se.Code != CodeNotFound || se.Error() != "wire: stream 3 error NotFound: peer says: no export 9" {
+		t.Fatalf("got %v", se)
+	}
+	ok := &FetchEndFrame{FrameHeader{Stream: 4}, FetchEnd{Bytes: 10}}
+	if ok.Err() != nil {
+		t.Fatal(ok.Err())
+	}
+	bad := &FetchEndFrame{FrameHeader{Stream: 4}, FetchEnd{Code: CodeReleased, Msg: "lease gone"}}
+	var got *StreamError
+	if err := bad.Err(); !errors.As(err, &got) || got.Stream != 4 || got.Code != CodeReleased {
+		t.Fatalf("got %v", err)
+	}
+}
