@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/vmihailenco/msgpack/v5"
@@ -71,9 +72,33 @@ func NewDecoder(b []byte, s DecodeSession) *msgpack.Decoder {
 	return msgpack.NewDecoder(&decodeReader{Reader: bytes.NewReader(b), s: s})
 }
 
+// Sessions bound to encoders and decoders made elsewhere (wire.Registry's
+// hooks), keyed by the encoder's or decoder's pointer.
+var (
+	boundEncoders sync.Map // *msgpack.Encoder → EncodeSession
+	boundDecoders sync.Map // *msgpack.Decoder → DecodeSession
+)
+
+// BindEncoder routes the tensors encoded by enc through s until the returned
+// function is called. Use it from a hook that receives the encoder.
+func BindEncoder(enc *msgpack.Encoder, s EncodeSession) (unbind func()) {
+	boundEncoders.Store(enc, s)
+	return func() { boundEncoders.Delete(enc) }
+}
+
+// BindDecoder routes the tensors decoded by dec through s until the returned
+// function is called.
+func BindDecoder(dec *msgpack.Decoder, s DecodeSession) (unbind func()) {
+	boundDecoders.Store(dec, s)
+	return func() { boundDecoders.Delete(dec) }
+}
+
 func encodeSession(enc *msgpack.Encoder) EncodeSession {
 	if w, ok := enc.Writer().(*encodeWriter); ok {
 		return w.s
+	}
+	if s, ok := boundEncoders.Load(enc); ok {
+		return s.(EncodeSession)
 	}
 	return nil
 }
@@ -81,6 +106,9 @@ func encodeSession(enc *msgpack.Encoder) EncodeSession {
 func decodeSession(dec *msgpack.Decoder) DecodeSession {
 	if r, ok := dec.Buffered().(*decodeReader); ok {
 		return r.s
+	}
+	if s, ok := boundDecoders.Load(dec); ok {
+		return s.(DecodeSession)
 	}
 	return nil
 }

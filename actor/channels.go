@@ -1,0 +1,14 @@
+package actor
+
+import (
+	"github.com/tensorferry/tensorferry/rdma"
+	"github.com/tensorferry/tensorferry/rdma/staging"
+)
+
+// defaultChannels returns the factories of the channels every node runs
+// unless the config disables them.
+func defaultChannels() map[string]ChannelFactory {
+	return map[string]ChannelFactory{
+		rdma.Staging: func(env *rdma.Env) (rdma.Channel, error) { return staging.New(env) },
+	}
+}

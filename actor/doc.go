@@ -1,0 +1,22 @@
+// Package actor runs protoactor-go actors as nodes of a tensorferry cluster.
+//
+// A Node wraps a protoactor-go ActorSystem and registers an address
+// resolver, so PIDs of actors on other nodes (a PID's Address is the node's
+// name from the cluster config) work with protoactor's own API: Send,
+// Request and Respond, RequestFuture, Watch and Unwatch with Terminated,
+// Stop and Poison. Messages travel over tensorferry's own wire protocol; no
+// gRPC is involved.
+//
+// Message types that cross nodes are registered by name. Fields of type
+// *tensor.Tensor are copied inline when small and otherwise fetched out of
+// band, through the fastest data channel both ends share, before the message
+// is delivered; fields of type tensor.Ref are delivered lazily.
+//
+//	cfg, _ := cluster.Load("cluster.yaml")
+//	node, _ := actor.NewNode(cfg, "a")
+//	_ = node.Start()
+//	defer node.Stop()
+//	actor.MustRegisterMessage("demo.Ping", &Ping{})
+//	pid := node.PID("b", "echo")
+//	res, err := node.Root().RequestFuture(pid, &Ping{}, time.Second).Result()
+package actor

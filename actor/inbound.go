@@ -1,0 +1,182 @@
+package actor
+
+import (
+	"context"
+	"fmt"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+	"github.com/tensorferry/tensorferry/wire"
+	"go.uber.org/zap"
+)
+
+// inbound is a decoded message waiting for its tensors.
+type inbound struct {
+	target *pa.PID
+	sender *pa.PID
+	header map[string]string
+	msg    any
+	sess   *decodeSession
+}
+
+func (n *Node) receiveMessage(ps *peerState, m *wire.Message) {
+	n.stats.MessagesReceived.Add(1)
+	var sender *pa.PID
+	if m.SenderID != "" {
+		sender = pa.NewPID(m.SenderNode, m.SenderID)
+	}
+	if m.Type == ctlRequestType || m.Type == ctlReplyType {
+		n.receiveControl(ps, m)
+		return
+	}
+	target := pa.NewPID(n.self.Name, m.Target)
+	if isFuture(target) {
+		ps.removePending(target)
+	}
+	proc, ok := n.system.ProcessRegistry.GetLocal(m.Target)
+	if !ok {
+		n.replyDeadLetter(ps, sender, target, "no such actor")
+		return
+	}
+	sess := &decodeSession{n: n, peer: ps.peer.Name, device: n.deviceOf(m.Target)}
+	msg, err := decodeMessage(m.Type, m.Ser, m.Body, sess)
+	if err != nil {
+		sess.abort(n.ctx)
+		n.log.Warn("message not decoded", zap.String("peer", ps.peer.Name), zap.String("type", m.Type), zap.Error(err))
+		n.replyFailure(ps, sender, target, fmt.Sprintf("decoding %s: %v", m.Type, err))
+		return
+	}
+	in := &inbound{target: target, sender: sender, header: m.Header, msg: msg, sess: sess}
+	// Messages without tensors to fetch go straight to the mailbox unless
+	// earlier ones from the same peer still wait for theirs (order holds).
+	if len(sess.fetches) == 0 && ps.queued.Load() == 0 {
+		n.deliver(proc, in)
+		return
+	}
+	ps.queued.Add(1)
+	select {
+	case ps.inbox <- in:
+	case <-ps.done:
+		ps.queued.Add(-1)
+		sess.abort(n.ctx)
+	}
+}
+
+// deliverLoop fetches the tensors of queued messages from one peer, in order,
+// and delivers them.
+func (n *Node) deliverLoop(ps *peerState) {
+	defer n.wg.Done()
+	for {
+		select {
+		case in := <-ps.inbox:
+			n.fetchAndDeliver(ps, in)
+			ps.queued.Add(-1)
+		case <-ps.done:
+			for {
+				select {
+				case in := <-ps.inbox:
+					in.sess.abort(n.ctx)
+					ps.queued.Add(-1)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+func (n *Node) fetchAndDeliver(ps *peerState, in *inbound) {
+	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.TransferTimeout)
+	defer cancel()
+	if err := in.sess.fetchAll(ctx); err != nil {
+		n.log.Warn("tensor fetch failed", zap.String("peer", ps.peer.Name), zap.Stringer("target", in.target), zap.Error(err))
+		n.replyFailure(ps, in.sender, in.target, "fetching tensors: "+err.Error())
+		return
+	}
+	proc, ok := n.system.ProcessRegistry.GetLocal(in.target.Id)
+	if !ok {
+		in.sess.freeTensors()
+		n.replyDeadLetter(ps, in.sender, in.target, "actor stopped before delivery")
+		return
+	}
+	n.deliver(proc, in)
+}
+
+func (n *Node) deliver(proc pa.Process, in *inbound) {
+	var msg any = in.msg
+	if in.sender != nil || len(in.header) > 0 {
+		msg = &pa.MessageEnvelope{Header: in.header, Message: in.msg, Sender: in.sender}
+	}
+	if _, ok := in.msg.(*pa.PoisonPill); ok && in.sender == nil {
+		msg = in.msg
+	}
+	proc.SendUserMessage(in.target, msg)
+}
+
+// replyDeadLetter tells the sender's node that the target does not exist, so
+// a waiting future fails at once.
+func (n *Node) replyDeadLetter(ps *peerState, sender, target *pa.PID, why string) {
+	n.log.Info("message to an absent actor", zap.Stringer("target", target), zap.Stringer("sender", sender), zap.String("why", why))
+	if sender == nil {
+		return
+	}
+	n.sendSystemFrame(ps, &wire.System{Kind: wire.SystemDeadLetter, Target: sender.Id, WatcherNode: target.Address, WatcherID: target.Id, Detail: why})
+}
+
+// replyFailure tells the sender that its message could not be delivered.
+func (n *Node) replyFailure(ps *peerState, sender, target *pa.PID, why string) {
+	n.stats.DeliveryFailures.Add(1)
+	if sender == nil {
+		return
+	}
+	n.sendSystemFrame(ps, &wire.System{Kind: wire.SystemDeadLetter, Target: sender.Id, WatcherNode: target.Address, WatcherID: target.Id, Detail: why, Why: 1})
+}
+
+func (n *Node) sendSystemFrame(ps *peerState, s *wire.System) {
+	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.TransferTimeout)
+	defer cancel()
+	if err := ps.peer.Send(ctx, wire.FrameSystem, 0, 0, s); err != nil {
+		n.log.Warn("system message not sent", zap.String("peer", ps.peer.Name), zap.Stringer("kind", s.Kind), zap.Error(err))
+	}
+}
+
+func (n *Node) receiveSystem(ps *peerState, s *wire.System) {
+	local := pa.NewPID(n.self.Name, s.Target)
+	switch s.Kind {
+	case wire.SystemWatch:
+		watcher := pa.NewPID(s.WatcherNode, s.WatcherID)
+		proc, ok := n.system.ProcessRegistry.GetLocal(s.Target)
+		if !ok {
+			n.sendSystemFrame(ps, &wire.System{Kind: wire.SystemTerminated, Target: watcher.Id, WatcherNode: n.self.Name, WatcherID: s.Target, Why: int32(pa.TerminatedReason_NotFound)})
+			return
+		}
+		proc.SendSystemMessage(local, &pa.Watch{Watcher: watcher})
+	case wire.SystemUnwatch:
+		if proc, ok := n.system.ProcessRegistry.GetLocal(s.Target); ok {
+			proc.SendSystemMessage(local, &pa.Unwatch{Watcher: pa.NewPID(s.WatcherNode, s.WatcherID)})
+		}
+	case wire.SystemTerminated:
+		who := pa.NewPID(s.WatcherNode, s.WatcherID)
+		n.removeWatch(who, local)
+		n.terminated(local, who, pa.TerminatedReason(s.Why))
+	case wire.SystemStop:
+		if proc, ok := n.system.ProcessRegistry.GetLocal(s.Target); ok {
+			proc.Stop(local)
+		}
+	case wire.SystemPoison:
+		if proc, ok := n.system.ProcessRegistry.GetLocal(s.Target); ok {
+			proc.SendUserMessage(local, &pa.PoisonPill{})
+		}
+	case wire.SystemDeadLetter:
+		ps.removePending(local)
+		target := pa.NewPID(s.WatcherNode, s.WatcherID)
+		var reply any = &pa.DeadLetterResponse{Target: target}
+		if s.Why == 1 && !isFuture(local) {
+			reply = &DeliveryFailed{Target: target, Reason: s.Detail}
+		}
+		if proc, ok := n.system.ProcessRegistry.GetLocal(s.Target); ok {
+			proc.SendUserMessage(local, reply)
+		}
+	default:
+		n.log.Warn("unknown system message kind", zap.String("peer", ps.peer.Name), zap.Stringer("kind", s.Kind))
+	}
+}

@@ -1,0 +1,111 @@
+package actor_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+	"github.com/tensorferry/tensorferry/actor"
+	"github.com/tensorferry/tensorferry/cluster"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// protoactor-go's ActorSystem starts process-wide goroutines that
+		// outlive Shutdown.
+		goleak.IgnoreAnyFunction("github.com/asynkron/protoactor-go/actor.(*throttler).run"),
+		goleak.IgnoreTopFunction("time.Sleep"),
+	)
+}
+
+type Ping struct {
+	N    int
+	Text string
+}
+
+type Pong struct {
+	N    int
+	From string
+}
+
+func init() {
+	actor.MustRegisterMessage("test.Ping", &Ping{})
+	actor.MustRegisterMessage("test.Pong", &Pong{})
+}
+
+// startCluster starts n nodes of a loopback cluster in this process and
+// waits until every node sees every other.
+func startCluster(t *testing.T, n int) (*cluster.Config, []*actor.Node) {
+	t.Helper()
+	cfg, err := cluster.LocalConfig("test", n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := make([]*actor.Node, n)
+	for i := range nodes {
+		node, err := actor.NewNode(cfg, cfg.Nodes[i].Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := node.Start(); err != nil {
+			t.Fatal(err)
+		}
+		nodes[i] = node
+		t.Cleanup(func() { _ = node.Stop() })
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, a := range nodes {
+		for _, b := range nodes {
+			if a != b {
+				if err := a.WaitPeer(ctx, b.Name()); err != nil {
+					t.Fatalf("%s waiting for %s: %v", a.Name(), b.Name(), err)
+				}
+			}
+		}
+	}
+	return cfg, nodes
+}
+
+func echoProps(name string) *pa.Props {
+	return pa.PropsFromFunc(func(c pa.Context) {
+		if p, ok := c.Message().(*Ping); ok {
+			c.Respond(&Pong{N: p.N, From: name})
+		}
+	})
+}
+
+func TestRequestResponse(t *testing.T) {
+	_, nodes := startCluster(t, 2)
+	a, b := nodes[0], nodes[1]
+	if _, err := b.Root().SpawnNamed(echoProps(b.Name()), "echo"); err != nil {
+		t.Fatal(err)
+	}
+	pid := a.PID(b.Name(), "echo")
+	for i := range 100 {
+		res, err := a.Root().RequestFuture(pid, &Ping{N: i}, 5*time.Second).Result()
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		pong, ok := res.(*Pong)
+		if !ok || pong.N != i || pong.From != b.Name() {
+			t.Fatalf("request %d: got %#v", i, res)
+		}
+	}
+}
+
+func TestRequestToMissingActorFailsAtOnce(t *testing.T) {
+	_, nodes := startCluster(t, 2)
+	a, b := nodes[0], nodes[1]
+	start := time.Now()
+	_, err := a.Root().RequestFuture(a.PID(b.Name(), "nobody"), &Ping{}, 10*time.Second).Result()
+	if !errors.Is(err, pa.ErrDeadLetter) {
+		t.Fatalf("err = %v, want ErrDeadLetter", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("took %v: want an error at once, not a timeout", d)
+	}
+}

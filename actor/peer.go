@@ -1,0 +1,165 @@
+package actor
+
+import (
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/rdma"
+	"github.com/tensorferry/tensorferry/wire"
+	"go.uber.org/zap"
+)
+
+// inboxSize bounds the messages from one peer waiting for their tensors;
+// when it is full the peer's reader waits (backpressure on the connection).
+const inboxSize = 256
+
+// peerState is what a node keeps for one peer that is up.
+type peerState struct {
+	peer *cluster.Peer
+	caps rdma.Caps
+
+	mu      sync.Mutex
+	pending map[string]*pa.PID // futures waiting on a reply from this peer
+
+	inbox  chan *inbound
+	queued atomic.Int64 // messages in inbox or being delivered by the worker
+	done   chan struct{}
+}
+
+func (ps *peerState) addPending(f *pa.PID) {
+	ps.mu.Lock()
+	ps.pending[f.Id] = f
+	ps.mu.Unlock()
+}
+
+func (ps *peerState) removePending(f *pa.PID) {
+	if f == nil {
+		return
+	}
+	ps.mu.Lock()
+	delete(ps.pending, f.Id)
+	ps.mu.Unlock()
+}
+
+func (n *Node) peer(name string) *peerState {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.peers[name]
+}
+
+// handler adapts Node to cluster.Handler.
+type handler Node
+
+func (h *handler) PeerUp(p *cluster.Peer) {
+	n := (*Node)(h)
+	var caps rdma.Caps
+	if err := wire.DecodeMsgpack(p.Caps, &caps); err != nil {
+		p.Close(fmt.Errorf("actor: bad capabilities from %s: %w", p.Name, err))
+		return
+	}
+	if caps.Node != p.Name || caps.Incarnation != p.Incarnation {
+		p.Close(fmt.Errorf("actor: capabilities of %s name %s#%d", p.Name, caps.Node, caps.Incarnation))
+		return
+	}
+	ps := &peerState{peer: p, caps: caps, pending: map[string]*pa.PID{}, inbox: make(chan *inbound, inboxSize), done: make(chan struct{})}
+	n.mu.Lock()
+	if n.stopped {
+		n.mu.Unlock()
+		return
+	}
+	n.peers[p.Name] = ps
+	n.wg.Add(1)
+	n.mu.Unlock()
+	go n.deliverLoop(ps)
+	n.system.EventStream.Publish(&cluster.NodeUp{Node: p.Name, Incarnation: p.Incarnation})
+}
+
+func (h *handler) PeerDown(p *cluster.Peer, cause error) {
+	n := (*Node)(h)
+	n.mu.Lock()
+	ps := n.peers[p.Name]
+	if ps == nil || ps.peer != p {
+		n.mu.Unlock()
+		return
+	}
+	delete(n.peers, p.Name)
+	watches := n.watching[p.Name]
+	delete(n.watching, p.Name)
+	n.mu.Unlock()
+	close(ps.done)
+
+	// Pending requests fail at once.
+	ps.mu.Lock()
+	pending := ps.pending
+	ps.pending = map[string]*pa.PID{}
+	ps.mu.Unlock()
+	for _, f := range pending {
+		n.system.Root.Send(f, &pa.DeadLetterResponse{})
+	}
+	// Watchers of its actors get Terminated.
+	for id, ws := range watches {
+		who := pa.NewPID(p.Name, id)
+		for _, w := range ws {
+			n.terminated(w, who, pa.TerminatedReason_AddressTerminated)
+		}
+	}
+	// Transfers from it fail; what it held is released.
+	for _, ch := range n.channels {
+		ch.PeerDown(p.Name)
+	}
+	released := n.store.ReleaseHolder(p.Name)
+	n.failControls(p.Name)
+	n.log.Info("peer down", zap.String("peer", p.Name), zap.Int("pending_failed", len(pending)),
+		zap.Int("leases_released", released), zap.Error(cause))
+	n.system.EventStream.Publish(&cluster.NodeDown{Node: p.Name, Incarnation: p.Incarnation, Reason: errString(cause)})
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+func (h *handler) HandleFrame(p *cluster.Peer, f wire.Frame) {
+	n := (*Node)(h)
+	ps := n.peer(p.Name)
+	if ps == nil || ps.peer != p {
+		return
+	}
+	switch f := f.(type) {
+	case *wire.MessageFrame:
+		n.receiveMessage(ps, &f.Message)
+	case *wire.SystemFrame:
+		n.receiveSystem(ps, &f.System)
+	case *wire.ReleaseFrame:
+		r := f.Release
+		if r.Incarnation != n.incarnation {
+			n.log.Warn("release for another incarnation", zap.String("peer", p.Name), zap.Uint64("incarnation", r.Incarnation))
+			return
+		}
+		if err := n.store.Release(r.ExportID, r.Lease); err != nil {
+			n.log.Warn("release refused", zap.String("peer", p.Name), zap.Error(err))
+		}
+	case *wire.ErrorFrame:
+		n.controlError(p.Name, &f.Error)
+	default:
+		n.log.Warn("unexpected frame", zap.String("peer", p.Name), zap.Stringer("type", f.Header().Type))
+		p.Close(fmt.Errorf("actor: unexpected %v frame from %s", f.Header().Type, p.Name))
+	}
+}
+
+func (h *handler) HandleDataConn(peer, channel string, conn net.Conn) {
+	n := (*Node)(h)
+	ch, ok := n.channels[channel].(rdma.ConnServer)
+	if !ok {
+		n.log.Warn("data connection for a channel that takes none", zap.String("peer", peer), zap.String("channel", channel))
+		conn.Close()
+		return
+	}
+	ch.ServeConn(conn, peer)
+}

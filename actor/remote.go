@@ -1,0 +1,149 @@
+package actor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/wire"
+	"go.uber.org/zap"
+)
+
+// DeliveryFailed is sent to the sender of a message that could not be
+// delivered (node down, encoding failed, a tensor could not be fetched...).
+// A future waiting on such a request fails at once with
+// actor.ErrDeadLetter instead; the reason is logged.
+type DeliveryFailed struct {
+	Target *pa.PID
+	Reason string
+}
+
+// Error implements error.
+func (d *DeliveryFailed) Error() string {
+	return fmt.Sprintf("actor: message to %v not delivered: %s", d.Target, d.Reason)
+}
+
+// remoteProcess is the protoactor Process of every PID on another node.
+type remoteProcess struct {
+	n    *Node
+	node string
+}
+
+var _ pa.Process = (*remoteProcess)(nil)
+
+// resolve is the ActorSystem's address resolver: a PID whose Address is a
+// node of the cluster resolves to that node's remote process.
+func (n *Node) resolve(pid *pa.PID) (pa.Process, bool) {
+	if n.members == nil || !n.members.Known(pid.Address) {
+		return nil, false
+	}
+	return &remoteProcess{n: n, node: pid.Address}, true
+}
+
+func (r *remoteProcess) SendUserMessage(pid *pa.PID, message any) {
+	header, msg, sender := pa.UnwrapEnvelope(message)
+	r.n.sendUser(pid, header, msg, sender)
+}
+
+func (r *remoteProcess) SendSystemMessage(pid *pa.PID, message any) {
+	r.n.sendSystem(pid, message)
+}
+
+func (r *remoteProcess) Stop(pid *pa.PID) { r.n.sendSystem(pid, &pa.Stop{}) }
+
+func isFuture(pid *pa.PID) bool { return pid != nil && strings.HasPrefix(pid.Id, "future") }
+
+func (n *Node) sendUser(target *pa.PID, header pa.ReadonlyMessageHeader, msg any, sender *pa.PID) {
+	ps := n.peer(target.Address)
+	if ps == nil {
+		n.failDelivery(target, sender, fmt.Errorf("%w: %s", ErrNodeDown, target.Address))
+		return
+	}
+	m := wire.Message{Target: target.Id}
+	if sender != nil {
+		m.SenderNode, m.SenderID = sender.Address, sender.Id
+	}
+	if header != nil && header.Length() > 0 {
+		m.Header = header.ToMap()
+	}
+	sess := &encodeSession{n: n, peer: target.Address}
+	var err error
+	m.Type, m.Ser, m.Body, err = encodeMessage(msg, sess)
+	if err != nil {
+		sess.rollback()
+		n.failDelivery(target, sender, fmt.Errorf("encoding %T: %w", msg, err))
+		return
+	}
+	if isFuture(sender) && sender.Address == n.self.Name {
+		ps.addPending(sender)
+	}
+	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.TransferTimeout)
+	defer cancel()
+	if err := ps.peer.Send(ctx, wire.FrameMessage, 0, 0, &m); err != nil {
+		sess.rollback()
+		ps.removePending(sender)
+		n.failDelivery(target, sender, err)
+		return
+	}
+	n.stats.MessagesSent.Add(1)
+}
+
+// failDelivery reports a message that could not be delivered to its sender;
+// without a sender the failure is logged.
+func (n *Node) failDelivery(target, sender *pa.PID, err error) {
+	n.stats.DeliveryFailures.Add(1)
+	n.log.Warn("message not delivered", zap.Stringer("target", target), zap.Stringer("sender", sender), zap.Error(err))
+	if sender == nil {
+		return
+	}
+	var reply any = &DeliveryFailed{Target: target, Reason: err.Error()}
+	if isFuture(sender) {
+		reply = &pa.DeadLetterResponse{Target: target}
+	}
+	n.system.Root.Send(sender, reply)
+}
+
+func (n *Node) sendSystem(target *pa.PID, message any) {
+	s := wire.System{Target: target.Id}
+	switch m := message.(type) {
+	case *pa.Watch:
+		if !n.addWatch(target, m.Watcher) {
+			n.terminated(m.Watcher, target, pa.TerminatedReason_AddressTerminated)
+			return
+		}
+		s.Kind, s.WatcherNode, s.WatcherID = wire.SystemWatch, m.Watcher.Address, m.Watcher.Id
+	case *pa.Unwatch:
+		n.removeWatch(target, m.Watcher)
+		s.Kind, s.WatcherNode, s.WatcherID = wire.SystemUnwatch, m.Watcher.Address, m.Watcher.Id
+	case *pa.Terminated:
+		// target is the remote watcher; Who is the local actor that ended.
+		s.Kind, s.WatcherNode, s.WatcherID, s.Why = wire.SystemTerminated, m.Who.Address, m.Who.Id, int32(m.Why)
+	case *pa.Stop:
+		s.Kind = wire.SystemStop
+	default:
+		n.log.Warn("system message not supported across nodes", zap.Stringer("target", target), zap.String("type", fmt.Sprintf("%T", message)))
+		return
+	}
+	ps := n.peer(target.Address)
+	if ps == nil {
+		if s.Kind == wire.SystemWatch {
+			n.removeWatch(target, message.(*pa.Watch).Watcher)
+			n.terminated(message.(*pa.Watch).Watcher, target, pa.TerminatedReason_AddressTerminated)
+		}
+		return
+	}
+	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.TransferTimeout)
+	defer cancel()
+	if err := ps.peer.Send(ctx, wire.FrameSystem, 0, 0, &s); err != nil && !errors.Is(err, cluster.ErrClosed) {
+		n.log.Warn("system message not sent", zap.Stringer("target", target), zap.Stringer("kind", s.Kind), zap.Error(err))
+	}
+}
+
+// terminated tells a local watcher that who has ended.
+func (n *Node) terminated(watcher, who *pa.PID, why pa.TerminatedReason) {
+	proc, _ := n.system.ProcessRegistry.Get(watcher)
+	proc.SendSystemMessage(watcher, &pa.Terminated{Who: who, Why: why})
+}

@@ -1,0 +1,584 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tensorferry/tensorferry/wire"
+	"go.uber.org/zap"
+)
+
+// Errors returned by Membership.
+var (
+	// ErrUnknownNode is returned for a node name that is not in the config.
+	ErrUnknownNode = errors.New("cluster: unknown node")
+	// ErrNodeDown is returned when a message is sent to a node that is not up.
+	ErrNodeDown = errors.New("cluster: node down")
+	// ErrClosed is returned after Close.
+	ErrClosed = errors.New("cluster: membership closed")
+)
+
+// NodeUp is published when a peer has connected, authenticated and sent its
+// capabilities. A peer that restarted comes back with a new Incarnation.
+type NodeUp struct {
+	Node        string
+	Incarnation uint64
+}
+
+// NodeDown is published when a peer's control connection is lost or the
+// peer stayed silent longer than FailureTimeout.
+type NodeDown struct {
+	Node        string
+	Incarnation uint64
+	Reason      string
+}
+
+// Handler receives what Membership sees. Its methods are called from
+// connection goroutines: PeerUp and PeerDown in order for one peer, HandleFrame
+// in the peer's frame order. They must not block for long.
+type Handler interface {
+	PeerUp(p *Peer)
+	PeerDown(p *Peer, cause error)
+	// HandleFrame gets every frame that is not membership's own (handshake,
+	// caps, ping, pong, goaway). The frame is valid only during the call.
+	HandleFrame(p *Peer, f wire.Frame)
+	// HandleDataConn takes ownership of an authenticated data connection
+	// that a peer opened for the named channel.
+	HandleDataConn(peer string, channel string, conn net.Conn)
+}
+
+// Peer is one live control connection to another node of the cluster.
+type Peer struct {
+	Name        string
+	Incarnation uint64
+	// Caps is the opaque capability body the peer sent after the handshake.
+	Caps []byte
+
+	conn      *wire.Conn
+	initiator string // which end dialed
+	lastSeen  atomic.Int64
+	up        chan struct{} // closed when caps arrived
+	upOnce    sync.Once
+	m         *Membership
+}
+
+// Send queues a frame to the peer; it blocks while the connection's queue is
+// full (backpressure) until ctx is done.
+func (p *Peer) Send(ctx context.Context, t wire.FrameType, flags wire.Flags, stream uint32, body any) error {
+	return p.conn.Send(ctx, t, flags, stream, body)
+}
+
+// Close starts closing the peer's connection with the given cause and
+// returns at once; it is safe to call from Handler methods.
+func (p *Peer) Close(cause error) { p.conn.Fail(cause) }
+
+type slot struct {
+	cfg     NodeConfig
+	cur     *Peer
+	changed chan struct{} // closed and replaced whenever cur changes
+}
+
+// Membership keeps one authenticated control connection to every other node
+// in the config, with heartbeats, reconnection with backoff, and NodeUp /
+// NodeDown reports.
+type Membership struct {
+	cfg         *Config
+	self        NodeConfig
+	incarnation uint64
+	caps        []byte
+	h           Handler
+	log         *zap.Logger
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu     sync.Mutex
+	slots  map[string]*slot
+	lns    []net.Listener
+	closed bool
+}
+
+// Options tune a Membership.
+type Options struct {
+	Logger *zap.Logger
+	// Caps is the capability body sent to every peer after the handshake.
+	Caps []byte
+}
+
+// NewMembership prepares membership for the node named self with the given
+// incarnation (unique per process start). Start begins listening and dialing.
+func NewMembership(cfg *Config, self string, incarnation uint64, h Handler, opts Options) (*Membership, error) {
+	nc, ok := cfg.Node(self)
+	if !ok {
+		return nil, fmt.Errorf("%w: %q is not in the config of cluster %q", ErrUnknownNode, self, cfg.Cluster)
+	}
+	log := opts.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	m := &Membership{cfg: cfg, self: nc, incarnation: incarnation, caps: opts.Caps, h: h,
+		log: log.With(zap.String("node", self)), slots: map[string]*slot{}}
+	for _, n := range cfg.Nodes {
+		if n.Name != self {
+			m.slots[n.Name] = &slot{cfg: n, changed: make(chan struct{})}
+		}
+	}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	return m, nil
+}
+
+// Start opens the control and data listeners and starts dialing every peer.
+func (m *Membership) Start() error {
+	cl, err := net.Listen("tcp", m.self.Address)
+	if err != nil {
+		return fmt.Errorf("cluster: control listener: %w", err)
+	}
+	dl, err := net.Listen("tcp", m.self.DataAddress)
+	if err != nil {
+		cl.Close()
+		return fmt.Errorf("cluster: data listener: %w", err)
+	}
+	m.mu.Lock()
+	m.lns = []net.Listener{cl, dl}
+	m.mu.Unlock()
+	m.wg.Add(2)
+	go m.acceptLoop(cl, false)
+	go m.acceptLoop(dl, true)
+	for name := range m.slots {
+		m.wg.Add(1)
+		go m.dialLoop(name)
+	}
+	m.wg.Add(1)
+	go m.heartbeatLoop()
+	return nil
+}
+
+// Self returns this node's config.
+func (m *Membership) Self() NodeConfig { return m.self }
+
+// Incarnation returns this node's incarnation.
+func (m *Membership) Incarnation() uint64 { return m.incarnation }
+
+// Peer returns the live peer named name, if it is up.
+func (m *Membership) Peer(name string) (*Peer, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.slots[name]
+	if !ok || s.cur == nil {
+		return nil, false
+	}
+	select {
+	case <-s.cur.up:
+		return s.cur, true
+	default:
+		return nil, false
+	}
+}
+
+// Known reports whether name is a node of the config other than self.
+func (m *Membership) Known(name string) bool {
+	_, ok := m.slots[name]
+	return ok
+}
+
+// Peers returns the peers that are up.
+func (m *Membership) Peers() []*Peer {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []*Peer
+	for _, s := range m.slots {
+		if s.cur != nil {
+			select {
+			case <-s.cur.up:
+				out = append(out, s.cur)
+			default:
+			}
+		}
+	}
+	return out
+}
+
+// WaitUp blocks until the named peer is up or ctx is done.
+func (m *Membership) WaitUp(ctx context.Context, name string) (*Peer, error) {
+	for {
+		m.mu.Lock()
+		s, ok := m.slots[name]
+		if !ok {
+			m.mu.Unlock()
+			return nil, fmt.Errorf("%w: %q", ErrUnknownNode, name)
+		}
+		cur, changed := s.cur, s.changed
+		m.mu.Unlock()
+		if cur != nil {
+			select {
+			case <-cur.up:
+				return cur, nil
+			case <-changed:
+				continue
+			case <-ctx.Done():
+				return nil, fmt.Errorf("cluster: waiting for %s: %w", name, ctx.Err())
+			}
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("cluster: waiting for %s: %w", name, ctx.Err())
+		case <-m.ctx.Done():
+			return nil, ErrClosed
+		}
+	}
+}
+
+func (m *Membership) handshakeConfig(purpose, expect string) wire.HandshakeConfig {
+	return wire.HandshakeConfig{
+		Cluster:     m.cfg.Cluster,
+		Node:        m.self.Name,
+		Incarnation: m.incarnation,
+		Secret:      m.cfg.Secret,
+		Purpose:     purpose,
+		Timeout:     m.cfg.DialTimeout,
+		Expect:      expect,
+	}
+}
+
+func (m *Membership) acceptLoop(ln net.Listener, data bool) {
+	defer m.wg.Done()
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if m.ctx.Err() == nil {
+				m.log.Warn("accept failed", zap.Error(err))
+			}
+			return
+		}
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			m.accept(nc, data)
+		}()
+	}
+}
+
+func (m *Membership) accept(nc net.Conn, data bool) {
+	purpose := wire.PurposeControl
+	if data {
+		purpose = wire.PurposeData
+	}
+	peer, err := wire.Handshake(m.ctx, nc, m.handshakeConfig(purpose, ""), false)
+	if err != nil {
+		m.log.Warn("handshake refused", zap.String("remote", nc.RemoteAddr().String()), zap.Error(err))
+		nc.Close()
+		return
+	}
+	if !m.Known(peer.Node) {
+		m.log.Warn("handshake from a node not in the config", zap.String("peer", peer.Node))
+		nc.Close()
+		return
+	}
+	if data {
+		m.serveData(peer, nc)
+		return
+	}
+	m.attach(nc, peer, peer.Node)
+}
+
+// serveData reads the channel name the dialer sends first (one length byte
+// and the name) and hands the connection to the handler.
+func (m *Membership) serveData(peer wire.Peer, nc net.Conn) {
+	_ = nc.SetReadDeadline(time.Now().Add(m.cfg.DialTimeout))
+	var n [1]byte
+	if _, err := nc.Read(n[:]); err != nil || n[0] == 0 || n[0] > 32 {
+		m.log.Warn("data connection: bad channel name", zap.String("peer", peer.Node), zap.Error(err))
+		nc.Close()
+		return
+	}
+	name := make([]byte, n[0])
+	if _, err := readFull(nc, name); err != nil {
+		m.log.Warn("data connection: bad channel name", zap.String("peer", peer.Node), zap.Error(err))
+		nc.Close()
+		return
+	}
+	_ = nc.SetReadDeadline(time.Time{})
+	m.h.HandleDataConn(peer.Node, string(name), nc)
+}
+
+func readFull(c net.Conn, b []byte) (int, error) {
+	n := 0
+	for n < len(b) {
+		k, err := c.Read(b[n:])
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// DialData opens an authenticated data connection to node's data listener
+// for the named channel.
+func (m *Membership) DialData(ctx context.Context, node, channel string) (net.Conn, error) {
+	s, ok := m.slots[node]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownNode, node)
+	}
+	if len(channel) == 0 || len(channel) > 32 {
+		return nil, fmt.Errorf("cluster: bad channel name %q", channel)
+	}
+	d := net.Dialer{Timeout: m.cfg.DialTimeout}
+	nc, err := d.DialContext(ctx, "tcp", s.cfg.DataAddress)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: dial data %s: %w", node, err)
+	}
+	if _, err := wire.Handshake(ctx, nc, m.handshakeConfig(wire.PurposeData, node), true); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	if _, err := nc.Write(append([]byte{byte(len(channel))}, channel...)); err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("cluster: data %s: %w", node, err)
+	}
+	return nc, nil
+}
+
+func (m *Membership) dialLoop(name string) {
+	defer m.wg.Done()
+	backoff := m.cfg.ReconnectMin
+	for {
+		m.mu.Lock()
+		s := m.slots[name]
+		cur, changed := s.cur, s.changed
+		m.mu.Unlock()
+		if cur != nil {
+			select {
+			case <-changed:
+				backoff = m.cfg.ReconnectMin
+				continue
+			case <-m.ctx.Done():
+				return
+			}
+		}
+		if err := m.dial(s.cfg); err != nil {
+			m.log.Debug("dial failed", zap.String("peer", name), zap.Error(err))
+			wait := backoff/2 + rand.N(backoff/2+1)
+			backoff = min(2*backoff, m.cfg.ReconnectMax)
+			select {
+			case <-time.After(wait):
+			case <-changed:
+			case <-m.ctx.Done():
+				return
+			}
+		}
+	}
+}
+
+func (m *Membership) dial(nc NodeConfig) error {
+	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.DialTimeout)
+	defer cancel()
+	d := net.Dialer{}
+	c, err := d.DialContext(ctx, "tcp", nc.Address)
+	if err != nil {
+		return err
+	}
+	peer, err := wire.Handshake(ctx, c, m.handshakeConfig(wire.PurposeControl, nc.Name), true)
+	if err != nil {
+		c.Close()
+		return err
+	}
+	m.attach(c, peer, m.self.Name)
+	return nil
+}
+
+// attach makes nc the peer's control connection, resolving simultaneous
+// dials: when both ends dialed, both keep the connection dialed by the node
+// with the smaller name.
+func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
+	p := &Peer{Name: wp.Node, Incarnation: wp.Incarnation, initiator: initiator, up: make(chan struct{}), m: m}
+	p.lastSeen.Store(time.Now().UnixNano())
+	p.conn = wire.NewConn(nc, wp, wire.ConnOptions{
+		MaxFrameSize: uint32(m.cfg.MaxFrameSize),
+		Logger:       m.log,
+		Handler:      func(f wire.Frame) { m.frame(p, f) },
+		OnClose:      func(err error) { m.connClosed(p, err) },
+	})
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		_ = p.conn.Close(ErrClosed)
+		return
+	}
+	s := m.slots[wp.Node]
+	old := s.cur
+	if old != nil && old.Incarnation == wp.Incarnation {
+		preferred := min(m.self.Name, wp.Node)
+		if old.initiator == preferred || initiator != preferred {
+			m.mu.Unlock()
+			m.log.Debug("duplicate connection closed", zap.String("peer", wp.Node))
+			_ = nc.Close()
+			return
+		}
+	}
+	s.cur = p
+	close(s.changed)
+	s.changed = make(chan struct{})
+	m.mu.Unlock()
+	if old != nil {
+		reason := errors.New("replaced by a new connection")
+		if old.Incarnation != wp.Incarnation {
+			reason = fmt.Errorf("restarted as incarnation %d", wp.Incarnation)
+		}
+		m.down(old, reason)
+		_ = old.conn.Close(reason)
+	}
+	p.conn.Start()
+	if err := p.conn.Send(m.ctx, wire.FrameCaps, 0, 0, &wire.Caps{Body: m.caps}); err != nil {
+		p.conn.Fail(err)
+	}
+}
+
+func (m *Membership) frame(p *Peer, f wire.Frame) {
+	p.lastSeen.Store(time.Now().UnixNano())
+	switch f := f.(type) {
+	case *wire.CapsFrame:
+		p.Caps = append([]byte(nil), f.Caps.Body...)
+		first := false
+		p.upOnce.Do(func() { first = true })
+		if first {
+			m.mu.Lock()
+			current := m.slots[p.Name].cur == p
+			if current {
+				close(p.up)
+				s := m.slots[p.Name]
+				close(s.changed)
+				s.changed = make(chan struct{})
+			}
+			m.mu.Unlock()
+			if current {
+				m.log.Info("node up", zap.String("peer", p.Name), zap.Uint64("incarnation", p.Incarnation))
+				m.h.PeerUp(p)
+			}
+		}
+	case *wire.PingFrame:
+		_ = p.conn.Send(m.ctx, wire.FramePong, 0, 0, &wire.Pong{Seq: f.Ping.Seq, UnixNano: f.Ping.UnixNano})
+	case *wire.PongFrame:
+	case *wire.GoAwayFrame:
+		m.log.Info("peer goes away", zap.String("peer", p.Name), zap.String("reason", f.GoAway.Reason))
+		p.conn.Fail(fmt.Errorf("%w: peer goes away: %s", ErrNodeDown, f.GoAway.Reason))
+	default:
+		select {
+		case <-p.up:
+			m.h.HandleFrame(p, f)
+		default:
+			p.conn.Fail(fmt.Errorf("cluster: %v frame before capabilities", f.Header().Type))
+		}
+	}
+}
+
+func (m *Membership) connClosed(p *Peer, err error) {
+	m.mu.Lock()
+	s := m.slots[p.Name]
+	current := s.cur == p
+	if current {
+		s.cur = nil
+		close(s.changed)
+		s.changed = make(chan struct{})
+	}
+	m.mu.Unlock()
+	if current {
+		m.down(p, err)
+	}
+}
+
+// down reports p down if it had come up.
+func (m *Membership) down(p *Peer, cause error) {
+	select {
+	case <-p.up:
+	default:
+		return
+	}
+	m.log.Info("node down", zap.String("peer", p.Name), zap.Uint64("incarnation", p.Incarnation), zap.Error(cause))
+	m.h.PeerDown(p, cause)
+}
+
+func (m *Membership) heartbeatLoop() {
+	defer m.wg.Done()
+	t := time.NewTicker(m.cfg.HeartbeatInterval)
+	defer t.Stop()
+	var seq uint64
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case now := <-t.C:
+			seq++
+			m.mu.Lock()
+			var peers []*Peer
+			for _, s := range m.slots {
+				if s.cur != nil {
+					peers = append(peers, s.cur)
+				}
+			}
+			m.mu.Unlock()
+			for _, p := range peers {
+				if silent := now.Sub(time.Unix(0, p.lastSeen.Load())); silent > m.cfg.FailureTimeout {
+					p.conn.Fail(fmt.Errorf("%w: silent for %v (failure timeout %v)", ErrNodeDown, silent.Round(time.Millisecond), m.cfg.FailureTimeout))
+					continue
+				}
+				ctx, cancel := context.WithTimeout(m.ctx, m.cfg.HeartbeatInterval)
+				_ = p.conn.Send(ctx, wire.FramePing, 0, 0, &wire.Ping{Seq: seq, UnixNano: now.UnixNano()})
+				cancel()
+			}
+		}
+	}
+}
+
+// Close says goodbye to every peer, closes listeners and connections, and
+// waits for every goroutine.
+func (m *Membership) Close() error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	lns := m.lns
+	var peers []*Peer
+	for _, s := range m.slots {
+		if s.cur != nil {
+			peers = append(peers, s.cur)
+		}
+	}
+	m.mu.Unlock()
+	for _, p := range peers {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		if p.conn.Send(ctx, wire.FrameGoAway, 0, 0, &wire.GoAway{Code: wire.CodeShutdown, Reason: "node " + m.self.Name + " shutting down"}) == nil {
+			_ = p.conn.Flush(ctx)
+		}
+		cancel()
+	}
+	m.cancel()
+	for _, l := range lns {
+		l.Close()
+	}
+	for _, p := range peers {
+		_ = p.conn.Close(ErrClosed)
+	}
+	m.wg.Wait()
+	return nil
+}
+
+// String describes the membership for logs.
+func (m *Membership) String() string {
+	var up []string
+	for _, p := range m.Peers() {
+		up = append(up, p.Name)
+	}
+	return fmt.Sprintf("%s@%s up=[%s]", m.self.Name, m.self.Address, strings.Join(up, ","))
+}
