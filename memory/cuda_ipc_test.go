@@ -110,3 +110,21 @@ func TestGPUDmaBuf(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+func TestGPUOpenIPCGarbage(t *testing.T) {
+	needGPU(t)
+	var h IPCHandle
+	for i := range h.Handle {
+		h.Handle[i] = byte(i*7 + 1)
+	}
+	h.Size = 1 << 20
+	if b, err := OpenIPC(CUDA(0), h); err == nil {
+		b.Free()
+		t.Fatal("OpenIPC of a made-up handle succeeded")
+	} else {
+		t.Logf("made-up handle: %v", err)
+	}
+	if _, err := OpenIPC(CUDA(0), IPCHandle{}); err == nil {
+		t.Fatal("OpenIPC of a zero handle succeeded")
+	}
+}

@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"unsafe"
+
+	"go.uber.org/goleak"
 )
 
 // gpu returns device 0's context, or skips the test with the reason.
@@ -278,6 +280,7 @@ func TestGPUStreamsAndEvents(t *testing.T) {
 }
 
 func TestGPUConcurrentGoroutines(t *testing.T) {
+	defer goleak.VerifyNone(t)
 	c := gpu(t)
 	var wg sync.WaitGroup
 	errs := make(chan error, 16)

@@ -1,11 +1,3 @@
-// Package kernels holds the PTX source of tensorferry's float32 vector
-// kernels, embedded in the binary and JIT-compiled by the CUDA driver for
-// whatever GPU is present (sm_70 or newer). memory.Axpy, memory.Scale,
-// memory.Add and memory.SGD load and launch them; see README.md for how the
-// PTX was written and the CUDA C it corresponds to.
-//
-//	mod, err := ctx.ModuleLoadData(kernels.PTX) // a *cuda.Context
-//	f, err := mod.Function(kernels.Axpy)
 package kernels
 
 import _ "embed"
