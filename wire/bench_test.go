@@ -101,3 +101,81 @@ func BenchmarkConnSend(b *testing.B) {
 	}
 	<-recv
 }
+
+func loopbackPair(b *testing.B) (net.Conn, net.Conn) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		acc <- c
+	}()
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	return nc, <-acc
+}
+
+// BenchmarkConnRoundTrip measures a 64-byte request and its response
+// through two Conns on loopback TCP; compare with BenchmarkRawTCPRoundTrip.
+func BenchmarkConnRoundTrip(b *testing.B) {
+	a, s := loopbackPair(b)
+	var server *Conn
+	server = NewConn(s, Peer{}, ConnOptions{Handler: func(f Frame) {
+		m := f.(*MessageFrame).Message
+		m.Target = m.SenderNode
+		if err := server.Send(context.Background(), FrameMessage, 0, f.Header().Stream, &m); err != nil {
+			server.Fail(err)
+		}
+	}})
+	reply := make(chan struct{}, 1)
+	client := NewConn(a, Peer{}, ConnOptions{Handler: func(Frame) { reply <- struct{}{} }})
+	server.Start()
+	client.Start()
+	defer server.Close(nil)
+	defer client.Close(nil)
+	m := benchMessage()
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := client.Send(ctx, FrameMessage, 0, 1, m); err != nil {
+			b.Fatal(err)
+		}
+		<-reply
+	}
+}
+
+// BenchmarkRawTCPRoundTrip is the baseline: 64 bytes echoed over loopback
+// TCP with plain reads and writes.
+func BenchmarkRawTCPRoundTrip(b *testing.B) {
+	a, s := loopbackPair(b)
+	defer a.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 64)
+		for {
+			if _, err := io.ReadFull(s, buf); err != nil {
+				return
+			}
+			if _, err := s.Write(buf); err != nil {
+				return
+			}
+		}
+	}()
+	buf := make([]byte, 64)
+	for b.Loop() {
+		if _, err := a.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(a, buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	s.Close()
+	<-done
+}

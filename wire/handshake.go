@@ -92,8 +92,10 @@ func (c *HandshakeConfig) validate(initiator bool) error {
 // acceptor and returns the peer. Both sides prove knowledge of the shared
 // secret with an HMAC-SHA256 over a transcript of both fresh nonces, so a
 // recorded handshake cannot be replayed. The acceptor sends nothing but its
-// version and nonce until the initiator has proved itself; the initiator
-// names itself only in Auth, which a peer without the secret cannot answer.
+// version and nonce until the initiator has proved itself, so a dialer
+// without the secret learns nothing. The initiator names itself in Auth to
+// whoever it dialed; an impostor acceptor learns that name and a MAC it
+// could attack offline, which is why Secret must be random and long.
 //
 // The whole handshake is bounded by cfg.Timeout and ctx; the deadline on nc
 // is cleared on success. Nothing but handshake frames is accepted. On
