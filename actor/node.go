@@ -128,7 +128,7 @@ func NewNode(cfg *cluster.Config, name string, opts ...Option) (*Node, error) {
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.store = tensor.NewStore(name, n.incarnation)
-	n.system = pa.NewActorSystem(o.system...)
+	n.system = pa.NewActorSystem(append([]pa.ConfigOption{systemLogger(n.log)}, o.system...)...)
 	n.system.ProcessRegistry.Address = name
 	n.system.ProcessRegistry.RegisterAddressResolver(n.resolve)
 	return n, nil

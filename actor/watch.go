@@ -1,7 +1,6 @@
 package actor
 
 import (
-
 	pa "github.com/asynkron/protoactor-go/actor"
 )
 
@@ -70,4 +69,3 @@ func (n *Node) watchCount() int {
 	}
 	return c
 }
-
