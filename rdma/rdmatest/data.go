@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"math/rand/v2"
 
 	"github.com/tensorferry/tensorferry/memory"
 )
@@ -13,18 +12,38 @@ import (
 // Poison is the byte every destination is filled with before a transfer.
 const Poison = 0xA5
 
-// Fill writes the pseudo-random stream of seed into p. The stream does not
-// depend on how it is cut: Fill of a long slice equals Stream(seed) read in
-// pieces.
-func Fill(seed uint64, p []byte) { _, _ = Stream(seed).Read(p) }
+// Fill writes the first len(p) bytes of seed's pseudo-random stream into p.
+func Fill(seed uint64, p []byte) { FillAt(seed, 0, p) }
 
-// Stream returns the generator behind Fill, for producing or checking large
-// data a piece at a time.
-func Stream(seed uint64) *rand.ChaCha8 {
-	var s [32]byte
-	binary.LittleEndian.PutUint64(s[:], seed)
-	copy(s[8:], "tensorferry rdmatest data")
-	return rand.NewChaCha8(s)
+// FillAt writes bytes [off, off+len(p)) of seed's pseudo-random stream into
+// p. The stream is counter-based (splitmix64 of the word index), so any
+// piece of it can be produced or checked on its own, by another process too.
+func FillAt(seed uint64, off int64, p []byte) {
+	i := uint64(off) / 8
+	if r := int(uint64(off) % 8); r != 0 {
+		var w [8]byte
+		binary.LittleEndian.PutUint64(w[:], word(seed, i))
+		n := copy(p, w[r:])
+		p = p[n:]
+		i++
+	}
+	for len(p) >= 8 {
+		binary.LittleEndian.PutUint64(p, word(seed, i))
+		p = p[8:]
+		i++
+	}
+	if len(p) > 0 {
+		var w [8]byte
+		binary.LittleEndian.PutUint64(w[:], word(seed, i))
+		copy(p, w[:])
+	}
+}
+
+func word(seed, i uint64) uint64 {
+	z := seed + (i+1)*0x9e3779b97f4a7c15
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
 }
 
 // allocPoisoned allocates n bytes on dev, all set to Poison.
@@ -78,11 +97,10 @@ func verify(got []byte, seed uint64, n int) error {
 	if len(got) < n {
 		return fmt.Errorf("destination of %d bytes < %d", len(got), n)
 	}
-	g := Stream(seed)
 	want := make([]byte, min(n, 1<<20))
 	for off := 0; off < n; off += len(want) {
 		k := min(len(want), n-off)
-		_, _ = g.Read(want[:k])
+		FillAt(seed, int64(off), want[:k])
 		if !bytes.Equal(got[off:off+k], want[:k]) {
 			for i := range k {
 				if got[off+i] != want[i] {
