@@ -3,6 +3,8 @@ package memory
 import (
 	"context"
 	"testing"
+
+	"github.com/tensorferry/tensorferry/internal/cuda"
 )
 
 // BenchmarkCopy measures Copy between host kinds and cuda:0 (pinned vs
@@ -26,7 +28,7 @@ func BenchmarkCopy(b *testing.B) {
 		return buf
 	}
 	host, pinned, d0, d1 := mk(CPU), mk(Pinned), mk(CUDA(0)), mk(CUDA(0))
-	for _, c := range []struct {
+	cases := []struct {
 		name     string
 		dst, src Buffer
 	}{
@@ -35,7 +37,14 @@ func BenchmarkCopy(b *testing.B) {
 		{"D2H-pageable", host, d0},
 		{"D2H-pinned", pinned, d0},
 		{"D2D", d1, d0},
-	} {
+	}
+	if n, _ := cuda.DeviceCount(); n > 1 {
+		cases = append(cases, struct {
+			name     string
+			dst, src Buffer
+		}{"D2D-peer", mk(CUDA(1)), d0})
+	}
+	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
 			b.SetBytes(n)
 			for b.Loop() {

@@ -343,6 +343,28 @@ func TestGPUStreamPipeline(t *testing.T) {
 	if err := s1.CopyAsync(d1, WrapHost(make([]byte, n+1))); !errors.Is(err, ErrOutOfRange) {
 		t.Errorf("CopyAsync into a short buffer: %v", err)
 	}
+	if count, _ := cuda.DeviceCount(); count > 1 {
+		// A stream of cuda:0 pulls from cuda:1 (peer copy).
+		ca1, _ := AllocatorFor(CUDA(1))
+		r, _ := ca1.Alloc(n)
+		defer r.Free()
+		if err := s1.CopyAsync(r, d2); err != nil {
+			t.Fatal(err)
+		}
+		poison(t, d1, 0)
+		if err := s1.CopyAsync(d1, r); err != nil {
+			t.Fatal(err)
+		}
+		clear(page)
+		if err := s1.CopyAsync(WrapHost(page), d1); err != nil || !bytes.Equal(page, src) {
+			t.Fatalf("peer copies on a stream: %v", err)
+		}
+		other, _ := NewStream(CUDA(1))
+		defer other.Close()
+		if err := other.CopyAsync(d1, d2); err == nil {
+			t.Error("a cuda:1 stream copied between two cuda:0 buffers")
+		}
+	}
 	for _, c := range []func() error{s1.Close, s2.Close, ev.Close} {
 		if err := c(); err != nil {
 			t.Error(err)
