@@ -384,3 +384,61 @@ func TestRegMRBadInput(t *testing.T) {
 		t.Fatal("RegDmabufMR(fd -1) succeeded")
 	}
 }
+
+// TestReadFromDestroyedQPFails destroys the responder's queue pair while
+// reads are outstanding: the reads must complete with an error (retry
+// exceeded) rather than hang.
+func TestReadFromDestroyedQPFails(t *testing.T) {
+	r := newRig(t)
+	reader, err := r.pd.CreateRCQP(r.cq, QPCaps{MaxSendWR: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	owner, err := r.pd.CreateRCQP(r.cq, QPCaps{MaxSendWR: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	re := reader.LocalEndpoint(r.port, 1)
+	oe := owner.LocalEndpoint(r.port, 2)
+	opts := ConnectOptions{Timeout: 12, RetryCount: 3}
+	if err := reader.Connect(r.port, 0, oe, re.PSN, opts); err != nil {
+		t.Fatal(err)
+	}
+	if err := owner.Connect(r.port, AccessRemoteRead, re, oe.PSN, opts); err != nil {
+		t.Fatal(err)
+	}
+	const size, chunk = 16 << 20, 1 << 20
+	src := make([]byte, size)
+	dst := make([]byte, size)
+	smr, err := r.pd.RegMR(addr(src), size, AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer smr.Close()
+	dmr, err := r.pd.RegMR(addr(dst), size, AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dmr.Close()
+	reqs := make([]ReadRequest, size/chunk)
+	for i := range reqs {
+		off := i * chunk
+		reqs[i] = ReadRequest{WRID: uint64(i), LocalAddr: uintptr(dmr.Addr()) + uintptr(off), LKey: dmr.LKey(),
+			Length: chunk, RemoteAddr: smr.Addr() + uint64(off), RKey: smr.RKey(), Signaled: true}
+	}
+	if err := reader.PostReads(reqs); err != nil {
+		t.Fatal(err)
+	}
+	if err := owner.Close(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err = wait(t, r.cq, len(reqs), 60*time.Second)
+	t.Logf("after destroying the responder: %v (%v)", err, time.Since(start))
+	if err == nil {
+		t.Log("all reads finished before the responder went away")
+	}
+	runtime.KeepAlive(src)
+	runtime.KeepAlive(dst)
+}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/tensorferry/tensorferry/internal/ibverbs"
 	"github.com/tensorferry/tensorferry/memory"
@@ -41,6 +42,11 @@ type Config struct {
 	// (default 64). Least recently used ones are deregistered first.
 	CacheBytes   int64
 	CacheEntries int
+	// StallTimeout fails a connection whose reads make no progress for this
+	// long (default 10 s): the owner died without the NIC noticing (soft
+	// RoCE does not always time out) or the fabric is gone. The node's
+	// PeerDown is the usual, faster path.
+	StallTimeout time.Duration
 	// Connect are the queue pair parameters (timeouts, retries, outstanding
 	// reads); zero fields get ibverbs.DefaultConnectOptions.
 	Connect ibverbs.ConnectOptions
@@ -49,7 +55,7 @@ type Config struct {
 // DefaultConfig returns the defaults described in Config.
 func DefaultConfig() Config {
 	return Config{ChunkSize: 1 << 20, Window: 8, SendQueue: 256, CacheBytes: 1 << 30, CacheEntries: 64,
-		Connect: ibverbs.DefaultConnectOptions()}
+		StallTimeout: 10 * time.Second, Connect: ibverbs.DefaultConnectOptions()}
 }
 
 // Stats counts registrations, for tests and `ferry topo`.
@@ -188,6 +194,9 @@ func NewWithConfig(env *rdma.Env, cfg Config) (*Channel, error) {
 	}
 	if cfg.CacheEntries <= 0 {
 		cfg.CacheEntries = d.CacheEntries
+	}
+	if cfg.StallTimeout <= 0 {
+		cfg.StallTimeout = d.StallTimeout
 	}
 	name, port, err := pickPort(cfg)
 	if err != nil {

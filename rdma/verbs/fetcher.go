@@ -20,6 +20,9 @@ import (
 // it) so that it can return without the NIC still writing its destination.
 const drainTimeout = time.Second
 
+// controlTimeout bounds the begin and end messages of a read.
+const controlTimeout = 10 * time.Second
+
 var errCacheClosed = errors.New("verbs: connection closed")
 
 // fetchPeer is the fetcher's connection to one owner: a protection domain,
@@ -109,11 +112,18 @@ func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 	defer c.bg.Done()
 	defer c.fetching.Add(-1)
 
-	rep, err := c.control(ctx, d.Owner, &request{Op: opBegin, Incarnation: d.Incarnation, ExportID: d.ExportID, Lease: d.Lease})
+	// Begin is not cancelled half way: an acquisition the owner made but
+	// whose reply was dropped would stay until PeerDown.
+	bctx, bcancel := context.WithTimeout(context.WithoutCancel(ctx), controlTimeout)
+	rep, err := c.control(bctx, d.Owner, &request{Op: opBegin, Incarnation: d.Incarnation, ExportID: d.ExportID, Lease: d.Lease})
+	bcancel()
 	if err != nil {
 		return fmt.Errorf("verbs: fetch %v: %w", d, err)
 	}
 	defer c.endRead(ctx, d.Owner, rep.Token)
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("verbs: fetch %v: %w", d, err)
+	}
 	if rep.Len != d.Bytes {
 		return fmt.Errorf("verbs: fetch %v: owner holds %d bytes: %w", d, rep.Len, tensor.ErrBadSize)
 	}
@@ -142,7 +152,7 @@ func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 
 // endRead tells the owner the read is over, even when ctx was cancelled.
 func (c *Channel) endRead(ctx context.Context, owner string, token uint64) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), controlTimeout)
 	defer cancel()
 	if _, err := c.control(ctx, owner, &request{Op: opEnd, Token: token}); err != nil {
 		c.log.Debug("ending a read", zap.String("owner", owner), zap.Error(err))
@@ -442,10 +452,14 @@ func (fp *fetchPeer) poll() {
 	defer close(fp.done)
 	wcs := make([]ibverbs.WorkCompletion, 32)
 	idle := 0
+	progress := time.Now() // last completion, or when reads were first pending
 	for {
 		n, err := fp.cq.Poll(wcs)
 		if err != nil {
 			fp.fail(fmt.Errorf("polling completions: %w", err))
+		}
+		if n > 0 {
+			progress = time.Now()
 		}
 		for _, wc := range wcs[:n] {
 			fp.mu.Lock()
@@ -469,7 +483,12 @@ func (fp *fetchPeer) poll() {
 			case <-fp.quit:
 				return
 			}
+			progress = time.Now()
 			continue
+		}
+		if stall := fp.c.cfg.StallTimeout; time.Since(progress) > stall {
+			fp.fail(fmt.Errorf("%w: %s: no read completed for %v", rdma.ErrPeerDown, fp.node, stall))
+			progress = time.Now()
 		}
 		select {
 		case <-fp.quit:
