@@ -60,12 +60,22 @@ type clientConn struct {
 	conn   net.Conn
 	fr     *Framer
 	stream uint32
+	ring   *pinnedRing           // used only by the transfer holding the conn
 	down   atomic.Pointer[error] // why the channel closed the conn (ErrPeerDown, ErrClosed)
+}
+
+// close closes the connection and frees its ring; only the goroutine that
+// holds cc (its transfer, or the pool while idle) may call it.
+func (cc *clientConn) close() {
+	_ = cc.conn.Close()
+	cc.ring.free()
+	cc.ring = nil
 }
 
 type serverConn struct {
 	conn net.Conn
 	peer string
+	ring *pinnedRing // used by one request at a time
 	down atomic.Pointer[error]
 }
 
@@ -180,31 +190,35 @@ func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 	defer c.fetching.Add(-1)
 	p, err := c.pool(d.Owner)
 	if err != nil {
-		return err
+		return fmt.Errorf("staging: fetch %v: %w", d, err)
 	}
+	defer c.wg.Done()
 	select {
 	case p.slots <- struct{}{}:
 	case <-ctx.Done():
 		return fmt.Errorf("staging: fetch %v: waiting for a connection: %w", d, ctx.Err())
 	}
 	defer func() { <-p.slots }()
-	var sink deviceSink
-	if !dst.Device().IsHost() && d.Bytes > 0 {
-		view, err := dst.Slice(0, int(d.Bytes))
-		if err != nil {
-			return err
-		}
-		if sink, err = newDeviceSink(view, c.chunk, c.window); err != nil {
-			return err
-		}
-		defer sink.close()
-	}
 	for attempt := 0; ; attempt++ {
 		cc, reused, err := c.conn(ctx, d.Owner, p)
 		if err != nil {
 			return fmt.Errorf("staging: fetch %v: %w", d, err)
 		}
+		var sink deviceSink
+		if !dst.Device().IsHost() && d.Bytes > 0 {
+			view, err := dst.Slice(0, int(d.Bytes))
+			if err == nil {
+				sink, err = newDeviceSink(&cc.ring, view, c.chunk, c.window)
+			}
+			if err != nil {
+				c.putConn(d.Owner, p, cc, true)
+				return fmt.Errorf("staging: fetch %v: %w", d, err)
+			}
+		}
 		started, keep, err := c.transfer(ctx, cc, d, dst, sink)
+		if sink != nil {
+			sink.close()
+		}
 		c.putConn(d.Owner, p, cc, keep)
 		if err != nil && reused && !started && attempt == 0 && ctx.Err() == nil && cc.down.Load() == nil {
 			// A pooled connection the owner had already closed: redial once.
@@ -220,6 +234,7 @@ func (c *Channel) pool(owner string) (*peerPool, error) {
 	if c.closed {
 		return nil, rdma.ErrClosed
 	}
+	c.wg.Add(1) // Close waits for the fetch
 	p := c.peers[owner]
 	if p == nil {
 		p = &peerPool{slots: make(chan struct{}, MaxConnsPerPeer), active: map[*clientConn]struct{}{}}
@@ -280,7 +295,7 @@ func (c *Channel) putConn(owner string, p *peerPool, cc *clientConn, keep bool) 
 		return
 	}
 	c.mu.Unlock()
-	_ = cc.conn.Close()
+	cc.close()
 }
 
 // aLongTimeAgo is a deadline in the past, used to interrupt blocked I/O.
@@ -429,6 +444,7 @@ func (c *Channel) serve(sc *serverConn) {
 		cancel()
 		_ = sc.conn.Close()
 		<-done
+		sc.ring.free()
 		c.mu.Lock()
 		delete(c.served, sc)
 		c.mu.Unlock()
@@ -537,7 +553,7 @@ func (c *Channel) send(ctx context.Context, sc *serverConn, fr *Framer, stream u
 		status(FrameError, CodeOutOfRange, err.Error())
 		return
 	}
-	src, err := newDeviceSource(part, chunk, window)
+	src, err := newDeviceSource(&sc.ring, part, chunk, window)
 	if err != nil {
 		status(FrameError, CodeInternal, err.Error())
 		return
@@ -585,7 +601,7 @@ func (c *Channel) PeerDown(node string) {
 
 func (p *peerPool) closeAll(why error) {
 	for _, cc := range p.idle {
-		_ = cc.conn.Close()
+		cc.close()
 	}
 	p.idle = nil
 	for cc := range p.active {
@@ -594,8 +610,8 @@ func (p *peerPool) closeAll(why error) {
 	}
 }
 
-// Close closes every connection and waits for the channel's goroutines;
-// transfers in flight fail with rdma.ErrClosed.
+// Close closes every connection and waits for the transfers in flight to
+// fail (with rdma.ErrClosed) and for the channel's goroutines to end.
 func (c *Channel) Close() error {
 	c.mu.Lock()
 	if c.closed {

@@ -2,6 +2,7 @@ package staging
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/tensorferry/tensorferry/memory"
@@ -32,13 +33,32 @@ type deviceSink interface {
 	close()
 }
 
-// newDeviceSource and newDeviceSink build the device stages. They are
-// variables so that a stream-pipelined implementation can replace the
-// synchronous one below when the CUDA backend provides streams and events.
-var (
-	newDeviceSource = newSyncSource
-	newDeviceSink   = newSyncSink
-)
+// newDeviceSource returns the owner's D2H stage for src: the connection's
+// pinned ring pipelined on a stream when the CUDA backend offers one, else
+// (no stream for the device) a synchronous copy through one buffer.
+func newDeviceSource(r **pinnedRing, src memory.Buffer, chunk, window int) (deviceSource, error) {
+	pr, err := ring(r, src.Device(), chunk, window)
+	if err != nil {
+		if errors.Is(err, memory.ErrNotSupported) {
+			return newSyncSource(src, chunk, window)
+		}
+		return nil, err
+	}
+	return newRingSource(pr, src, chunk, window), nil
+}
+
+// newDeviceSink returns the fetcher's H2D stage for dst, like
+// newDeviceSource.
+func newDeviceSink(r **pinnedRing, dst memory.Buffer, chunk, window int) (deviceSink, error) {
+	pr, err := ring(r, dst.Device(), chunk, window)
+	if err != nil {
+		if errors.Is(err, memory.ErrNotSupported) {
+			return newSyncSink(dst, chunk, window)
+		}
+		return nil, err
+	}
+	return newRingSink(pr, dst, window), nil
+}
 
 // stagingBuffer allocates a host buffer for staging: pinned when the CUDA
 // backend offers it (so device copies run at full speed), else pageable.
