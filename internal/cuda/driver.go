@@ -33,6 +33,7 @@ typedef struct { char bytes[16]; } CUuuid;
 	X(cuDeviceGet, "cuDeviceGet", 1, (CUdevice *, int)) \
 	X(cuDeviceGetName, "cuDeviceGetName", 1, (char *, int, CUdevice)) \
 	X(cuDeviceGetUuid, "cuDeviceGetUuid_v2", 0, (CUuuid *, CUdevice)) \
+	X(cuDeviceGetUuidV1, "cuDeviceGetUuid", 0, (CUuuid *, CUdevice)) \
 	X(cuDeviceGetPCIBusId, "cuDeviceGetPCIBusId", 1, (char *, int, CUdevice)) \
 	X(cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer", 1, (int *, CUdevice, CUdevice)) \
 	X(cuDeviceTotalMem, "cuDeviceTotalMem_v2", 1, (size_t *, CUdevice)) \
@@ -133,9 +134,11 @@ static int tf_device_count(int *n) { NEED(cuDeviceGetCount); return p_cuDeviceGe
 static int tf_device_get(CUdevice *d, int ordinal) { NEED(cuDeviceGet); return p_cuDeviceGet(d, ordinal); }
 static int tf_device_name(char *buf, int n, CUdevice d) { NEED(cuDeviceGetName); return p_cuDeviceGetName(buf, n, d); }
 static int tf_device_uuid(unsigned char *out, CUdevice d) {
-	NEED(cuDeviceGetUuid);
 	CUuuid u;
-	CUresult r = p_cuDeviceGetUuid(&u, d);
+	CUresult r;
+	if (p_cuDeviceGetUuid != NULL) r = p_cuDeviceGetUuid(&u, d);
+	else if (p_cuDeviceGetUuidV1 != NULL) r = p_cuDeviceGetUuidV1(&u, d); // drivers before CUDA 11.4
+	else return TF_MISSING;
 	if (r == 0) memcpy(out, u.bytes, 16);
 	return r;
 }
