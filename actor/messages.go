@@ -1,6 +1,9 @@
 package actor
 
 import (
+	"reflect"
+	"sync"
+
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/tensor"
 	"github.com/tensorferry/tensorferry/wire"
@@ -31,6 +34,9 @@ func RegisterMessage(name string, sample any) error { return registry.Register(n
 func MustRegisterMessage(name string, sample any) { registry.MustRegister(name, sample) }
 
 func encodeMessage(msg any, s *encodeSession) (string, uint8, []byte, error) {
+	if msg != nil && !carriesTensors(reflect.TypeOf(msg)) {
+		return registry.Encode(msg)
+	}
 	var unbind func()
 	name, ser, body, err := registry.EncodeWith(msg, func(enc *msgpack.Encoder) {
 		unbind = tensor.BindEncoder(enc, s)
@@ -42,6 +48,9 @@ func encodeMessage(msg any, s *encodeSession) (string, uint8, []byte, error) {
 }
 
 func decodeMessage(name string, ser uint8, body []byte, s *decodeSession) (any, error) {
+	if typ, ok := registry.Lookup(name); ok && !carriesTensors(typ) {
+		return registry.Decode(name, ser, body)
+	}
 	var unbind func()
 	msg, err := registry.DecodeWith(name, ser, body, func(dec *msgpack.Decoder) {
 		unbind = tensor.BindDecoder(dec, s)
@@ -50,4 +59,47 @@ func decodeMessage(name string, ser uint8, body []byte, s *decodeSession) (any, 
 		unbind()
 	}
 	return msg, err
+}
+
+var (
+	tensorType = reflect.TypeFor[tensor.Tensor]()
+	refType    = reflect.TypeFor[tensor.Ref]()
+	hasTensors sync.Map // reflect.Type → bool
+)
+
+// carriesTensors reports whether values of typ may hold tensors or Refs, so
+// that messages without any skip the tensor session (the common, small
+// message stays on the fastest path).
+func carriesTensors(typ reflect.Type) bool {
+	if v, ok := hasTensors.Load(typ); ok {
+		return v.(bool)
+	}
+	v := walkTensors(typ, map[reflect.Type]bool{})
+	hasTensors.Store(typ, v)
+	return v
+}
+
+func walkTensors(typ reflect.Type, seen map[reflect.Type]bool) bool {
+	if typ == tensorType || typ == refType {
+		return true
+	}
+	if seen[typ] {
+		return false
+	}
+	seen[typ] = true
+	switch typ.Kind() {
+	case reflect.Pointer, reflect.Slice, reflect.Array:
+		return walkTensors(typ.Elem(), seen)
+	case reflect.Map:
+		return walkTensors(typ.Key(), seen) || walkTensors(typ.Elem(), seen)
+	case reflect.Interface:
+		return true // could hold anything
+	case reflect.Struct:
+		for i := range typ.NumField() {
+			if walkTensors(typ.Field(i).Type, seen) {
+				return true
+			}
+		}
+	}
+	return false
 }

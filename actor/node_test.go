@@ -3,6 +3,7 @@ package actor_test
 import (
 	"context"
 	"errors"
+	"os"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/cluster"
 	"go.uber.org/goleak"
+	"go.uber.org/zap"
 )
 
 func TestMain(m *testing.M) {
@@ -47,7 +49,7 @@ func startCluster(t *testing.T, n int) (*cluster.Config, []*actor.Node) {
 	}
 	nodes := make([]*actor.Node, n)
 	for i := range nodes {
-		node, err := actor.NewNode(cfg, cfg.Nodes[i].Name)
+		node, err := actor.NewNode(cfg, cfg.Nodes[i].Name, testLogger())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -69,6 +71,15 @@ func startCluster(t *testing.T, n int) (*cluster.Config, []*actor.Node) {
 		}
 	}
 	return cfg, nodes
+}
+
+// testLogger logs to stderr when TF_TEST_LOG is set.
+func testLogger() actor.Option {
+	if os.Getenv("TF_TEST_LOG") == "" {
+		return actor.WithLogger(zap.NewNop())
+	}
+	l, _ := zap.NewDevelopment()
+	return actor.WithLogger(l)
 }
 
 func echoProps(name string) *pa.Props {

@@ -220,4 +220,3 @@ func TestProcessKilledAndRestarted(t *testing.T) {
 		t.Fatalf("after restart: %v %v", res, err)
 	}
 }
-

@@ -80,9 +80,9 @@ func (n *Node) sendUser(target *pa.PID, header pa.ReadonlyMessageHeader, msg any
 	if isFuture(sender) && sender.Address == n.self.Name {
 		ps.addPending(sender)
 	}
-	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.TransferTimeout)
-	defer cancel()
-	if err := ps.peer.Send(ctx, wire.FrameMessage, 0, 0, &m); err != nil {
+	// Send blocks only while the connection's queue is full: backpressure
+	// until the peer drains it or is declared down.
+	if err := ps.peer.Send(n.ctx, wire.FrameMessage, 0, 0, &m); err != nil {
 		sess.rollback()
 		ps.removePending(sender)
 		n.failDelivery(target, sender, err)

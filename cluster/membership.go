@@ -82,6 +82,7 @@ func (p *Peer) Close(cause error) { p.conn.Fail(cause) }
 type slot struct {
 	cfg     NodeConfig
 	cur     *Peer
+	dialing bool          // a dial to this peer is in flight
 	changed chan struct{} // closed and replaced whenever cur changes
 }
 
@@ -287,6 +288,17 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 		m.serveData(peer, nc)
 		return
 	}
+	// Both ends dial; when both dials are in flight, the connection dialed
+	// by the node with the smaller name wins, so the larger one's is
+	// refused here.
+	m.mu.Lock()
+	refuse := m.slots[peer.Node].dialing && m.self.Name < peer.Node
+	m.mu.Unlock()
+	if refuse {
+		m.log.Debug("inbound connection refused: own dial in flight", zap.String("peer", peer.Node))
+		nc.Close()
+		return
+	}
 	m.attach(nc, peer, peer.Node)
 }
 
@@ -355,6 +367,7 @@ func (m *Membership) dialLoop(name string) {
 		m.mu.Lock()
 		s := m.slots[name]
 		cur, changed := s.cur, s.changed
+		s.dialing = cur == nil
 		m.mu.Unlock()
 		if cur != nil {
 			select {
@@ -365,7 +378,11 @@ func (m *Membership) dialLoop(name string) {
 				return
 			}
 		}
-		if err := m.dial(s.cfg); err != nil {
+		err := m.dial(s.cfg)
+		m.mu.Lock()
+		s.dialing = false
+		m.mu.Unlock()
+		if err != nil {
 			m.log.Debug("dial failed", zap.String("peer", name), zap.Error(err))
 			wait := backoff/2 + rand.N(backoff/2+1)
 			backoff = min(2*backoff, m.cfg.ReconnectMax)
@@ -396,14 +413,16 @@ func (m *Membership) dial(nc NodeConfig) error {
 	return nil
 }
 
-// attach makes nc the peer's control connection, resolving simultaneous
-// dials: when both ends dialed, both keep the connection dialed by the node
-// with the smaller name.
+// attach makes nc the peer's control connection. A connection to the same
+// incarnation never replaces one that is up (no flapping); one that is not
+// up yet gives way to the connection dialed by the node with the smaller
+// name.
 func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
 	p := &Peer{Name: wp.Node, Incarnation: wp.Incarnation, initiator: initiator, up: make(chan struct{}), m: m}
 	p.lastSeen.Store(time.Now().UnixNano())
 	p.conn = wire.NewConn(nc, wp, wire.ConnOptions{
 		MaxFrameSize: uint32(m.cfg.MaxFrameSize),
+		DirectWrite:  true,
 		Logger:       m.log,
 		Handler:      func(f wire.Frame) { m.frame(p, f) },
 		OnClose:      func(err error) { m.connClosed(p, err) },
@@ -418,7 +437,7 @@ func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
 	old := s.cur
 	if old != nil && old.Incarnation == wp.Incarnation {
 		preferred := min(m.self.Name, wp.Node)
-		if old.initiator == preferred || initiator != preferred {
+		if isUp(old) || old.initiator == preferred || initiator != preferred {
 			m.mu.Unlock()
 			m.log.Debug("duplicate connection closed", zap.String("peer", wp.Node))
 			_ = nc.Close()
@@ -451,18 +470,21 @@ func (m *Membership) frame(p *Peer, f wire.Frame) {
 		first := false
 		p.upOnce.Do(func() { first = true })
 		if first {
+			// The handler learns first, so that a WaitUp that returns finds
+			// the peer ready everywhere.
+			m.log.Info("node up", zap.String("peer", p.Name), zap.Uint64("incarnation", p.Incarnation))
+			m.h.PeerUp(p)
 			m.mu.Lock()
-			current := m.slots[p.Name].cur == p
+			s := m.slots[p.Name]
+			current := s.cur == p
 			if current {
 				close(p.up)
-				s := m.slots[p.Name]
 				close(s.changed)
 				s.changed = make(chan struct{})
 			}
 			m.mu.Unlock()
-			if current {
-				m.log.Info("node up", zap.String("peer", p.Name), zap.Uint64("incarnation", p.Incarnation))
-				m.h.PeerUp(p)
+			if !current {
+				m.h.PeerDown(p, errors.New("connection replaced or closed while coming up"))
 			}
 		}
 	case *wire.PingFrame:
@@ -493,6 +515,15 @@ func (m *Membership) connClosed(p *Peer, err error) {
 	m.mu.Unlock()
 	if current {
 		m.down(p, err)
+	}
+}
+
+func isUp(p *Peer) bool {
+	select {
+	case <-p.up:
+		return true
+	default:
+		return false
 	}
 }
 

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+	tfactor "github.com/tensorferry/tensorferry/actor"
+	"github.com/tensorferry/tensorferry/cluster"
+)
+
+// tfMsg is the 64-byte message of the tensorferry path, a plain Go struct
+// encoded with msgpack.
+type tfMsg struct {
+	Payload []byte
+}
+
+func init() {
+	tfactor.MustRegisterMessage("bench.remote.Msg", &tfMsg{})
+	extraPaths = append(extraPaths, path{name: "tensorferry", open: openTensorferry})
+}
+
+// tensorferryPath is two tensorferry nodes of one loopback cluster in this
+// process, each with its own listeners, talking over tensorferry's own wire
+// protocol.
+type tensorferryPath struct {
+	client, server *tfactor.Node
+	echo, sink     *pa.PID
+	msg            *tfMsg
+	count          counter
+}
+
+func openTensorferry() (*endpoints, error) {
+	cfg, err := cluster.LocalConfig("bench", 2)
+	if err != nil {
+		return nil, err
+	}
+	p := &tensorferryPath{msg: &tfMsg{Payload: bytes.Repeat([]byte{0xab}, payloadSize)}}
+	quiet := tfactor.WithSystemConfig(pa.WithLoggerFactory(quietLogger), pa.WithDeadLetterThrottleInterval(10*time.Millisecond))
+	if p.server, err = tfactor.NewNode(cfg, cfg.Nodes[1].Name, quiet); err != nil {
+		return nil, err
+	}
+	if p.client, err = tfactor.NewNode(cfg, cfg.Nodes[0].Name, quiet); err != nil {
+		return nil, err
+	}
+	if err := p.server.Start(); err != nil {
+		return nil, err
+	}
+	if err := p.client.Start(); err != nil {
+		_ = p.server.Stop()
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.client.WaitPeer(ctx, p.server.Name()); err != nil {
+		return nil, errors.Join(err, p.close())
+	}
+	echo := pa.PropsFromFunc(func(ctx pa.Context) {
+		if m, ok := ctx.Message().(*tfMsg); ok {
+			ctx.Respond(m)
+		}
+	})
+	sink := pa.PropsFromFunc(func(ctx pa.Context) {
+		if _, ok := ctx.Message().(*tfMsg); ok {
+			p.count.add(1)
+		}
+	})
+	if _, err = p.server.Root().SpawnNamed(echo, "echo"); err == nil {
+		_, err = p.server.Root().SpawnNamed(sink, "sink")
+	}
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("tensorferry: spawn: %w", err), p.close())
+	}
+	p.echo = p.client.PID(p.server.Name(), "echo")
+	p.sink = p.client.PID(p.server.Name(), "sink")
+	return &endpoints{pinger: p, sender: p, close: p.close}, nil
+}
+
+// RoundTrip is one RequestFuture to the remote echo actor.
+func (p *tensorferryPath) RoundTrip() error {
+	res, err := p.client.Root().RequestFuture(p.echo, p.msg, requestTimeout).Result()
+	if err != nil {
+		return err
+	}
+	m, ok := res.(*tfMsg)
+	if !ok || !bytes.Equal(m.Payload, p.msg.Payload) {
+		return fmt.Errorf("tensorferry: unexpected response %T", res)
+	}
+	return nil
+}
+
+// Send sends one message to the remote sink.
+func (p *tensorferryPath) Send() error {
+	p.client.Root().Send(p.sink, p.msg)
+	return nil
+}
+
+// WaitReceived waits until the sink counted total messages.
+func (p *tensorferryPath) WaitReceived(total int, timeout time.Duration) error {
+	return p.count.wait(total, timeout)
+}
+
+func (p *tensorferryPath) close() error {
+	var errs []error
+	if p.client != nil {
+		errs = append(errs, p.client.Stop())
+	}
+	if p.server != nil {
+		errs = append(errs, p.server.Stop())
+	}
+	return errors.Join(errs...)
+}
