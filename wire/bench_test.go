@@ -121,11 +121,17 @@ func loopbackPair(b *testing.B) (net.Conn, net.Conn) {
 }
 
 // BenchmarkConnRoundTrip measures a 64-byte request and its response
-// through two Conns on loopback TCP; compare with BenchmarkRawTCPRoundTrip.
+// through two Conns on loopback TCP, with queued and direct writes; compare
+// with BenchmarkRawTCPRoundTrip.
 func BenchmarkConnRoundTrip(b *testing.B) {
+	b.Run("queued", func(b *testing.B) { benchConnRoundTrip(b, false) })
+	b.Run("direct", func(b *testing.B) { benchConnRoundTrip(b, true) })
+}
+
+func benchConnRoundTrip(b *testing.B, direct bool) {
 	a, s := loopbackPair(b)
 	var server *Conn
-	server = NewConn(s, Peer{}, ConnOptions{Handler: func(f Frame) {
+	server = NewConn(s, Peer{}, ConnOptions{DirectWrite: direct, Handler: func(f Frame) {
 		m := f.(*MessageFrame).Message
 		m.Target = m.SenderNode
 		if err := server.Send(context.Background(), FrameMessage, 0, f.Header().Stream, &m); err != nil {
@@ -133,7 +139,7 @@ func BenchmarkConnRoundTrip(b *testing.B) {
 		}
 	}})
 	reply := make(chan struct{}, 1)
-	client := NewConn(a, Peer{}, ConnOptions{Handler: func(Frame) { reply <- struct{}{} }})
+	client := NewConn(a, Peer{}, ConnOptions{DirectWrite: direct, Handler: func(Frame) { reply <- struct{}{} }})
 	server.Start()
 	client.Start()
 	defer server.Close(nil)
@@ -178,4 +184,48 @@ func BenchmarkRawTCPRoundTrip(b *testing.B) {
 	}
 	s.Close()
 	<-done
+}
+
+// BenchmarkRawTCPRoundTripHop is BenchmarkRawTCPRoundTrip with the reply
+// read by a separate goroutine and handed over on a channel, as a Conn's
+// Handler hands replies to whoever waits for them: it separates the cost of
+// that hand-off from the cost of the codec and the writer.
+func BenchmarkRawTCPRoundTripHop(b *testing.B) {
+	a, s := loopbackPair(b)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 64)
+		for {
+			if _, err := io.ReadFull(s, buf); err != nil {
+				return
+			}
+			if _, err := s.Write(buf); err != nil {
+				return
+			}
+		}
+	}()
+	reply := make(chan struct{}, 1)
+	readerDone := make(chan struct{})
+	go func() {
+		defer close(readerDone)
+		buf := make([]byte, 64)
+		for {
+			if _, err := io.ReadFull(a, buf); err != nil {
+				return
+			}
+			reply <- struct{}{}
+		}
+	}()
+	buf := make([]byte, 64)
+	for b.Loop() {
+		if _, err := a.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+		<-reply
+	}
+	a.Close()
+	s.Close()
+	<-done
+	<-readerDone
 }

@@ -96,7 +96,9 @@ type received struct {
 	data   []byte
 }
 
-func TestConnOrderingAndData(t *testing.T) {
+func TestConnOrderingAndData(t *testing.T) { forBothWriteModes(t, testConnOrderingAndData) }
+
+func testConnOrderingAndData(t *testing.T, direct bool) {
 	a, b := tcpPair(t)
 	const n = 2000
 	big := bytes.Repeat([]byte{0xab}, 1<<20)
@@ -113,7 +115,7 @@ func TestConnOrderingAndData(t *testing.T) {
 			close(all)
 		}
 	}})
-	ca := NewConn(a, Peer{Node: "b"}, ConnOptions{})
+	ca := NewConn(a, Peer{Node: "b"}, ConnOptions{DirectWrite: direct})
 	ca.Start()
 	cb.Start()
 	defer cb.Close(nil)
@@ -283,10 +285,12 @@ func TestConnSendDataCancelledWhileQueued(t *testing.T) {
 	b.Close()
 }
 
-func TestConnCloseSemantics(t *testing.T) {
+func TestConnCloseSemantics(t *testing.T) { forBothWriteModes(t, testConnCloseSemantics) }
+
+func testConnCloseSemantics(t *testing.T, direct bool) {
 	a, b := tcpPair(t)
 	ra, rb := newCloseRecorder(), newCloseRecorder()
-	ca := NewConn(a, Peer{Node: "b"}, ConnOptions{OnClose: ra.onClose})
+	ca := NewConn(a, Peer{Node: "b"}, ConnOptions{OnClose: ra.onClose, DirectWrite: direct})
 	cb := NewConn(b, Peer{Node: "a"}, ConnOptions{OnClose: rb.onClose})
 	ca.Start()
 	cb.Start()
@@ -346,11 +350,13 @@ func TestConnCloseBeforeStart(t *testing.T) {
 	}
 }
 
-func TestConnGracefulGoAway(t *testing.T) {
+func TestConnGracefulGoAway(t *testing.T) { forBothWriteModes(t, testConnGracefulGoAway) }
+
+func testConnGracefulGoAway(t *testing.T, direct bool) {
 	a, b := tcpPair(t)
 	rb := newCloseRecorder()
 	var last uint64
-	ca := NewConn(a, Peer{Node: "b"}, ConnOptions{})
+	ca := NewConn(a, Peer{Node: "b"}, ConnOptions{DirectWrite: direct})
 	cb := NewConn(b, Peer{Node: "a"}, ConnOptions{OnClose: rb.onClose, Handler: func(f Frame) {
 		if m, ok := f.(*MessageFrame); ok {
 			last = m.Message.Request
@@ -489,7 +495,9 @@ func TestConnSendRaw(t *testing.T) {
 	}
 }
 
-func TestConnConcurrentSenders(t *testing.T) {
+func TestConnConcurrentSenders(t *testing.T) { forBothWriteModes(t, testConnConcurrentSenders) }
+
+func testConnConcurrentSenders(t *testing.T, direct bool) {
 	a, b := tcpPair(t)
 	const senders, each = 8, 500
 	var mu sync.Mutex
@@ -511,7 +519,7 @@ func TestConnConcurrentSenders(t *testing.T) {
 			close(all)
 		}
 	}})
-	ca := NewConn(a, Peer{}, ConnOptions{SendQueue: 16})
+	ca := NewConn(a, Peer{}, ConnOptions{SendQueue: 16, DirectWrite: direct})
 	ca.Start()
 	cb.Start()
 	defer cb.Close(nil)
@@ -537,5 +545,51 @@ func TestConnConcurrentSenders(t *testing.T) {
 	}
 	if v := bad.Load(); v != nil {
 		t.Fatal(v)
+	}
+}
+
+func forBothWriteModes(t *testing.T, test func(t *testing.T, direct bool)) {
+	t.Run("queued", func(t *testing.T) { test(t, false) })
+	t.Run("direct", func(t *testing.T) { test(t, true) })
+}
+
+func TestConnDirectWrite(t *testing.T) {
+	a, b := net.Pipe()
+	cc := &countingConn{Conn: a}
+	c := NewConn(cc, Peer{}, ConnOptions{DirectWrite: true})
+	ctx := context.Background()
+	// Not started: frames are queued.
+	if err := c.Send(ctx, FramePing, 0, 0, &Ping{Seq: 1}); err != nil {
+		t.Fatal(err)
+	}
+	fr := NewFramer(nil, b)
+	c.Start()
+	defer c.Close(nil)
+	defer b.Close()
+	for seq := uint64(1); seq <= 3; seq++ {
+		if seq > 1 {
+			// Idle: written on this goroutine, so it returns only after the
+			// peer read it (net.Pipe is synchronous): read concurrently.
+			go func() { c.Send(ctx, FramePing, 0, 0, &Ping{Seq: seq}) }()
+		}
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p := f.(*PingFrame); p.Ping.Seq != seq {
+			t.Fatalf("got ping %d, want %d", p.Ping.Seq, seq)
+		}
+	}
+	data := []byte("direct data")
+	go c.SendData(ctx, 5, 9, data)
+	f, err := fr.ReadFrame()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := f.(*DataFrame); d.Offset != 9 || string(d.Data) != "direct data" {
+		t.Fatalf("got %+v", d)
+	}
+	if c.pending.Load() != 0 {
+		t.Fatalf("pending = %d", c.pending.Load())
 	}
 }
