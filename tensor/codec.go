@@ -183,11 +183,11 @@ func (t *Tensor) DecodeMsgpack(dec *msgpack.Decoder) error {
 		if err != nil {
 			return err
 		}
-		var shape []int64
-		if err := dec.Decode(&shape); err != nil {
+		var shape Shape
+		if err := shape.DecodeMsgpack(dec); err != nil {
 			return err
 		}
-		size, err := Shape(shape).ByteSize(DType(dt))
+		size, err := shape.ByteSize(DType(dt))
 		if err != nil {
 			return err
 		}
@@ -196,7 +196,7 @@ func (t *Tensor) DecodeMsgpack(dec *msgpack.Decoder) error {
 			return err
 		}
 		if int64(len(data)) != size {
-			return fmt.Errorf("%w: inline %v of %v has %d bytes, want %d", ErrBadSize, Shape(shape), DType(dt), len(data), size)
+			return fmt.Errorf("%w: inline %v of %v has %d bytes, want %d", ErrBadSize, shape, DType(dt), len(data), size)
 		}
 		var out *Tensor
 		if s != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/tensorferry/tensorferry/memory"
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 // ErrBadDescriptor is wrapped by every descriptor validation error.
@@ -63,6 +64,89 @@ func (d *Descriptor) Validate() error {
 		}
 	}
 	return nil
+}
+
+// maxFields bounds the number of map entries a descriptor may have on the
+// wire (9 known fields, room for later ones).
+const maxFields = 32
+
+var _ msgpack.CustomDecoder = (*Descriptor)(nil)
+
+// DecodeMsgpack implements msgpack.CustomDecoder. It applies the limits of
+// Validate while decoding, so that no count read from the input
+// preallocates beyond them (msgpack's own decoder would make a map of up to
+// a million entries from a 5-byte header). Unknown fields are skipped.
+// Encoding is msgpack's default for the struct tags.
+func (d *Descriptor) DecodeMsgpack(dec *msgpack.Decoder) error {
+	n, err := dec.DecodeMapLen()
+	if err != nil {
+		return err
+	}
+	if n > maxFields {
+		return fmt.Errorf("%w: %d fields", ErrBadDescriptor, n)
+	}
+	var out Descriptor
+	for range max(n, 0) {
+		key, err := dec.DecodeString()
+		if err != nil {
+			return err
+		}
+		switch key {
+		case "o":
+			out.Owner, err = dec.DecodeString()
+		case "i":
+			out.Incarnation, err = dec.DecodeUint64()
+		case "e":
+			out.ExportID, err = dec.DecodeUint64()
+		case "l":
+			out.Lease, err = dec.DecodeUint64()
+		case "t":
+			var v uint8
+			v, err = dec.DecodeUint8()
+			out.DType = DType(v)
+		case "s":
+			err = out.Shape.DecodeMsgpack(dec)
+		case "b":
+			out.Bytes, err = dec.DecodeInt64()
+		case "d":
+			out.Device, err = dec.DecodeString()
+		case "f":
+			out.Offers, err = decodeOffers(dec)
+		default:
+			err = dec.Skip()
+		}
+		if err != nil {
+			return fmt.Errorf("%w: field %q: %w", ErrBadDescriptor, key, err)
+		}
+	}
+	*d = out
+	return nil
+}
+
+func decodeOffers(dec *msgpack.Decoder) (map[string][]byte, error) {
+	n, err := dec.DecodeMapLen()
+	if err != nil || n < 0 {
+		return nil, err
+	}
+	if n > maxOffers {
+		return nil, fmt.Errorf("%d offers > %d", n, maxOffers)
+	}
+	m := make(map[string][]byte, n)
+	for range n {
+		k, err := dec.DecodeString()
+		if err != nil {
+			return nil, err
+		}
+		v, err := dec.DecodeBytes()
+		if err != nil {
+			return nil, err
+		}
+		if len(k) > maxNameLen || len(v) > maxOfferBytes {
+			return nil, fmt.Errorf("offer %q of %d bytes", k, len(v))
+		}
+		m[k] = v
+	}
+	return m, nil
 }
 
 // String describes the descriptor without its offers.

@@ -7,6 +7,8 @@ import (
 	"math/bits"
 	"strconv"
 	"strings"
+
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 // MaxDims is the largest number of dimensions a shape may have.
@@ -83,4 +85,30 @@ func (s Shape) String() string {
 		parts[i] = strconv.FormatInt(d, 10)
 	}
 	return "[" + strings.Join(parts, " ") + "]"
+}
+
+var _ msgpack.CustomDecoder = (*Shape)(nil)
+
+// DecodeMsgpack implements msgpack.CustomDecoder: a shape of more than
+// MaxDims dimensions is rejected before anything is allocated for it.
+func (s *Shape) DecodeMsgpack(dec *msgpack.Decoder) error {
+	n, err := dec.DecodeArrayLen()
+	if err != nil {
+		return err
+	}
+	if n < 0 {
+		*s = nil
+		return nil
+	}
+	if n > MaxDims {
+		return fmt.Errorf("%w: %d dimensions > %d", ErrBadShape, n, MaxDims)
+	}
+	out := make(Shape, n)
+	for i := range out {
+		if out[i], err = dec.DecodeInt64(); err != nil {
+			return err
+		}
+	}
+	*s = out
+	return nil
 }

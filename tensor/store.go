@@ -88,6 +88,7 @@ func (s *Store) Export(t *Tensor, holder string, ttl time.Duration) (*Export, *D
 	}
 	s.nextID++
 	e := &Export{ID: s.nextID, Lease: randomLease(), Tensor: t, Holder: holder}
+	t.addLease() // before the timer can end it
 	if ttl > 0 {
 		e.Deadline = time.Now().Add(ttl)
 		id, lease := e.ID, e.Lease
@@ -95,7 +96,6 @@ func (s *Store) Export(t *Tensor, holder string, ttl time.Duration) (*Export, *D
 	}
 	s.exports[e.ID] = e
 	s.mu.Unlock()
-	t.addLease()
 	d := &Descriptor{
 		Owner:       s.node,
 		Incarnation: s.incarnation,
@@ -159,31 +159,33 @@ func (s *Store) Release(id, lease uint64) error {
 		s.mu.Unlock()
 		return err
 	}
-	s.end(e)
+	drop := s.end(e)
+	f := s.onEnd
 	s.mu.Unlock()
-	s.finish(e)
+	finish(e, drop, f)
 	return nil
 }
 
-// end removes e from the table; s.mu must be held.
-func (s *Store) end(e *Export) {
+// end removes e from the table and reports whether its lease must be
+// dropped now (no acquisition in progress; otherwise the last one drops
+// it). s.mu must be held: deciding under the same lock as unuse means the
+// lease is dropped exactly once.
+func (s *Store) end(e *Export) (drop bool) {
 	delete(s.exports, e.ID)
 	e.ended = true
 	if e.timer != nil {
 		e.timer.Stop()
 	}
+	return e.uses == 0
 }
 
-func (s *Store) finish(e *Export) {
-	s.mu.Lock()
-	drop := e.uses == 0
-	f := s.onEnd
-	s.mu.Unlock()
+// finish completes an ended export outside the store's lock.
+func finish(e *Export, drop bool, onEnd func(*Export)) {
 	if drop {
 		e.Tensor.dropLease()
 	}
-	if f != nil {
-		f(e)
+	if onEnd != nil {
+		onEnd(e)
 	}
 }
 
@@ -192,15 +194,17 @@ func (s *Store) finish(e *Export) {
 func (s *Store) ReleaseHolder(holder string) int {
 	s.mu.Lock()
 	var ended []*Export
+	var drops []bool
 	for _, e := range s.exports {
 		if e.Holder == holder {
-			s.end(e)
+			drops = append(drops, s.end(e))
 			ended = append(ended, e)
 		}
 	}
+	f := s.onEnd
 	s.mu.Unlock()
-	for _, e := range ended {
-		s.finish(e)
+	for i, e := range ended {
+		finish(e, drops[i], f)
 	}
 	return len(ended)
 }
@@ -217,12 +221,14 @@ func (s *Store) Close() {
 	s.mu.Lock()
 	s.closed = true
 	var ended []*Export
+	var drops []bool
 	for _, e := range s.exports {
-		s.end(e)
+		drops = append(drops, s.end(e))
 		ended = append(ended, e)
 	}
+	f := s.onEnd
 	s.mu.Unlock()
-	for _, e := range ended {
-		s.finish(e)
+	for i, e := range ended {
+		finish(e, drops[i], f)
 	}
 }
