@@ -48,7 +48,10 @@ type ConnOptions struct {
 	// to the writer goroutine (lower latency for request/response traffic).
 	// Order is kept. The cost: such a write is not bounded by ctx, so on a
 	// stalled peer it blocks until the socket drains or the Conn closes
-	// (rely on liveness checks to close stalled connections).
+	// (rely on liveness checks to close stalled connections). A Send from
+	// Handler then writes on the reader goroutine: two peers that both stop
+	// reading while writing would stall until one side's liveness check
+	// closes the connection.
 	DirectWrite bool
 }
 

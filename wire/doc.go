@@ -28,6 +28,11 @@
 //	name, ser, body, _ := registry.Encode(&Grad{Step: 1})
 //	err = c.Send(ctx, wire.FrameMessage, 0, 0, &wire.Message{Target: "ps", Type: name, Ser: ser, Body: body})
 //
+// Frames are written in the order Send was called. Under load the writer
+// goroutine batches everything queued into one write; with
+// ConnOptions.DirectWrite an idle Conn writes on the caller's goroutine
+// instead, which saves a goroutine hand-off per message.
+//
 // Errors come in two scopes, as in HTTP/2: a *ConnError kills the
 // connection, a *StreamError fails one request or transfer. Sentinels
 // (ErrFrameTooLarge, ErrShortFrame, ErrAuthFailed, ...) are wrapped and
