@@ -340,7 +340,13 @@ func (c *Channel) allocationFreed(a memory.Allocation) {
 		op.allocationFreed(a.ID)
 	}
 	for _, fp := range fps {
-		fp.cache.drop(a.ID)
+		select {
+		case <-fp.ready:
+			if fp.err == nil {
+				fp.cache.drop(a.ID)
+			}
+		default: // still connecting: it has registered nothing yet
+		}
 	}
 }
 
