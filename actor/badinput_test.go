@@ -147,7 +147,9 @@ func TestBadInputAgainstRunningNode(t *testing.T) {
 			return nc
 		}, "closing connection"},
 		{"after auth: unknown frame type", func(t *testing.T) net.Conn { return authed(t, header(0, 201)) }, "closing connection"},
-		{"after auth: garbage msgpack", func(t *testing.T) net.Conn { return authed(t, append(header(5, wire.FrameMessage), 0xdf, 0xff, 0xff, 0xff, 0xff)) }, "closing connection"},
+		{"after auth: garbage msgpack", func(t *testing.T) net.Conn {
+			return authed(t, append(header(5, wire.FrameMessage), 0xdf, 0xff, 0xff, 0xff, 0xff))
+		}, "closing connection"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

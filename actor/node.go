@@ -192,6 +192,11 @@ func (n *Node) Start() error {
 		n.closeChannels()
 		return err
 	}
+	if _, err := n.system.Root.SpawnNamed(pa.PropsFromFunc(pingReceive), PingActor); err != nil {
+		_ = m.Close()
+		n.closeChannels()
+		return fmt.Errorf("actor: spawning %s: %w", PingActor, err)
+	}
 	n.wg.Add(1)
 	go n.sweepLoop()
 	n.log.Info("node started", zap.String("address", n.self.Address), zap.Uint64("incarnation", n.incarnation),
@@ -228,6 +233,10 @@ func (n *Node) WaitPeer(ctx context.Context, node string) error {
 	_, err := n.members.WaitUp(ctx, node)
 	return err
 }
+
+// PeerError returns why the last attempt to connect to the named node
+// failed (unreachable, handshake refused...), or nil.
+func (n *Node) PeerError(node string) error { return n.members.LastError(node) }
 
 // PeerCaps returns what the named peer advertised, if it is up.
 func (n *Node) PeerCaps(node string) (rdma.Caps, bool) {

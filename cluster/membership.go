@@ -82,6 +82,7 @@ func (p *Peer) Close(cause error) { p.conn.Fail(cause) }
 type slot struct {
 	cfg     NodeConfig
 	cur     *Peer
+	lastErr error         // why the last dial failed; nil after a success
 	dialing bool          // a dial to this peer is in flight
 	changed chan struct{} // closed and replaced whenever cur changes
 }
@@ -182,6 +183,17 @@ func (m *Membership) Peer(name string) (*Peer, bool) {
 	default:
 		return nil, false
 	}
+}
+
+// LastError returns why the last attempt to dial the named peer failed, or
+// nil if it succeeded or none was made yet.
+func (m *Membership) LastError(name string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if s, ok := m.slots[name]; ok {
+		return s.lastErr
+	}
+	return fmt.Errorf("%w: %q", ErrUnknownNode, name)
 }
 
 // Known reports whether name is a node of the config other than self.
@@ -381,6 +393,7 @@ func (m *Membership) dialLoop(name string) {
 		err := m.dial(s.cfg)
 		m.mu.Lock()
 		s.dialing = false
+		s.lastErr = err
 		m.mu.Unlock()
 		if err != nil {
 			m.log.Debug("dial failed", zap.String("peer", name), zap.Error(err))

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/tensorferry/tensorferry/actor"
+	"github.com/tensorferry/tensorferry/cluster"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreAnyFunction("github.com/asynkron/protoactor-go/actor.NewDeadLetter.NewThrottle.func4.1"))
+}
+
+func TestUsageAndUnknownCommand(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := run(nil, &out, &errOut); code != 2 || !strings.Contains(out.String(), "usage: ferry") {
+		t.Fatalf("no args: code %d, out %q", code, out.String())
+	}
+	if code := run([]string{"frobnicate"}, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), "unknown command") {
+		t.Fatalf("unknown command: code %d, err %q", code, errOut.String())
+	}
+	errOut.Reset()
+	if code := run([]string{"ping", "--config", "x.yaml"}, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), "--from is required") {
+		t.Fatalf("missing flag: code %d, err %q", code, errOut.String())
+	}
+}
+
+func TestTopo(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := run([]string{"topo", "--config", "../../cluster/testdata/local3.yaml"}, &out, &errOut); code != 0 {
+		t.Fatalf("code %d: %s", code, errOut.String())
+	}
+	s := out.String()
+	for _, want := range []string{"OWNER", "a/cuda:0", "staging", "ipc: needs GPU memory at both ends"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("topo output lacks %q:\n%s", want, s)
+		}
+	}
+}
+
+// writeCluster writes a 3-node loopback config and starts node0 in-process.
+func writeCluster(t *testing.T) (string, *cluster.Config) {
+	t.Helper()
+	cfg, err := cluster.LocalConfig("ferry", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path, err := cfg.WriteFiles(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := actor.NewNode(cfg, "node0", actor.WithLogger(zap.NewNop()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Stop() })
+	return path, cfg
+}
+
+func TestPingAndBench(t *testing.T) {
+	path, _ := writeCluster(t)
+	var out, errOut bytes.Buffer
+	if code := run([]string{"ping", "--config", path, "--from", "node1", "--to", "node0", "--count", "20"}, &out, &errOut); code != 0 {
+		t.Fatalf("ping: code %d: %s", code, errOut.String())
+	}
+	if !strings.Contains(out.String(), "20 round trips node1 -> node0") || !strings.Contains(out.String(), "p99") {
+		t.Fatalf("ping output: %q", out.String())
+	}
+	out.Reset()
+	if code := run([]string{"bench", "--config", path, "--from", "node2", "--to", "node0", "--size", "1MiB", "--count", "3"}, &out, &errOut); code != 0 {
+		t.Fatalf("bench: code %d: %s", code, errOut.String())
+	}
+	if !strings.Contains(out.String(), "over staging") {
+		t.Fatalf("bench output: %q", out.String())
+	}
+}
+
+func TestPingUnreachable(t *testing.T) {
+	cfg, err := cluster.LocalConfig("ferry", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path, err := cfg.WriteFiles(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	code := run([]string{"ping", "--config", path, "--from", "node1", "--to", "node0", "--timeout", "1s"}, &out, &errOut)
+	if code != 3 || !strings.Contains(errOut.String(), "node0 unreachable") || !strings.Contains(errOut.String(), "connection refused") {
+		t.Fatalf("code %d, stderr %q", code, errOut.String())
+	}
+}
+
+func TestPingWrongSecret(t *testing.T) {
+	path, _ := writeCluster(t)
+	// Same cluster, another secret: node0 refuses the handshake.
+	if err := os.WriteFile(filepath.Join(filepath.Dir(path), cluster.SecretFileName), []byte(strings.Repeat("w", 32)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	code := run([]string{"ping", "--config", path, "--from", "node1", "--to", "node0", "--timeout", "2s"}, &out, &errOut)
+	if code != 3 || !strings.Contains(errOut.String(), "unreachable") || !strings.Contains(strings.ToLower(errOut.String()), "auth") {
+		t.Fatalf("code %d, stderr %q", code, errOut.String())
+	}
+}
