@@ -1,0 +1,68 @@
+#!/bin/sh
+# run.sh runs, on the GPU machine, everything scripts/gpu/build.sh built:
+# every GPU test binary (-test.v), the GPU benchmarks, the NCCL baseline in
+# the same call, and the samples on GPUs. Results go to $OUT (default
+# .gpu/out): tests.log, summary.txt, gpu.jsonl, nccl.jsonl, samples.log.
+#
+#   scripts/gpu/run.sh [tests|bench|samples|all]   (default all)
+set -u
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$REPO"
+G=$REPO/.gpu
+OUT=${OUT:-$G/out}
+mkdir -p "$OUT"
+WHAT=${1:-all}
+TEST_TIMEOUT=${TEST_TIMEOUT:-240s}
+# Never NVLink multicast on shared hosts.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$OUT/summary.txt" 2>&1
+nvidia-smi topo -m >> "$OUT/summary.txt" 2>&1
+status=0
+if [ "$WHAT" = all ] || [ "$WHAT" = tests ]; then
+	: > "$OUT/tests.log"
+	for t in "$G"/tests/*.test; do
+		name=$(basename "$t" .test)
+		echo "=== $name" >> "$OUT/tests.log"
+		start=$(date +%s)
+		# Tests run in their package directory's stead: testdata is not
+		# carried, so tests needing it skip.
+		if (cd "$G/tests" && timeout 300 "$t" -test.v -test.timeout "$TEST_TIMEOUT" ${TEST_RUN:+-test.run "$TEST_RUN"}) >> "$OUT/tests.log" 2>&1; then
+			res=ok
+		else
+			res=FAIL; status=1
+		fi
+		echo "$res $name $(( $(date +%s) - start ))s" >> "$OUT/summary.txt"
+	done
+	{
+		echo "--- test counts (all packages)"
+		echo "PASS $(grep -c -- '--- PASS' "$OUT/tests.log")"
+		echo "FAIL $(grep -c -- '--- FAIL' "$OUT/tests.log")"
+		echo "SKIP $(grep -c -- '--- SKIP' "$OUT/tests.log")"
+		grep -- '--- FAIL' "$OUT/tests.log"
+	} >> "$OUT/summary.txt"
+fi
+if [ "$WHAT" = all ] || [ "$WHAT" = bench ]; then
+	if [ -x "$G/bin/gpu" ]; then
+		timeout 400 "$G/bin/gpu" --mode all --out "$OUT" >> "$OUT/summary.txt" 2>&1 || { echo "gpu bench FAILED" >> "$OUT/summary.txt"; status=1; }
+	fi
+	if [ -f "$G/peers/nccl_sendrecv.py" ]; then
+		timeout 300 python3 "$G/peers/nccl_sendrecv.py" --sizes "${NCCL_SIZES:-4K,64K,1M,16M,64M,256M,1G}" > "$OUT/nccl.txt" 2>&1 || echo "nccl baseline FAILED" >> "$OUT/summary.txt"
+		grep '^{' "$OUT/nccl.txt" > "$OUT/nccl.jsonl"
+		grep -v '^{' "$OUT/nccl.txt" >> "$OUT/summary.txt"
+		rm -f "$OUT/nccl.txt"
+	fi
+fi
+if [ "$WHAT" = all ] || [ "$WHAT" = samples ]; then
+	: > "$OUT/samples.log"
+	for s in paramserver pipeline; do
+		[ -x "$G/bin/$s" ] || continue
+		echo "=== $s" >> "$OUT/samples.log"
+		if timeout 200 "$G/bin/$s" >> "$OUT/samples.log" 2>&1; then
+			echo "ok sample $s" >> "$OUT/summary.txt"
+		else
+			echo "FAIL sample $s" >> "$OUT/summary.txt"; status=1
+		fi
+	done
+fi
+cat "$OUT/summary.txt"
+exit $status
