@@ -16,6 +16,10 @@ import (
 	"go.uber.org/zap"
 )
 
+// MaxRingBytes bounds the pinned staging ring an owner allocates for one
+// data connection (chunk size × window), whatever the fetcher asks for.
+const MaxRingBytes = 64 << 20
+
 // MaxConnsPerPeer bounds the data connections a fetcher keeps to one owner;
 // it is also the number of transfers from one owner that run at once (the
 // others wait for a connection).
@@ -521,6 +525,9 @@ func (c *Channel) send(ctx context.Context, sc *serverConn, fr *Framer, stream u
 		status(FrameError, CodeBadRequest, fmt.Sprintf("chunk %d or window %d above %d, %d", chunk, window, MaxChunkSize, MaxWindow))
 		return
 	}
+	// The window only sizes this end's staging ring: the owner caps it by
+	// its own setting and by MaxRingBytes, whatever the fetcher asked.
+	window = max(1, min(window, c.window, MaxRingBytes/chunk))
 	off, n := int(req.Offset), int(req.Length)
 	if n == 0 {
 		status(FrameEnd, CodeOK, "")

@@ -69,3 +69,12 @@ func TestConformanceGPUCrossProcess(t *testing.T) {
 		return rdmatest.ChildOwner(t, newChannel, memory.CUDA(0), memory.CUDA(1))
 	})
 }
+
+// TestConformanceGPUCrossProcessOneGPU runs the suite between two processes
+// sharing cuda:0 (for one-GPU machines).
+func TestConformanceGPUCrossProcessOneGPU(t *testing.T) {
+	gpus(t, memory.CUDA(0))
+	rdmatest.TestChannel(t, func(t *testing.T) *rdmatest.Pair {
+		return rdmatest.ChildOwner(t, newChannel, memory.CUDA(0), memory.CUDA(0))
+	})
+}
