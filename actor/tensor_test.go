@@ -38,6 +38,8 @@ type Digest struct {
 	Shape  tensor.Shape
 	Device string
 	Err    string
+	// Via counts the transfers each channel made into the receiving node.
+	Via map[string]int64
 }
 
 // Hold is never answered.
@@ -72,7 +74,12 @@ func tensorProps(node *actor.Node) *pa.Props {
 	return pa.PropsFromFunc(func(c pa.Context) {
 		switch m := c.Message().(type) {
 		case *Grad:
-			c.Respond(digest(m.W))
+			d := digest(m.W)
+			d.Via = map[string]int64{}
+			for name, st := range node.Stats().Channels {
+				d.Via[name] = st.Transfers
+			}
+			c.Respond(d)
 			_ = m.W.Free()
 		case *RefMsg:
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -1,0 +1,98 @@
+package actor_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/tensorferry/tensorferry/actor"
+	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/tensor"
+)
+
+// gpus returns the number of CUDA devices or skips the test.
+func gpus(t *testing.T) int {
+	t.Helper()
+	n, err := memory.CUDADeviceCount()
+	if err != nil || n == 0 {
+		t.Skipf("no CUDA device: %v", err)
+	}
+	return n
+}
+
+// gpuProcessCluster runs node0 here on cuda:0 and node1 as a child process
+// on cuda:1 (cuda:0 with one GPU).
+func gpuProcessCluster(t *testing.T, disable []string) (*actor.Node, memory.Device) {
+	n := gpus(t)
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	cfg, err := cluster.LocalConfig("gpu", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := memory.CUDA(min(1, n-1))
+	cfg.Nodes[0].Devices = []memory.Device{memory.CUDA(0)}
+	cfg.Nodes[1].Devices = []memory.Device{dst}
+	cfg.DisableChannels = disable
+	path, err := cfg.WriteFiles(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	startChild(t, path, "node1")
+	a, err := actor.NewNode(cfg, "node0", testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Stop() })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := a.WaitPeer(ctx, "node1"); err != nil {
+		t.Fatal(err)
+	}
+	return a, dst
+}
+
+func sendGPUTensors(t *testing.T, a *actor.Node, wantChannel string) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	pid := a.PID("node1", "tensors")
+	for _, shape := range []tensor.Shape{{7}, {1 << 16}, {1<<20 + 3}, {64 << 20}} {
+		host := randomTensor(t, rng, tensor.Uint8, shape)
+		x, err := host.To(context.Background(), memory.CUDA(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := a.Root().RequestFuture(pid, &Grad{W: x}, 60*time.Second).Result()
+		checkDigest(t, res, err, host)
+		d := res.(*Digest)
+		if x.ByteSize() > 64<<10 && d.Via[wantChannel] == 0 {
+			t.Fatalf("%v: not moved by %s: %v", x, wantChannel, d.Via)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := x.WaitReleased(ctx); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		_ = x.Free()
+		_ = host.Free()
+	}
+}
+
+// TestGPUTensorsAcrossProcessesIPC sends device tensors from a process on
+// GPU0 to one on GPU1: the ipc channel moves them.
+func TestGPUTensorsAcrossProcessesIPC(t *testing.T) {
+	a, _ := gpuProcessCluster(t, nil)
+	sendGPUTensors(t, a, "ipc")
+}
+
+// TestGPUTensorsAcrossProcessesStaging forces the staging channel (pinned
+// ring, D2H → TCP → H2D) between the same processes.
+func TestGPUTensorsAcrossProcessesStaging(t *testing.T) {
+	a, _ := gpuProcessCluster(t, []string{"ipc"})
+	sendGPUTensors(t, a, "staging")
+}
