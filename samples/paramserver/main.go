@@ -1,0 +1,235 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"slices"
+	"time"
+
+	"github.com/tensorferry/tensorferry/actor"
+	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/samples/paramserver/ps"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// options are the command-line flags.
+type options struct {
+	train   ps.Config
+	config  string
+	node    string
+	json    bool
+	tol     float64
+	timeout time.Duration
+}
+
+func parse(args []string, stderr io.Writer) (*options, error) {
+	o := &options{train: ps.DefaultConfig()}
+	fs := flag.NewFlagSet("paramserver", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	mode := fs.String("mode", string(o.train.Mode), "sync or async")
+	fs.IntVar(&o.train.Steps, "steps", o.train.Steps, "SGD steps per worker")
+	fs.IntVar(&o.train.Dim, "dim", o.train.Dim, "length of the parameter vector (float32)")
+	fs.IntVar(&o.train.Workers, "workers", o.train.Workers, "worker actors")
+	fs.IntVar(&o.train.Shards, "shards", o.train.Shards, "parameter server shards")
+	fs.IntVar(&o.train.SamplesPerWorker, "samples", 0, "data rows per worker (0: 8·dim/workers)")
+	fs.Float64Var(&o.train.LR, "lr", o.train.LR, "learning rate")
+	fs.Uint64Var(&o.train.Seed, "seed", o.train.Seed, "seed of w* and the data")
+	fs.StringVar(&o.config, "config", "", "cluster config file: run one node of a real cluster (with --node)")
+	fs.StringVar(&o.node, "node", "", "this node's name in --config")
+	fs.BoolVar(&o.json, "json", false, "print the final figures as JSON")
+	fs.Float64Var(&o.tol, "tol", 1e-2, "largest ‖w−w*‖/‖w*‖ counted as converged")
+	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up after this long")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	o.train.Mode = ps.Mode(*mode)
+	if (o.config == "") != (o.node == "") {
+		return nil, errors.New("--config and --node go together")
+	}
+	return o, o.train.Validate()
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	o, err := parse(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "paramserver:", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+
+	var res *ps.Result
+	if o.config == "" {
+		res, err = embedded(ctx, o, stdout)
+	} else {
+		res, err = member(ctx, o, stdout)
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "paramserver:", err)
+		return 1
+	}
+	if res == nil {
+		return 0 // a node that did not drive
+	}
+	converged := res.Distance <= o.tol
+	if o.json {
+		out := struct {
+			*ps.Result
+			ElapsedSeconds float64
+			Tolerance      float64
+			Converged      bool
+		}{res, res.Elapsed.Seconds(), o.tol, converged}
+		b, _ := json.MarshalIndent(out, "", "  ")
+		fmt.Fprintln(stdout, string(b))
+	} else {
+		report(stdout, res)
+	}
+	if !converged {
+		fmt.Fprintf(stderr, "paramserver: not converged: distance %.3g > %.3g\n", res.Distance, o.tol)
+		return 1
+	}
+	return 0
+}
+
+func report(w io.Writer, res *ps.Result) {
+	fmt.Fprintf(w, "done: %s, %d steps, dim %d, %d workers, %d shards in %v\n",
+		res.Mode, res.Steps, res.Dim, res.Workers, len(res.Shards), res.Elapsed.Round(time.Millisecond))
+	fmt.Fprintf(w, "final loss %.4g, distance ‖w−w*‖/‖w*‖ = %.3g\n", res.Loss, res.Distance)
+	names := make([]string, 0, len(res.Channels))
+	for n := range res.Channels {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		ch := res.Channels[n]
+		fmt.Fprintf(w, "channel %-8s %6d transfers %12d bytes\n", n, ch.Transfers, ch.Bytes)
+	}
+	fmt.Fprintf(w, "messages sent: %d\n", res.MessagesSent)
+}
+
+func progress(w io.Writer, quiet bool) func(int, float64) {
+	if quiet {
+		return nil
+	}
+	return func(step int, loss float64) { fmt.Fprintf(w, "step %3d  loss %.6g\n", step, loss) }
+}
+
+// embedded runs a 3-node cluster on loopback in this process: node0 holds
+// the shards (on the GPUs if there are any), node1 and node2 the workers.
+func embedded(ctx context.Context, o *options, stdout io.Writer) (*ps.Result, error) {
+	cc, err := cluster.LocalConfig("paramserver", 3)
+	if err != nil {
+		return nil, err
+	}
+	cc.Nodes[0].Devices = shardDevices()
+	if !o.json {
+		fmt.Fprintf(stdout, "embedded cluster: 3 nodes on loopback; shards on %s use %v\n", cc.Nodes[0].Name, cc.Nodes[0].Devices)
+	}
+	var nodes []*actor.Node
+	defer func() {
+		for _, n := range nodes {
+			_ = n.Stop()
+		}
+	}()
+	for _, nc := range cc.Nodes {
+		n, err := actor.NewNode(cc, nc.Name)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := ps.Serve(n, cc); err != nil {
+			return nil, err
+		}
+		if err := n.Start(); err != nil {
+			return nil, err
+		}
+		nodes = append(nodes, n)
+	}
+	layout, err := ps.Roles([]string{"node0", "node1", "node2"}, o.train.Shards, o.train.Workers)
+	if err != nil {
+		return nil, err
+	}
+	var driver *actor.Node
+	for _, n := range nodes {
+		if n.Name() == layout.Driver() {
+			driver = n
+		}
+	}
+	return ps.Drive(ctx, driver, o.train, layout, progress(stdout, o.json))
+}
+
+// shardDevices returns cuda:0 (and cuda:1) when CUDA memory can be
+// allocated here, else host memory.
+func shardDevices() []memory.Device {
+	if _, err := memory.AllocatorFor(memory.CUDA(0)); err != nil {
+		return []memory.Device{memory.CPU}
+	}
+	devs := []memory.Device{memory.CUDA(0)}
+	if n, err := memory.CUDADeviceCount(); err == nil && n > 1 {
+		if _, err := memory.AllocatorFor(memory.CUDA(1)); err == nil {
+			devs = append(devs, memory.CUDA(1))
+		}
+	}
+	return devs
+}
+
+// member runs one node of the cluster in --config. It returns a Result on
+// the driving node and nil elsewhere.
+func member(ctx context.Context, o *options, stdout io.Writer) (*ps.Result, error) {
+	cc, err := cluster.Load(o.config)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, len(cc.Nodes))
+	for i, nc := range cc.Nodes {
+		names[i] = nc.Name
+	}
+	layout, err := ps.Roles(names, o.train.Shards, o.train.Workers)
+	if err != nil {
+		return nil, err
+	}
+	n, err := actor.NewNode(cc, o.node)
+	if err != nil {
+		return nil, err
+	}
+	agent, err := ps.Serve(n, cc)
+	if err != nil {
+		return nil, err
+	}
+	if err := n.Start(); err != nil {
+		return nil, err
+	}
+	defer n.Stop()
+	if n.Name() == layout.Driver() {
+		if !o.json {
+			fmt.Fprintf(stdout, "%s drives: shards on %v, workers on %v\n", n.Name(), layout.ShardNodes, layout.WorkerNodes)
+		}
+		return ps.Drive(ctx, n, o.train, layout, progress(stdout, o.json))
+	}
+	if !o.json {
+		fmt.Fprintf(stdout, "%s serves; %s drives\n", n.Name(), layout.Driver())
+	}
+	select {
+	case <-agent.Done():
+		return nil, agent.Err()
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waiting for the driver: %w", ctx.Err())
+	}
+}

@@ -1,0 +1,222 @@
+package ps
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+	"github.com/tensorferry/tensorferry/actor"
+)
+
+// Result is what a training run achieved.
+type Result struct {
+	Mode     Mode
+	Steps    int
+	Dim      int
+	Workers  int
+	Shards   []ShardPlace
+	Loss     float64 // mean loss over all rows at the last step's pulled weights
+	Distance float64 // ‖w − w*‖ / ‖w*‖ of the final weights
+	Elapsed  time.Duration
+	// Channels sums, over every node, what each data channel moved.
+	Channels     map[string]ChannelBytes
+	MessagesSent int64 // over every node
+}
+
+// stepLoss accumulates the workers' losses of one step.
+type stepLoss struct {
+	sum     float64
+	samples int
+	n       int
+}
+
+// driverActor collects Progress and Done from the workers.
+type driverActor struct {
+	cfg      Config
+	progress func(step int, loss float64)
+	steps    map[int]*stepLoss
+	lastLoss float64
+	done     int
+	result   chan error // gets one value: nil when every worker is done
+	ended    bool
+}
+
+// Receive implements protoactor's Actor.
+func (d *driverActor) Receive(c pa.Context) {
+	switch m := c.Message().(type) {
+	case *Progress:
+		s := d.steps[m.Step]
+		if s == nil {
+			s = &stepLoss{}
+			d.steps[m.Step] = s
+		}
+		s.sum += m.Loss * float64(m.Samples)
+		s.samples += m.Samples
+		if s.n++; s.n == d.cfg.Workers {
+			delete(d.steps, m.Step)
+			d.lastLoss = s.sum / float64(s.samples)
+			if d.progress != nil {
+				d.progress(m.Step, d.lastLoss)
+			}
+		}
+	case *Done:
+		switch {
+		case d.ended:
+		case m.Err != "":
+			d.ended = true
+			d.result <- fmt.Errorf("ps: worker %d: %s", m.Worker, m.Err)
+		default:
+			if d.done++; d.done == d.cfg.Workers {
+				d.ended = true
+				d.result <- nil
+			}
+		}
+	}
+}
+
+// Drive runs training from node, which must be layout.Driver() and run an
+// Agent (Serve) like every other node of the layout: it waits for the other
+// nodes, sets every node up, trains, pulls the final weights, and tells
+// every node to finish. progress, if not nil, is called with the mean loss
+// of each step once every worker reported it.
+func Drive(ctx context.Context, node *actor.Node, cfg Config, layout Layout, progress func(step int, loss float64)) (*Result, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if node.Name() != layout.Driver() {
+		return nil, fmt.Errorf("ps: node %s cannot drive: the layout's driver is %s", node.Name(), layout.Driver())
+	}
+	var nodes []string
+	for _, n := range append(slices.Clone(layout.ShardNodes), layout.WorkerNodes...) {
+		if !slices.Contains(nodes, n) {
+			nodes = append(nodes, n)
+		}
+	}
+	for _, n := range nodes {
+		if n != node.Name() {
+			if err := node.WaitPeer(ctx, n); err != nil {
+				return nil, fmt.Errorf("ps: waiting for node %s: %w", n, err)
+			}
+		}
+	}
+	d := &driverActor{cfg: cfg, progress: progress, steps: map[int]*stepLoss{}, result: make(chan error, 1)}
+	dpid, err := node.Root().SpawnNamed(pa.PropsFromProducer(func() pa.Actor { return d }), driverID)
+	if err != nil {
+		return nil, fmt.Errorf("ps: spawn driver: %w", err)
+	}
+	defer func() { _ = node.Root().StopFuture(dpid).Wait() }()
+
+	start := time.Now()
+	res := &Result{Mode: cfg.Mode, Steps: cfg.Steps, Dim: cfg.Dim, Workers: cfg.Workers, Channels: map[string]ChannelBytes{}}
+	var setUp []string
+	defer func() {
+		// Whatever happened, every node that was set up stops its actors
+		// and may exit.
+		for _, n := range setUp {
+			node.Root().Send(node.PID(n, agentID), &Exit{})
+		}
+	}()
+	finish := func() error {
+		var errs []error
+		for _, n := range setUp {
+			r, err := node.Root().RequestFuture(node.PID(n, agentID), &Finish{}, stopTimeout).Result()
+			f, ok := r.(*Finished)
+			switch {
+			case err != nil:
+				errs = append(errs, fmt.Errorf("ps: finish %s: %w", n, err))
+			case !ok:
+				errs = append(errs, fmt.Errorf("ps: finish %s: answer %T", n, r))
+			default:
+				res.MessagesSent += f.MessagesSent
+				for name, ch := range f.Channels {
+					t := res.Channels[name]
+					t.Bytes += ch.Bytes
+					t.Transfers += ch.Transfers
+					res.Channels[name] = t
+				}
+			}
+		}
+		return errors.Join(errs...)
+	}
+
+	setup := &Setup{Config: cfg, Layout: layout, DriverNode: node.Name()}
+	for _, n := range nodes {
+		r, err := node.Root().RequestFuture(node.PID(n, agentID), setup, stopTimeout).Result()
+		if err == nil {
+			if rd, ok := r.(*Ready); !ok {
+				err = fmt.Errorf("answer %T", r)
+			} else if rd.Err != "" {
+				err = errors.New(rd.Err)
+			} else {
+				res.Shards = append(res.Shards, rd.Shards...)
+			}
+		}
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("ps: set up node %s: %w", n, err), finish())
+		}
+		setUp = append(setUp, n)
+	}
+	slices.SortFunc(res.Shards, func(a, b ShardPlace) int { return a.Shard - b.Shard })
+
+	for j, n := range layout.WorkerNodes {
+		node.Root().Send(node.PID(n, workerID(j)), &Train{})
+	}
+	select {
+	case err = <-d.result:
+	case <-ctx.Done():
+		err = fmt.Errorf("ps: training: %w", ctx.Err())
+	}
+	if err != nil {
+		return nil, errors.Join(err, finish())
+	}
+
+	w := make([]float32, cfg.Dim)
+	for i, n := range layout.ShardNodes {
+		if err := pullFinal(node, cfg, i, node.PID(n, shardID(i)), w); err != nil {
+			return nil, errors.Join(err, finish())
+		}
+	}
+	res.Elapsed = time.Since(start)
+	res.Distance = Distance(w, Truth(&cfg))
+	res.Loss = d.loss()
+	if err := finish(); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// loss returns the last step's loss. Safe once every worker is done: the
+// driver actor receives nothing after that.
+func (d *driverActor) loss() float64 { return d.lastLoss }
+
+// pullFinal copies shard i's current weights into w.
+func pullFinal(node *actor.Node, cfg Config, i int, pid *pa.PID, w []float32) error {
+	r, err := node.Root().RequestFuture(pid, &Pull{Step: -1}, opTimeout).Result()
+	if err != nil {
+		return fmt.Errorf("ps: final pull of shard %d: %w", i, err)
+	}
+	m, ok := r.(*Weights)
+	if !ok {
+		return fmt.Errorf("ps: final pull of shard %d: answer %T", i, r)
+	}
+	if m.W != nil {
+		defer m.W.Free()
+	}
+	if m.Err != "" || m.W == nil {
+		return fmt.Errorf("ps: final pull of shard %d: %s", i, m.Err)
+	}
+	vals, free, err := hostFloat32s(m.W)
+	if err != nil {
+		return fmt.Errorf("ps: final pull of shard %d: %w", i, err)
+	}
+	defer free()
+	lo, hi := cfg.shardRange(i)
+	if len(vals) != hi-lo {
+		return fmt.Errorf("ps: final pull of shard %d: %d values, want %d", i, len(vals), hi-lo)
+	}
+	copy(w[lo:hi], vals)
+	return nil
+}
