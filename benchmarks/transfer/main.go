@@ -1,0 +1,205 @@
+// Command transfer measures tensor messages between two tensorferry nodes
+// on loopback against a raw TCP socket moving the same bytes, side by side
+// in one run.
+//
+//	go run ./benchmarks/transfer                  # 4 KiB … 1 GiB, table
+//	go run ./benchmarks/transfer --quick          # up to 64 MiB, fewer repetitions
+//	go run ./benchmarks/transfer --max 256MiB --json
+//	go run ./benchmarks/transfer --cpuprofile cpu.out --paths tensorferry-staging --min 1GiB
+//
+// Two nodes of one process, each with its own control and data listeners
+// (cluster.LocalConfig): the sender's root context sends &Msg{T: tensor}
+// with RequestFuture to an actor on the other node, whose node fetches the
+// tensor through the staging channel (tensors at or below the inline
+// threshold, 64 KiB, ride inside the control frame) before delivering the
+// message; the actor answers a small Ack. One message's time runs from
+// RequestFuture until the Ack arrived; raw-tcp's from the first byte
+// written on one loopback connection until the peer, having read all the
+// bytes into a buffer it keeps, acked with one byte.
+//
+// Figures per size and path: gbps, the median over the repetitions of
+// bytes / time, in GB/s (10^9 bytes per second); tensorferry-staging also
+// reports fetch_gbps, the bytes over the time the receiving node spent in
+// the channel's Fetch (node.Stats), which leaves out allocation and
+// messaging. Repetitions of both paths alternate, so a load change on the
+// host touches both alike. Then rtt_p50_us and rtt_p99_us of a 64-byte
+// message and of a 4 KiB tensor message round trip on the same nodes.
+//
+// Targets (issue 3): tensorferry ≥ 85 % of raw-tcp at ≥ 64 MiB; the 4 KiB
+// tensor round trip ≤ 2× the 64-byte round trip. The summary lines after
+// the table state both.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tensorferry/tensorferry/benchmarks/internal/report"
+	"github.com/tensorferry/tensorferry/cluster"
+)
+
+// Path names, as they appear in the report.
+const (
+	pathTF  = "tensorferry-staging"
+	pathRaw = "raw-tcp"
+	// Round-trip figures of the tensorferry nodes.
+	pathRTT64  = "tensorferry-64B-msg"
+	pathRTT4K  = "tensorferry-4KiB-tensor"
+	rttTensor  = 4 << 10
+	rttPayload = 64
+)
+
+// defaultSizes are the message sizes of a full run.
+var defaultSizes = []int{4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30}
+
+// options are the program's settings.
+type options struct {
+	sizes    []int
+	reps     int // timed repetitions per size and path; 0: by size
+	rttCount int
+	paths    []string
+	chunk    int // staging chunk size; 0: the config's default
+	inflight int // staging chunks in flight; 0: the config's default
+	timeout  time.Duration
+}
+
+func main() {
+	minSize := flag.String("min", "4KiB", "smallest message size")
+	maxSize := flag.String("max", "1GiB", "largest message size")
+	reps := flag.Int("reps", 0, "timed repetitions per size and path (default: by size, 5 at 1 GiB to 200 at 4 KiB)")
+	rtt := flag.Int("rtt-count", 5000, "timed round trips per RTT figure")
+	quick := flag.Bool("quick", false, "stop at 64 MiB, fewer repetitions and round trips")
+	asJSON := flag.Bool("json", false, "print one JSON object per figure per line instead of the table")
+	only := flag.String("paths", "", "comma-separated paths to measure: "+pathRaw+","+pathTF+",rtt (default: all)")
+	chunk := flag.String("chunk", "", "staging chunk size (default: the config's, 4MiB)")
+	inflight := flag.Int("inflight", 0, "staging chunks in flight per transfer (default: the config's, 4)")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	timeout := flag.Duration("timeout", 2*time.Minute, "deadline of one message")
+	flag.Parse()
+
+	o := options{reps: *reps, rttCount: *rtt, inflight: *inflight, timeout: *timeout}
+	lo, err := cluster.ParseSize(*minSize)
+	if err == nil {
+		var hi int
+		if hi, err = cluster.ParseSize(*maxSize); err == nil {
+			if *quick && hi > 64<<20 {
+				hi = 64 << 20
+			}
+			for _, s := range defaultSizes {
+				if s >= lo && s <= hi {
+					o.sizes = append(o.sizes, s)
+				}
+			}
+		}
+	}
+	if err == nil && *chunk != "" {
+		o.chunk, err = cluster.ParseSize(*chunk)
+	}
+	if err != nil {
+		fatal(err)
+	}
+	if *quick {
+		o.rttCount = max(1, o.rttCount/10)
+		if o.reps == 0 {
+			o.reps = 3
+		}
+	}
+	o.paths = []string{pathRaw, pathTF, "rtt"}
+	if *only != "" {
+		o.paths = strings.Split(*only, ",")
+		for _, p := range o.paths {
+			if !slices.Contains([]string{pathRaw, pathTF, "rtt"}, p) {
+				fatal(fmt.Errorf("unknown path %q in --paths", p))
+			}
+		}
+	}
+
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fatal(err)
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			f.Close()
+		}()
+	}
+
+	fmt.Fprintf(os.Stderr, "transfer: %d CPUs, GOMAXPROCS %d, load average %s\n", runtime.NumCPU(), runtime.GOMAXPROCS(0), loadAverage())
+	rs, err := run(o, func(r report.Result) {
+		if !*asJSON {
+			fmt.Fprintf(os.Stderr, "  %s %s %s = %s\n", r.Path, cluster.FormatSize(int(r.Size)), r.Metric, report.FormatValue(r.Value))
+		}
+	})
+	if *asJSON {
+		err = errors.Join(err, report.WriteJSON(os.Stdout, rs))
+	} else {
+		err = errors.Join(err, report.WriteTable(os.Stdout, rs))
+		for _, line := range summary(rs) {
+			fmt.Println(line)
+		}
+	}
+	fmt.Fprintf(os.Stderr, "transfer: load average after the run %s\n", loadAverage())
+	if err != nil {
+		pprof.StopCPUProfile()
+		fatal(err)
+	}
+}
+
+func fatal(err error) {
+	fmt.Fprintf(os.Stderr, "transfer: %v\n", err)
+	os.Exit(1)
+}
+
+// loadAverage returns the 1, 5 and 15 minute load averages of the host, or
+// "unknown".
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// summary states the issue's targets against the figures in rs.
+func summary(rs []report.Result) []string {
+	find := func(path string, size int64, metric string) (float64, bool) {
+		for _, r := range rs {
+			if r.Path == path && r.Size == size && r.Metric == metric {
+				return r.Value, true
+			}
+		}
+		return 0, false
+	}
+	var out []string
+	for _, s := range defaultSizes {
+		if s < 64<<20 {
+			continue
+		}
+		tf, ok1 := find(pathTF, int64(s), report.GBps)
+		raw, ok2 := find(pathRaw, int64(s), report.GBps)
+		if ok1 && ok2 && raw > 0 {
+			out = append(out, fmt.Sprintf("%s: tensorferry %.1f %% of raw TCP (target ≥ 85 %%)", cluster.FormatSize(s), 100*tf/raw))
+		}
+	}
+	a, ok1 := find(pathRTT4K, rttTensor, report.RTTP50Us)
+	b, ok2 := find(pathRTT64, rttPayload, report.RTTP50Us)
+	if ok1 && ok2 && b > 0 {
+		out = append(out, fmt.Sprintf("4KiB tensor round trip p50 = %.2f× the 64-byte message round trip (target ≤ 2×)", a/b))
+	}
+	return out
+}
