@@ -42,6 +42,10 @@ func init() {
 // startCluster starts n nodes of a loopback cluster in this process and
 // waits until every node sees every other.
 func startCluster(t *testing.T, n int) (*cluster.Config, []*actor.Node) {
+	return startClusterB(t, n)
+}
+
+func startClusterB(t testing.TB, n int) (*cluster.Config, []*actor.Node) {
 	t.Helper()
 	cfg, err := cluster.LocalConfig("test", n)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 )
@@ -82,7 +83,19 @@ type Conn struct {
 	closed     chan struct{} // closed after goroutines exited and OnClose returned
 	wg         sync.WaitGroup
 	goAway     atomic.Pointer[GoAway]
+
+	// Burst detection for DirectWrite: frames read so far, and the read
+	// count and time of the last direct write.
+	reads      atomic.Uint64
+	lastReads  atomic.Uint64
+	lastDirect atomic.Int64
 }
+
+// burstWindow: a Send within this time of the previous direct write, with
+// no frame read in between, is part of a one-way burst and goes through the
+// writer goroutine, which batches the burst into few writes. Request and
+// response traffic (a read between two writes) keeps writing directly.
+const burstWindow = 200 * time.Microsecond
 
 // outFrame is one queued frame. Control frames carry header and payload in
 // buf. Data frames and flush markers have written, which the writer closes
@@ -321,7 +334,14 @@ func (c *Conn) sendAndWait(ctx context.Context, of *outFrame) error {
 // Conn is started and open, and no other frame is queued or being written.
 // It reports whether it handled of, and the result.
 func (c *Conn) tryDirect(of *outFrame) (bool, error) {
-	if !c.opts.DirectWrite || c.pending.Load() != 0 || !c.wmu.TryLock() {
+	if !c.opts.DirectWrite || c.pending.Load() != 0 {
+		return false, nil
+	}
+	now := time.Now().UnixNano()
+	if reads := c.reads.Load(); reads == c.lastReads.Load() && now-c.lastDirect.Load() < int64(burstWindow) {
+		return false, nil
+	}
+	if !c.wmu.TryLock() {
 		return false, nil
 	}
 	defer c.wmu.Unlock()
@@ -329,10 +349,12 @@ func (c *Conn) tryDirect(of *outFrame) (bool, error) {
 		return false, nil
 	}
 	of.state.Store(frameTaken)
+	c.lastReads.Store(c.reads.Load())
 	err := c.writeFrameLocked(of)
 	if err == nil {
 		err = c.bw.Flush()
 	}
+	c.lastDirect.Store(time.Now().UnixNano())
 	if err != nil {
 		err = fmt.Errorf("wire: write to %s: %w", c.peer.Node, err)
 		c.fail(err)
@@ -442,6 +464,7 @@ func (c *Conn) readLoop() {
 			c.fail(c.readError(err))
 			return
 		}
+		c.reads.Add(1)
 		h := f.Header()
 		if h.Type.isHandshake() {
 			c.fail(connErr(CodeProtocol, nil, "%s after the handshake", h))

@@ -1,0 +1,58 @@
+package actor_test
+
+import (
+	"bytes"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+)
+
+// BenchmarkOneWay sends 64-byte messages from one node to an actor on
+// another and waits until all arrived.
+func BenchmarkOneWay(b *testing.B) {
+	_, nodes := startClusterB(b, 2)
+	a, c := nodes[0], nodes[1]
+	var got atomic.Int64
+	done := make(chan struct{}, 1)
+	target := int64(b.N)
+	_, err := c.Root().SpawnNamed(pa.PropsFromFunc(func(ctx pa.Context) {
+		if _, ok := ctx.Message().(*Ping); ok {
+			if got.Add(1) == target {
+				done <- struct{}{}
+			}
+		}
+	}), "sink")
+	if err != nil {
+		b.Fatal(err)
+	}
+	pid := a.PID(c.Name(), "sink")
+	msg := &Ping{Text: string(bytes.Repeat([]byte{'x'}, 64))}
+	b.ResetTimer()
+	for range b.N {
+		a.Root().Send(pid, msg)
+	}
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		b.Fatalf("only %d of %d arrived", got.Load(), b.N)
+	}
+}
+
+// BenchmarkRoundTrip is one RequestFuture round trip of a 64-byte message.
+func BenchmarkRoundTrip(b *testing.B) {
+	_, nodes := startClusterB(b, 2)
+	a, c := nodes[0], nodes[1]
+	if _, err := c.Root().SpawnNamed(echoProps(c.Name()), "echo"); err != nil {
+		b.Fatal(err)
+	}
+	pid := a.PID(c.Name(), "echo")
+	msg := &Ping{Text: string(bytes.Repeat([]byte{'x'}, 64))}
+	b.ResetTimer()
+	for range b.N {
+		if _, err := a.Root().RequestFuture(pid, msg, 5*time.Second).Result(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
