@@ -175,8 +175,8 @@ func (n *Node) Start() error {
 		}
 		n.channels[name] = ch
 		n.caps.Channels = append(n.caps.Channels, name)
-		if v, ok := ch.(interface{ RDMADevices() []rdma.RDMADevice }); ok {
-			n.caps.RDMA = v.RDMADevices()
+		if devs := rdmaDevices(name); devs != nil {
+			n.caps.RDMA = devs
 		}
 	}
 	body, err := wire.EncodeMsgpack(&n.caps)
