@@ -1,0 +1,332 @@
+package ipc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/rdma"
+	"go.uber.org/zap"
+)
+
+var (
+	_ rdma.Channel        = (*Channel)(nil)
+	_ rdma.ControlHandler = (*Channel)(nil)
+)
+
+// errBusy is returned when a peer holds too many acquisitions at once.
+var errBusy = errors.New("ipc: too many transfers in flight from this peer")
+
+// processID tells fetchers in the owner's own process (which cannot open
+// the process's own IPC handles) that they may address the allocation
+// directly.
+var processID = func() (b [processIDLen]byte) {
+	randomBytes(b[:])
+	return b
+}()
+
+// Config tunes a Channel. Zero fields take the defaults of DefaultConfig.
+type Config struct {
+	// ShmDir is where owners write same-host challenge files; it must be
+	// the host's shared memory directory, the same for every process of
+	// the host. Default /dev/shm.
+	ShmDir string
+	// ChallengeTTL is how long a challenge file waits for its answer
+	// before it is deleted. Default 10 s.
+	ChallengeTTL time.Duration
+	// CopyChunk is the bytes of one device copy; cancellation is noticed
+	// between chunks. Default 64 MiB.
+	CopyChunk int
+	// CopyWindow is how many chunks are queued on the stream at once, so
+	// that the copy engine never waits for the host. Default 4.
+	CopyWindow int
+	// CancelGrace is how long a cancelled fetch waits for the chunks
+	// already queued (the device reads the source and writes the
+	// destination until they finish). Default 10 s.
+	CancelGrace time.Duration
+	// MaxMappings is the number of opened IPC mappings kept after use;
+	// beyond it idle mappings are closed, least recently used first.
+	// Default 256.
+	MaxMappings int
+	// MaxAcquisitions bounds the transfers one peer may have in flight on
+	// this owner. Default 1024.
+	MaxAcquisitions int
+	// IdleLanes is how many idle streams (with their events) are kept per
+	// device for later fetches. Default 8.
+	IdleLanes int
+}
+
+// DefaultConfig returns the defaults, explained in Config.
+func DefaultConfig() Config {
+	return Config{
+		ShmDir:          "/dev/shm",
+		ChallengeTTL:    10 * time.Second,
+		CopyChunk:       64 << 20,
+		CopyWindow:      4,
+		CancelGrace:     10 * time.Second,
+		MaxMappings:     256,
+		MaxAcquisitions: 1024,
+		IdleLanes:       8,
+	}
+}
+
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.ShmDir == "" {
+		c.ShmDir = d.ShmDir
+	}
+	if c.ChallengeTTL <= 0 {
+		c.ChallengeTTL = d.ChallengeTTL
+	}
+	if c.CopyChunk <= 0 {
+		c.CopyChunk = d.CopyChunk
+	}
+	if c.CopyWindow <= 0 {
+		c.CopyWindow = d.CopyWindow
+	}
+	if c.CancelGrace <= 0 {
+		c.CancelGrace = d.CancelGrace
+	}
+	if c.MaxMappings <= 0 {
+		c.MaxMappings = d.MaxMappings
+	}
+	if c.MaxAcquisitions <= 0 {
+		c.MaxAcquisitions = d.MaxAcquisitions
+	}
+	if c.IdleLanes <= 0 {
+		c.IdleLanes = d.IdleLanes
+	}
+	return c
+}
+
+// Channel is the CUDA IPC data channel between processes of one host. It
+// is safe for concurrent use.
+type Channel struct {
+	env *rdma.Env
+	cfg Config
+	log *zap.Logger
+
+	// Owner side, under mu.
+	mu         sync.Mutex
+	closed     bool
+	proven     map[string]bool
+	challenges map[string]*challenge        // pending, one per peer
+	handles    map[uint64]*exportedHandle   // by allocation id
+	grants     map[string]map[uint64]bool   // peer -> allocations whose handle it got
+	revoked    map[string][]uint64          // peer -> freed allocations to tell it
+	acqs       map[string]map[uint64]func() // peer -> acquisition id -> done
+	nAcqs      int
+	stopHook   func()
+	ownerStats ownerStats
+
+	// Fetcher side, under fmu (never held together with mu).
+	fmu        sync.Mutex
+	fclosed    bool
+	mappings   map[mapKey]*mapping
+	lanes      map[memory.Device][]*lane // idle
+	nLanes     int
+	nextAcq    uint64
+	nOpen      int               // mappings opened and not closed
+	proofGen   map[string]uint64 // proofs made, per owner
+	proofMu    sync.Mutex        // serializes proofs
+	fetchStats fetchStats
+}
+
+type ownerStats struct {
+	handleExports uint64
+}
+
+type fetchStats struct {
+	opens, reuses, closes, abandoned uint64
+}
+
+// Stats are counters of a Channel, for tests and monitoring.
+type Stats struct {
+	// Fetcher side.
+	Mappings       int    // IPC mappings open (cached or in use)
+	Opens          uint64 // mappings opened (cuIpcOpenMemHandle, or direct in one process)
+	Reuses         uint64 // fetches that found their mapping open
+	Closes         uint64 // mappings closed
+	Lanes          int    // streams held (idle or copying)
+	AbandonedLanes uint64 // streams given up after a copy that would not finish
+	// Owner side.
+	Handles       int    // allocations with a cached IPC handle
+	HandleExports uint64 // cuIpcGetMemHandle calls
+	Acquisitions  int    // exports held for copies in flight
+	ProvenPeers   int    // peers that proved they run on this host
+}
+
+// New returns the ipc channel of a node. It fails with an error wrapping
+// rdma.ErrNotViable when this machine has no CUDA driver or device, or no
+// shared memory directory for the same-host proof.
+func New(env *rdma.Env) (*Channel, error) { return NewWithConfig(env, DefaultConfig()) }
+
+// NewWithConfig is New with a Config.
+func NewWithConfig(env *rdma.Env, cfg Config) (*Channel, error) {
+	cfg = cfg.withDefaults()
+	n, err := memory.CUDADeviceCount()
+	if err != nil {
+		return nil, fmt.Errorf("%w: ipc: no CUDA driver: %w", rdma.ErrNotViable, err)
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("%w: ipc: no CUDA device", rdma.ErrNotViable)
+	}
+	if fi, err := os.Stat(cfg.ShmDir); err != nil || !fi.IsDir() {
+		return nil, fmt.Errorf("%w: ipc: no shared memory directory %s for the same-host proof: %v", rdma.ErrNotViable, cfg.ShmDir, err)
+	}
+	return newChannel(env, cfg)
+}
+
+// newChannel builds the channel without looking for a driver (tests).
+func newChannel(env *rdma.Env, cfg Config) (*Channel, error) {
+	if env == nil || env.Store == nil || env.Control == nil || env.Node == "" {
+		return nil, errors.New("ipc: Env needs Node, Store and Control")
+	}
+	c := &Channel{
+		env:        env,
+		cfg:        cfg.withDefaults(),
+		log:        env.Logger().Named("ipc"),
+		proven:     map[string]bool{},
+		challenges: map[string]*challenge{},
+		handles:    map[uint64]*exportedHandle{},
+		grants:     map[string]map[uint64]bool{},
+		revoked:    map[string][]uint64{},
+		acqs:       map[string]map[uint64]func(){},
+		mappings:   map[mapKey]*mapping{},
+		lanes:      map[memory.Device][]*lane{},
+		proofGen:   map[string]uint64{},
+	}
+	c.stopHook = memory.OnFree(c.allocationFreed)
+	return c, nil
+}
+
+// Name returns rdma.IPC.
+func (c *Channel) Name() string { return rdma.IPC }
+
+// Stats returns the channel's counters.
+func (c *Channel) Stats() Stats {
+	var s Stats
+	c.mu.Lock()
+	s.Handles = len(c.handles)
+	s.HandleExports = c.ownerStats.handleExports
+	s.Acquisitions = c.nAcqs
+	s.ProvenPeers = len(c.proven)
+	c.mu.Unlock()
+	c.fmu.Lock()
+	s.Mappings = c.nOpen
+	s.Opens, s.Reuses, s.Closes = c.fetchStats.opens, c.fetchStats.reuses, c.fetchStats.closes
+	s.Lanes = c.nLanes
+	s.AbandonedLanes = c.fetchStats.abandoned
+	c.fmu.Unlock()
+	return s
+}
+
+// InFlight returns the number of exports this owner holds for copies in
+// flight (acquired and not yet ended).
+func (c *Channel) InFlight() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nAcqs
+}
+
+// HandleControl answers the control requests of a peer's ipc channel:
+// same-host challenges and proofs, and the begin and end of each copy.
+// Every failure is an answer carrying an error code; it never fails the
+// control connection.
+func (c *Channel) HandleControl(ctx context.Context, peer string, b []byte) ([]byte, error) {
+	var rep *reply
+	req, err := decodeRequest(b)
+	if err != nil {
+		rep = errorReply(err)
+	} else {
+		switch req.Op {
+		case opChallenge:
+			rep = c.handleChallenge(peer)
+		case opProve:
+			rep = c.handleProve(peer, req)
+		case opBegin:
+			rep = c.handleBegin(peer, req)
+		case opEnd:
+			rep = c.handleEnd(peer, req)
+		}
+	}
+	return encode(rep)
+}
+
+// PeerDown forgets everything about node: on the owner side its proof, its
+// pending challenge and the exports it held for copies; on the fetcher side
+// every mapping opened from it is closed (at once when idle, when its copy
+// ends otherwise, and that copy fails with rdma.ErrPeerDown).
+func (c *Channel) PeerDown(node string) {
+	c.mu.Lock()
+	delete(c.proven, node)
+	var files []*challenge
+	if ch := c.challenges[node]; ch != nil {
+		files = append(files, ch)
+		delete(c.challenges, node)
+	}
+	dones := c.takeAcquisitionsLocked(node)
+	delete(c.grants, node)
+	delete(c.revoked, node)
+	c.mu.Unlock()
+	for _, ch := range files {
+		ch.remove()
+	}
+	for _, done := range dones {
+		done()
+	}
+	_ = c.dropMappings(func(k mapKey) bool { return k.owner == node }, fmt.Errorf("%w: %s", rdma.ErrPeerDown, node))
+}
+
+// Close releases every resource: exports held for peers, challenge files,
+// mappings, streams. Copies in flight fail with rdma.ErrClosed; their
+// mappings and streams are released when they end.
+func (c *Channel) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	var files []*challenge
+	for _, ch := range c.challenges {
+		files = append(files, ch)
+	}
+	c.challenges = map[string]*challenge{}
+	var dones []func()
+	for peer := range c.acqs {
+		dones = append(dones, c.takeAcquisitionsLocked(peer)...)
+	}
+	c.handles = map[uint64]*exportedHandle{}
+	c.grants = map[string]map[uint64]bool{}
+	c.revoked = map[string][]uint64{}
+	c.proven = map[string]bool{}
+	stop := c.stopHook
+	c.mu.Unlock()
+	stop()
+	for _, ch := range files {
+		ch.remove()
+	}
+	for _, done := range dones {
+		done()
+	}
+
+	c.fmu.Lock()
+	c.fclosed = true
+	var idle []*lane
+	for dev, ls := range c.lanes {
+		idle = append(idle, ls...)
+		delete(c.lanes, dev)
+	}
+	c.nLanes -= len(idle)
+	c.fmu.Unlock()
+	err := c.dropMappings(func(mapKey) bool { return true }, rdma.ErrClosed)
+	for _, l := range idle {
+		err = errors.Join(err, l.close())
+	}
+	return err
+}

@@ -1,0 +1,51 @@
+// Package ipc is the data channel between processes of one host: the
+// fetcher maps the owner's CUDA allocation with CUDA IPC and copies from it
+// with cuMemcpyDtoDAsync on its own stream, over NVLink or PCIe.
+//
+//	ch, err := ipc.New(env) // errors.Is(err, rdma.ErrNotViable) without CUDA
+//	// owner, while encoding a descriptor for peer:
+//	d.Offers[rdma.IPC], err = ch.Offer(ctx, export, peer)
+//	// fetcher, with dst on one of its GPUs:
+//	err = ch.Fetch(ctx, d, dst)
+//	// then the caller releases the lease.
+//
+// # Protocol
+//
+// The offer in a descriptor only says where the tensor lies in its
+// allocation (allocation id, offset, size); it grants nothing, so a
+// forwarded descriptor gives its reader nothing. Everything else goes over
+// rdma.Env.Control, from the fetcher's channel to the owner's
+// (HandleControl):
+//
+//   - begin: the owner acquires the export (tensor.Store.Acquire: lease,
+//     incarnation), checks that the caller is the export's holder and that
+//     the allocation, offset and size match the export, and keeps the tensor
+//     lent until end. On the first fetch of an allocation the fetcher asks
+//     for the allocation's IPC handle (cuIpcGetMemHandle of the whole
+//     allocation, made once per allocation and cached until the allocation
+//     is freed, see memory.OnFree). The handle is given only to a node that
+//     has proven it runs on the owner's host.
+//   - challenge / prove: the same-host proof, once per peer. The owner
+//     writes 32 random bytes into a fresh file of /dev/shm (mode 0600,
+//     random name, exclusive create) and sends its path; the fetcher reads
+//     it and answers HMAC-SHA256(token, its node name). Only a process that
+//     shares the owner's /dev/shm can; the file is deleted at once. Both
+//     nodes are already authenticated by the control connection.
+//   - end: the owner releases the acquisition.
+//
+// The fetcher opens each handle once per (owner, owner incarnation,
+// allocation, destination device) with lazy peer access and caches the
+// mapping; mappings are closed when the owner frees the allocation (the
+// owner lists freed allocations in its next reply), when more than
+// Config.MaxMappings are open (least recently used idle ones), on PeerDown
+// of the owner and on Close. A fetcher in the owner's own process (which
+// CUDA does not let open its own handles) addresses the allocation
+// directly.
+//
+// Cost per fetch: two control round trips (begin, end) besides the copy;
+// the first fetch of an allocation adds the handle open, the first fetch
+// from an owner two more round trips (challenge, prove). Copies run in
+// chunks (Config.CopyChunk, several queued at once) and are waited for by
+// polling events, so a cancelled fetch returns after the chunks already
+// queued finish, never while the device still uses the buffers.
+package ipc
