@@ -18,10 +18,13 @@
 // bytes into a buffer it keeps, acked with one byte.
 //
 // Figures per size and path: gbps, the median over the repetitions of
-// bytes / time, in GB/s (10^9 bytes per second); tensorferry-staging also
-// reports fetch_gbps, the bytes over the time the receiving node spent in
-// the channel's Fetch (node.Stats), which leaves out allocation and
-// messaging. Repetitions of both paths alternate, so a load change on the
+// bytes / time, in GB/s (10^9 bytes per second), and us, the median time
+// of one message. tensorferry-staging also reports fetch_gbps, the bytes
+// over the median time the receiving node spent in the channel's Fetch
+// (node.Stats), which leaves out the destination's allocation and the
+// messaging around the fetch. raw-tcp-fresh-buffer is raw-tcp with a new
+// receive buffer per message, as tensorferry allocates each destination:
+// the gap between the two raw paths is the cost of that allocation. Repetitions of both paths alternate, so a load change on the
 // host touches both alike. Then rtt_p50_us and rtt_p99_us of a 64-byte
 // message and of a 4 KiB tensor message round trip on the same nodes.
 //
@@ -49,12 +52,20 @@ import (
 const (
 	pathTF  = "tensorferry-staging"
 	pathRaw = "raw-tcp"
+	// pathRawFresh is raw-tcp with a new receive buffer for every message,
+	// as tensorferry allocates every destination: it separates the cost of
+	// that allocation from the rest.
+	pathRawFresh = "raw-tcp-fresh-buffer"
 	// Round-trip figures of the tensorferry nodes.
 	pathRTT64  = "tensorferry-64B-msg"
 	pathRTT4K  = "tensorferry-4KiB-tensor"
 	rttTensor  = 4 << 10
 	rttPayload = 64
 )
+
+// allPaths are the paths --paths may name; "rtt" stands for both round-trip
+// figures.
+var allPaths = []string{pathRaw, pathRawFresh, pathTF, "rtt"}
 
 // defaultSizes are the message sizes of a full run.
 var defaultSizes = []int{4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30}
@@ -77,7 +88,7 @@ func main() {
 	rtt := flag.Int("rtt-count", 5000, "timed round trips per RTT figure")
 	quick := flag.Bool("quick", false, "stop at 64 MiB, fewer repetitions and round trips")
 	asJSON := flag.Bool("json", false, "print one JSON object per figure per line instead of the table")
-	only := flag.String("paths", "", "comma-separated paths to measure: "+pathRaw+","+pathTF+",rtt (default: all)")
+	only := flag.String("paths", "", "comma-separated paths to measure: "+strings.Join(allPaths, ",")+" (default: all)")
 	chunk := flag.String("chunk", "", "staging chunk size (default: the config's, 4MiB)")
 	inflight := flag.Int("inflight", 0, "staging chunks in flight per transfer (default: the config's, 4)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
@@ -111,11 +122,11 @@ func main() {
 			o.reps = 3
 		}
 	}
-	o.paths = []string{pathRaw, pathTF, "rtt"}
+	o.paths = allPaths
 	if *only != "" {
 		o.paths = strings.Split(*only, ",")
 		for _, p := range o.paths {
-			if !slices.Contains([]string{pathRaw, pathTF, "rtt"}, p) {
+			if !slices.Contains(allPaths, p) {
 				fatal(fmt.Errorf("unknown path %q in --paths", p))
 			}
 		}

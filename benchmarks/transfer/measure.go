@@ -9,7 +9,6 @@ import (
 	"slices"
 	"time"
 
-	tfactor "github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/benchmarks/internal/rawtcp"
 	"github.com/tensorferry/tensorferry/benchmarks/internal/report"
 	"github.com/tensorferry/tensorferry/memory"
@@ -44,18 +43,27 @@ func run(o options, progress func(report.Result)) (rs []report.Result, err error
 		}
 		defer func() { err = errors.Join(err, n.close()) }()
 	}
-	var raw *rawtcp.Pair
-	if want(pathRaw) {
-		if raw, err = rawtcp.Open(nil); err != nil {
+	var raws []rawPath
+	for _, p := range []struct {
+		name string
+		opts rawtcp.Options
+	}{{pathRaw, rawtcp.Options{}}, {pathRawFresh, rawtcp.Options{FreshBuffer: true}}} {
+		if !want(p.name) {
+			continue
+		}
+		pair, err := rawtcp.Open(p.opts)
+		if err != nil {
 			return nil, err
 		}
-		defer func() { err = errors.Join(err, raw.Close()) }()
+		defer func() { err = errors.Join(err, pair.Close()) }()
+		raws = append(raws, rawPath{p.name, pair})
 	}
+	tf := n
 	if !want(pathTF) {
-		n = nil // only for the round trips
+		tf = nil // n is only for the round trips
 	}
 	for _, size := range o.sizes {
-		if err := measureSize(n, raw, size, repsFor(o, size), add); err != nil {
+		if err := measureSize(tf, raws, size, repsFor(o, size), add); err != nil {
 			return rs, err
 		}
 	}
@@ -67,71 +75,80 @@ func run(o options, progress func(report.Result)) (rs []report.Result, err error
 	return rs, nil
 }
 
-// measureSize times messages of size bytes on each path that is not nil,
-// alternating the paths message by message.
-func measureSize(n *nodes, raw *rawtcp.Pair, size, reps int, add func(report.Result)) error {
+// rawPath is a raw TCP baseline by name.
+type rawPath struct {
+	name string
+	pair *rawtcp.Pair
+}
+
+// measureSize times messages of size bytes on n (unless nil) and each raw
+// path, alternating the paths message by message.
+func measureSize(n *nodes, raws []rawPath, size, reps int, add func(report.Result)) error {
 	x, err := tensor.New(memory.CPU, tensor.Uint8, tensor.Shape{int64(size)})
 	if err != nil {
 		return err
 	}
 	defer func() {
 		_ = x.Free()
-		if raw != nil {
-			raw.FreeBuffer()
+		for _, r := range raws {
+			r.pair.FreeBuffer()
 		}
 		debug.FreeOSMemory() // a 1 GiB size leaves GiBs behind
 	}()
 	fill(x.Host(), uint64(size))
 	sum := crc32.ChecksumIEEE(x.Host())
 
-	var tfTimes, rawTimes []time.Duration
-	var before, after tfactor.ChannelStats
+	rawTimes := make([][]time.Duration, len(raws))
+	var tfTimes, fetchTimes []time.Duration
+	fetches := 0
 	for i := range warmups + reps {
 		timed := i >= warmups
-		if raw != nil {
-			d, err := raw.Send(x.Host())
+		for k, r := range raws {
+			d, err := r.pair.Send(x.Host())
 			if err != nil {
-				return fmt.Errorf("%s %d bytes: %w", pathRaw, size, err)
+				return fmt.Errorf("%s %d bytes: %w", r.name, size, err)
 			}
 			if timed {
-				rawTimes = append(rawTimes, d)
+				rawTimes[k] = append(rawTimes[k], d)
 			}
 		}
-		if n != nil {
-			if i == warmups {
-				before = n.fetched()
-			}
-			d, err := n.send(x, i == 0, sum)
-			if err != nil {
-				return err
-			}
-			if timed {
-				tfTimes = append(tfTimes, d)
+		if n == nil {
+			continue
+		}
+		before := n.fetched()
+		d, err := n.send(x, i == 0, sum)
+		if err != nil {
+			return err
+		}
+		after := n.fetched()
+		if timed {
+			tfTimes = append(tfTimes, d)
+			if after.Transfers > before.Transfers {
+				fetches++
+				fetchTimes = append(fetchTimes, after.Time-before.Time)
 			}
 		}
 	}
-	if raw != nil {
-		add(bandwidth(pathRaw, size, rawTimes, ""))
-		add(latency(pathRaw, size, rawTimes, ""))
+	for k, r := range raws {
+		add(bandwidth(r.name, report.GBps, size, rawTimes[k], ""))
+		add(latency(r.name, size, rawTimes[k], ""))
 	}
 	if n != nil {
-		after = n.fetched()
 		ch := "staging"
-		if after.Transfers == before.Transfers {
+		if fetches == 0 {
 			ch = "inline" // copied into the control frame: no channel fetch
 		}
-		add(bandwidth(pathTF, size, tfTimes, ch))
+		add(bandwidth(pathTF, report.GBps, size, tfTimes, ch))
 		add(latency(pathTF, size, tfTimes, ch))
-		if db, dt := after.Bytes-before.Bytes, after.Time-before.Time; db > 0 && dt > 0 {
-			add(report.Result{Bench: "transfer", Path: pathTF, Size: int64(size), Metric: "fetch_gbps",
-				Value: report.Bandwidth(db, dt), N: int(after.Transfers - before.Transfers), Channel: ch})
+		if fetches > 0 {
+			add(bandwidth(pathTF, "fetch_gbps", size, fetchTimes, ch))
 		}
 	}
 	return nil
 }
 
-func bandwidth(path string, size int, ds []time.Duration, ch string) report.Result {
-	return report.Result{Bench: "transfer", Path: path, Size: int64(size), Metric: report.GBps,
+func bandwidth(path, metric string, size int, ds []time.Duration, ch string) report.Result {
+	return report.Result{Bench: "transfer", Path: path, Size: int64(size), Metric: metric,
 		Value: report.Bandwidth(int64(size), report.Median(ds)), N: len(ds), Channel: ch}
 }
 

@@ -4,7 +4,7 @@
 // byte. Nothing else (no framing, no allocation per message) is on the path,
 // so it is the ceiling a data channel over TCP on the same host can reach.
 //
-//	p, _ := rawtcp.Open(nil)
+//	p, _ := rawtcp.Open(rawtcp.Options{})
 //	defer p.Close()
 //	d, err := p.Send(buf) // time from the first byte written until the ack
 //

@@ -19,12 +19,22 @@ const MaxMessage = 4 << 30
 // message and closes the connection.
 type Receive func(p []byte) error
 
+// Options change the receiving side.
+type Options struct {
+	// Receive, when set, runs on each message before the ack.
+	Receive Receive
+	// FreshBuffer makes the receiver allocate a new buffer for every
+	// message, as a runtime that hands each message its own destination
+	// does, instead of reusing one.
+	FreshBuffer bool
+}
+
 // Pair is the two ends of one loopback connection in this process.
 type Pair struct {
 	ln     net.Listener
 	client net.Conn
 	server net.Conn
-	onRecv Receive
+	opts   Options
 
 	wg      sync.WaitGroup
 	errMu   sync.Mutex
@@ -35,13 +45,12 @@ type Pair struct {
 }
 
 // Open listens on 127.0.0.1, connects, and starts the receiving side.
-// onRecv may be nil.
-func Open(onRecv Receive) (*Pair, error) {
+func Open(opts Options) (*Pair, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("rawtcp: %w", err)
 	}
-	p := &Pair{ln: ln, onRecv: onRecv}
+	p := &Pair{ln: ln, opts: opts}
 	accepted := make(chan net.Conn, 1)
 	go func() {
 		c, err := ln.Accept()
@@ -97,7 +106,7 @@ func (p *Pair) serve() {
 func (p *Pair) receive(n int) error {
 	p.bufMu.Lock()
 	defer p.bufMu.Unlock()
-	if cap(p.buf) < n {
+	if cap(p.buf) < n || p.opts.FreshBuffer {
 		p.buf = nil // let the old one go before the new one is made
 		p.buf = make([]byte, n)
 	}
@@ -105,12 +114,15 @@ func (p *Pair) receive(n int) error {
 	if _, err := io.ReadFull(p.server, b); err != nil {
 		return err
 	}
-	if p.onRecv != nil {
-		if err := p.onRecv(b); err != nil {
+	if p.opts.Receive != nil {
+		if err := p.opts.Receive(b); err != nil {
 			return err
 		}
 	}
 	_, err := p.server.Write([]byte{1})
+	if p.opts.FreshBuffer {
+		p.buf = nil
+	}
 	return err
 }
 

@@ -9,9 +9,15 @@ import (
 )
 
 func TestSend(t *testing.T) {
+	for _, fresh := range []bool{false, true} {
+		testSend(t, fresh)
+	}
+}
+
+func testSend(t *testing.T, fresh bool) {
 	defer goleak.VerifyNone(t)
 	var got []byte
-	p, err := Open(func(b []byte) error { got = append(got[:0], b...); return nil })
+	p, err := Open(Options{Receive: func(b []byte) error { got = append(got[:0], b...); return nil }, FreshBuffer: fresh})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +38,7 @@ func TestSend(t *testing.T) {
 func TestReceiveError(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	boom := errors.New("boom")
-	p, err := Open(func([]byte) error { return boom })
+	p, err := Open(Options{Receive: func([]byte) error { return boom }})
 	if err != nil {
 		t.Fatal(err)
 	}
