@@ -1,6 +1,11 @@
 package memory
 
 import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -25,10 +30,35 @@ func (HostAllocator) Device() Device { return CPU }
 // Alloc returns n bytes of zeroed, HostAlign-aligned host memory.
 func (HostAllocator) Alloc(n int) (Buffer, error) { return NewHostBuffer(n) }
 
+// ErrTooLarge is returned for an allocation larger than the host's memory.
+var ErrTooLarge = errors.New("memory: allocation larger than this host's memory")
+
+// hostMemory returns the host's physical memory in bytes (MemTotal), or a
+// large value when it cannot be read.
+var hostMemory = sync.OnceValue(func() int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if rest, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+				f := strings.Fields(rest)
+				if kb, err := strconv.ParseInt(f[0], 10, 64); err == nil && kb > 0 {
+					return kb << 10
+				}
+			}
+		}
+	}
+	return 1 << 46
+})
+
 // NewHostBuffer allocates n bytes of zeroed host memory aligned to HostAlign.
+// A size beyond the host's physical memory fails with ErrTooLarge instead of
+// crashing the process (sizes can come from the wire).
 func NewHostBuffer(n int) (Buffer, error) {
 	if n < 0 {
 		return nil, CheckRange(0, n, 0)
+	}
+	if int64(n) > hostMemory() {
+		return nil, fmt.Errorf("%w: %d bytes > %d", ErrTooLarge, n, hostMemory())
 	}
 	raw := make([]byte, n+HostAlign)
 	off := 0
