@@ -134,6 +134,10 @@ type Channel struct {
 	proofGen   map[string]uint64 // proofs made, per owner
 	proofMu    sync.Mutex        // serializes proofs
 	fetchStats fetchStats
+
+	// Driver seams, replaced by tests that run without a GPU.
+	exportIPC func(memory.Buffer) (memory.IPCHandle, int, error)
+	copyFunc  func(ctx context.Context, dst, src memory.Buffer) error // nil: copy on a lane
 }
 
 type ownerStats struct {
@@ -199,6 +203,7 @@ func newChannel(env *rdma.Env, cfg Config) (*Channel, error) {
 		mappings:   map[mapKey]*mapping{},
 		lanes:      map[memory.Device][]*lane{},
 		proofGen:   map[string]uint64{},
+		exportIPC:  memory.ExportIPC,
 	}
 	c.stopHook = memory.OnFree(c.allocationFreed)
 	return c, nil

@@ -2,6 +2,7 @@ package ipc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -25,7 +26,8 @@ type fakePair struct {
 
 	mu     sync.Mutex
 	tamper func(from string, req []byte) []byte
-	calls  map[uint8]int // requests by op
+	lose   func(op uint8) bool // true: deliver the request, lose the reply
+	calls  map[uint8]int       // requests by op
 }
 
 func newFakePair(t *testing.T, cfg Config) *fakePair {
@@ -37,15 +39,21 @@ func newFakePair(t *testing.T, cfg Config) *fakePair {
 				return nil, fmt.Errorf("no channel %q", channel)
 			}
 			p.mu.Lock()
-			tamper := p.tamper
+			tamper, lose := p.tamper, p.lose
+			var op uint8
 			if r, err := decodeRequest(req); err == nil {
-				p.calls[r.Op]++
+				op = r.Op
+				p.calls[op]++
 			}
 			p.mu.Unlock()
 			if tamper != nil {
 				req = tamper(from, req)
 			}
-			return (*to).HandleControl(ctx, from, req)
+			rep, err := (*to).HandleControl(ctx, from, req)
+			if lose != nil && lose(op) {
+				return nil, errors.New("connection lost")
+			}
+			return rep, err
 		}
 	}
 	p.ownerStore = tensor.NewStore(ownerNode, 1)

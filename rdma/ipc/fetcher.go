@@ -144,6 +144,9 @@ func (c *Channel) copyFrom(ctx context.Context, m *mapping, o offer, dst memory.
 	if err != nil {
 		return fmt.Errorf("ipc: %w", err)
 	}
+	if c.copyFunc != nil {
+		return c.copyFunc(ctx, dv, src)
+	}
 	l, err := c.getLane(dst.Device())
 	if err != nil {
 		return err

@@ -248,7 +248,7 @@ func (c *Channel) handleFor(buf memory.Buffer) (*exportedHandle, error) {
 	if h != nil {
 		return h, nil
 	}
-	raw, off, err := memory.ExportIPC(buf)
+	raw, off, err := c.exportIPC(buf)
 	if err != nil {
 		return nil, fmt.Errorf("ipc: export of allocation %d: %w", a.ID, err)
 	}

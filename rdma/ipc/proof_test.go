@@ -90,7 +90,11 @@ func TestSameHostProof(t *testing.T) {
 	dir := t.TempDir()
 	p := newFakePair(t, Config{ShmDir: dir})
 	ctx := context.Background()
-	mac := func() uint64 { p.fetcher.fmu.Lock(); defer p.fetcher.fmu.Unlock(); return p.fetcher.proofGen[ownerNode] }
+	mac := func() uint64 {
+		p.fetcher.fmu.Lock()
+		defer p.fetcher.fmu.Unlock()
+		return p.fetcher.proofGen[ownerNode]
+	}
 	if err := p.fetcher.prove(ctx, ownerNode, mac()); err != nil {
 		t.Fatalf("proof: %v", err)
 	}
