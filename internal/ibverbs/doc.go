@@ -28,13 +28,14 @@
 //	ctx, err := ibverbs.Open(devs[0].Name)
 //	...
 //	defer ctx.Close()
+//	port := devs[0].Ports[0] // check port.Usable()
 //	pd, _ := ctx.AllocPD()
 //	cq, _ := ctx.CreateCQ(64)
 //	qp, _ := pd.CreateRCQP(cq, ibverbs.QPCaps{MaxSendWR: 64})
-//	local := qp.LocalEndpoint(port, gidIndex, psn) // send to the peer
-//	err = qp.Connect(port, gidIndex, ibverbs.AccessRemoteRead, remote, ibverbs.DefaultConnectOptions())
+//	local := qp.LocalEndpoint(port, psn) // send to the peer, receive remote
+//	err = qp.Connect(port, 0, remote, psn, ibverbs.ConnectOptions{})
 //	mr, _ := pd.RegMR(buf.Ptr(), buf.Len(), ibverbs.AccessLocalWrite)
-//	err = qp.PostReads([]ibverbs.ReadRequest{{WRID: 1, LocalAddr: mr.Addr(),
+//	err = qp.PostReads([]ibverbs.ReadRequest{{WRID: 1, LocalAddr: uintptr(mr.Addr()),
 //		LKey: mr.LKey(), Length: 4096, RemoteAddr: raddr, RKey: rkey, Signaled: true}})
 //	wcs := make([]ibverbs.WorkCompletion, 8)
 //	n, err := cq.Poll(wcs) // then wcs[i].Err()

@@ -51,7 +51,7 @@ func deviceNames() ([]string, error) {
 	var n C.int
 	list, errno := C.tf_get_device_list(&n)
 	if list == nil {
-		return nil, fmt.Errorf("%w: %w", ErrNoRDMA, callErr("ibv_get_device_list", errnoOf(errno)))
+		return nil, listErr(errnoOf(errno))
 	}
 	defer C.tf_free_device_list(list)
 	names := make([]string, 0, int(n))
@@ -71,7 +71,7 @@ func Devices() ([]DeviceInfo, error) {
 	var n C.int
 	list, errno := C.tf_get_device_list(&n)
 	if list == nil {
-		return []DeviceInfo{}, fmt.Errorf("%w: %w", ErrNoRDMA, callErr("ibv_get_device_list", errnoOf(errno)))
+		return []DeviceInfo{}, listErr(errnoOf(errno))
 	}
 	defer C.tf_free_device_list(list)
 	out := make([]DeviceInfo, 0, int(n))
@@ -95,6 +95,14 @@ func Devices() ([]DeviceInfo, error) {
 		out = append(out, info)
 	}
 	return out, nil
+}
+
+// listErr explains a failed ibv_get_device_list; it wraps ErrNoRDMA.
+func listErr(errno syscall.Errno) error {
+	if errno == syscall.ENOSYS {
+		return fmt.Errorf("%w: no RDMA device (the kernel exposes no verbs devices: %w)", ErrNoRDMA, callErr("ibv_get_device_list", errno))
+	}
+	return fmt.Errorf("%w: %w", ErrNoRDMA, callErr("ibv_get_device_list", errno))
 }
 
 // errnoOf extracts the errno cgo returned alongside a call.
@@ -136,7 +144,7 @@ func Open(name string) (*Context, error) {
 	var n C.int
 	list, errno := C.tf_get_device_list(&n)
 	if list == nil {
-		return nil, fmt.Errorf("%w: %w", ErrNoRDMA, callErr("ibv_get_device_list", errnoOf(errno)))
+		return nil, listErr(errnoOf(errno))
 	}
 	defer C.tf_free_device_list(list)
 	for i := 0; i < int(n); i++ {

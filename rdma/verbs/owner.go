@@ -11,6 +11,9 @@ import (
 	"go.uber.org/zap"
 )
 
+// maxReadsPerPeer bounds the reads one peer may have begun and not ended.
+const maxReadsPerPeer = 4096
+
 // regKey names a registered range of an allocation.
 type regKey struct {
 	alloc uint64
@@ -196,6 +199,10 @@ func (op *ownerPeer) begin(req *request, rep *reply) error {
 	if op.closed {
 		done()
 		return rdma.ErrClosed
+	}
+	if len(op.acq) >= maxReadsPerPeer {
+		done()
+		return fmt.Errorf("verbs: %s has %d reads in progress already", op.node, len(op.acq))
 	}
 	op.token++
 	rep.Token = op.token
