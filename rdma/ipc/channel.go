@@ -2,6 +2,7 @@ package ipc
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -205,6 +206,11 @@ func newChannel(env *rdma.Env, cfg Config) (*Channel, error) {
 		proofGen:   map[string]uint64{},
 		exportIPC:  memory.ExportIPC,
 	}
+	// Acquisition ids start at random, so that a restarted fetcher does not
+	// reuse the ids its previous life held on an owner.
+	var b [8]byte
+	randomBytes(b[:])
+	c.nextAcq = binary.LittleEndian.Uint64(b[:]) >> 1
 	c.stopHook = memory.OnFree(c.allocationFreed)
 	return c, nil
 }

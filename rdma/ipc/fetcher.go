@@ -570,11 +570,15 @@ func (c *Channel) copy(ctx context.Context, l *lane, dst, src memory.Buffer) (la
 }
 
 // waitEvent polls ev until it completes, ctx (when not nil) is done, or
-// the deadline (when not zero) passes. It spins briefly (a chunk takes
-// about 0.2 ms over NVLink), then sleeps with a growing pause.
+// the deadline (when not zero) passes. It spins (yielding the processor)
+// for the first spinFor, since a chunk takes well under a millisecond over
+// NVLink and a sleep would add more than that, then sleeps with a growing
+// pause.
 func waitEvent(ctx context.Context, ev *memory.Event, deadline time.Time) error {
-	pause := 10 * time.Microsecond
-	for i := 0; ; i++ {
+	const spinFor = 2 * time.Millisecond
+	start := time.Now()
+	pause := 20 * time.Microsecond
+	for {
 		done, err := ev.Query()
 		if err != nil {
 			return fmt.Errorf("ipc: %w", err)
@@ -587,10 +591,11 @@ func waitEvent(ctx context.Context, ev *memory.Event, deadline time.Time) error 
 				return err
 			}
 		}
-		if !deadline.IsZero() && time.Now().After(deadline) {
+		now := time.Now()
+		if !deadline.IsZero() && now.After(deadline) {
 			return errStuck
 		}
-		if i < 200 {
+		if now.Sub(start) < spinFor {
 			runtime.Gosched()
 			continue
 		}

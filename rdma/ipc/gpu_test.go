@@ -1,0 +1,167 @@
+package ipc_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/rdma"
+	"github.com/tensorferry/tensorferry/rdma/ipc"
+	"github.com/tensorferry/tensorferry/rdma/rdmatest"
+)
+
+func newChannel(env *rdma.Env) (rdma.Channel, error) { return ipc.New(env) }
+
+// TestHelperOwner is the owner process of rdmatest.ChildOwner.
+func TestHelperOwner(t *testing.T) { rdmatest.RunChildOwner(t, newChannel) }
+
+// gpuDevices skips without a CUDA device, and returns the owner's and the
+// fetcher's device: cuda:0 and cuda:1 when there are two GPUs, cuda:0 for
+// both otherwise.
+func gpuDevices(t *testing.T) (owner, fetcher memory.Device) {
+	t.Helper()
+	n, err := memory.CUDADeviceCount()
+	if err != nil {
+		t.Skipf("no CUDA driver here: %v", err)
+	}
+	if n == 0 {
+		t.Skip("no CUDA device here")
+	}
+	if n == 1 {
+		return memory.CUDA(0), memory.CUDA(0)
+	}
+	return memory.CUDA(0), memory.CUDA(1)
+}
+
+// TestConformanceInProcess runs the suite with both nodes in this process
+// (the fetcher addresses the owner's allocation directly: CUDA does not let
+// a process open its own IPC handles).
+func TestConformanceInProcess(t *testing.T) {
+	od, fd := gpuDevices(t)
+	rdmatest.TestChannel(t, func(t *testing.T) *rdmatest.Pair {
+		return rdmatest.InProcessPair(t, newChannel, od, fd)
+	})
+}
+
+// TestConformanceTwoProcesses runs the suite with the owner in a child
+// process on GPU0 and the fetcher here on GPU1: real CUDA IPC.
+func TestConformanceTwoProcesses(t *testing.T) {
+	od, fd := gpuDevices(t)
+	rdmatest.TestChannel(t, func(t *testing.T) *rdmatest.Pair {
+		return rdmatest.ChildOwner(t, newChannel, od, fd)
+	})
+}
+
+// TestRepeatedTransferReusesMapping: fetching the same allocation again
+// opens no new IPC mapping.
+func TestRepeatedTransferReusesMapping(t *testing.T) {
+	od, fd := gpuDevices(t)
+	p := rdmatest.ChildOwner(t, newChannel, od, fd)
+	ch := p.Fetcher.(*ipc.Channel)
+	const n = 8<<20 + 3
+	d := p.Export(t, 5, n)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	want := make([]byte, n)
+	rdmatest.Fill(5, want)
+	dst, err := memory.AllocatorFor(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf, err := dst.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Free()
+	host, err := memory.NewHostBuffer(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Free()
+	for i := range 5 {
+		clear(host.Host())
+		if err := memory.Copy(ctx, buf, host); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if err := ch.Fetch(ctx, d, buf); err != nil {
+			t.Fatalf("fetch %d: %v", i, err)
+		}
+		t.Logf("fetch %d of %d bytes: %v", i, n, time.Since(start))
+		if err := memory.Copy(ctx, host, buf); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(host.Host(), want) {
+			t.Fatalf("fetch %d: wrong bytes", i)
+		}
+	}
+	st := ch.Stats()
+	if st.Opens != 1 || st.Reuses != 4 || st.Mappings != 1 {
+		t.Errorf("stats after 5 fetches of one allocation: %+v, want 1 open, 4 reuses, 1 mapping", st)
+	}
+	if err := p.Release(t, d); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestOwnerKilledMidTransfer kills the owner process while a copy from its
+// memory runs: the fetch ends promptly, later fetches fail, and after
+// PeerDown the survivor holds no mapping and no stuck stream.
+func TestOwnerKilledMidTransfer(t *testing.T) {
+	od, fd := gpuDevices(t)
+	p := rdmatest.ChildOwner(t, newChannel, od, fd)
+	ch := p.Fetcher.(*ipc.Channel)
+	const n = 512 << 20
+	d := p.Export(t, 21, n)
+	a, err := memory.AllocatorFor(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := a.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Free()
+	// A first fetch opens the mapping, so that the kill lands in a copy.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := ch.Fetch(ctx, d, dst); err != nil {
+		t.Fatal(err)
+	}
+	res := make(chan error, 1)
+	go func() {
+		for {
+			if err := ch.Fetch(ctx, d, dst); err != nil {
+				res <- err
+				return
+			}
+		}
+	}()
+	time.Sleep(20 * time.Millisecond)
+	p.Kill()
+	killed := time.Now()
+	select {
+	case err := <-res:
+		if ctx.Err() != nil {
+			t.Fatalf("fetch ran into its deadline: %v", err)
+		}
+		if !errors.Is(err, rdma.ErrPeerDown) {
+			t.Errorf("fetch from a killed owner: %v, want ErrPeerDown", err)
+		}
+		t.Logf("failed %v after the kill: %v", time.Since(killed), err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("fetch from a killed owner hangs")
+	}
+	ch.PeerDown(rdmatest.OwnerNode)
+	st := ch.Stats()
+	if st.Mappings != 0 {
+		t.Errorf("%d IPC mappings left open after the owner died", st.Mappings)
+	}
+	if st.AbandonedLanes != 0 {
+		t.Errorf("%d streams abandoned", st.AbandonedLanes)
+	}
+	t.Logf("survivor: %+v", st)
+}
