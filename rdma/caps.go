@@ -30,8 +30,8 @@ type Caps struct {
 	HostID  string       `msgpack:"h"`
 	Devices []DeviceInfo `msgpack:"g"`
 	// P2P lists pairs of GPU UUIDs between which peer access works.
-	P2P   [][2]string  `msgpack:"p"`
-	RDMA  []RDMADevice `msgpack:"r"`
+	P2P  [][2]string  `msgpack:"p"`
+	RDMA []RDMADevice `msgpack:"r"`
 	// Channels lists the channels the node runs (viable and not disabled).
 	Channels []string `msgpack:"c"`
 	// NotRunning gives the reason for each channel the node does not run.
