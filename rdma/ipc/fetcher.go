@@ -98,7 +98,7 @@ func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 		if _, err := c.begin(ctx, d.Owner, &req); err != nil {
 			return err
 		}
-		c.end(ctx, d.Owner, req.Acq)
+		_ = c.end(ctx, d.Owner, req.Acq)
 		return nil
 	}
 	key := mapKey{owner: d.Owner, inc: d.Incarnation, alloc: o.Alloc, dev: dst.Device()}
@@ -119,14 +119,18 @@ func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 	c.revoke(d.Owner, d.Incarnation, rep.Revoked)
 	if opener {
 		if err := c.open(m, rep); err != nil {
-			c.end(ctx, d.Owner, req.Acq)
+			_ = c.end(ctx, d.Owner, req.Acq)
 			return err
 		}
 	}
 	err = c.copyFrom(ctx, m, o, dst)
-	c.end(ctx, d.Owner, req.Acq)
+	endErr := c.end(ctx, d.Owner, req.Acq)
 	if why := c.unuse(m); why != nil && err == nil {
 		err = fmt.Errorf("ipc: copy from %s: %w", d.Owner, why)
+	}
+	if err != nil && ctx.Err() == nil && errors.Is(endErr, rdma.ErrPeerDown) && !errors.Is(err, rdma.ErrPeerDown) {
+		// The owner went away during the copy: that is why it failed.
+		err = fmt.Errorf("%w: %w", rdma.ErrPeerDown, err)
 	}
 	return err
 }
@@ -378,7 +382,7 @@ func (c *Channel) begin(ctx context.Context, owner string, req *request) (*reply
 		}
 		if errors.Is(err, rdma.ErrPeerDown) || ctx.Err() != nil {
 			// The request may have reached the owner: end it, in case.
-			c.end(ctx, owner, req.Acq)
+			_ = c.end(ctx, owner, req.Acq)
 			return nil, err
 		}
 		if !errors.Is(err, ErrUnproven) || attempt > 0 {
@@ -418,13 +422,14 @@ func (c *Channel) prove(ctx context.Context, owner string, gen uint64) error {
 	return nil
 }
 
-// end ends acquisition acq on owner, even when ctx is done.
-func (c *Channel) end(ctx context.Context, owner string, acq uint64) {
+// end ends acquisition acq on owner, even when ctx is done. An error means
+// the owner could not be told (it went down, or its channel closed, and
+// then holds nothing for this node any more).
+func (c *Channel) end(ctx context.Context, owner string, acq uint64) error {
 	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), endTimeout)
 	defer cancel()
-	if _, err := c.call(ectx, owner, &request{Op: opEnd, Acq: acq}); err != nil {
-		c.log.Debug("ending an acquisition")
-	}
+	_, err := c.call(ectx, owner, &request{Op: opEnd, Acq: acq})
+	return err
 }
 
 // lane is a stream of the channel with the events that track its chunks.
