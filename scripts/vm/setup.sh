@@ -41,7 +41,12 @@ cd "$VM_DIR"
 
 # --- kernel ---------------------------------------------------------------
 if [ ! -f kernel/vmlinuz ] || [ ! -f kernel/version ] || [ ! -f kernel/modules/modules.dep ]; then
-	pkg=${VM_KERNEL:-$(apt-cache search --names-only '^linux-image-6\.1\.0-[0-9]+-amd64$' | awk '{print $1}' | sort -V | tail -n 1)}
+	newest() { apt-cache search --names-only '^linux-image-6\.1\.0-[0-9]+-amd64$' | awk '{print $1}' | sort -V | tail -n 1; }
+	pkg=${VM_KERNEL:-$(newest)}
+	if [ -z "$pkg" ] && [ "$(id -u)" -eq 0 ]; then
+		apt-get update -q >/dev/null # package lists may have been cleaned
+		pkg=$(newest)
+	fi
 	if [ -z "$pkg" ]; then
 		log "no linux-image-6.1.0-*-amd64 package in the apt sources"
 		exit 1
