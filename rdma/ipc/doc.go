@@ -42,6 +42,14 @@
 // CUDA does not let open its own handles) addresses the allocation
 // directly.
 //
+// What a handle exposes: CUDA IPC maps a whole driver allocation, so a
+// proven holder can read everything in it, for as long as it keeps the
+// mapping (until the owner frees the allocation), not only the tensor it
+// was lent. Blocks of memory.CUDAAllocator hold one buffer at a time, but
+// are reused for later tensors; tensors carved out of one allocation by
+// the application share it. Handles go only to authenticated nodes of the
+// cluster that proved they share the host.
+//
 // Cost per fetch: two control round trips (begin, end) besides the copy;
 // the first fetch of an allocation adds the handle open, the first fetch
 // from an owner two more round trips (challenge, prove). Copies run in
