@@ -12,6 +12,7 @@ import (
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
+	"go.uber.org/zap"
 )
 
 // errStuck is returned when queued device copies do not finish within
@@ -264,7 +265,7 @@ func (c *Channel) unuse(m *mapping) error {
 	c.fmu.Unlock()
 	if closeIt {
 		if err := m.buf.Free(); err != nil {
-			c.log.Warn("closing an IPC mapping")
+			c.log.Warn("closing an IPC mapping", zap.String("owner", m.key.owner), zap.Error(err))
 		}
 	}
 	return why
@@ -498,7 +499,7 @@ func (c *Channel) putLane(l *lane, state laneState) {
 		c.nLanes--
 		c.fetchStats.abandoned++
 		c.fmu.Unlock()
-		c.log.Error("abandoning a CUDA stream whose copies did not finish")
+		c.log.Error("abandoning a CUDA stream whose copies did not finish", zap.Stringer("device", l.dev))
 		return
 	}
 	if state == laneReuse && !c.fclosed && len(c.lanes[l.dev]) < c.cfg.IdleLanes {

@@ -8,6 +8,7 @@ import (
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
+	"go.uber.org/zap"
 )
 
 // exportedHandle is the IPC handle of one driver allocation, made once and
@@ -133,7 +134,7 @@ func (c *Channel) handleProve(peer string, req *request) *reply {
 	c.mu.Unlock()
 	ch.remove()
 	if err != nil {
-		c.log.Warn("same-host proof failed")
+		c.log.Warn("same-host proof failed", zap.String("peer", peer), zap.Error(err))
 		return errorReply(err)
 	}
 	return &reply{Code: codeOK}
