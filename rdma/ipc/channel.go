@@ -183,6 +183,7 @@ func NewWithConfig(env *rdma.Env, cfg Config) (*Channel, error) {
 	if fi, err := os.Stat(cfg.ShmDir); err != nil || !fi.IsDir() {
 		return nil, fmt.Errorf("%w: ipc: no shared memory directory %s for the same-host proof: %v", rdma.ErrNotViable, cfg.ShmDir, err)
 	}
+	sweepStaleChallenges(cfg.ShmDir, 10*cfg.ChallengeTTL, time.Now())
 	return newChannel(env, cfg)
 }
 

@@ -108,3 +108,27 @@ func answerChallenge(dir, path, node string) ([]byte, error) {
 	}
 	return proofMAC(buf[:tokenLen], node), nil
 }
+
+// sweepStaleChallenges deletes challenge files in dir older than maxAge:
+// left behind by owners killed between a challenge and its answer. Files of
+// other users stay (the sticky bit of /dev/shm protects them).
+func sweepStaleChallenges(dir string, maxAge time.Duration, now time.Time) int {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), challengePrefix) || !e.Type().IsRegular() {
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil || now.Sub(fi.ModTime()) < maxAge {
+			continue
+		}
+		if os.Remove(filepath.Join(dir, e.Name())) == nil {
+			n++
+		}
+	}
+	return n
+}

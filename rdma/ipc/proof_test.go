@@ -204,3 +204,33 @@ func mustEncode(t *testing.T, r request) []byte {
 	}
 	return b
 }
+
+func TestSweepStaleChallenges(t *testing.T) {
+	dir := t.TempDir()
+	old, err := newChallenge(dir, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := newChallenge(dir, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(dir, "unrelated")
+	if err := os.WriteFile(other, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	past := time.Now().Add(-time.Hour)
+	for _, p := range []string{old.path, other} {
+		if err := os.Chtimes(p, past, past); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := sweepStaleChallenges(dir, 10*time.Minute, time.Now()); n != 1 {
+		t.Fatalf("swept %d files, want 1", n)
+	}
+	for p, want := range map[string]bool{old.path: false, fresh.path: true, other: true} {
+		if _, err := os.Stat(p); (err == nil) != want {
+			t.Errorf("%s exists: %v, want %v", p, err == nil, want)
+		}
+	}
+}
