@@ -1,0 +1,313 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+	tfactor "github.com/tensorferry/tensorferry/actor"
+	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/tensor"
+)
+
+// Msg carries one tensor, fetched by the receiving node before delivery.
+type Msg struct {
+	T *tensor.Tensor
+	// Check asks the receiver for the CRC-32 of the bytes it got.
+	Check bool
+}
+
+// Ack answers a Msg once it was delivered.
+type Ack struct {
+	Bytes int64
+	CRC   uint32
+	// Channel carried the tensor ("inline" when it came in the frame).
+	Channel string
+	// Fetch is the time the receiving node spent in the channel's Fetch.
+	Fetch time.Duration
+	// Device is where the receiver got the tensor.
+	Device string
+	Err    string
+}
+
+func init() {
+	tfactor.MustRegisterMessage("bench.gpu.Msg", &Msg{})
+	tfactor.MustRegisterMessage("bench.gpu.Ack", &Ack{})
+}
+
+// receiverEnv makes this program the receiving process; its value is a
+// receiverSpec in JSON.
+const receiverEnv = "TENSORFERRY_GPU_BENCH_RECEIVER"
+
+// receiverSpec is what the sending process tells the receiving one.
+type receiverSpec struct {
+	Config string        `json:"config"` // cluster.yaml written by the sender
+	Node   string        `json:"node"`
+	Device memory.Device `json:"device"`
+}
+
+func isReceiver() bool { return os.Getenv(receiverEnv) != "" }
+
+// runReceiver is the receiving process: it starts its node and the sink
+// actor, prints "ready", and stops when its standard input closes.
+func runReceiver() {
+	if err := receive(os.Stdin, os.Stdout); err != nil {
+		fmt.Fprintf(os.Stderr, "gpu: receiver: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func receive(stdin io.Reader, stdout io.Writer) error {
+	var spec receiverSpec
+	if err := json.Unmarshal([]byte(os.Getenv(receiverEnv)), &spec); err != nil {
+		return fmt.Errorf("%s: %w", receiverEnv, err)
+	}
+	cfg, err := cluster.Load(spec.Config)
+	if err != nil {
+		return err
+	}
+	node, err := tfactor.NewNode(cfg, spec.Node, quiet())
+	if err != nil {
+		return err
+	}
+	if err := node.Start(); err != nil {
+		return err
+	}
+	defer node.Stop()
+	if _, err := node.Root().SpawnNamed(sinkProps(node, spec.Device), "sink"); err != nil {
+		return err
+	}
+	if _, err := fmt.Fprintln(stdout, "ready"); err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, stdin) // until the sender closes it
+	return nil
+}
+
+func quiet() tfactor.Option {
+	return tfactor.WithSystemConfig(
+		pa.WithLoggerFactory(func(*pa.ActorSystem) *slog.Logger { return slog.New(slog.DiscardHandler) }),
+		pa.WithDeadLetterThrottleInterval(10*time.Millisecond))
+}
+
+// sinkProps is the receiving actor: tensors arrive on dev; it answers each
+// Msg with an Ack naming the channel that carried it (from the node's
+// counters, which grew by exactly that transfer).
+func sinkProps(node *tfactor.Node, dev memory.Device) *pa.Props {
+	last := node.Stats().Channels
+	return pa.PropsFromFunc(func(c pa.Context) {
+		m, ok := c.Message().(*Msg)
+		if !ok {
+			return
+		}
+		now := node.Stats().Channels
+		ack := &Ack{Bytes: m.T.ByteSize(), Channel: "inline", Device: m.T.Device().String()}
+		for name, st := range now {
+			if st.Transfers > last[name].Transfers {
+				ack.Channel, ack.Fetch = name, st.Time-last[name].Time
+			}
+		}
+		last = now
+		if m.Check {
+			sum, err := checksum(m.T)
+			ack.CRC = sum
+			if err != nil {
+				ack.Err = err.Error()
+			}
+		}
+		_ = m.T.Free()
+		c.Respond(ack)
+	}, tfactor.WithDevice(node, dev))
+}
+
+// checksum returns the CRC-32 of t's bytes, copying them to the host first
+// when t is on a GPU.
+func checksum(t *tensor.Tensor) (uint32, error) {
+	if t.Device().IsHost() {
+		return crc32.ChecksumIEEE(t.Host()), nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h, err := t.To(ctx, memory.CPU)
+	if err != nil {
+		return 0, err
+	}
+	defer h.Free()
+	return crc32.ChecksumIEEE(h.Host()), nil
+}
+
+// actorPair is a sending node in this process and a receiving node in a
+// child process (this program again), on one loopback cluster.
+type actorPair struct {
+	node    *tfactor.Node
+	sink    *pa.PID
+	child   *exec.Cmd
+	stdin   io.WriteCloser
+	dir     string
+	timeout time.Duration
+}
+
+// pairConfig says where each end's tensors live and which channels the
+// cluster must not use.
+type pairConfig struct {
+	src, dst memory.Device
+	disable  []string
+	timeout  time.Duration
+}
+
+// openPair writes the cluster's config, starts the receiving process and
+// the sending node, and waits until the receiver's actor is up.
+func openPair(pc pairConfig) (p *actorPair, err error) {
+	cfg, err := cluster.LocalConfig("bench-gpu", 2)
+	if err != nil {
+		return nil, err
+	}
+	// 1 GiB through TCP keeps the cores busy: heartbeats must not declare
+	// the peer dead meanwhile.
+	cfg.HeartbeatInterval, cfg.FailureTimeout = 500*time.Millisecond, 10*time.Second
+	cfg.TransferTimeout = pc.timeout
+	cfg.DisableChannels = pc.disable
+	cfg.Nodes[0].Devices = []memory.Device{pc.src}
+	cfg.Nodes[1].Devices = []memory.Device{pc.dst}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	p = &actorPair{timeout: pc.timeout}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, p.close())
+		}
+	}()
+	if p.dir, err = os.MkdirTemp("", "bench-gpu-"); err != nil {
+		return p, err
+	}
+	path, err := cfg.WriteFiles(p.dir)
+	if err != nil {
+		return p, err
+	}
+	spec, err := json.Marshal(receiverSpec{Config: path, Node: cfg.Nodes[1].Name, Device: pc.dst})
+	if err != nil {
+		return p, err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return p, err
+	}
+	p.child = exec.Command(exe, childArgs()...)
+	p.child.Env = append(os.Environ(), receiverEnv+"="+string(spec))
+	p.child.Stderr = os.Stderr
+	if p.stdin, err = p.child.StdinPipe(); err != nil {
+		return p, err
+	}
+	stdout, err := p.child.StdoutPipe()
+	if err != nil {
+		return p, err
+	}
+	if err := p.child.Start(); err != nil {
+		p.child = nil
+		return p, fmt.Errorf("gpu: start receiver: %w", err)
+	}
+	if p.node, err = tfactor.NewNode(cfg, cfg.Nodes[0].Name, quiet()); err != nil {
+		return p, err
+	}
+	if err := p.node.Start(); err != nil {
+		p.node = nil
+		return p, err
+	}
+	ready := make(chan error, 1)
+	go func() {
+		line, err := bufio.NewReader(stdout).ReadString('\n')
+		if err == nil && strings.TrimSpace(line) != "ready" {
+			err = fmt.Errorf("gpu: receiver said %q", line)
+		}
+		ready <- err
+		_, _ = io.Copy(io.Discard, stdout)
+	}()
+	select {
+	case err := <-ready:
+		if err != nil {
+			return p, fmt.Errorf("gpu: receiver: %w", err)
+		}
+	case <-time.After(time.Minute):
+		return p, errors.New("gpu: receiver not ready after a minute")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := p.node.WaitPeer(ctx, cfg.Nodes[1].Name); err != nil {
+		return p, err
+	}
+	p.sink = p.node.PID(cfg.Nodes[1].Name, "sink")
+	return p, nil
+}
+
+// childArgs are the receiving process's arguments; a test binary passes
+// its own (it runs TestMain, which dispatches on receiverEnv).
+var childArgs = func() []string { return nil }
+
+// send sends x in one message and waits for the Ack; check asks the
+// receiver to verify the bytes against want. It returns the time from
+// RequestFuture until the Ack, then waits (untimed) until x's lease is
+// back.
+func (p *actorPair) send(x *tensor.Tensor, check bool, want uint32) (time.Duration, *Ack, error) {
+	t0 := time.Now()
+	res, err := p.node.Root().RequestFuture(p.sink, &Msg{T: x, Check: check}, p.timeout).Result()
+	d := time.Since(t0)
+	if err != nil {
+		return 0, nil, fmt.Errorf("gpu: %v: %w", x, err)
+	}
+	ack, ok := res.(*Ack)
+	switch {
+	case !ok:
+		return 0, nil, fmt.Errorf("gpu: %v: reply %T %v", x, res, res)
+	case ack.Err != "":
+		return 0, nil, fmt.Errorf("gpu: %v: receiver: %s", x, ack.Err)
+	case ack.Bytes != x.ByteSize():
+		return 0, nil, fmt.Errorf("gpu: %v: receiver got %d bytes", x, ack.Bytes)
+	case check && ack.CRC != want:
+		return 0, nil, fmt.Errorf("gpu: %v: receiver's CRC-32 %08x, sent %08x", x, ack.CRC, want)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
+	defer cancel()
+	if err := x.WaitReleased(ctx); err != nil {
+		return 0, nil, fmt.Errorf("gpu: %v: lease not released: %w", x, err)
+	}
+	return d, ack, nil
+}
+
+// close stops the sending node, then the receiving process (by closing its
+// standard input), and removes the config.
+func (p *actorPair) close() error {
+	var errs []error
+	if p.node != nil {
+		errs = append(errs, p.node.Stop())
+	}
+	if p.child != nil {
+		p.stdin.Close()
+		done := make(chan error, 1)
+		go func() { done <- p.child.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				errs = append(errs, fmt.Errorf("gpu: receiver: %w", err))
+			}
+		case <-time.After(30 * time.Second):
+			_ = p.child.Process.Kill()
+			errs = append(errs, fmt.Errorf("gpu: receiver did not stop; killed: %w", <-done))
+		}
+	}
+	if p.dir != "" {
+		errs = append(errs, os.RemoveAll(p.dir))
+	}
+	return errors.Join(errs...)
+}

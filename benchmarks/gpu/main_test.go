@@ -1,0 +1,121 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tensorferry/tensorferry/benchmarks/internal/report"
+	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/rdma"
+	"go.uber.org/goleak"
+)
+
+// TestMain makes the test binary the receiving process when the sender
+// re-executes it.
+func TestMain(m *testing.M) {
+	if isReceiver() {
+		runReceiver()
+		os.Exit(0)
+	}
+	childArgs = func() []string { return []string{"-test.run=^$"} }
+	os.Exit(m.Run())
+}
+
+// TestActorPairHost runs the two-process actor path with host tensors (the
+// code of the ipc and staging modes, without a GPU): every figure is there
+// and names the channel that carried it.
+func TestActorPairHost(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	o := options{sizes: []int{4 << 10, 1 << 20}, reps: 2, timeout: 30 * time.Second}
+	p, err := openPair(pairConfig{src: memory.CPU, dst: memory.CPU, disable: []string{rdma.IPC}, timeout: o.timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := measure(o, []pathMaker{actorPath(pathIPC, p, memory.CPU)})
+	if cerr := p.close(); cerr != nil {
+		t.Errorf("close: %v", cerr)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if name := renamePath(rs, pathIPC); name != "tensorferry-staging" {
+		t.Errorf("path renamed to %q, want tensorferry-staging", name)
+	}
+	want := map[string]string{ // size/metric → channel
+		"4096/gbps": "inline", "4096/us": "inline",
+		"1048576/gbps": "staging", "1048576/us": "staging", "1048576/fetch_gbps": "staging",
+	}
+	for _, r := range rs {
+		k := fmt.Sprintf("%d/%s", r.Size, r.Metric)
+		ch, ok := want[k]
+		if !ok || r.Channel != ch || r.Value <= 0 || r.N != 2 || r.Bench != "gpu" {
+			t.Errorf("unexpected figure %+v", r)
+		}
+		delete(want, k)
+	}
+	if len(want) > 0 {
+		t.Errorf("missing figures %v", want)
+	}
+}
+
+// TestNoGPU checks the skip reason on a machine without a GPU.
+func TestNoGPU(t *testing.T) {
+	n, why := gpuCount()
+	if n > 0 {
+		t.Skipf("this machine has %d GPUs", n)
+	}
+	if !strings.Contains(why, "cuda") {
+		t.Errorf("skip reason %q does not come from internal/cuda", why)
+	}
+}
+
+func TestOptions(t *testing.T) {
+	ss, err := sizes("64KiB", "16MiB")
+	if err != nil || len(ss) != 3 || ss[0] != 64<<10 || ss[2] != 16<<20 {
+		t.Errorf("sizes: %v, %v", ss, err)
+	}
+	if _, err := sizes("2GiB", "4GiB"); err == nil {
+		t.Error("sizes: no error for an empty range")
+	}
+	o := options{src: 0, dst: 1}
+	for _, c := range []struct {
+		mode string
+		gpus int
+		ok   bool
+	}{{"peer", 1, false}, {"ipc", 2, true}, {"staging", 1, true}, {"regcache", 1, true}} {
+		if got := needs(c.mode, c.gpus, o) == ""; got != c.ok {
+			t.Errorf("%s on %d GPUs: runs %v, want %v", c.mode, c.gpus, got, c.ok)
+		}
+	}
+	if got := fitDevices("staging", 1, o); got.dst != 0 {
+		t.Errorf("staging on one GPU receives on cuda:%d", got.dst)
+	}
+	if repsFor(options{}, 1<<30) != 5 || repsFor(options{}, 4<<10) != 200 || repsFor(options{reps: 3}, 1<<30) != 3 {
+		t.Error("repsFor")
+	}
+}
+
+func TestSummary(t *testing.T) {
+	g := func(path string, size int64, metric string, v float64) report.Result {
+		return report.Result{Bench: "gpu", Path: path, Size: size, Metric: metric, Value: v}
+	}
+	rs := []report.Result{
+		g(pathPeer, 256<<20, report.GBps, 400),
+		g("tensorferry-ipc", 256<<20, report.GBps, 380),
+		g(pathStagingGPU, 64<<20, report.GBps, 9),
+		g(pathRawTCP, 64<<20, report.GBps, 10),
+		g(pathNaive, 64<<20, report.GBps, 3),
+		g(pathRegH2D, 256<<20, "first_ms", 20),
+		g(pathRegH2D, 256<<20, "repeat_ms", 5),
+	}
+	nccl := []report.Result{{Bench: "nccl", Path: "nccl-sendrecv", Size: 256 << 20, Metric: report.GBps, Value: 357}}
+	got := strings.Join(summary(rs, nccl), "\n")
+	for _, want := range []string{"95.0 % of cuMemcpyPeer", "1.06× (target ≥ 1×)", "90.0 % of raw TCP", "3.00× the naive", "first 20.00 ms, repeated 5.00 ms"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("summary lacks %q:\n%s", want, got)
+		}
+	}
+}

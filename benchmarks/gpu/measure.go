@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"math/rand/v2"
+	"runtime/debug"
+	"time"
+
+	"github.com/tensorferry/tensorferry/benchmarks/internal/report"
+	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/tensor"
+)
+
+// warmups is the number of untimed transfers per size and path; the first
+// is checked byte for byte where the path can.
+const warmups = 2
+
+// stepper does one transfer of the size it was made for.
+type stepper interface {
+	// step does one transfer; check asks for a byte-for-byte check, timed
+	// says the transfer counts.
+	step(check, timed bool) (time.Duration, error)
+	// results turns the timed transfers' durations into figures.
+	results(size int, ds []time.Duration) []report.Result
+	close()
+}
+
+// pathMaker makes a path's stepper for one size.
+type pathMaker struct {
+	name string
+	make func(size int) (stepper, error)
+}
+
+// measure times every size on every path, alternating the paths transfer
+// by transfer so that a load change touches all of them alike.
+func measure(o options, paths []pathMaker) ([]report.Result, error) {
+	var rs []report.Result
+	for _, size := range o.sizes {
+		got, err := measureSize(o, paths, size)
+		rs = append(rs, got...)
+		debug.FreeOSMemory() // a 1 GiB size leaves GiBs behind
+		if err != nil {
+			return rs, err
+		}
+	}
+	return rs, nil
+}
+
+func measureSize(o options, paths []pathMaker, size int) (rs []report.Result, err error) {
+	steppers := make([]stepper, 0, len(paths))
+	defer func() {
+		for _, s := range steppers {
+			s.close()
+		}
+	}()
+	for _, p := range paths {
+		s, err := p.make(size)
+		if err != nil {
+			return nil, fmt.Errorf("%s %d bytes: %w", p.name, size, err)
+		}
+		steppers = append(steppers, s)
+	}
+	times := make([][]time.Duration, len(steppers))
+	for i := range warmups + repsFor(o, size) {
+		timed := i >= warmups
+		for k, s := range steppers {
+			d, err := s.step(i == 0, timed)
+			if err != nil {
+				return nil, fmt.Errorf("%s %d bytes: %w", paths[k].name, size, err)
+			}
+			if timed {
+				times[k] = append(times[k], d)
+			}
+		}
+	}
+	for k, s := range steppers {
+		for _, r := range s.results(size, times[k]) {
+			rs = append(rs, o.emit(r))
+		}
+	}
+	return rs, nil
+}
+
+// figures returns the gbps and us figures of ds.
+func figures(path string, size int, ds []time.Duration, ch string) []report.Result {
+	med := report.Median(ds)
+	return []report.Result{
+		{Bench: "gpu", Path: path, Size: int64(size), Metric: report.GBps, Value: report.Bandwidth(int64(size), med), N: len(ds), Channel: ch},
+		{Bench: "gpu", Path: path, Size: int64(size), Metric: report.LatencyUs, Value: report.Us(med), N: len(ds), Channel: ch},
+	}
+}
+
+// actorStepper sends tensor messages through an actorPair.
+type actorStepper struct {
+	p        *actorPair
+	path     string
+	x        *tensor.Tensor
+	sum      uint32
+	fetch    []time.Duration
+	channels map[string]int
+}
+
+// actorPath sends tensors on src through p.
+func actorPath(name string, p *actorPair, src memory.Device) pathMaker {
+	return pathMaker{name: name, make: func(size int) (stepper, error) {
+		x, sum, err := newTensor(src, size, uint64(size))
+		if err != nil {
+			return nil, err
+		}
+		return &actorStepper{p: p, path: name, x: x, sum: sum, channels: map[string]int{}}, nil
+	}}
+}
+
+func (s *actorStepper) step(check, timed bool) (time.Duration, error) {
+	d, ack, err := s.p.send(s.x, check, s.sum)
+	if err != nil {
+		return 0, err
+	}
+	if timed {
+		s.channels[ack.Channel]++
+		if ack.Channel != "inline" {
+			s.fetch = append(s.fetch, ack.Fetch)
+		}
+	}
+	return d, nil
+}
+
+func (s *actorStepper) results(size int, ds []time.Duration) []report.Result {
+	ch, most := "", 0
+	for name, n := range s.channels {
+		if n > most {
+			ch, most = name, n
+		}
+	}
+	rs := figures(s.path, size, ds, ch)
+	if len(s.fetch) > 0 {
+		rs = append(rs, report.Result{Bench: "gpu", Path: s.path, Size: int64(size), Metric: "fetch_gbps",
+			Value: report.Bandwidth(int64(size), report.Median(s.fetch)), N: len(s.fetch), Channel: ch})
+	}
+	return rs
+}
+
+func (s *actorStepper) close() { _ = s.x.Free() }
+
+// newTensor returns a tensor of size pseudo-random bytes (seeded by seed) on
+// dev, and their CRC-32.
+func newTensor(dev memory.Device, size int, seed uint64) (*tensor.Tensor, uint32, error) {
+	x, err := tensor.New(dev, tensor.Uint8, tensor.Shape{int64(size)})
+	if err != nil {
+		return nil, 0, err
+	}
+	if dev.IsHost() {
+		fill(x.Host(), seed)
+		return x, crc32.ChecksumIEEE(x.Host()), nil
+	}
+	host := make([]byte, size)
+	fill(host, seed)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := memory.Copy(ctx, x.Buffer(), memory.WrapHost(host)); err != nil {
+		return nil, 0, errors.Join(err, x.Free())
+	}
+	return x, crc32.ChecksumIEEE(host), nil
+}
+
+// fill writes pseudo-random bytes seeded by seed into b.
+func fill(b []byte, seed uint64) {
+	var key [32]byte
+	for i := range 8 {
+		key[i] = byte(seed >> (8 * i))
+	}
+	_, _ = rand.NewChaCha8(key).Read(b)
+}
+
+// renamePath gives every result of path old the path "tensorferry-<ch>",
+// where ch is the channel that carried most of its out-of-band sizes, and
+// returns the new name.
+func renamePath(rs []report.Result, old string) string {
+	count := map[string]int{}
+	for _, r := range rs {
+		if r.Path == old && r.Metric == report.GBps && r.Channel != "inline" && r.Channel != "" {
+			count[r.Channel]++
+		}
+	}
+	ch, most := "", 0
+	for name, n := range count {
+		if n > most || (n == most && name < ch) {
+			ch, most = name, n
+		}
+	}
+	if ch == "" {
+		return old
+	}
+	name := "tensorferry-" + ch
+	for i := range rs {
+		if rs[i].Path == old {
+			rs[i].Path = name
+		}
+	}
+	return name
+}

@@ -1,0 +1,149 @@
+package main
+
+import (
+	"errors"
+	"slices"
+	"time"
+	"unsafe"
+
+	"github.com/tensorferry/tensorferry/benchmarks/internal/rawtcp"
+	"github.com/tensorferry/tensorferry/benchmarks/internal/report"
+	"github.com/tensorferry/tensorferry/internal/cuda"
+	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/rdma"
+)
+
+// Paths of the staging mode.
+const (
+	pathStagingGPU = "tensorferry-staging-gpu"
+	pathRawTCP     = "raw-tcp"
+	pathNaive      = "naive"
+)
+
+func cudaDev(i int) memory.Device { return memory.CUDA(i) }
+
+// runStaging compares the staging channel GPU → GPU with raw TCP from host
+// memory and with the naive sequence.
+func runStaging(o options) (rs []report.Result, err error) {
+	src, dst := cudaDev(o.src), cudaDev(o.dst)
+	p, err := openPair(pairConfig{src: src, dst: dst, disable: []string{rdma.IPC, rdma.Verbs}, timeout: o.timeout})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, p.close()) }()
+	raw, err := rawtcp.Open(rawtcp.Options{})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, raw.Close()) }()
+	naive, err := newNaive(o.src, o.dst, slices.Max(o.sizes))
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, naive.close()) }()
+	return measure(o, []pathMaker{
+		{name: pathRawTCP, make: func(size int) (stepper, error) {
+			return &rawStepper{pair: raw, b: make([]byte, size)}, nil
+		}},
+		{name: pathNaive, make: func(size int) (stepper, error) { return &naiveStepper{n: naive, size: size}, nil }},
+		actorPath(pathStagingGPU, p, src),
+	})
+}
+
+// rawStepper sends host bytes over a raw TCP connection.
+type rawStepper struct {
+	pair *rawtcp.Pair
+	b    []byte
+}
+
+func (s *rawStepper) step(bool, bool) (time.Duration, error) { return s.pair.Send(s.b) }
+func (s *rawStepper) results(size int, ds []time.Duration) []report.Result {
+	return figures(pathRawTCP, size, ds, "")
+}
+func (s *rawStepper) close() { s.pair.FreeBuffer() }
+
+// naive is the sequence a program without a data channel runs: copy the
+// tensor to pageable host memory, send it over TCP, and on the receiving
+// side copy it to the device, one after the other.
+type naive struct {
+	c0, c1 *cuda.Context
+	src    cuda.DevicePtr
+	dst    cuda.DevicePtr
+	host   []byte
+	pair   *rawtcp.Pair
+}
+
+func newNaive(srcGPU, dstGPU, n int) (nv *naive, err error) {
+	nv = &naive{host: make([]byte, n)}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, nv.close())
+		}
+	}()
+	if nv.c0, err = cuda.Primary(srcGPU); err != nil {
+		return nv, err
+	}
+	if nv.c1, err = cuda.Primary(dstGPU); err != nil {
+		return nv, err
+	}
+	if nv.src, err = nv.c0.MemAlloc(n); err != nil {
+		return nv, err
+	}
+	if nv.dst, err = nv.c1.MemAlloc(n); err != nil {
+		return nv, err
+	}
+	if err := errors.Join(nv.c0.MemsetD8(nv.src, 0x5a, n), nv.c1.MemsetD8(nv.dst, 0, n)); err != nil {
+		return nv, err
+	}
+	nv.pair, err = rawtcp.Open(rawtcp.Options{Receive: func(b []byte) error {
+		return nv.c1.MemcpyHtoD(nv.dst, unsafe.Pointer(&b[0]), len(b))
+	}})
+	return nv, err
+}
+
+func (nv *naive) close() error {
+	var errs []error
+	if nv.pair != nil {
+		errs = append(errs, nv.pair.Close())
+	}
+	if nv.src != 0 {
+		errs = append(errs, nv.c0.MemFree(nv.src))
+	}
+	if nv.dst != 0 {
+		errs = append(errs, nv.c1.MemFree(nv.dst))
+	}
+	return errors.Join(errs...)
+}
+
+type naiveStepper struct {
+	n    *naive
+	size int
+}
+
+func (s *naiveStepper) step(check, _ bool) (time.Duration, error) {
+	t0 := time.Now()
+	if err := s.n.c0.MemcpyDtoH(unsafe.Pointer(&s.n.host[0]), s.n.src, s.size); err != nil {
+		return 0, err
+	}
+	if _, err := s.n.pair.Send(s.n.host[:s.size]); err != nil {
+		return 0, err
+	}
+	d := time.Since(t0)
+	if check {
+		back := make([]byte, s.size)
+		if err := s.n.c1.MemcpyDtoH(unsafe.Pointer(&back[0]), s.n.dst, s.size); err != nil {
+			return 0, err
+		}
+		for _, v := range back {
+			if v != 0x5a {
+				return 0, errors.New("gpu: naive: the destination does not hold the source's bytes")
+			}
+		}
+	}
+	return d, nil
+}
+
+func (s *naiveStepper) results(size int, ds []time.Duration) []report.Result {
+	return figures(pathNaive, size, ds, "")
+}
+func (s *naiveStepper) close() { s.n.pair.FreeBuffer() }

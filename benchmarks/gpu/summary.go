@@ -1,0 +1,62 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/tensorferry/tensorferry/benchmarks/internal/report"
+	"github.com/tensorferry/tensorferry/cluster"
+)
+
+// summary states issue 4's targets against the figures in rs (and in nccl,
+// the output of nccl_sendrecv.py, when given).
+func summary(rs, nccl []report.Result) []string {
+	find := func(rs []report.Result, match func(string) bool, size int64, metric string) (float64, bool) {
+		for _, r := range rs {
+			if match(r.Path) && r.Size == size && r.Metric == metric {
+				return r.Value, true
+			}
+		}
+		return 0, false
+	}
+	is := func(p string) func(string) bool { return func(s string) bool { return s == p } }
+	// The ipc mode's path is named for the channel the nodes chose.
+	ipcPath := func(s string) bool { return strings.HasPrefix(s, "tensorferry-") && s != pathStagingGPU }
+	var out []string
+	if v, ok := find(rs, ipcPath, 256<<20, report.GBps); ok {
+		if c, ok := find(rs, is(pathPeer), 256<<20, report.GBps); ok && c > 0 {
+			out = append(out, fmt.Sprintf("ipc 256MiB: %.1f GB/s = %.1f %% of cuMemcpyPeer's %.1f GB/s (target ≥ 90 %%)", v, 100*v/c, c))
+		}
+	}
+	for _, r := range rs {
+		if !ipcPath(r.Path) || r.Metric != report.GBps || r.Size < 1<<20 {
+			continue
+		}
+		if n, ok := find(nccl, is("nccl-sendrecv"), r.Size, report.GBps); ok && n > 0 {
+			out = append(out, fmt.Sprintf("ipc %s: %.1f GB/s vs NCCL %.1f GB/s = %.2f× (target ≥ 1×)", cluster.FormatSize(int(r.Size)), r.Value, n, r.Value/n))
+		}
+	}
+	for _, r := range rs {
+		if r.Path != pathStagingGPU || r.Metric != report.GBps || r.Size < 64<<20 {
+			continue
+		}
+		if raw, ok := find(rs, is(pathRawTCP), r.Size, report.GBps); ok && raw > 0 {
+			line := fmt.Sprintf("staging %s: %.1f %% of raw TCP (target ≥ 85 %%)", cluster.FormatSize(int(r.Size)), 100*r.Value/raw)
+			if nv, ok := find(rs, is(pathNaive), r.Size, report.GBps); ok && nv > 0 {
+				line += fmt.Sprintf(", %.2f× the naive sequence (target ≥ 2×)", r.Value/nv)
+			}
+			out = append(out, line)
+		}
+	}
+	for _, p := range []string{pathStagingGPU, pathRegH2D} {
+		for _, r := range rs {
+			if r.Path != p || r.Metric != "first_ms" {
+				continue
+			}
+			if rep, ok := find(rs, is(p), r.Size, "repeat_ms"); ok {
+				out = append(out, fmt.Sprintf("%s %s: first %.2f ms, repeated %.2f ms", p, cluster.FormatSize(int(r.Size)), r.Value, rep))
+			}
+		}
+	}
+	return out
+}
