@@ -15,9 +15,10 @@
 // Every error names the verbs call and the errno; a failed work completion
 // becomes a *WCError carrying ibv_wc_status_str.
 //
-// Building needs rdma-core's headers (Debian: libibverbs-dev). Build with
-// the tag noibverbs, without cgo or off Linux to get the ErrNoRDMA-only
-// variant that needs no headers.
+// The struct layouts come from rdma-core's headers (Debian:
+// libibverbs-dev) at build time. Built without them (or with the tag
+// noibverbs, without cgo, or off Linux) the package still compiles and
+// every call fails with ErrNoRDMA saying so.
 //
 // Example: read 4 KiB from a remote region into a local one.
 //

@@ -187,7 +187,7 @@ func (c *Context) QueryDevice() (DeviceAttr, error) {
 	if c.ctx == nil {
 		return DeviceAttr{}, ErrClosed
 	}
-	var a C.struct_ibv_device_attr
+	var a C.struct_tf_device_attr
 	rc, err := C.tf_query_device(c.ctx, &a)
 	if e := rcErr("ibv_query_device("+c.name+")", rc, err); e != nil {
 		return DeviceAttr{}, e
@@ -230,7 +230,7 @@ func (c *Context) QueryPort(port uint8) (PortInfo, error) {
 	if c.ctx == nil {
 		return PortInfo{}, ErrClosed
 	}
-	var a C.struct_ibv_port_attr
+	var a C.struct_tf_port_attr
 	call := fmt.Sprintf("ibv_query_port(%s, %d)", c.name, port)
 	rc, err := C.tf_query_port(c.ctx, C.uint8_t(port), &a)
 	if e := rcErr(call, rc, err); e != nil {
@@ -610,16 +610,22 @@ func (q *QP) Close() error {
 	return nil
 }
 
-func (q *QP) modify(to QPState, attr *C.struct_ibv_qp_attr, mask C.int) error {
+// modify runs one state transition through do and records it.
+func (q *QP) modify(to QPState, do func(*C.struct_ibv_qp) C.int) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.qp == nil {
 		return ErrClosed
 	}
-	attr.qp_state = uint32(to)
-	rc, err := C.tf_modify_qp(q.qp, attr, mask|C.IBV_QP_STATE)
-	if e := rcErr(fmt.Sprintf("ibv_modify_qp(QP %d %s->%s)", q.qpn, q.state, to), rc, err); e != nil {
-		return e
+	if rc := do(q.qp); rc != 0 {
+		errno := syscall.Errno(rc)
+		if rc < 0 {
+			errno = syscall.Errno(-rc) // -1 (no errno) becomes EPERM: use EIO
+			if rc == -1 {
+				errno = syscall.EIO
+			}
+		}
+		return callErr(fmt.Sprintf("ibv_modify_qp(QP %d %s->%s)", q.qpn, q.state, to), errno)
 	}
 	q.state = to
 	return nil
@@ -628,11 +634,9 @@ func (q *QP) modify(to QPState, attr *C.struct_ibv_qp_attr, mask C.int) error {
 // Init moves the QP from RESET to INIT on port, allowing remote peers the
 // given access (AccessRemoteRead for a region owner).
 func (q *QP) Init(port uint8, access Access) error {
-	var a C.struct_ibv_qp_attr
-	a.pkey_index = 0
-	a.port_num = C.uint8_t(port)
-	a.qp_access_flags = C.uint(access)
-	return q.modify(QPInit, &a, C.IBV_QP_PKEY_INDEX|C.IBV_QP_PORT|C.IBV_QP_ACCESS_FLAGS)
+	return q.modify(QPInit, func(qp *C.struct_ibv_qp) C.int {
+		return C.tf_qp_to_init(qp, C.uint8_t(port), C.int(access))
+	})
 }
 
 // ReadyToReceive moves the QP from INIT to RTR towards remote, through the
@@ -643,40 +647,42 @@ func (q *QP) ReadyToReceive(port PortInfo, remote Endpoint, opts ConnectOptions)
 	if remote.MTU != 0 && remote.MTU < mtu {
 		mtu = remote.MTU
 	}
-	var a C.struct_ibv_qp_attr
-	a.path_mtu = uint32(mtu)
+	var a C.struct_tf_rtr
+	a.path_mtu = C.uint32_t(mtu)
 	a.dest_qp_num = C.uint32_t(remote.QPN & 0xffffff)
 	a.rq_psn = C.uint32_t(remote.PSN & 0xffffff)
 	a.max_dest_rd_atomic = C.uint8_t(opts.MaxDestRdAtomic)
 	a.min_rnr_timer = C.uint8_t(opts.MinRNRTimer)
-	a.ah_attr.dlid = C.uint16_t(remote.LID)
-	a.ah_attr.sl = C.uint8_t(opts.ServiceLevel)
-	a.ah_attr.port_num = C.uint8_t(port.Num)
+	a.dlid = C.uint16_t(remote.LID)
+	a.sl = C.uint8_t(opts.ServiceLevel)
+	a.port_num = C.uint8_t(port.Num)
 	if remote.HasGID {
 		gi := port.GIDIndex()
 		if gi < 0 {
 			return callErr(fmt.Sprintf("ibv_modify_qp(QP %d %s->RTR): remote needs a GID but port %d has no usable GID", q.qpn, q.state, port.Num), syscall.EINVAL)
 		}
-		a.ah_attr.is_global = 1
-		a.ah_attr.grh.sgid_index = C.uint8_t(gi)
-		a.ah_attr.grh.hop_limit = C.uint8_t(opts.HopLimit)
-		a.ah_attr.grh.traffic_class = C.uint8_t(opts.TrafficClass)
-		*(*GID)(unsafe.Pointer(&a.ah_attr.grh.dgid)) = remote.GID
+		a.is_global = 1
+		a.sgid_index = C.uint8_t(gi)
+		a.hop_limit = C.uint8_t(opts.HopLimit)
+		a.traffic_class = C.uint8_t(opts.TrafficClass)
+		for i, b := range remote.GID {
+			a.dgid[i] = C.uint8_t(b)
+		}
 	}
-	return q.modify(QPRTR, &a, C.IBV_QP_AV|C.IBV_QP_PATH_MTU|C.IBV_QP_DEST_QPN|C.IBV_QP_RQ_PSN|C.IBV_QP_MAX_DEST_RD_ATOMIC|C.IBV_QP_MIN_RNR_TIMER)
+	return q.modify(QPRTR, func(qp *C.struct_ibv_qp) C.int { return C.tf_qp_to_rtr(qp, &a) })
 }
 
 // ReadyToSend moves the QP from RTR to RTS; psn is the local first packet
 // sequence number (the PSN of LocalEndpoint).
 func (q *QP) ReadyToSend(psn uint32, opts ConnectOptions) error {
 	opts = opts.withDefaults()
-	var a C.struct_ibv_qp_attr
+	var a C.struct_tf_rts
 	a.timeout = C.uint8_t(opts.Timeout)
 	a.retry_cnt = C.uint8_t(min(opts.RetryCount, 7))
 	a.rnr_retry = C.uint8_t(min(opts.RNRRetry, 7))
 	a.sq_psn = C.uint32_t(psn & 0xffffff)
 	a.max_rd_atomic = C.uint8_t(opts.MaxRdAtomic)
-	return q.modify(QPRTS, &a, C.IBV_QP_TIMEOUT|C.IBV_QP_RETRY_CNT|C.IBV_QP_RNR_RETRY|C.IBV_QP_SQ_PSN|C.IBV_QP_MAX_QP_RD_ATOMIC)
+	return q.modify(QPRTS, func(qp *C.struct_ibv_qp) C.int { return C.tf_qp_to_rts(qp, &a) })
 }
 
 // Connect runs RESET→INIT→RTR→RTS: the QP then reads from and accepts
@@ -695,8 +701,7 @@ func (q *QP) Connect(port PortInfo, access Access, remote Endpoint, localPSN uin
 // SetError moves the QP to the error state: outstanding work requests
 // complete with WCWRFlushErr, so pollers waiting for them finish.
 func (q *QP) SetError() error {
-	var a C.struct_ibv_qp_attr
-	return q.modify(QPError, &a, 0)
+	return q.modify(QPError, func(qp *C.struct_ibv_qp) C.int { return C.tf_qp_to_err(qp) })
 }
 
 // State queries the QP's current state from the device (it moves to ERR by

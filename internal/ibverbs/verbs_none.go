@@ -5,7 +5,7 @@ package ibverbs
 import "fmt"
 
 // errNotBuilt is what every call returns in this build.
-var errNotBuilt = fmt.Errorf("%w: built without verbs support (needs linux, cgo and rdma-core headers; tag noibverbs set or cgo off)", ErrNoRDMA)
+var errNotBuilt = fmt.Errorf("%w: built without verbs support (needs linux and cgo; tag noibverbs set or cgo off)", ErrNoRDMA)
 
 // Available returns an error wrapping ErrNoRDMA in this build.
 func Available() error { return errNotBuilt }

@@ -14,6 +14,8 @@
 
 #include "verbs_shim.h"
 
+#ifdef TF_HAVE_VERBS_H
+
 static struct {
 	struct ibv_device **(*get_device_list)(int *);
 	void (*free_device_list)(struct ibv_device **);
@@ -116,19 +118,52 @@ const char *tf_get_device_name(struct ibv_device *dev) { return fn.get_device_na
 uint64_t tf_get_device_guid(struct ibv_device *dev) { return be64toh(fn.get_device_guid(dev)); }
 struct ibv_context *tf_open_device(struct ibv_device *dev) { return fn.open_device(dev); }
 int tf_close_device(struct ibv_context *ctx) { return fn.close_device(ctx); }
-int tf_query_device(struct ibv_context *ctx, struct ibv_device_attr *attr) {
-	return fn.query_device(ctx, attr);
+int tf_query_device(struct ibv_context *ctx, struct tf_device_attr *out) {
+	struct ibv_device_attr a;
+	int rc;
+	memset(&a, 0, sizeof a);
+	rc = fn.query_device(ctx, &a);
+	if (rc != 0) {
+		return rc;
+	}
+	memset(out, 0, sizeof *out);
+	memcpy(out->fw_ver, a.fw_ver, sizeof out->fw_ver);
+	out->fw_ver[sizeof out->fw_ver - 1] = 0;
+	out->max_mr_size = a.max_mr_size;
+	out->max_qp = a.max_qp;
+	out->max_qp_wr = a.max_qp_wr;
+	out->max_sge = a.max_sge;
+	out->max_cqe = a.max_cqe;
+	out->max_mr = a.max_mr;
+	out->max_qp_rd_atom = a.max_qp_rd_atom;
+	out->max_qp_init_rd_atom = a.max_qp_init_rd_atom;
+	out->phys_port_cnt = a.phys_port_cnt;
+	return 0;
 }
 
 // tf_query_port does what the header's ___ibv_query_port does: the extended
 // op when the provider has one, else the compat symbol.
-int tf_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr) {
+int tf_query_port(struct ibv_context *ctx, uint8_t port, struct tf_port_attr *out) {
 	struct verbs_context *vctx = verbs_get_ctx_op(ctx, query_port);
-	memset(attr, 0, sizeof *attr);
+	struct ibv_port_attr a;
+	int rc;
+	memset(&a, 0, sizeof a);
 	if (vctx == NULL) {
-		return fn.query_port(ctx, port, (struct _compat_ibv_port_attr *)attr);
+		rc = fn.query_port(ctx, port, (struct _compat_ibv_port_attr *)&a);
+	} else {
+		rc = vctx->query_port(ctx, port, &a, sizeof a);
 	}
-	return vctx->query_port(ctx, port, attr, sizeof *attr);
+	if (rc != 0) {
+		return rc;
+	}
+	memset(out, 0, sizeof *out);
+	out->state = a.state;
+	out->max_mtu = a.max_mtu;
+	out->active_mtu = a.active_mtu;
+	out->gid_tbl_len = a.gid_tbl_len;
+	out->lid = a.lid;
+	out->link_layer = a.link_layer;
+	return 0;
 }
 
 int tf_query_gid(struct ibv_context *ctx, uint8_t port, int index, uint8_t gid[16]) {
@@ -211,8 +246,57 @@ struct ibv_qp *tf_create_rc_qp(struct ibv_pd *pd, struct ibv_cq *scq, struct ibv
 	return fn.create_qp(pd, &a);
 }
 uint32_t tf_qp_num(struct ibv_qp *qp) { return qp->qp_num; }
-int tf_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask) {
-	return fn.modify_qp(qp, attr, mask);
+int tf_qp_to_init(struct ibv_qp *qp, uint8_t port, int access) {
+	struct ibv_qp_attr a;
+	memset(&a, 0, sizeof a);
+	a.qp_state = IBV_QPS_INIT;
+	a.pkey_index = 0;
+	a.port_num = port;
+	a.qp_access_flags = (unsigned int)access;
+	return fn.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+}
+
+int tf_qp_to_rtr(struct ibv_qp *qp, const struct tf_rtr *r) {
+	struct ibv_qp_attr a;
+	memset(&a, 0, sizeof a);
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = (enum ibv_mtu)r->path_mtu;
+	a.dest_qp_num = r->dest_qp_num;
+	a.rq_psn = r->rq_psn;
+	a.max_dest_rd_atomic = r->max_dest_rd_atomic;
+	a.min_rnr_timer = r->min_rnr_timer;
+	a.ah_attr.dlid = r->dlid;
+	a.ah_attr.sl = r->sl;
+	a.ah_attr.port_num = r->port_num;
+	if (r->is_global) {
+		a.ah_attr.is_global = 1;
+		a.ah_attr.grh.sgid_index = r->sgid_index;
+		a.ah_attr.grh.hop_limit = r->hop_limit;
+		a.ah_attr.grh.traffic_class = r->traffic_class;
+		memcpy(a.ah_attr.grh.dgid.raw, r->dgid, 16);
+	}
+	return fn.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+					  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+}
+
+int tf_qp_to_rts(struct ibv_qp *qp, const struct tf_rts *r) {
+	struct ibv_qp_attr a;
+	memset(&a, 0, sizeof a);
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = r->timeout;
+	a.retry_cnt = r->retry_cnt;
+	a.rnr_retry = r->rnr_retry;
+	a.sq_psn = r->sq_psn;
+	a.max_rd_atomic = r->max_rd_atomic;
+	return fn.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+					  IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+int tf_qp_to_err(struct ibv_qp *qp) {
+	struct ibv_qp_attr a;
+	memset(&a, 0, sizeof a);
+	a.qp_state = IBV_QPS_ERR;
+	return fn.modify_qp(qp, &a, IBV_QP_STATE);
 }
 int tf_query_qp_state(struct ibv_qp *qp, int *state) {
 	struct ibv_qp_attr a;
@@ -311,3 +395,66 @@ int tf_poll_cq(struct ibv_cq *cq, struct tf_wc *out, int n) {
 	}
 	return got;
 }
+
+#else // !TF_HAVE_VERBS_H: built without rdma-core's headers.
+
+int tf_ibv_load(char *err, size_t errlen) {
+	if (err != NULL && errlen > 0) {
+		snprintf(err, errlen, "built without rdma-core headers (install libibverbs-dev and rebuild)");
+	}
+	return -1;
+}
+
+// Never called: tf_ibv_load fails first.
+struct ibv_device **tf_get_device_list(int *num) { *num = 0; errno = ENOSYS; return NULL; }
+void tf_free_device_list(struct ibv_device **list) { (void)list; }
+struct ibv_device *tf_device_at(struct ibv_device **list, int i) { (void)list; (void)i; return NULL; }
+const char *tf_get_device_name(struct ibv_device *dev) { (void)dev; return ""; }
+uint64_t tf_get_device_guid(struct ibv_device *dev) { (void)dev; return 0; }
+struct ibv_context *tf_open_device(struct ibv_device *dev) { (void)dev; errno = ENOSYS; return NULL; }
+int tf_close_device(struct ibv_context *ctx) { (void)ctx; return ENOSYS; }
+int tf_query_device(struct ibv_context *ctx, struct tf_device_attr *a) { (void)ctx; (void)a; return ENOSYS; }
+int tf_query_port(struct ibv_context *ctx, uint8_t port, struct tf_port_attr *a) { (void)ctx; (void)port; (void)a; return ENOSYS; }
+int tf_query_gid(struct ibv_context *ctx, uint8_t port, int index, uint8_t gid[16]) { (void)ctx; (void)port; (void)index; (void)gid; return ENOSYS; }
+int tf_query_gid_table(struct ibv_context *ctx, uint8_t port, uint8_t *gids, uint32_t *types, int *indexes, int max) {
+	(void)ctx; (void)port; (void)gids; (void)types; (void)indexes; (void)max;
+	return -ENOSYS;
+}
+int tf_query_gid_type(struct ibv_context *ctx, uint8_t port, int index, uint32_t *type) { (void)ctx; (void)port; (void)index; (void)type; return ENOSYS; }
+struct ibv_pd *tf_alloc_pd(struct ibv_context *ctx) { (void)ctx; errno = ENOSYS; return NULL; }
+int tf_dealloc_pd(struct ibv_pd *pd) { (void)pd; return ENOSYS; }
+struct ibv_cq *tf_create_cq(struct ibv_context *ctx, int cqe) { (void)ctx; (void)cqe; errno = ENOSYS; return NULL; }
+int tf_destroy_cq(struct ibv_cq *cq) { (void)cq; return ENOSYS; }
+struct ibv_qp *tf_create_rc_qp(struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq,
+			       uint32_t max_send_wr, uint32_t max_recv_wr, uint32_t max_sge) {
+	(void)pd; (void)scq; (void)rcq; (void)max_send_wr; (void)max_recv_wr; (void)max_sge;
+	errno = ENOSYS;
+	return NULL;
+}
+uint32_t tf_qp_num(struct ibv_qp *qp) { (void)qp; return 0; }
+int tf_qp_to_init(struct ibv_qp *qp, uint8_t port, int access) { (void)qp; (void)port; (void)access; return ENOSYS; }
+int tf_qp_to_rtr(struct ibv_qp *qp, const struct tf_rtr *r) { (void)qp; (void)r; return ENOSYS; }
+int tf_qp_to_rts(struct ibv_qp *qp, const struct tf_rts *r) { (void)qp; (void)r; return ENOSYS; }
+int tf_qp_to_err(struct ibv_qp *qp) { (void)qp; return ENOSYS; }
+int tf_query_qp_state(struct ibv_qp *qp, int *state) { (void)qp; (void)state; return ENOSYS; }
+int tf_destroy_qp(struct ibv_qp *qp) { (void)qp; return ENOSYS; }
+struct ibv_mr *tf_reg_mr(struct ibv_pd *pd, uint64_t addr, size_t length, int access) {
+	(void)pd; (void)addr; (void)length; (void)access;
+	errno = ENOSYS;
+	return NULL;
+}
+struct ibv_mr *tf_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
+				uint64_t iova, int fd, int access) {
+	(void)pd; (void)offset; (void)length; (void)iova; (void)fd; (void)access;
+	errno = ENOSYS;
+	return NULL;
+}
+int tf_have_dmabuf(void) { return 0; }
+uint32_t tf_mr_lkey(struct ibv_mr *mr) { (void)mr; return 0; }
+uint32_t tf_mr_rkey(struct ibv_mr *mr) { (void)mr; return 0; }
+int tf_dereg_mr(struct ibv_mr *mr) { (void)mr; return ENOSYS; }
+const char *tf_wc_status_str(uint32_t status) { (void)status; return "unknown"; }
+int tf_post_reads(struct ibv_qp *qp, struct tf_read *reqs, int n, int *bad) { (void)qp; (void)reqs; (void)n; *bad = 0; return ENOSYS; }
+int tf_poll_cq(struct ibv_cq *cq, struct tf_wc *out, int n) { (void)cq; (void)out; (void)n; return -ENOSYS; }
+
+#endif
