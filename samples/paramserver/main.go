@@ -16,6 +16,7 @@ import (
 	"github.com/tensorferry/tensorferry/cluster"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/samples/paramserver/ps"
+	"go.uber.org/zap"
 )
 
 func main() {
@@ -28,6 +29,7 @@ type options struct {
 	config  string
 	node    string
 	json    bool
+	log     bool
 	tol     float64
 	timeout time.Duration
 }
@@ -47,6 +49,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.config, "config", "", "cluster config file: run one node of a real cluster (with --node)")
 	fs.StringVar(&o.node, "node", "", "this node's name in --config")
 	fs.BoolVar(&o.json, "json", false, "print the final figures as JSON")
+	fs.BoolVar(&o.log, "log", false, "log what the nodes do to stderr")
 	fs.Float64Var(&o.tol, "tol", 1e-2, "largest ‖w−w*‖/‖w*‖ counted as converged")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up after this long")
 	if err := fs.Parse(args); err != nil {
@@ -109,6 +112,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// logger returns the nodes' logger option: zap's development logger with
+// --log, else none.
+func (o *options) logger() actor.Option {
+	if !o.log {
+		return actor.WithLogger(zap.NewNop())
+	}
+	l, err := zap.NewDevelopment()
+	if err != nil {
+		return actor.WithLogger(zap.NewNop())
+	}
+	return actor.WithLogger(l)
+}
+
 func report(w io.Writer, res *ps.Result) {
 	fmt.Fprintf(w, "done: %s, %d steps, dim %d, %d workers, %d shards in %v\n",
 		res.Mode, res.Steps, res.Dim, res.Workers, len(res.Shards), res.Elapsed.Round(time.Millisecond))
@@ -150,7 +166,7 @@ func embedded(ctx context.Context, o *options, stdout io.Writer) (*ps.Result, er
 		}
 	}()
 	for _, nc := range cc.Nodes {
-		n, err := actor.NewNode(cc, nc.Name)
+		n, err := actor.NewNode(cc, nc.Name, o.logger())
 		if err != nil {
 			return nil, err
 		}
@@ -205,7 +221,7 @@ func member(ctx context.Context, o *options, stdout io.Writer) (*ps.Result, erro
 	if err != nil {
 		return nil, err
 	}
-	n, err := actor.NewNode(cc, o.node)
+	n, err := actor.NewNode(cc, o.node, o.logger())
 	if err != nil {
 		return nil, err
 	}

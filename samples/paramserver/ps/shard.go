@@ -65,6 +65,11 @@ func (s *shard) Receive(c pa.Context) {
 		s.pull(c, c.Sender(), m.Step)
 	case *Push:
 		s.push(c, m)
+	case *actor.DeliveryFailed:
+		// Weights or an Ack did not reach a worker (its node could not
+		// fetch the tensor, or went down): tell it, without a tensor, so it
+		// fails at once instead of waiting.
+		c.Send(m.Target, &Weights{Shard: s.id, Err: m.Error()})
 	case *pa.Stopped:
 		s.free()
 	}
@@ -99,7 +104,8 @@ func (s *shard) sendWeights(c pa.Context, to *pa.PID) {
 		}
 		w = cp
 	}
-	c.Send(to, &Weights{Shard: s.id, Step: s.step, W: w})
+	// Request, not Send: a delivery failure comes back as DeliveryFailed.
+	c.Request(to, &Weights{Shard: s.id, Step: s.step, W: w})
 }
 
 func (s *shard) push(c pa.Context, m *Push) {

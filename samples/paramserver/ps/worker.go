@@ -11,6 +11,11 @@ import (
 	"github.com/tensorferry/tensorferry/tensor"
 )
 
+// stepTimeout is how long a worker waits for any answer from the shards
+// before it gives up: longer than a transfer's deadline plus a shard's
+// longest wait for leases.
+const stepTimeout = 2 * time.Minute
+
 // worker owns a slice of the data. Each step it pulls every shard, computes
 // the gradient of its loss on host memory and pushes one gradient tensor per
 // shard; it starts the next step once every shard acknowledged.
@@ -51,7 +56,11 @@ func newWorker(node *actor.Node, cfg Config, id int, shards []*pa.PID, driver *p
 func (wk *worker) Receive(c pa.Context) {
 	switch m := c.Message().(type) {
 	case *Train:
+		// A watchdog: a step that gets no answer for this long fails.
+		c.SetReceiveTimeout(stepTimeout)
 		wk.startStep(c)
+	case *pa.ReceiveTimeout:
+		wk.fail(c, fmt.Errorf("ps: worker %d: step %d: no answer from the shards for %v", wk.id, wk.step, stepTimeout))
 	case *Weights:
 		wk.weights(c, m)
 	case *Ack:
@@ -71,6 +80,7 @@ func (wk *worker) startStep(c pa.Context) {
 	}
 	if wk.step == wk.cfg.Steps {
 		wk.done = true
+		c.CancelReceiveTimeout()
 		c.Send(wk.driver, &Done{Worker: wk.id})
 		return
 	}
@@ -162,6 +172,7 @@ func (wk *worker) fail(c pa.Context, err error) {
 		return
 	}
 	wk.done = true
+	c.CancelReceiveTimeout()
 	c.Send(wk.driver, &Done{Worker: wk.id, Err: err.Error()})
 }
 
