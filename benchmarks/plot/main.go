@@ -165,8 +165,16 @@ func build(lines []line, s settings) (*plot.Plot, error) {
 		p.Add(ln, pts)
 		p.Legend.Add(l.path, ln, pts)
 	}
-	p.Y.Min = 0
+	// Room above the highest point for the legend (top left).
+	top := 0.0
+	for _, l := range lines {
+		for _, pt := range l.pts {
+			top = max(top, pt.Y)
+		}
+	}
+	p.Y.Min, p.Y.Max = 0, top*1.3
 	if s.logY {
+		p.Y.Max = top * 4
 		p.Y.Min = math.Inf(1)
 		for _, l := range lines {
 			for _, pt := range l.pts {
@@ -178,7 +186,7 @@ func build(lines []line, s settings) (*plot.Plot, error) {
 }
 
 // sizeTicks marks powers of two on a logarithmic size axis, labelling
-// every fourth one (4KiB, 64KiB, 1MiB, ...).
+// every second one (4KiB, 16KiB, 64KiB, ...).
 type sizeTicks struct{}
 
 func (sizeTicks) Ticks(lo, hi float64) []plot.Tick {
@@ -189,7 +197,7 @@ func (sizeTicks) Ticks(lo, hi float64) []plot.Tick {
 			continue
 		}
 		t := plot.Tick{Value: v}
-		if e%4 == 0 || lo*16 > hi {
+		if e%2 == 0 || lo*16 > hi {
 			t.Label = cluster.FormatSize(1 << e)
 		}
 		ts = append(ts, t)
