@@ -166,13 +166,24 @@ func newTensor(dev memory.Device, size int, seed uint64) (*tensor.Tensor, uint32
 	return x, crc32.ChecksumIEEE(host), nil
 }
 
-// fill writes pseudo-random bytes seeded by seed into b.
+// fillPeriod is the length of the random block fill repeats: not a
+// divisor of any chunk size, so a chunk landing at the wrong offset changes
+// the checksum.
+const fillPeriod = 1<<20 + 7
+
+// fill writes pseudo-random bytes seeded by seed into b: one random block
+// of fillPeriod bytes, repeated (generating GiBs of random bytes would take
+// longer than moving them).
 func fill(b []byte, seed uint64) {
 	var key [32]byte
 	for i := range 8 {
 		key[i] = byte(seed >> (8 * i))
 	}
-	_, _ = rand.NewChaCha8(key).Read(b)
+	block := make([]byte, min(len(b), fillPeriod))
+	_, _ = rand.NewChaCha8(key).Read(block)
+	for off := 0; off < len(b); {
+		off += copy(b[off:], block)
+	}
 }
 
 // renamePath gives every result of path old the path "tensorferry-<ch>",

@@ -201,12 +201,22 @@ func measureRTT(n *nodes, count int, add func(report.Result)) error {
 	return nil
 }
 
-// fill writes pseudo-random bytes seeded by seed into b.
+// fillPeriod is the length of the random block fill repeats: not a
+// divisor of any chunk size, so a chunk landing at the wrong offset changes
+// the checksum.
+const fillPeriod = 1<<20 + 7
+
+// fill writes pseudo-random bytes seeded by seed into b: one random block
+// of fillPeriod bytes, repeated (generating GiBs of random bytes would take
+// longer than moving them).
 func fill(b []byte, seed uint64) {
 	var key [32]byte
-	key[0] = byte(seed)
-	key[1] = byte(seed >> 8)
-	key[2] = byte(seed >> 16)
-	key[3] = byte(seed >> 24)
-	_, _ = rand.NewChaCha8(key).Read(b)
+	for i := range 8 {
+		key[i] = byte(seed >> (8 * i))
+	}
+	block := make([]byte, min(len(b), fillPeriod))
+	_, _ = rand.NewChaCha8(key).Read(block)
+	for off := 0; off < len(b); {
+		off += copy(b[off:], block)
+	}
 }
