@@ -2,6 +2,7 @@ package actor
 
 import (
 	"github.com/tensorferry/tensorferry/rdma"
+	"github.com/tensorferry/tensorferry/rdma/ipc"
 	"github.com/tensorferry/tensorferry/rdma/local"
 	"github.com/tensorferry/tensorferry/rdma/staging"
 	"github.com/tensorferry/tensorferry/rdma/verbs"
@@ -12,6 +13,7 @@ import (
 func defaultChannels() map[string]ChannelFactory {
 	return map[string]ChannelFactory{
 		rdma.Local:   func(env *rdma.Env) (rdma.Channel, error) { return local.New(env) },
+		rdma.IPC:     func(env *rdma.Env) (rdma.Channel, error) { return ipc.New(env) },
 		rdma.Staging: func(env *rdma.Env) (rdma.Channel, error) { return staging.New(env) },
 		rdma.Verbs:   func(env *rdma.Env) (rdma.Channel, error) { return verbs.New(env) },
 	}

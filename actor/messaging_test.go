@@ -13,13 +13,16 @@ import (
 
 // recorder collects the Ping numbers it receives and the Terminated it sees.
 type recorder struct {
-	mu    sync.Mutex
-	got   []int
-	terms []*pa.Terminated
-	ch    chan struct{}
+	mu      sync.Mutex
+	got     []int
+	terms   []*pa.Terminated
+	ch      chan struct{}
+	started chan struct{} // closed once the actor started (and watched)
 }
 
-func newRecorder() *recorder { return &recorder{ch: make(chan struct{}, 1<<16)} }
+func newRecorder() *recorder {
+	return &recorder{ch: make(chan struct{}, 1<<16), started: make(chan struct{})}
+}
 
 func (r *recorder) props(watch *pa.PID) *pa.Props {
 	return pa.PropsFromFunc(func(c pa.Context) {
@@ -28,6 +31,7 @@ func (r *recorder) props(watch *pa.PID) *pa.Props {
 			if watch != nil {
 				c.Watch(watch)
 			}
+			close(r.started)
 		case *Ping:
 			r.mu.Lock()
 			r.got = append(r.got, m.N)
@@ -105,7 +109,8 @@ func TestWatchAcrossNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Make sure the watch reached b before stopping the actor: a request
-	// after it on the same connection is answered after it is processed.
+	// sent after it on the same connection is answered after it.
+	<-rec.started
 	if _, err := a.Root().RequestFuture(remote, &Ping{}, 5*time.Second).Result(); err != nil {
 		t.Fatal(err)
 	}

@@ -28,15 +28,17 @@ func TestHelperNode(t *testing.T) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	node, err := actor.NewNode(cfg, name)
-	if err == nil {
-		err = node.Start()
-	}
+	node, err := actor.NewNode(cfg, name, testLogger())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
+	// Actors first: a peer may talk to them as soon as the node is up.
 	spawnTestActors(node)
+	if err := node.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	<-sig
@@ -107,9 +109,20 @@ func processCluster(t *testing.T, n int) (string, *actor.Node, []*childNode) {
 	t.Cleanup(func() { _ = local.Stop() })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	var names []string
+	for _, nc := range cfg.Nodes {
+		names = append(names, nc.Name)
+	}
 	for _, nc := range cfg.Nodes[1:] {
 		if err := local.WaitPeer(ctx, nc.Name); err != nil {
 			t.Fatal(err)
+		}
+	}
+	// Every child sees every node too.
+	for _, nc := range cfg.Nodes[1:] {
+		res, err := local.Root().RequestFuture(local.PID(nc.Name, "tensors"), &WaitPeers{Nodes: names}, 25*time.Second).Result()
+		if err != nil || res.(*Digest).Err != "" {
+			t.Fatalf("%s waiting for its peers: %v %v", nc.Name, res, err)
 		}
 	}
 	return path, local, children

@@ -45,12 +45,19 @@ type Digest struct {
 // Hold is never answered.
 type Hold struct{}
 
+// WaitPeers asks a node's tensors actor to wait until the named nodes are
+// up; it answers with a Digest (Err set on failure).
+type WaitPeers struct {
+	Nodes []string
+}
+
 func init() {
 	actor.MustRegisterMessage("test.Grad", &Grad{})
 	actor.MustRegisterMessage("test.RefMsg", &RefMsg{})
 	actor.MustRegisterMessage("test.ForwardRef", &ForwardRef{})
 	actor.MustRegisterMessage("test.Digest", &Digest{})
 	actor.MustRegisterMessage("test.Hold", &Hold{})
+	actor.MustRegisterMessage("test.WaitPeers", &WaitPeers{})
 }
 
 func digest(t *tensor.Tensor) *Digest {
@@ -91,6 +98,19 @@ func tensorProps(node *actor.Node) *pa.Props {
 			}
 			c.Respond(digest(t))
 			_ = t.Free()
+		case *WaitPeers:
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			for _, p := range m.Nodes {
+				if p == node.Name() {
+					continue
+				}
+				if err := node.WaitPeer(ctx, p); err != nil {
+					c.Respond(&Digest{Err: err.Error()})
+					return
+				}
+			}
+			c.Respond(&Digest{})
 		case *ForwardRef:
 			c.RequestWithCustomSender(node.PID(m.Next, "tensors"), &RefMsg{R: m.R}, c.Sender())
 		}

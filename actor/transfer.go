@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/tensorferry/tensorferry/memory"
@@ -221,7 +223,7 @@ func (n *Node) fetchInto(ctx context.Context, d *tensor.Descriptor, dst *tensor.
 	if err != nil {
 		return err
 	}
-	choice := rdma.Select(oc, &n.caps, src, dst.Device())
+	choice := rdma.Select(oc, n.fetcherCaps(d), src, dst.Device())
 	ch := n.channels[choice.Channel]
 	if ch == nil {
 		return fmt.Errorf("%w: %s -> %s: %v", ErrNoChannel, src, dst.Device(), choice.Rejected)
@@ -232,6 +234,28 @@ func (n *Node) fetchInto(ctx context.Context, d *tensor.Descriptor, dst *tensor.
 	}
 	n.stats.addBytes(choice.Channel, d.Bytes, time.Since(start))
 	return nil
+}
+
+// holderBound lists the channels that serve an export only to the node its
+// lease was issued to (they hand out a per-peer IPC handle or RDMA key).
+var holderBound = []string{rdma.IPC, rdma.Verbs}
+
+// fetcherCaps returns this node's capabilities for fetching d: all of them,
+// except, for a descriptor that was forwarded here (this node is not its
+// holder), the channels bound to the holder.
+func (n *Node) fetcherCaps(d *tensor.Descriptor) *rdma.Caps {
+	if d.Holder == "" || d.Holder == n.self.Name {
+		return &n.caps
+	}
+	c := n.caps
+	c.Channels = slices.DeleteFunc(slices.Clone(c.Channels), func(ch string) bool { return slices.Contains(holderBound, ch) })
+	c.NotRunning = maps.Clone(c.NotRunning)
+	for _, ch := range holderBound {
+		if n.caps.Runs(ch) {
+			c.NotRunning[ch] = "forwarded descriptor (lent to " + d.Holder + "): served only to its holder"
+		}
+	}
+	return &c
 }
 
 // release ends a descriptor's lease on its owner.

@@ -307,7 +307,7 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 	refuse := m.slots[peer.Node].dialing && m.self.Name < peer.Node
 	m.mu.Unlock()
 	if refuse {
-		m.log.Debug("inbound connection refused: own dial in flight", zap.String("peer", peer.Node))
+		m.log.Info("inbound connection refused: own dial to it in flight", zap.String("peer", peer.Node))
 		nc.Close()
 		return
 	}
@@ -450,9 +450,16 @@ func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
 	old := s.cur
 	if old != nil && old.Incarnation == wp.Incarnation {
 		preferred := min(m.self.Name, wp.Node)
-		if isUp(old) || old.initiator == preferred || initiator != preferred {
+		closing := false
+		select {
+		case <-old.conn.Done():
+			closing = true
+		default:
+		}
+		keepOld := isUp(old) || (old.initiator == preferred && initiator != preferred)
+		if !closing && keepOld {
 			m.mu.Unlock()
-			m.log.Debug("duplicate connection closed", zap.String("peer", wp.Node))
+			m.log.Info("duplicate connection closed", zap.String("peer", wp.Node))
 			_ = nc.Close()
 			return
 		}

@@ -30,6 +30,11 @@ type Descriptor struct {
 	Shape       Shape  `msgpack:"s"`
 	Bytes       int64  `msgpack:"b"` // must equal Shape × DType size
 	Device      string `msgpack:"d"` // owner-side device, e.g. "cuda:0"
+	// Holder is the node the lease was issued to. A node that fetches a
+	// descriptor it did not get from the owner (a forwarded Ref) is not the
+	// holder: channels that bind access to the holder (ipc, verbs) then
+	// give way to staging.
+	Holder string `msgpack:"h,omitempty"`
 	// Offers holds what the owner offers each data channel, keyed by channel
 	// name (for example the CUDA IPC handle for "ipc").
 	Offers map[string][]byte `msgpack:"f,omitempty"`
@@ -44,6 +49,9 @@ func (d *Descriptor) Validate() error {
 	}
 	if d.Owner == "" || len(d.Owner) > maxNameLen {
 		return fmt.Errorf("%w: owner name %q", ErrBadDescriptor, d.Owner)
+	}
+	if len(d.Holder) > maxNameLen {
+		return fmt.Errorf("%w: holder name of %d bytes", ErrBadDescriptor, len(d.Holder))
 	}
 	n, err := d.Shape.ByteSize(d.DType)
 	if err != nil {
@@ -112,6 +120,8 @@ func (d *Descriptor) DecodeMsgpack(dec *msgpack.Decoder) error {
 			out.Device, err = dec.DecodeString()
 		case "f":
 			out.Offers, err = decodeOffers(dec)
+		case "h":
+			out.Holder, err = dec.DecodeString()
 		default:
 			err = dec.Skip()
 		}

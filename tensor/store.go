@@ -42,7 +42,8 @@ type Store struct {
 	nextID  uint64
 	exports map[uint64]*Export
 	closed  bool
-	onEnd   func(*Export)
+	onEnd   map[uint64]func(*Export)
+	nextSub uint64
 }
 
 // NewStore returns an empty store for the named node's incarnation.
@@ -56,13 +57,24 @@ func (s *Store) Node() string { return s.node }
 // Incarnation returns the owner node's incarnation.
 func (s *Store) Incarnation() uint64 { return s.incarnation }
 
-// OnEnd sets a function called (outside the store's lock) whenever an export
+// OnEnd adds a function called (outside the store's lock) whenever an export
 // ends: released, expired, dropped with its holder, or at Close. Channels use
-// it to drop per-export state (for example an RDMA key).
-func (s *Store) OnEnd(f func(*Export)) {
+// it to drop per-export state (for example an RDMA key). The returned
+// function removes it.
+func (s *Store) OnEnd(f func(*Export)) (cancel func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.onEnd = f
+	if s.onEnd == nil {
+		s.onEnd = map[uint64]func(*Export){}
+	}
+	s.nextSub++
+	id := s.nextSub
+	s.onEnd[id] = f
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		delete(s.onEnd, id)
+	}
 }
 
 func randomLease() uint64 {
@@ -105,6 +117,7 @@ func (s *Store) Export(t *Tensor, holder string, ttl time.Duration) (*Export, *D
 		Shape:       t.Shape().Clone(),
 		Bytes:       t.ByteSize(),
 		Device:      t.Device().String(),
+		Holder:      holder,
 	}
 	return e, d, nil
 }
@@ -160,7 +173,7 @@ func (s *Store) Release(id, lease uint64) error {
 		return err
 	}
 	drop := s.end(e)
-	f := s.onEnd
+	f := s.endHooks()
 	s.mu.Unlock()
 	finish(e, drop, f)
 	return nil
@@ -177,6 +190,23 @@ func (s *Store) end(e *Export) (drop bool) {
 		e.timer.Stop()
 	}
 	return e.uses == 0
+}
+
+// endHooks returns one function calling every OnEnd subscriber, or nil;
+// s.mu must be held.
+func (s *Store) endHooks() func(*Export) {
+	if len(s.onEnd) == 0 {
+		return nil
+	}
+	fs := make([]func(*Export), 0, len(s.onEnd))
+	for _, f := range s.onEnd {
+		fs = append(fs, f)
+	}
+	return func(e *Export) {
+		for _, f := range fs {
+			f(e)
+		}
+	}
 }
 
 // finish completes an ended export outside the store's lock.
@@ -201,7 +231,7 @@ func (s *Store) ReleaseHolder(holder string) int {
 			ended = append(ended, e)
 		}
 	}
-	f := s.onEnd
+	f := s.endHooks()
 	s.mu.Unlock()
 	for i, e := range ended {
 		finish(e, drops[i], f)
@@ -226,7 +256,7 @@ func (s *Store) Close() {
 		drops = append(drops, s.end(e))
 		ended = append(ended, e)
 	}
-	f := s.onEnd
+	f := s.endHooks()
 	s.mu.Unlock()
 	for i, e := range ended {
 		finish(e, drops[i], f)
