@@ -1,0 +1,39 @@
+// Command paramserver trains linear regression with a sharded parameter
+// server built from tensorferry actors.
+//
+// The parameter vector (float32, --dim long) is split into --shards
+// contiguous ranges, each held by a PS shard actor on its node's device (a
+// GPU when the node offers one). Each of --workers worker actors owns a
+// slice of generated sparse data with a known solution (y = X·w* + noise),
+// and every step pulls the weights from every shard, computes the gradient
+// of the squared loss on host memory and pushes one gradient tensor per
+// shard. Weights and gradients larger than 64 KiB travel out of band through
+// the data channels. Shards sum gradients (memory.Axpy) and apply SGD
+// (memory.SGD), which run as CUDA kernels on GPU shards and as Go loops on
+// host shards. A shard lends its weights when it answers a pull, and waits
+// (Tensor.WaitReleased) before it writes them again.
+//
+// With --mode sync each shard applies the average of all workers' gradients
+// of a step before it answers the next step's pulls; with --mode async it
+// applies each gradient (scaled by 1/workers) as it arrives.
+//
+// With no flags, an embedded 3-node cluster on loopback (each node with its
+// own listeners, so the real wire protocol and data channels are used):
+// node0 holds the shards, node1 and node2 the workers:
+//
+//	go run ./samples/paramserver
+//	go run ./samples/paramserver --mode async --workers 4 --shards 3
+//	go run ./samples/paramserver --dim 262144 --steps 40 --json
+//
+// It prints the loss of every step, then the distance ‖w − w*‖/‖w*‖, the
+// bytes each data channel moved (summed over the nodes) and the messages
+// sent, and exits with status 1 when the distance is above --tol (1e-2).
+//
+// With --config FILE --node NAME it runs one node of a real cluster. Roles
+// follow the config's node list: the first ⌈n/3⌉ nodes hold the shards, the
+// others run the workers (a single node runs both). The node of the first
+// worker drives: it sets every node up with its own flags (only the
+// driver's training flags matter), reports, and tells the others to exit.
+//
+//	paramserver --config cluster.yaml --node a   # on every node
+package main
