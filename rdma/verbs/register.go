@@ -21,6 +21,20 @@ type DmabufExporter interface {
 	DmabufFD(off, n int) (fd int, dmabufOffset uint64, err error)
 }
 
+// dmabufOf returns a dmabuf fd covering [off, off+n) of buf and the offset
+// of that range in the dmabuf: through the buffer's own DmabufExporter, or,
+// for memory's CUDA buffers, a dmabuf of their whole allocation.
+func dmabufOf(buf memory.Buffer, off, n int) (int, uint64, error) {
+	if x, ok := buf.(DmabufExporter); ok {
+		return x.DmabufFD(off, n)
+	}
+	fd, boff, _, err := memory.DmaBuf(buf)
+	if err != nil {
+		return -1, 0, err
+	}
+	return fd, uint64(boff + off), nil
+}
+
 // regBuffer registers n bytes of buf from off.
 func regBuffer(pd *ibverbs.PD, buf memory.Buffer, off, n int, access ibverbs.Access) (*ibverbs.MR, error) {
 	if err := memory.CheckRange(off, n, buf.Len()); err != nil {
@@ -30,9 +44,8 @@ func regBuffer(pd *ibverbs.PD, buf memory.Buffer, off, n int, access ibverbs.Acc
 	if buf.Device().IsHost() {
 		return pd.RegMR(addr, n, access)
 	}
-	if x, ok := buf.(DmabufExporter); ok && ibverbs.DmabufSupported() {
-		fd, doff, err := x.DmabufFD(off, n)
-		if err == nil {
+	if ibverbs.DmabufSupported() {
+		if fd, doff, err := dmabufOf(buf, off, n); err == nil {
 			mr, err := pd.RegDmabufMR(doff, n, uint64(addr), fd, access)
 			closeFD(fd)
 			if err == nil {
