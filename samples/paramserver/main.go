@@ -155,6 +155,10 @@ func embedded(ctx context.Context, o *options, stdout io.Writer) (*ps.Result, er
 	if err != nil {
 		return nil, err
 	}
+	// LocalConfig declares a node down after 500ms of silence, which a
+	// loaded machine (or the race detector) can exceed: use the defaults.
+	def := cluster.DefaultConfig()
+	cc.HeartbeatInterval, cc.FailureTimeout = def.HeartbeatInterval, def.FailureTimeout
 	cc.Nodes[0].Devices = shardDevices()
 	if !o.json {
 		fmt.Fprintf(stdout, "embedded cluster: 3 nodes on loopback; shards on %s use %v\n", cc.Nodes[0].Name, cc.Nodes[0].Devices)

@@ -59,6 +59,10 @@ func pipeline(ctx context.Context, cfg pipe.Config, logs bool, w io.Writer) erro
 	if err != nil {
 		return err
 	}
+	// LocalConfig declares a node down after 500ms of silence, which a
+	// loaded machine (or the race detector) can exceed: use the defaults.
+	def := cluster.DefaultConfig()
+	cc.HeartbeatInterval, cc.FailureTimeout = def.HeartbeatInterval, def.FailureTimeout
 	log := zap.NewNop()
 	if logs {
 		if l, err := zap.NewDevelopment(); err == nil {

@@ -89,6 +89,10 @@ func (a *Agent) Receive(c pa.Context) {
 		a.end(nil)
 	case *pa.Terminated:
 		if a.driver != nil && m.Who.Equal(a.driver) {
+			if a.finished {
+				a.end(nil) // the driver ended after collecting the results
+				return
+			}
 			a.stopAll()
 			a.end(ErrDriverDown)
 		}

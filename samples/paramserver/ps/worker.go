@@ -58,7 +58,14 @@ func (wk *worker) Receive(c pa.Context) {
 	case *Train:
 		// A watchdog: a step that gets no answer for this long fails.
 		c.SetReceiveTimeout(stepTimeout)
+		// Fail at once if a shard's node goes down: messages in flight to
+		// or from it are lost.
+		for _, s := range wk.shards {
+			c.Watch(s)
+		}
 		wk.startStep(c)
+	case *pa.Terminated:
+		wk.fail(c, fmt.Errorf("ps: worker %d: shard %v ended (%v)", wk.id, m.Who, m.Why))
 	case *pa.ReceiveTimeout:
 		wk.fail(c, fmt.Errorf("ps: worker %d: step %d: no answer from the shards for %v", wk.id, wk.step, stepTimeout))
 	case *Weights:

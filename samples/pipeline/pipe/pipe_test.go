@@ -29,6 +29,10 @@ func startCluster(t *testing.T) []*actor.Node {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// LocalConfig declares a node down after 500ms of silence, which a
+	// loaded machine (or the race detector) can exceed: use the defaults.
+	def := cluster.DefaultConfig()
+	cc.HeartbeatInterval, cc.FailureTimeout = def.HeartbeatInterval, def.FailureTimeout
 	var nodes []*actor.Node
 	for _, nc := range cc.Nodes {
 		n, err := actor.NewNode(cc, nc.Name, actor.WithLogger(zap.NewNop()))
