@@ -39,6 +39,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "pipeline: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintln(stderr, "pipeline:", err)
 		return 2
