@@ -8,6 +8,7 @@
 //	gpu --mode staging                 # GPU → TCP loopback → GPU vs raw TCP vs the naive sequence
 //	gpu --mode regcache                # first vs repeated transfer of one buffer
 //	gpu --mode peer --max 256MiB --reps 20 --json
+//	gpu --mode ipc --nccl nccl.txt     # also states the NCCL target from nccl_sendrecv.py's output
 //
 // Modes and their paths (the "path" of each JSON line):
 //
@@ -54,6 +55,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -99,21 +101,24 @@ func main() {
 	flag.Parse()
 
 	o := options{reps: *reps, src: *src, dst: *dst, timeout: *timeout, progress: os.Stderr}
-	if *quick {
-		if o.reps == 0 {
-			o.reps = 3
-		}
-		*maxSize = "64MiB"
+	if *quick && o.reps == 0 {
+		o.reps = 3
 	}
 	var err error
 	if o.sizes, err = sizes(*minSize, *maxSize); err == nil {
 		o.regSize, err = cluster.ParseSize(*regSize)
 	}
+	if *quick {
+		o.sizes = slices.DeleteFunc(o.sizes, func(s int) bool { return s > 64<<20 })
+		if err == nil && len(o.sizes) == 0 {
+			err = errors.New("--quick stops at 64MiB, below --min")
+		}
+	}
 	run := modes
 	if *mode != "all" {
 		run = strings.Split(*mode, ",")
 		for _, m := range run {
-			if !contains(modes, m) {
+			if !slices.Contains(modes, m) {
 				err = errors.Join(err, fmt.Errorf("unknown mode %q: want %s or all", m, strings.Join(modes, ", ")))
 			}
 		}
@@ -163,15 +168,6 @@ func main() {
 func fatal(err error) {
 	fmt.Fprintf(os.Stderr, "gpu: %v\n", err)
 	os.Exit(1)
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // sizes returns the default sizes between lo and hi.
