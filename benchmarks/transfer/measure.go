@@ -15,9 +15,12 @@ import (
 	"github.com/tensorferry/tensorferry/tensor"
 )
 
-// warmups is the number of untimed messages per size and path; the first
-// one of tensorferry is checked byte for byte (CRC-32) by the receiver.
-const warmups = 2
+// warmupsFor returns the number of untimed messages per path at size: at
+// least 2, and up to 500 small ones (64 MiB worth), because a node's first
+// few hundred messages run slower than its steady state (about 3× at
+// 4 KiB on the development machine). The first message of tensorferry is
+// checked byte for byte (CRC-32) by the receiver.
+func warmupsFor(size int) int { return max(2, min(500, (64<<20)/size)) }
 
 // repsFor returns the timed repetitions at size: about 2 GiB per path,
 // between 5 and 200 messages, unless o fixes the count.
@@ -101,6 +104,7 @@ func measureSize(n *nodes, raws []rawPath, size, reps int, add func(report.Resul
 	rawTimes := make([][]time.Duration, len(raws))
 	var tfTimes, fetchTimes []time.Duration
 	fetches := 0
+	warmups := warmupsFor(size)
 	for i := range warmups + reps {
 		timed := i >= warmups
 		for k, r := range raws {
