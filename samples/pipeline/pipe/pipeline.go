@@ -51,7 +51,7 @@ func Run(ctx context.Context, nodes []*actor.Node, cfg Config, progress func(Bat
 	}()
 	var next *pa.PID
 	for i := 2; i >= 0; i-- {
-		s := &stage{node: nodes[i], cfg: cfg, n: i + 1, w: Weights(&cfg, i+1), next: next}
+		s := &stage{node: nodes[i], cfg: cfg, w: Weights(&cfg, i+1), next: next}
 		props := pa.PropsFromProducer(func() pa.Actor { return s }, actor.WithDevice(nodes[i], memory.CPU))
 		pid, err := nodes[i].Root().SpawnNamed(props, fmt.Sprintf("pipe-stage%d", i+1))
 		if err != nil {

@@ -51,7 +51,6 @@ func (l *lender) drain() {
 type stage struct {
 	node *actor.Node
 	cfg  Config
-	n    int // 1, 2 or 3
 	w    []float32
 	next *pa.PID
 	lent lender
