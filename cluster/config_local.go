@@ -26,12 +26,16 @@ func LocalConfig(cluster string, n int) (*Config, error) {
 	}
 	c := DefaultConfig()
 	c.Cluster = cluster
-	// Loopback heartbeats are free; 50ms notices a dead node in 500ms.
-	c.HeartbeatInterval = 50 * time.Millisecond
-	// Ten missed heartbeats: still tolerant of a loaded test machine.
-	c.FailureTimeout = 500 * time.Millisecond
-	// Loopback dials either succeed at once or not at all.
-	c.DialTimeout = 500 * time.Millisecond
+	// Loopback heartbeats are cheap. A killed process is noticed at once
+	// (its sockets close); the timeout only covers a hung one.
+	c.HeartbeatInterval = 100 * time.Millisecond
+	// Twenty missed heartbeats: a test machine under the race detector and
+	// parallel packages can stall a process for hundreds of milliseconds,
+	// and a live node declared down loses the messages in flight.
+	c.FailureTimeout = 2 * time.Second
+	// Loopback dials either succeed at once or not at all; the handshake
+	// may wait on a loaded machine.
+	c.DialTimeout = time.Second
 	// Redial a restarted node within tens of milliseconds.
 	c.ReconnectMin = 10 * time.Millisecond
 	c.ReconnectMax = 200 * time.Millisecond
