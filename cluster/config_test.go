@@ -400,7 +400,7 @@ func TestLocalConfigWriteFilesLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(c.Secret) != 32 || c.HeartbeatInterval != 50*time.Millisecond || c.FailureTimeout != 500*time.Millisecond {
+	if len(c.Secret) != 32 || c.HeartbeatInterval != 100*time.Millisecond || c.FailureTimeout != 2*time.Second {
 		t.Errorf("got %+v", c)
 	}
 	seen := map[string]bool{}
