@@ -14,9 +14,11 @@ import (
 	"github.com/tensorferry/tensorferry/tensor"
 )
 
-// warmups is the number of untimed transfers per size and path; the first
-// is checked byte for byte where the path can.
-const warmups = 2
+// warmupsFor returns the number of untimed transfers per path at size: at
+// least 2, and up to 500 small ones (64 MiB worth), because a node's first
+// few hundred messages run slower than its steady state. The first is
+// checked byte for byte where the path can.
+func warmupsFor(size int) int { return max(2, min(500, (64<<20)/size)) }
 
 // stepper does one transfer of the size it was made for.
 type stepper interface {
@@ -64,6 +66,7 @@ func measureSize(o options, paths []pathMaker, size int) (rs []report.Result, er
 		steppers = append(steppers, s)
 	}
 	times := make([][]time.Duration, len(steppers))
+	warmups := warmupsFor(size)
 	for i := range warmups + repsFor(o, size) {
 		timed := i >= warmups
 		for k, s := range steppers {

@@ -95,12 +95,12 @@ func runPeer(o options) (rs []report.Result, err error) {
 	for _, size := range o.sizes {
 		batch := min(peerMaxBatch, max(1, peerBatchBytes/size))
 		var ds []time.Duration
-		for i := range warmups + repsFor(o, size) {
+		for i := range 2 + repsFor(o, size) {
 			d, err := batchTime(size, batch)
 			if err != nil {
 				return rs, fmt.Errorf("%s %d bytes: %w", pathPeer, size, err)
 			}
-			if i >= warmups {
+			if i >= 2 { // two untimed batches first
 				ds = append(ds, d)
 			}
 		}
