@@ -32,6 +32,7 @@ type settings struct {
 	metric string
 	title  string
 	logY   bool
+	paths  []string // paths to draw; nil draws all
 }
 
 func main() {
@@ -43,8 +44,12 @@ func main() {
 	flag.StringVar(&s.metric, "metric", report.GBps, "the metric to draw")
 	flag.StringVar(&s.title, "title", "", "the plot's title (default: from --bench)")
 	flag.BoolVar(&s.logY, "logy", false, "logarithmic y axis")
+	paths := flag.String("paths", "", "comma-separated paths to draw (default: all)")
 	flag.Parse()
 	s.in = in
+	if *paths != "" {
+		s.paths = strings.Split(*paths, ",")
+	}
 	if err := draw1(s); err != nil {
 		fmt.Fprintf(os.Stderr, "plot: %v\n", err)
 		os.Exit(1)
@@ -70,6 +75,9 @@ func draw1(s settings) error {
 		all = append(all, rs...)
 	}
 	lines := series(all, s.bench, s.metric)
+	if s.paths != nil {
+		lines = slices.DeleteFunc(lines, func(l line) bool { return !slices.Contains(s.paths, l.path) })
+	}
 	if len(lines) == 0 {
 		return fmt.Errorf("plot: no %q results of bench %q with a size in %s", s.metric, s.bench, strings.Join(s.in, ", "))
 	}

@@ -78,6 +78,21 @@ func TestDraw(t *testing.T) {
 	}
 }
 
+func TestDrawPaths(t *testing.T) {
+	transfer, _ := writeFixture(t)
+	out := filepath.Join(t.TempDir(), "p.svg")
+	if err := draw1(settings{in: []string{transfer}, out: out, bench: "transfer", metric: report.GBps, paths: []string{"raw-tcp"}, logY: true}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(b, []byte("raw-tcp")) || bytes.Contains(b, []byte("tensorferry-staging")) {
+		t.Errorf("--paths raw-tcp drew the wrong lines")
+	}
+}
+
 func TestDrawErrors(t *testing.T) {
 	transfer, _ := writeFixture(t)
 	dir := t.TempDir()
