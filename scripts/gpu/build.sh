@@ -11,22 +11,30 @@ cd "$REPO"
 "$REPO/scripts/deps.sh"
 GO=${GO:-go}
 command -v "$GO" >/dev/null 2>&1 || GO=/usr/local/go/bin/go
-OUTDIR=$REPO/.gpu
-rm -rf "$OUTDIR"
+# The binaries are stripped and packed into one xz bundle: the device tool
+# carries at most 64 MiB.
+STAGE=$(mktemp -d)
+trap 'rm -rf "$STAGE"' EXIT
+OUTDIR=$STAGE/g
 mkdir -p "$OUTDIR/tests" "$OUTDIR/bin" "$OUTDIR/peers"
+FLAGS="-trimpath -ldflags=-s -ldflags=-w"
 # Every package whose tests touch CUDA (they skip without a GPU).
 for pkg in ./internal/cuda ./memory ./rdma/local ./rdma/staging ./rdma/ipc ./rdma/verbs ./actor ./samples/paramserver/... ./samples/pipeline/...; do
 	for p in $("$GO" list "$pkg" 2>/dev/null); do
 		name=$(echo "${p#github.com/tensorferry/tensorferry/}" | tr / _)
 		# Packages without test files produce no binary.
-		"$GO" test -c -o "$OUTDIR/tests/$name.test" "$p"
+		"$GO" test -c $FLAGS -o "$OUTDIR/tests/$name.test" "$p"
 	done
 done
 for cmd in ./benchmarks/gpu ./samples/paramserver ./samples/pipeline ./cmd/ferry; do
-	[ -d "$cmd" ] && "$GO" build -o "$OUTDIR/bin/$(basename "$cmd")" "$cmd"
+	[ -d "$cmd" ] && "$GO" build $FLAGS -o "$OUTDIR/bin/$(basename "$cmd")" "$cmd"
 done
 PEERS=${PEERS:-$REPO/../shared/peers}
 [ -f "$PEERS/nccl_sendrecv.py" ] && cp "$PEERS/nccl_sendrecv.py" "$OUTDIR/peers/"
 cp "$REPO/scripts/gpu/run.sh" "$OUTDIR/run.sh"
-du -sh "$OUTDIR"
+rm -rf "$REPO/.gpu"
+mkdir -p "$REPO/.gpu"
+tar -C "$STAGE" -cf - g | xz -T2 -4 > "$REPO/.gpu/bundle.tar.xz"
 ls "$OUTDIR/tests" "$OUTDIR/bin"
+du -sh "$OUTDIR" "$REPO/.gpu/bundle.tar.xz"
+echo "on the GPU machine (carry .gpu): scripts/gpu/run.sh"

@@ -8,8 +8,13 @@
 set -u
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
-G=$REPO/.gpu
-OUT=${OUT:-$G/out}
+# Unpack the bundle made by build.sh.
+G=${GPU_DIR:-/tmp/tensorferry-gpu/g}
+if [ -f "$REPO/.gpu/bundle.tar.xz" ]; then
+	rm -rf "$(dirname "$G")" && mkdir -p "$(dirname "$G")"
+	xz -dc "$REPO/.gpu/bundle.tar.xz" | tar -C "$(dirname "$G")" -xf - || { echo "cannot unpack .gpu/bundle.tar.xz"; exit 1; }
+fi
+OUT=${OUT:-$REPO/.gpu/out}
 mkdir -p "$OUT"
 WHAT=${1:-all}
 TEST_TIMEOUT=${TEST_TIMEOUT:-240s}
