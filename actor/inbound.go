@@ -37,7 +37,7 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message) {
 		n.replyDeadLetter(ps, sender, target, "no such actor")
 		return
 	}
-	sess := &decodeSession{n: n, peer: ps.peer.Name, device: n.deviceOf(m.Target)}
+	sess := n.decodeSessionFor(m.Type, ps.peer.Name, m.Target)
 	msg, err := decodeMessage(m.Type, m.Ser, m.Body, sess)
 	if err != nil {
 		sess.abort(n.ctx)
@@ -48,7 +48,7 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message) {
 	in := &inbound{target: target, sender: sender, header: m.Header, msg: msg, sess: sess}
 	// Messages without tensors to fetch go straight to the mailbox unless
 	// earlier ones from the same peer still wait for theirs (order holds).
-	if len(sess.fetches) == 0 && ps.queued.Load() == 0 {
+	if sess.empty() && ps.queued.Load() == 0 {
 		n.deliver(proc, in)
 		return
 	}

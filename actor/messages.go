@@ -48,7 +48,7 @@ func encodeMessage(msg any, s *encodeSession) (string, uint8, []byte, error) {
 }
 
 func decodeMessage(name string, ser uint8, body []byte, s *decodeSession) (any, error) {
-	if typ, ok := registry.Lookup(name); ok && !carriesTensors(typ) {
+	if s == nil {
 		return registry.Decode(name, ser, body)
 	}
 	var unbind func()

@@ -82,6 +82,19 @@ type decodeSession struct {
 
 var _ tensor.DecodeSession = (*decodeSession)(nil)
 
+// decodeSessionFor returns the session for decoding a message of the named
+// type to actor id, or nil when the type carries no tensors (the common,
+// small message: no allocation, no device lookup).
+func (n *Node) decodeSessionFor(typeName, peer, id string) *decodeSession {
+	if typ, ok := registry.Lookup(typeName); ok && !carriesTensors(typ) {
+		return nil
+	}
+	return &decodeSession{n: n, peer: peer, device: n.deviceOf(id)}
+}
+
+// empty reports whether the session has nothing to fetch.
+func (s *decodeSession) empty() bool { return s == nil || len(s.fetches) == 0 }
+
 func (s *decodeSession) InlineTensor(dt tensor.DType, shape tensor.Shape, data []byte) (*tensor.Tensor, error) {
 	t, err := tensor.New(s.device, dt, shape)
 	if err != nil {
@@ -116,6 +129,9 @@ func (s *decodeSession) ImportRef(d *tensor.Descriptor) (tensor.Ref, error) {
 
 // fetchAll fetches every descriptor of the message, releasing each lease.
 func (s *decodeSession) fetchAll(ctx context.Context) error {
+	if s == nil {
+		return nil
+	}
 	var first error
 	for i, j := range s.fetches {
 		if first == nil {
@@ -138,6 +154,9 @@ func (s *decodeSession) fetchAll(ctx context.Context) error {
 
 // abort releases every lease of a message that will not be delivered.
 func (s *decodeSession) abort(ctx context.Context) {
+	if s == nil {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
 	for _, j := range s.fetches {
@@ -151,6 +170,9 @@ func (s *decodeSession) abort(ctx context.Context) {
 }
 
 func (s *decodeSession) freeTensors() {
+	if s == nil {
+		return
+	}
 	for _, t := range s.made {
 		_ = t.Free()
 	}

@@ -200,6 +200,11 @@ var encoderPool = sync.Pool{New: func() any {
 // is deterministic.
 func appendMsgpack(dst []byte, v any) ([]byte, error) {
 	e := encoderPool.Get().(*msgpackEncoder)
+	if dst == nil {
+		// Most bodies are small: one allocation instead of several
+		// doublings.
+		dst = make([]byte, 0, 128)
+	}
 	e.w.b = dst
 	err := e.enc.Encode(v)
 	out := e.w.b
