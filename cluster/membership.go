@@ -476,10 +476,13 @@ func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
 		m.down(old, reason)
 		_ = old.conn.Close(reason)
 	}
-	p.conn.Start()
+	// Caps are queued before the connection starts: once the peer's caps
+	// arrive (the reader runs from Start on) this node may send messages,
+	// and they must not overtake its own caps.
 	if err := p.conn.Send(m.ctx, wire.FrameCaps, 0, 0, &wire.Caps{Body: m.caps}); err != nil {
 		p.conn.Fail(err)
 	}
+	p.conn.Start()
 }
 
 func (m *Membership) frame(p *Peer, f wire.Frame) {
