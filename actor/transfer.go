@@ -112,7 +112,7 @@ func (s *decodeSession) ImportTensor(d *tensor.Descriptor) (*tensor.Tensor, erro
 	// Every descriptor is remembered first, so that its lease is released
 	// even when allocation or a later field fails.
 	s.fetches = append(s.fetches, fetchJob{d: d})
-	t, err := tensor.New(s.device, d.DType, d.Shape)
+	t, err := tensor.NewUninit(s.device, d.DType, d.Shape)
 	if err != nil {
 		return nil, err
 	}
@@ -184,7 +184,7 @@ type fetcher Node
 
 func (f *fetcher) FetchDescriptor(ctx context.Context, d *tensor.Descriptor, dev memory.Device) (*tensor.Tensor, error) {
 	n := (*Node)(f)
-	t, err := tensor.New(dev, d.DType, d.Shape)
+	t, err := tensor.NewUninit(dev, d.DType, d.Shape)
 	if err != nil {
 		return nil, err
 	}

@@ -20,6 +20,20 @@ func RegisterAllocatorFactory(k Kind, f func(Device) (Allocator, error)) {
 	allocators[k] = f
 }
 
+// AllocUninit allocates n bytes on dev whose contents are unspecified:
+// host buffers may reuse cached memory (NewHostBufferUninit); other devices
+// allocate as usual (CUDA memory is never zeroed).
+func AllocUninit(dev Device, n int) (Buffer, error) {
+	if dev.Kind == KindHost {
+		return NewHostBufferUninit(n)
+	}
+	a, err := AllocatorFor(dev)
+	if err != nil {
+		return nil, err
+	}
+	return a.Alloc(n)
+}
+
 // AllocatorFor returns an allocator for dev, or an error wrapping
 // ErrNotSupported (with the reason) when this machine cannot serve it.
 func AllocatorFor(dev Device) (Allocator, error) {

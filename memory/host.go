@@ -82,11 +82,12 @@ func WrapHost(b []byte) Buffer {
 }
 
 type hostBuffer struct {
-	mu    sync.Mutex
-	raw   []byte
-	b     []byte
-	alloc Allocation
-	freed bool
+	mu     sync.Mutex
+	raw    []byte
+	b      []byte
+	alloc  Allocation
+	freed  bool
+	cached bool // raw goes back to the host cache on Free
 }
 
 func (h *hostBuffer) Device() Device { return CPU }
@@ -115,6 +116,9 @@ func (h *hostBuffer) Free() error {
 	}
 	h.freed = true
 	notifyFree(h.alloc)
+	if h.cached && h.raw != nil {
+		hcache.put(h.raw)
+	}
 	h.raw, h.b = nil, nil
 	return nil
 }

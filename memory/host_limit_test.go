@@ -29,3 +29,38 @@ func TestHostBufferTooLarge(t *testing.T) {
 		t.Fatalf("second Free = %v", err)
 	}
 }
+
+// Freed large uninitialized host buffers are reused; small ones and
+// zeroed ones are not.
+func TestHostCacheReuse(t *testing.T) {
+	_, hits0 := memory.HostCacheStats()
+	b, err := memory.NewHostBufferUninit(3 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Host()[0] = 42
+	if err := b.Free(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := memory.NewHostBufferUninit(3 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Free()
+	if _, hits := memory.HostCacheStats(); hits != hits0+1 {
+		t.Fatalf("hits %d, want %d", hits, hits0+1)
+	}
+	if c.Ptr()%memory.HostAlign != 0 || c.Len() != 3<<20 {
+		t.Fatalf("ptr %#x len %d", c.Ptr(), c.Len())
+	}
+	z, err := memory.NewHostBuffer(3 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer z.Free()
+	for _, v := range z.Host()[:4096] {
+		if v != 0 {
+			t.Fatal("NewHostBuffer returned non-zero memory")
+		}
+	}
+}

@@ -50,6 +50,24 @@ func New(dev memory.Device, dt DType, shape Shape) (*Tensor, error) {
 	return FromBuffer(buf, dt, shape)
 }
 
+// NewUninit allocates a tensor on dev whose contents are unspecified (it
+// may reuse host memory freed earlier): for destinations that are
+// overwritten whole, such as received tensors.
+func NewUninit(dev memory.Device, dt DType, shape Shape) (*Tensor, error) {
+	n, err := shape.ByteSize(dt)
+	if err != nil {
+		return nil, err
+	}
+	if n > math.MaxInt {
+		return nil, fmt.Errorf("%w: %d bytes", ErrOverflow, n)
+	}
+	buf, err := memory.AllocUninit(dev, int(n))
+	if err != nil {
+		return nil, err
+	}
+	return FromBuffer(buf, dt, shape)
+}
+
 // FromBuffer makes a tensor over buf, which must hold exactly shape × dtype
 // bytes. The tensor takes ownership: Free frees buf.
 func FromBuffer(buf memory.Buffer, dt DType, shape Shape) (*Tensor, error) {
