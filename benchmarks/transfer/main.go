@@ -17,7 +17,6 @@ import (
 
 // Path names, as they appear in the report.
 const (
-	pathTF  = "tensorferry-staging"
 	pathRaw = "raw-tcp"
 	// pathRawFresh is raw-tcp with a new receive buffer for every message,
 	// as tensorferry allocates every destination: it separates the cost of
@@ -29,6 +28,10 @@ const (
 	rttTensor  = 4 << 10
 	rttPayload = 64
 )
+
+// pathTF is the tensorferry path, named after the data channel it is forced
+// to use (--channel).
+var pathTF = "tensorferry-staging"
 
 // allPaths are the paths --paths may name; "rtt" stands for both round-trip
 // figures.
@@ -60,7 +63,15 @@ func main() {
 	inflight := flag.Int("inflight", 0, "staging chunks in flight per transfer (default: the config's, 4)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	timeout := flag.Duration("timeout", 2*time.Minute, "deadline of one message")
+	channel := flag.String("channel", "staging", "data channel the tensorferry nodes must use: staging or verbs (the others are disabled)")
 	flag.Parse()
+	if *channel != "staging" && *channel != "verbs" {
+		fmt.Fprintf(os.Stderr, "transfer: --channel %q: want staging or verbs\n", *channel)
+		os.Exit(2)
+	}
+	pathTF = "tensorferry-" + *channel
+	allPaths[2] = pathTF
+	forcedChannel = *channel
 
 	o := options{reps: *reps, rttCount: *rtt, inflight: *inflight, timeout: *timeout}
 	lo, err := cluster.ParseSize(*minSize)

@@ -139,7 +139,7 @@ func measureSize(n *nodes, raws []rawPath, size, reps int, add func(report.Resul
 		add(latency(r.name, size, rawTimes[k], ""))
 	}
 	if n != nil {
-		ch := "staging"
+		ch := forcedChannel
 		if fetches == 0 {
 			ch = "inline" // copied into the control frame: no channel fetch
 		}

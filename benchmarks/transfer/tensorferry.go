@@ -11,7 +11,6 @@ import (
 	pa "github.com/asynkron/protoactor-go/actor"
 	tfactor "github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/cluster"
-	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
 )
 
@@ -42,6 +41,9 @@ func init() {
 // nodes are two tensorferry nodes of one loopback cluster in this process,
 // each with its own listeners: messages cross the real wire and tensors the
 // staging channel's data connections.
+// forcedChannel is the data channel the nodes use (--channel).
+var forcedChannel = "staging"
+
 type nodes struct {
 	sender, receiver *tfactor.Node
 	sink             *pa.PID // the receiving actor, as the sender sees it
@@ -66,6 +68,12 @@ func openNodes(o options) (*nodes, error) {
 	}
 	if o.inflight > 0 {
 		cfg.ChunksInFlight = o.inflight
+	}
+	// Only the channel being measured may move the bytes.
+	for _, ch := range []string{"ipc", "staging", "verbs"} {
+		if ch != forcedChannel {
+			cfg.DisableChannels = append(cfg.DisableChannels, ch)
+		}
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -148,9 +156,10 @@ func (n *nodes) roundTrip(m *Small) error {
 	return nil
 }
 
-// fetched returns the staging channel's counters of the receiving node.
+// fetched returns the counters of the measured channel on the receiving
+// node.
 func (n *nodes) fetched() tfactor.ChannelStats {
-	return n.receiver.Stats().Channels[rdma.Staging]
+	return n.receiver.Stats().Channels[forcedChannel]
 }
 
 func (n *nodes) close() error {
