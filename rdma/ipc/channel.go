@@ -125,6 +125,7 @@ type Channel struct {
 	ownerStats ownerStats
 
 	// Fetcher side, under fmu (never held together with mu).
+	ends       sync.WaitGroup // ends sent in the background (endAsync)
 	fmu        sync.Mutex
 	fclosed    bool
 	mappings   map[mapKey]*mapping
@@ -340,5 +341,6 @@ func (c *Channel) Close() error {
 	for _, l := range idle {
 		err = errors.Join(err, l.close())
 	}
+	c.ends.Wait()
 	return err
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
@@ -234,7 +235,7 @@ func TestMappingCache(t *testing.T) {
 	if st.Opens != 1 || st.Reuses != 3 || st.Mappings != 1 {
 		t.Errorf("fetcher stats %+v, want 1 open, 3 reuses, 1 mapping", st)
 	}
-	ost := p.owner.Stats()
+	ost := waitIdle(t, p.owner)
 	if ost.HandleExports != 1 || ost.Handles != 1 || ost.Acquisitions != 0 {
 		t.Errorf("owner stats %+v, want 1 handle made, 1 cached, 0 acquisitions", ost)
 	}
@@ -365,5 +366,19 @@ func TestMappingEviction(t *testing.T) {
 	}
 	if st := p.fetcher.Stats(); st.Opens != 4 {
 		t.Fatalf("recent mappings were evicted: %+v", st)
+	}
+}
+
+// waitIdle waits until the owner holds no acquisitions (a successful fetch
+// ends its hold in the background) and returns its stats.
+func waitIdle(t *testing.T, owner *Channel) Stats {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st := owner.Stats()
+		if st.Acquisitions == 0 || time.Now().After(deadline) {
+			return st
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

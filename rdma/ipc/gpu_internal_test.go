@@ -85,7 +85,7 @@ func TestGPUSharedAllocation(t *testing.T) {
 	if st := p.fetcher.Stats(); st.Opens != 1 || st.Reuses != 2 {
 		t.Errorf("fetcher %+v, want 1 open and 2 reuses", st)
 	}
-	if st := p.owner.Stats(); st.HandleExports != 1 || st.Acquisitions != 0 {
+	if st := waitIdle(t, p.owner); st.HandleExports != 1 || st.Acquisitions != 0 {
 		t.Errorf("owner %+v, want 1 handle made and no acquisition", st)
 	}
 	for _, d := range ds {
