@@ -1,0 +1,28 @@
+// Command remote measures 64-byte actor-style messaging between two
+// endpoints on loopback, side by side in one run: the raw Go TCP round trip
+// (the floor), protoactor-go's gRPC remote, and every path other files add
+// to extraPaths.
+//
+//	go run ./benchmarks/remote            # table
+//	go run ./benchmarks/remote --quick    # counts / 20
+//	go run ./benchmarks/remote --json     # {"bench":"remote","path":"raw-tcp","metric":"rtt_p50_us",...} per line
+//
+// Figures: rtt_p50_us, rtt_p99_us, rtt_min_us over --rtt-count round trips
+// after a warm-up; oneway_msgs_per_s over --oneway-count messages, timed
+// from the first send until the receiver has counted the last. Every
+// message carries a 64-byte payload. raw-tcp's one-way figure writes through
+// a 64 KiB bufio.Writer: it is the ceiling of batched writes on this host,
+// not a per-message protocol.
+//
+// Another path joins the same run from its own file of this package, with no
+// change here:
+//
+//	func init() {
+//		extraPaths = append(extraPaths, path{name: "tensorferry", open: openTensorferry})
+//	}
+//
+// where open starts both ends and returns endpoints whose pinger (a Pinger:
+// RoundTrip) and sender (a Sender: Send, WaitReceived) are measured by
+// measureRTT and measureOneWay exactly as the built-in paths are, and whose
+// close stops every goroutine it started (TestPaths checks with goleak).
+package main
