@@ -37,9 +37,10 @@ type Config struct {
 	// SendQueue is the work requests one queue pair holds, shared by the
 	// transfers from one owner (default 256).
 	SendQueue int
-	// CacheBytes bounds the destination registrations kept per owner after
-	// their transfer, in bytes (default 1 GiB); CacheEntries in regions
-	// (default 64). Least recently used ones are deregistered first.
+	// CacheBytes bounds the destination registrations the channel keeps
+	// after their transfer (memory.RegCache "verbs", all owners together),
+	// in bytes (default 1 GiB); CacheEntries in regions (default 64). Least
+	// recently used idle ones are deregistered first; ones in use never are.
 	CacheBytes   int64
 	CacheEntries int
 	// StallTimeout fails a connection whose reads make no progress for this
@@ -64,7 +65,8 @@ type Stats struct {
 	// region registered already, regions deregistered.
 	OwnerRegistrations, OwnerHits, OwnerDeregistrations int64
 	// Fetcher side: destination registrations made, reused, evicted or
-	// dropped (LRU, freed allocation, peer down).
+	// dropped (LRU, freed allocation, peer down), from the registration
+	// cache's counters.
 	FetchRegistrations, FetchHits, FetchEvictions int64
 	// Connections made to owners (queue pairs connected).
 	Connections int64
@@ -88,9 +90,17 @@ type Channel struct {
 	fetches map[string]*fetchPeer // owners we read from
 	bg      sync.WaitGroup        // teardowns and pollers
 
+	// dests caches destination registrations; the peer string of an entry
+	// is its connection's key (fetchPeer.destKey), which destPDs maps to the
+	// connection's protection domain.
+	dests   *memory.RegCache
+	destPDs map[string]*ibverbs.PD // guarded by mu
+	destSeq atomic.Uint64
+
 	fetching atomic.Int64
 	stats    struct {
-		ownerReg, ownerHit, ownerDereg, fetchReg, fetchHit, fetchEvict, conns atomic.Int64
+		// fetchReg counts destinations registered outside the cache.
+		ownerReg, ownerHit, ownerDereg, fetchReg, conns atomic.Int64
 	}
 	cancelFree func()
 }
@@ -207,7 +217,8 @@ func NewWithConfig(env *rdma.Env, cfg Config) (*Channel, error) {
 		return nil, fmt.Errorf("%w: verbs: %w", rdma.ErrNotViable, err)
 	}
 	c := &Channel{env: env, log: env.Logger().Named("verbs"), cfg: cfg, ctx: ctx, port: port,
-		owners: map[string]*ownerPeer{}, fetches: map[string]*fetchPeer{}}
+		owners: map[string]*ownerPeer{}, fetches: map[string]*fetchPeer{}, destPDs: map[string]*ibverbs.PD{}}
+	c.dests = memory.NewRegCache("verbs", destRegistrar{c}, memory.RegBudget{Bytes: cfg.CacheBytes, Count: cfg.CacheEntries})
 	env.Store.OnEnd(c.exportEnded)
 	c.cancelFree = memory.OnFree(c.allocationFreed)
 	c.log.Debug("verbs channel", zap.String("device", name), zap.Uint8("port", port.Num),
@@ -223,11 +234,20 @@ func (c *Channel) Device() (string, ibverbs.PortInfo) { return c.ctx.Name(), c.p
 
 // Stats returns the registration counters.
 func (c *Channel) Stats() Stats {
+	rs := c.dests.Stats()
 	return Stats{
 		OwnerRegistrations: c.stats.ownerReg.Load(), OwnerHits: c.stats.ownerHit.Load(),
 		OwnerDeregistrations: c.stats.ownerDereg.Load(),
-		FetchRegistrations:   c.stats.fetchReg.Load(), FetchHits: c.stats.fetchHit.Load(),
-		FetchEvictions: c.stats.fetchEvict.Load(), Connections: c.stats.conns.Load(),
+		FetchRegistrations:   rs.Misses - rs.RegisterErrors + c.stats.fetchReg.Load(), FetchHits: rs.Hits,
+		FetchEvictions: rs.Evictions + rs.Invalidations, Connections: c.stats.conns.Load(),
+	}
+}
+
+// dropDests drops the destination registrations of connection key (idle
+// ones now, ones in use at their transfer's end).
+func (c *Channel) dropDests(key string) {
+	if err := c.dests.DropPeer(key); err != nil {
+		c.log.Warn("dropping destination registrations", zap.String("connection", key), zap.Error(err))
 	}
 }
 
@@ -323,30 +343,17 @@ func (c *Channel) exportEnded(e *tensor.Export) {
 	}
 }
 
-// allocationFreed drops every registration of a freed allocation
-// (memory.OnFree).
+// allocationFreed drops the owner-side registrations of a freed allocation
+// (memory.OnFree); the destination cache drops its own.
 func (c *Channel) allocationFreed(a memory.Allocation) {
 	c.mu.Lock()
 	ops := make([]*ownerPeer, 0, len(c.owners))
 	for _, op := range c.owners {
 		ops = append(ops, op)
 	}
-	fps := make([]*fetchPeer, 0, len(c.fetches))
-	for _, fp := range c.fetches {
-		fps = append(fps, fp)
-	}
 	c.mu.Unlock()
 	for _, op := range ops {
 		op.allocationFreed(a.ID)
-	}
-	for _, fp := range fps {
-		select {
-		case <-fp.ready:
-			if fp.err == nil {
-				fp.cache.drop(a.ID)
-			}
-		default: // still connecting: it has registered nothing yet
-		}
 	}
 }
 
@@ -388,6 +395,11 @@ func (c *Channel) Close() error {
 		op.close()
 	}
 	c.bg.Wait()
+	// Every connection is destroyed and its registrations dropped: this
+	// only unsubscribes the cache.
+	if err := c.dests.Close(); err != nil {
+		c.log.Warn("closing the destination registration cache", zap.Error(err))
+	}
 	if err := c.ctx.Close(); err != nil {
 		return fmt.Errorf("verbs: close: %w", err)
 	}

@@ -18,13 +18,16 @@
 //  2. Fetch (fetcher) asks the owner to begin a read: the owner checks the
 //     lease, which must have been issued to that peer, and keeps the export
 //     lent until the read ends.
-//  3. The fetcher registers its destination (cached per allocation, LRU
-//     under a budget, dropped when the allocation is freed) and posts RDMA
-//     READs of ChunkSize bytes, Window outstanding, then tells the owner
-//     the read is over.
+//  3. The fetcher registers its destination's whole allocation in the
+//     connection's protection domain through a memory.RegCache ("verbs":
+//     keyed by allocation and connection, LRU-evicted under
+//     Config.CacheBytes and CacheEntries, dropped when the allocation is
+//     freed and with its peer) and posts RDMA READs of ChunkSize bytes,
+//     Window outstanding, then tells the owner the read is over.
 //
-// The owner deregisters an export's region when the export ends and no read
-// is in progress, so a released export's rkey reads nothing; an rkey is
+// The owner side does not cache: it registers per export and deregisters
+// an export's region when the export ends and no read is in progress, so a
+// released export's rkey reads nothing; an rkey is
 // useless to any other peer, whose queue pair lives in another protection
 // domain. Work completion errors, queue pair errors and a dead owner fail
 // the transfer with an error (rdma.ErrPeerDown when the owner stopped

@@ -27,18 +27,18 @@ var errCacheClosed = errors.New("verbs: connection closed")
 
 // fetchPeer is the fetcher's connection to one owner: a protection domain,
 // one RC queue pair and its completion queue, a poller that hands
-// completions to the transfers waiting for them, and the cache of
-// destination registrations.
+// completions to the transfers waiting for them. Its destination
+// registrations are in the channel's cache under destKey.
 type fetchPeer struct {
 	c     *Channel
 	node  string
 	ready chan struct{} // closed when set-up finished; err says how
 	err   error
 
-	pd    *ibverbs.PD
-	cq    *ibverbs.CQ
-	qp    *ibverbs.QP
-	cache *regCache
+	pd      *ibverbs.PD
+	cq      *ibverbs.CQ
+	qp      *ibverbs.QP
+	destKey string // the cache's peer string for this connection's registrations
 
 	slots chan struct{} // one token per posted work request
 	wake  chan struct{}
@@ -233,7 +233,10 @@ func (fp *fetchPeer) setup(ctx context.Context) (err error) {
 	if err := fp.qp.Connect(c.port, 0, remote, psn, c.cfg.Connect); err != nil {
 		return fmt.Errorf("connecting to %s: %w", fp.node, err)
 	}
-	fp.cache = newRegCache(c, fp.pd)
+	fp.destKey = fmt.Sprintf("%s#%d", fp.node, c.destSeq.Add(1))
+	c.mu.Lock()
+	c.destPDs[fp.destKey] = fp.pd
+	c.mu.Unlock()
 	fp.slots = make(chan struct{}, c.cfg.SendQueue)
 	fp.wake = make(chan struct{}, 1)
 	fp.quit = make(chan struct{})
@@ -255,8 +258,13 @@ func (fp *fetchPeer) destroy() {
 	if fp.qp != nil {
 		warn("destroying a queue pair", fp.qp.Close())
 	}
-	if fp.cache != nil {
-		fp.cache.close()
+	if fp.destKey != "" {
+		// No transfer uses the connection any more: its registrations are
+		// all idle and go now, before the protection domain.
+		fp.c.dropDests(fp.destKey)
+		fp.c.mu.Lock()
+		delete(fp.c.destPDs, fp.destKey)
+		fp.c.mu.Unlock()
 	}
 	if fp.cq != nil {
 		warn("destroying a completion queue", fp.cq.Close())
@@ -286,6 +294,9 @@ func (fp *fetchPeer) fail(err error) {
 	if e := fp.qp.SetError(); e != nil {
 		c.log.Debug("flushing a queue pair", zap.String("owner", fp.node), zap.Error(e))
 	}
+	// Idle destination registrations go now, ones in use when their
+	// transfer returns.
+	c.dropDests(fp.destKey)
 	c.log.Debug("connection broken", zap.String("owner", fp.node), zap.Error(err))
 	c.bg.Add(1)
 	go func() {
@@ -352,7 +363,7 @@ func (fp *fetchPeer) read(ctx context.Context, dst memory.Buffer, raddr uint64, 
 		return err
 	}
 	defer fp.users.Done()
-	reg, put, err := fp.cache.get(dst)
+	mr, put, err := fp.destination(dst)
 	if err != nil {
 		return err
 	}
@@ -362,7 +373,7 @@ func (fp *fetchPeer) read(ctx context.Context, dst memory.Buffer, raddr uint64, 
 	chunk := int64(c.cfg.ChunkSize)
 	window := c.cfg.Window
 	laddr := dst.Ptr()
-	lkey := reg.mr.LKey()
+	lkey := mr.LKey()
 	comps := make(chan ibverbs.WorkCompletion, window)
 
 	var (
@@ -444,6 +455,36 @@ func (fp *fetchPeer) read(ctx context.Context, dst memory.Buffer, raddr uint64, 
 		}
 	}
 	return firstErr
+}
+
+// destination returns dst registered for local writes in fp's protection
+// domain and a function that gives it back: its whole allocation, through
+// the channel's registration cache, or, where that cannot be used, dst
+// alone for this transfer.
+func (fp *fetchPeer) destination(dst memory.Buffer) (*ibverbs.MR, func(), error) {
+	c := fp.c
+	if !cacheable(dst) {
+		mr, err := regBuffer(fp.pd, dst, 0, dst.Len(), ibverbs.AccessLocalWrite)
+		if err != nil {
+			return nil, nil, fmt.Errorf("verbs: registering a destination: %w", err)
+		}
+		c.stats.fetchReg.Add(1)
+		return mr, func() {
+			if err := mr.Close(); err != nil {
+				c.log.Warn("deregistering a destination", zap.Error(err))
+			}
+		}, nil
+	}
+	reg, put, err := c.dests.Get(dst.Allocation(), fp.destKey)
+	if err != nil {
+		return nil, nil, err
+	}
+	d, ok := reg.(*destReg)
+	if !ok {
+		put()
+		return nil, nil, fmt.Errorf("verbs: foreign registration %T", reg)
+	}
+	return d.mr, put, nil
 }
 
 // poll hands completions to the transfers waiting for them until quit.
