@@ -33,11 +33,11 @@ func TestHostBufferTooLarge(t *testing.T) {
 // Freed large uninitialized host buffers are reused; small ones and
 // zeroed ones are not.
 func TestHostCacheReuse(t *testing.T) {
-	_, hits0 := memory.HostCacheStats()
 	b, err := memory.NewHostBufferUninit(3 << 20)
 	if err != nil {
 		t.Fatal(err)
 	}
+	_, hits0 := memory.HostCacheStats()
 	b.Host()[0] = 42
 	if err := b.Free(); err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"expvar"
 	"fmt"
+	"slices"
 	"sync"
 )
 
@@ -325,7 +326,12 @@ func (c *RegCache) Invalidate(allocID uint64) error {
 	return c.unregister(drop)
 }
 
-// DropPeer drops every registration made for peer, as Invalidate does.
+// DropPeer drops every registration made for peer, as Invalidate does. It
+// returns once the idle ones are unregistered, including those another
+// goroutine was unregistering at the time (an allocation freed
+// concurrently), so the caller may then tear down what they were registered
+// with (an RDMA protection domain). Registrations still in use are
+// unregistered at their last release.
 func (c *RegCache) DropPeer(peer string) error {
 	c.mu.Lock()
 	var drop []*regEntry
@@ -336,8 +342,18 @@ func (c *RegCache) DropPeer(peer string) error {
 			}
 		}
 	}
+	var wait []chan struct{}
+	for k, e := range c.leaving {
+		if k.peer == peer && e.refs == 0 && !slices.Contains(drop, e) {
+			wait = append(wait, e.gone)
+		}
+	}
 	c.mu.Unlock()
-	return c.unregister(drop)
+	err := c.unregister(drop)
+	for _, g := range wait {
+		<-g
+	}
+	return err
 }
 
 // Close drops every registration (ones in use at their last release) and

@@ -400,3 +400,52 @@ func TestRegCacheStress(t *testing.T) {
 		t.Errorf("%d left after Close", live)
 	}
 }
+
+// slowUnreg blocks Unregister until released, to catch DropPeer returning
+// while another goroutine is still unregistering one of the peer's entries.
+type slowUnreg struct {
+	peerFake
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s *slowUnreg) Unregister(r Registration) error {
+	s.entered <- struct{}{}
+	<-s.release
+	return s.peerFake.Unregister(r)
+}
+
+func TestRegCacheDropPeerWaitsForConcurrentUnregister(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	s := &slowUnreg{peerFake: peerFake{live: map[regKey]bool{}}, entered: make(chan struct{}, 1), release: make(chan struct{})}
+	c := NewRegCache("t-droppeer-wait", s, RegBudget{})
+	defer c.Close()
+	a := alloc(64)
+	_, rel, err := c.Get(a, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel()
+	invalidated := make(chan error, 1)
+	go func() { invalidated <- c.Invalidate(a.ID) }() // e.g. the allocation was freed
+	<-s.entered                                         // Invalidate is inside Unregister now
+	dropped := make(chan error, 1)
+	go func() { dropped <- c.DropPeer("p") }()
+	select {
+	case <-dropped:
+		t.Fatal("DropPeer returned while the peer's registration was still being unregistered")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(s.release)
+	if err := <-invalidated; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-dropped; err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.live) != 0 {
+		t.Fatalf("%d registrations left", len(s.live))
+	}
+}
