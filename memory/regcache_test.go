@@ -428,7 +428,7 @@ func TestRegCacheDropPeerWaitsForConcurrentUnregister(t *testing.T) {
 	rel()
 	invalidated := make(chan error, 1)
 	go func() { invalidated <- c.Invalidate(a.ID) }() // e.g. the allocation was freed
-	<-s.entered                                         // Invalidate is inside Unregister now
+	<-s.entered                                       // Invalidate is inside Unregister now
 	dropped := make(chan error, 1)
 	go func() { dropped <- c.DropPeer("p") }()
 	select {
