@@ -97,12 +97,9 @@ func encode(v any) ([]byte, error) { return msgpack.Marshal(v) }
 
 // decodeRequest parses a fetcher's control message.
 func decodeRequest(b []byte) (*request, error) {
-	if len(b) > maxControlBytes {
-		return nil, fmt.Errorf("%w: %d bytes", errBadMessage, len(b))
-	}
 	var r request
-	if err := msgpack.Unmarshal(b, &r); err != nil {
-		return nil, fmt.Errorf("%w: %w", errBadMessage, err)
+	if err := rdma.DecodeControl(b, maxControlBytes, &r, errBadMessage, "request"); err != nil {
+		return nil, err
 	}
 	switch r.Op {
 	case opChallenge, opBegin, opEnd:
@@ -121,12 +118,9 @@ func decodeRequest(b []byte) (*request, error) {
 
 // decodeReply parses an owner's answer.
 func decodeReply(b []byte) (*reply, error) {
-	if len(b) > maxControlBytes {
-		return nil, fmt.Errorf("%w: reply of %d bytes", errBadMessage, len(b))
-	}
 	var r reply
-	if err := msgpack.Unmarshal(b, &r); err != nil {
-		return nil, fmt.Errorf("%w: reply: %w", errBadMessage, err)
+	if err := rdma.DecodeControl(b, maxControlBytes, &r, errBadMessage, "reply"); err != nil {
+		return nil, err
 	}
 	switch {
 	case len(r.Handle) != 0 && len(r.Handle) != 64:
