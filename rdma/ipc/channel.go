@@ -59,6 +59,14 @@ type Config struct {
 	// IdleLanes is how many idle streams (with their events) are kept per
 	// device for later fetches. Default 8.
 	IdleLanes int
+	// DirectMargin: a holder copies under a direct offer (without begin
+	// and end) only while at least this much of the lease remains;
+	// otherwise it begins, which keeps the export lent past the lease's
+	// end until the copy is over. Default 1 s.
+	DirectMargin time.Duration
+	// NoDirect makes this owner's offers never direct: every fetch costs
+	// a begin and an end round trip (for comparison and tests).
+	NoDirect bool
 }
 
 // DefaultConfig returns the defaults, explained in Config.
@@ -72,6 +80,7 @@ func DefaultConfig() Config {
 		MaxMappings:     256,
 		MaxAcquisitions: 1024,
 		IdleLanes:       8,
+		DirectMargin:    time.Second,
 	}
 }
 
@@ -101,6 +110,9 @@ func (c Config) withDefaults() Config {
 	if c.IdleLanes <= 0 {
 		c.IdleLanes = d.IdleLanes
 	}
+	if c.DirectMargin <= 0 {
+		c.DirectMargin = d.DirectMargin
+	}
 	return c
 }
 
@@ -121,11 +133,12 @@ type Channel struct {
 	revoked    map[string][]uint64          // peer -> freed allocations to tell it
 	acqs       map[string]map[uint64]func() // peer -> acquisition id -> done
 	nAcqs      int
+	pushing    bool // a goroutine sends the revoked lists (pushRevocations)
 	stopHook   func()
 	ownerStats ownerStats
 
 	// Fetcher side, under fmu (never held together with mu).
-	ends       sync.WaitGroup // ends sent in the background (endAsync)
+	bg         sync.WaitGroup // ends and revocations sent in the background
 	fmu        sync.Mutex
 	fclosed    bool
 	mappings   map[mapKey]*mapping
@@ -143,11 +156,11 @@ type Channel struct {
 }
 
 type ownerStats struct {
-	handleExports uint64
+	handleExports, directOffers, revokesSent uint64
 }
 
 type fetchStats struct {
-	opens, reuses, closes, abandoned uint64
+	opens, reuses, closes, abandoned, direct, revokes uint64
 }
 
 // Stats are counters of a Channel, for tests and monitoring.
@@ -156,12 +169,16 @@ type Stats struct {
 	Mappings       int    // IPC mappings open (cached or in use)
 	Opens          uint64 // mappings opened (cuIpcOpenMemHandle, or direct in one process)
 	Reuses         uint64 // fetches that found their mapping open
+	Direct         uint64 // fetches that copied under a direct offer (no begin, no end)
+	Revokes        uint64 // revoke requests received from owners
 	Closes         uint64 // mappings closed
 	Lanes          int    // streams held (idle or copying)
 	AbandonedLanes uint64 // streams given up after a copy that would not finish
 	// Owner side.
 	Handles       int    // allocations with a cached IPC handle
 	HandleExports uint64 // cuIpcGetMemHandle calls
+	DirectOffers  uint64 // offers that let their holder copy without begin and end
+	RevokesSent   uint64 // revoke requests sent to fetchers
 	Acquisitions  int    // exports held for copies in flight
 	ProvenPeers   int    // peers that proved they run on this host
 }
@@ -226,12 +243,14 @@ func (c *Channel) Stats() Stats {
 	c.mu.Lock()
 	s.Handles = len(c.handles)
 	s.HandleExports = c.ownerStats.handleExports
+	s.DirectOffers, s.RevokesSent = c.ownerStats.directOffers, c.ownerStats.revokesSent
 	s.Acquisitions = c.nAcqs
 	s.ProvenPeers = len(c.proven)
 	c.mu.Unlock()
 	c.fmu.Lock()
 	s.Mappings = c.nOpen
 	s.Opens, s.Reuses, s.Closes = c.fetchStats.opens, c.fetchStats.reuses, c.fetchStats.closes
+	s.Direct, s.Revokes = c.fetchStats.direct, c.fetchStats.revokes
 	s.Lanes = c.nLanes
 	s.AbandonedLanes = c.fetchStats.abandoned
 	c.fmu.Unlock()
@@ -247,7 +266,8 @@ func (c *Channel) InFlight() int {
 }
 
 // HandleControl answers the control requests of a peer's ipc channel:
-// same-host challenges and proofs, and the begin and end of each copy.
+// same-host challenges and proofs, and the begin and end of each copy; and
+// an owner's revocations of the mappings this node opened from it.
 // Every failure is an answer carrying an error code; it never fails the
 // control connection.
 func (c *Channel) HandleControl(ctx context.Context, peer string, b []byte) ([]byte, error) {
@@ -265,6 +285,8 @@ func (c *Channel) HandleControl(ctx context.Context, peer string, b []byte) ([]b
 			rep = c.handleBegin(peer, req)
 		case opEnd:
 			rep = c.handleEnd(peer, req)
+		case opRevoke:
+			rep = c.handleRevoke(peer, req)
 		}
 	}
 	return encode(rep)
@@ -341,6 +363,6 @@ func (c *Channel) Close() error {
 	for _, l := range idle {
 		err = errors.Join(err, l.close())
 	}
-	c.ends.Wait()
+	c.bg.Wait()
 	return err
 }

@@ -244,7 +244,7 @@ func TestMappingCache(t *testing.T) {
 	}
 
 	// The owner frees the allocation: its handle is dropped, and the
-	// fetcher closes its mapping on the next reply.
+	// fetcher is told to close its mapping.
 	for _, d := range []*tensor.Descriptor{da, db} {
 		if err := p.ownerStore.Release(d.ExportID, d.Lease); err != nil {
 			t.Fatal(err)
@@ -256,6 +256,8 @@ func TestMappingCache(t *testing.T) {
 	if ost := p.owner.Stats(); ost.Handles != 0 {
 		t.Errorf("owner still caches %d handles after the free", ost.Handles)
 	}
+	// The owner pushes the revocation in the background.
+	waitStats(t, p.fetcher, func(st Stats) bool { return st.Closes == 1 && st.Mappings == 0 })
 	other := fakeCUDA(t, 0x7f1000000000, 4096)
 	dc := p.export(t, other, fetcherNode)
 	if err := p.fetcher.Fetch(ctx, dc, dst); err != nil {
@@ -379,6 +381,22 @@ func waitIdle(t *testing.T, owner *Channel) Stats {
 		st := owner.Stats()
 		if st.Acquisitions == 0 || time.Now().After(deadline) {
 			return st
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// waitStats waits up to 5 s until c's stats satisfy ok and returns them.
+func waitStats(t *testing.T, c *Channel, ok func(Stats) bool) Stats {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st := c.Stats()
+		if ok(st) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stats %+v: condition not reached in 5 s", st)
 		}
 		time.Sleep(time.Millisecond)
 	}

@@ -26,6 +26,11 @@ const (
 	opBegin uint8 = 3
 	// opEnd ends the acquisition opBegin made.
 	opEnd uint8 = 4
+	// opRevoke goes the other way, from owner to fetcher: the owner freed
+	// the allocations listed (of its incarnation Incarnation) that it had
+	// given the fetcher the handle of, and the fetcher closes its mappings
+	// of them. Owners also list them in their next begin reply.
+	opRevoke uint8 = 5
 )
 
 // Reply codes: each maps back to the sentinel the owner met.
@@ -64,6 +69,8 @@ type request struct {
 	WantHandle  bool   `msgpack:"w,omitempty"`
 	Challenge   uint64 `msgpack:"c,omitempty"`
 	MAC         []byte `msgpack:"m,omitempty"`
+	// Revoked lists the freed allocations of an opRevoke.
+	Revoked []uint64 `msgpack:"r,omitempty"`
 }
 
 // reply is the owner's answer.
@@ -103,6 +110,10 @@ func decodeRequest(b []byte) (*request, error) {
 	}
 	switch r.Op {
 	case opChallenge, opBegin, opEnd:
+	case opRevoke:
+		if len(r.Revoked) == 0 || len(r.Revoked) > maxRevoked {
+			return nil, fmt.Errorf("%w: revoke of %d allocations", errBadMessage, len(r.Revoked))
+		}
 	case opProve:
 		if len(r.MAC) != macLen {
 			return nil, fmt.Errorf("%w: MAC of %d bytes", errBadMessage, len(r.MAC))

@@ -116,6 +116,7 @@ func FuzzDecodeRequest(f *testing.F) {
 		{Op: opProve, Challenge: 3, MAC: make([]byte, macLen)},
 		{Op: opBegin, Incarnation: 1, ExportID: 2, Lease: 3, Acq: 4, Alloc: 5, Offset: 6, Bytes: 7, WantHandle: true},
 		{Op: opEnd, Acq: 9},
+		{Op: opRevoke, Incarnation: 1, Revoked: []uint64{4, 5}},
 	} {
 		b, _ := encode(r)
 		f.Add(b)
@@ -127,6 +128,9 @@ func FuzzDecodeRequest(f *testing.F) {
 		}
 		if r.Op == opProve && len(r.MAC) != macLen {
 			t.Fatalf("accepted a MAC of %d bytes", len(r.MAC))
+		}
+		if r.Op == opRevoke && (len(r.Revoked) == 0 || len(r.Revoked) > maxRevoked) {
+			t.Fatalf("accepted a revoke of %d allocations", len(r.Revoked))
 		}
 	})
 }

@@ -32,11 +32,31 @@
 //     shares the owner's /dev/shm can; the file is deleted at once. Both
 //     nodes are already authenticated by the control connection.
 //   - end: the owner releases the acquisition.
+//   - revoke (owner to fetcher): the owner freed allocations whose handle it
+//     gave the fetcher; the fetcher closes its mappings of them. Sent in the
+//     background when the allocation is freed; an undelivered list waits
+//     for the fetcher's next begin reply.
+//
+// Direct offers: once a holder has the handle of an allocation (it proved
+// it shares the host and opened the allocation in an earlier begin), the
+// owner's later offers of tensors in that allocation to that holder are
+// direct: they carry the lease's deadline on the host's CLOCK_MONOTONIC,
+// the same clock in every process of the host. The holder then copies
+// under the lease alone, with no begin and no end: the lease keeps the
+// tensor on the owner (tensor.Tensor.Free fails while it is lent) until it
+// is released or its deadline passes. The copy must end before the
+// deadline: a holder with less than Config.DirectMargin left begins
+// instead (an acquisition outlives the lease), the copy's context ends a
+// millisecond before the deadline, and a copy observed complete only after
+// it is an error (errLeaseOutlived), since the owner may have reused the
+// memory. A forwarded descriptor (the fetcher is not its holder) and a
+// fetcher without an open mapping begin as before. Config.NoDirect turns
+// direct offers off.
 //
 // The fetcher opens each handle once per (owner, owner incarnation,
 // allocation, destination device) with lazy peer access and caches the
-// mapping; mappings are closed when the owner frees the allocation (the
-// owner lists freed allocations in its next reply), when more than
+// mapping; mappings are closed when the owner frees the allocation (revoke),
+// when more than
 // Config.MaxMappings are open (least recently used idle ones), on PeerDown
 // of the owner and on Close. A fetcher in the owner's own process (which
 // CUDA does not let open its own handles) addresses the allocation
@@ -50,7 +70,8 @@
 // the application share it. Handles go only to authenticated nodes of the
 // cluster that proved they share the host.
 //
-// Cost per fetch: two control round trips (begin, end) besides the copy;
+// Cost per fetch: under a direct offer, the copy alone. Otherwise one
+// control round trip (begin) and one end, not waited for, besides the copy;
 // the first fetch of an allocation adds the handle open, the first fetch
 // from an owner two more round trips (challenge, prove). Copies run in
 // chunks (Config.CopyChunk, several queued at once) and are waited for by

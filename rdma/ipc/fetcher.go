@@ -57,11 +57,13 @@ func (m *mapping) opening() bool {
 
 // Fetch copies the export d describes into the start of dst, a CUDA buffer.
 //
-// Cost: one control round trip to acquire the export on the owner (its
-// lease, holder and bounds are checked; the first fetch of an allocation
-// also gets its IPC handle, and the first fetch from an owner proves this
-// node is on its host, two more round trips) and one to end the
-// acquisition, plus the device copy. Errors: rdma.ErrTooSmall,
+// Cost: under a direct offer (this node is the holder and already maps the
+// allocation), the device copy alone. Otherwise one control round trip to
+// acquire the export on the owner (its lease, holder and bounds are
+// checked; the first fetch of an allocation also gets its IPC handle, and
+// the first fetch from an owner proves this node is on its host, two more
+// round trips) and one, not waited for, to end the acquisition, plus the
+// device copy. Errors: rdma.ErrTooSmall,
 // rdma.ErrNoOffer, tensor.ErrUnknownExport, ErrBadLease or ErrStale from
 // the owner, rdma.ErrPeerDown when the owner cannot be reached or went down
 // during the copy, rdma.ErrClosed, and the context's error.
@@ -103,6 +105,13 @@ func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 		return nil
 	}
 	key := mapKey{owner: d.Owner, inc: d.Incarnation, alloc: o.Alloc, dev: dst.Device()}
+	if o.direct() && d.Holder == c.env.Node {
+		if m := c.claimOpen(key); m != nil {
+			if done, err := c.fetchDirect(ctx, d, m, o, dst); done {
+				return err
+			}
+		}
+	}
 	m, opener, err := c.claim(ctx, key)
 	if err != nil {
 		return err
@@ -146,6 +155,66 @@ func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 		err = fmt.Errorf("%w: %w", rdma.ErrPeerDown, err)
 	}
 	return err
+}
+
+// errLeaseOutlived is returned when a direct copy could not finish before
+// the lease's deadline: the owner may have reused the memory meanwhile, so
+// the bytes are not trusted.
+var errLeaseOutlived = errors.New("ipc: the copy outlived the lease's deadline")
+
+// directSlack is kept between the end of a direct copy and the lease's
+// deadline.
+const directSlack = time.Millisecond
+
+// fetchDirect copies under a direct offer: m is this node's mapping of the
+// allocation, claimed by the caller, and the lease alone keeps the tensor
+// on the owner until o.Deadline. It reports done=false (m released, nothing
+// copied) when too little of the lease is left, for the caller to begin
+// instead.
+func (c *Channel) fetchDirect(ctx context.Context, d *tensor.Descriptor, m *mapping, o offer, dst memory.Buffer) (done bool, err error) {
+	now, ok := monoNow()
+	if !ok || (o.Deadline != 0 && now+uint64(c.cfg.DirectMargin) > o.Deadline) {
+		c.unuse(m)
+		return false, nil
+	}
+	cctx := ctx
+	if o.Deadline != 0 {
+		var cancel context.CancelFunc
+		cctx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Duration(o.Deadline-now)-directSlack))
+		defer cancel()
+	}
+	err = c.copyFrom(cctx, m, o, dst)
+	if why := c.unuse(m); why != nil && err == nil {
+		err = fmt.Errorf("ipc: copy from %s: %w", d.Owner, why)
+	}
+	if err == nil && o.Deadline != 0 {
+		if end, _ := monoNow(); end+uint64(directSlack) > o.Deadline {
+			err = fmt.Errorf("%w: %v", errLeaseOutlived, d)
+		}
+	}
+	if err != nil && ctx.Err() == nil && cctx.Err() != nil {
+		err = fmt.Errorf("%w: %v: %w", errLeaseOutlived, d, err)
+	}
+	if err == nil {
+		c.fmu.Lock()
+		c.fetchStats.direct++
+		c.fmu.Unlock()
+	}
+	return true, err
+}
+
+// claimOpen counts a user of key's mapping when it is open and usable, and
+// returns it; nil when there is none (or it is still opening).
+func (c *Channel) claimOpen(key mapKey) *mapping {
+	c.fmu.Lock()
+	defer c.fmu.Unlock()
+	m := c.mappings[key]
+	if c.fclosed || m == nil || m.opening() || m.err != nil || m.dropped != nil {
+		return nil
+	}
+	m.users++
+	c.fetchStats.reuses++
+	return m
 }
 
 // copyFrom copies the offer's range of m into dst on a lane of dst's device.
@@ -440,9 +509,9 @@ func (c *Channel) prove(ctx context.Context, owner string, gen uint64) error {
 // then holds nothing for this node any more).
 // endAsync ends an acquisition in the background; Close waits for it.
 func (c *Channel) endAsync(owner string, acq uint64) {
-	c.ends.Add(1)
+	c.bg.Add(1)
 	go func() {
-		defer c.ends.Done()
+		defer c.bg.Done()
 		if err := c.end(context.Background(), owner, acq); err != nil {
 			c.log.Debug("ipc: ending a hold failed (the owner drops it with the peer)", zap.String("owner", owner), zap.Error(err))
 		}

@@ -85,6 +85,35 @@ func TestGPUSharedAllocation(t *testing.T) {
 	if st := p.fetcher.Stats(); st.Opens != 1 || st.Reuses != 2 {
 		t.Errorf("fetcher %+v, want 1 open and 2 reuses", st)
 	}
+	// The fetcher maps the allocation now: a new export of it is offered
+	// direct and copied without begin or end, on the real device.
+	r := parts[len(parts)-1]
+	v, err := whole.Slice(r[0], r[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	dd := p.exportTTL(t, v, fetcherNode, time.Minute)
+	if o := offerIn(t, dd); !o.direct() {
+		t.Fatalf("offer %+v, want direct", o)
+	}
+	clear(host.Host())
+	if err := memory.Copy(ctx, dst, host); err != nil {
+		t.Fatal(err)
+	}
+	begins := p.count(opBegin)
+	if err := p.fetcher.Fetch(ctx, dd, dst); err != nil {
+		t.Fatalf("direct fetch: %v", err)
+	}
+	if err := memory.Copy(ctx, host, dst); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(host.Host()[:r[1]], src[r[0]:r[0]+r[1]]) {
+		t.Fatal("direct fetch: wrong bytes")
+	}
+	if st := p.fetcher.Stats(); st.Direct != 1 || p.count(opBegin) != begins {
+		t.Errorf("fetcher %+v after %d begins, want 1 direct fetch and no begin", st, p.count(opBegin)-begins)
+	}
+	ds = append(ds, dd)
 	if st := waitIdle(t, p.owner); st.HandleExports != 1 || st.Acquisitions != 0 {
 		t.Errorf("owner %+v, want 1 handle made and no acquisition", st)
 	}
@@ -102,6 +131,7 @@ func TestGPUSharedAllocation(t *testing.T) {
 	if st := p.owner.Stats(); st.Handles != 0 {
 		t.Errorf("owner caches %d handles after the free", st.Handles)
 	}
+	waitStats(t, p.fetcher, func(st Stats) bool { return st.Closes == 1 && st.Mappings == 0 })
 	next, err := oa.Alloc(4096)
 	if err != nil {
 		t.Fatal(err)

@@ -8,8 +8,8 @@ import (
 )
 
 func TestOfferBytes(t *testing.T) {
-	o := offer{Alloc: 0x0102030405060708, Offset: 0x1000, Bytes: 0x20, AllocSize: 0x2000}
-	want, _ := hex.DecodeString("01" + "0807060504030201" + "0010000000000000" + "2000000000000000" + "0020000000000000")
+	o := offer{Alloc: 0x0102030405060708, Offset: 0x1000, Bytes: 0x20, AllocSize: 0x2000, Flags: flagDirect, Deadline: 0x1122334455667788}
+	want, _ := hex.DecodeString("02" + "0807060504030201" + "0010000000000000" + "2000000000000000" + "0020000000000000" + "01" + "8877665544332211")
 	got := o.encode()
 	if !bytes.Equal(got, want) {
 		t.Fatalf("encode: %x, want %x", got, want)
@@ -27,7 +27,8 @@ func TestDecodeOfferRejects(t *testing.T) {
 		"empty":           nil,
 		"short":           good[:offerLen-1],
 		"long":            append(bytes.Clone(good), 0),
-		"version":         mod(func(b []byte) []byte { b[0] = 2; return b }),
+		"version":         mod(func(b []byte) []byte { b[0] = 1; return b }),
+		"unknown-flag":    mod(func(b []byte) []byte { b[33] = 2; return b }),
 		"offset-past-end": offer{Alloc: 1, Offset: 17, Bytes: 0, AllocSize: 16}.encode(),
 		"bytes-past-end":  offer{Alloc: 1, Offset: 8, Bytes: 9, AllocSize: 16}.encode(),
 		"overflow":        offer{Alloc: 1, Offset: 8, Bytes: ^uint64(0) - 4, AllocSize: 16}.encode(),

@@ -24,23 +24,50 @@ type exportedHandle struct {
 // nil for tensors that are not in CUDA memory. The offer grants nothing:
 // the IPC handle is given later, in the answer to the fetcher's begin
 // request, only to the export's holder and only once that node has proven
-// it runs on this host (see the package documentation).
-func (c *Channel) Offer(_ context.Context, e *tensor.Export, _ string) ([]byte, error) {
+// it runs on this host (see the package documentation). When the holder
+// already got this allocation's handle, the offer is direct: the holder may
+// copy under the lease alone, before its deadline, without begin and end.
+func (c *Channel) Offer(_ context.Context, e *tensor.Export, peer string) ([]byte, error) {
 	buf := e.Tensor.Buffer()
 	if buf.Device().Kind != memory.KindCUDA {
 		return nil, nil
-	}
-	c.mu.Lock()
-	closed := c.closed
-	c.mu.Unlock()
-	if closed {
-		return nil, rdma.ErrClosed
 	}
 	o, err := offerOf(buf)
 	if err != nil {
 		return nil, err
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, rdma.ErrClosed
+	}
+	if peer == e.Holder && !c.cfg.NoDirect && c.proven[peer] && c.grants[peer][o.Alloc] {
+		if deadline, ok := monoDeadline(e.Deadline); ok {
+			o.Flags |= flagDirect
+			o.Deadline = deadline
+			c.ownerStats.directOffers++
+		}
+	}
 	return o.encode(), nil
+}
+
+// monoDeadline converts a lease deadline (zero: none) to the host's
+// CLOCK_MONOTONIC, minus a millisecond for the time between the two clock
+// readings. It reports false when the deadline has passed or the platform
+// has no such clock.
+func monoDeadline(deadline time.Time) (uint64, bool) {
+	now, ok := monoNow()
+	if !ok {
+		return 0, false
+	}
+	if deadline.IsZero() {
+		return 0, true
+	}
+	left := time.Until(deadline) - time.Millisecond
+	if left <= 0 {
+		return 0, false
+	}
+	return now + uint64(left), true
 }
 
 // offerOf locates buf inside its allocation.
@@ -58,7 +85,8 @@ func offerOf(buf memory.Buffer) (offer, error) {
 }
 
 // allocationFreed is the memory.OnFree hook: it drops the cached handle and
-// tells every peer that got it (in its next reply) to close its mapping.
+// tells every peer that got it to close its mapping (a revoke request sent
+// in the background, and the next begin reply).
 func (c *Channel) allocationFreed(a memory.Allocation) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -66,12 +94,73 @@ func (c *Channel) allocationFreed(a memory.Allocation) {
 		return
 	}
 	delete(c.handles, a.ID)
+	queued := false
 	for peer, g := range c.grants {
 		if g[a.ID] {
 			delete(g, a.ID)
 			c.revoked[peer] = append(c.revoked[peer], a.ID)
+			queued = true
 		}
 	}
+	if queued && !c.pushing && !c.closed {
+		c.pushing = true
+		c.bg.Add(1)
+		go c.pushRevocations()
+	}
+}
+
+// pushRevocations sends every peer its list of revoked allocations until no
+// list is left. A list that cannot be delivered stays queued for the peer's
+// next begin reply; a peer that went down dropped its mappings already.
+func (c *Channel) pushRevocations() {
+	defer c.bg.Done()
+	inc := c.env.Store.Incarnation()
+	failed := map[string]bool{}
+	for {
+		c.mu.Lock()
+		var peer string
+		var ids []uint64
+		for p, r := range c.revoked {
+			if failed[p] {
+				continue
+			}
+			peer, ids = p, r[:min(len(r), maxRevoked)]
+			if len(ids) == len(r) {
+				delete(c.revoked, p)
+			} else {
+				c.revoked[p] = r[len(ids):]
+			}
+			break
+		}
+		if ids == nil || c.closed {
+			c.pushing = false
+			c.mu.Unlock()
+			return
+		}
+		c.ownerStats.revokesSent++
+		c.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), endTimeout)
+		_, err := c.call(ctx, peer, &request{Op: opRevoke, Incarnation: inc, Revoked: ids})
+		cancel()
+		if err != nil {
+			c.log.Debug("ipc: revoke not delivered; kept for the peer's next begin", zap.String("peer", peer), zap.Error(err))
+			failed[peer] = true
+			c.mu.Lock()
+			if c.grants[peer] != nil { // still known: not down
+				c.revoked[peer] = append(append([]uint64(nil), ids...), c.revoked[peer]...)
+			}
+			c.mu.Unlock()
+		}
+	}
+}
+
+// handleRevoke closes the mappings of allocations their owner freed.
+func (c *Channel) handleRevoke(owner string, req *request) *reply {
+	c.fmu.Lock()
+	c.fetchStats.revokes++
+	c.fmu.Unlock()
+	c.revoke(owner, req.Incarnation, req.Revoked)
+	return &reply{Code: codeOK}
 }
 
 func (c *Channel) handleChallenge(peer string) *reply {
