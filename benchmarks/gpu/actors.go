@@ -285,6 +285,49 @@ func (p *actorPair) send(x *tensor.Tensor, check bool, want uint32) (time.Durati
 	return d, ack, nil
 }
 
+// stream sends x in n messages without waiting between them (only the
+// first asks for a CRC check when check is set), then waits for every Ack.
+// It returns the time from the first RequestFuture until the last Ack,
+// then waits (untimed) until every lease of x is back.
+func (p *actorPair) stream(x *tensor.Tensor, n int, check bool, want uint32) (time.Duration, []*Ack, error) {
+	futures := make([]*pa.Future, n)
+	t0 := time.Now()
+	for i := range futures {
+		futures[i] = p.node.Root().RequestFuture(p.sink, &Msg{T: x, Check: check && i == 0}, p.timeout)
+	}
+	acks := make([]*Ack, n)
+	var errs []error
+	for i, f := range futures {
+		res, err := f.Result()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("gpu: %v: message %d of %d: %w", x, i, n, err))
+			continue
+		}
+		ack, ok := res.(*Ack)
+		switch {
+		case !ok:
+			errs = append(errs, fmt.Errorf("gpu: %v: reply %T %v", x, res, res))
+		case ack.Err != "":
+			errs = append(errs, fmt.Errorf("gpu: %v: receiver: %s", x, ack.Err))
+		case ack.Bytes != x.ByteSize():
+			errs = append(errs, fmt.Errorf("gpu: %v: receiver got %d bytes", x, ack.Bytes))
+		case check && i == 0 && ack.CRC != want:
+			errs = append(errs, fmt.Errorf("gpu: %v: receiver's CRC-32 %08x, sent %08x", x, ack.CRC, want))
+		}
+		acks[i] = ack
+	}
+	d := time.Since(t0)
+	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
+	defer cancel()
+	if err := x.WaitReleased(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("gpu: %v: leases not released: %w", x, err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return 0, nil, err
+	}
+	return d, acks, nil
+}
+
 // close stops the sending node, then the receiving process (by closing its
 // standard input), and removes the config.
 func (p *actorPair) close() error {

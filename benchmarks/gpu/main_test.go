@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"strings"
 	"testing"
@@ -34,7 +35,7 @@ func TestActorPairHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs, err := measure(o, []pathMaker{actorPath(pathIPC, p, memory.CPU)})
+	rs, err := measure(o, []pathMaker{actorPath(pathIPC, p, memory.CPU), streamPath(pathIPCStream, p, memory.CPU)})
 	if cerr := p.close(); cerr != nil {
 		t.Errorf("close: %v", cerr)
 	}
@@ -44,14 +45,27 @@ func TestActorPairHost(t *testing.T) {
 	if name := renamePath(rs, pathIPC); name != "tensorferry-staging" {
 		t.Errorf("path renamed to %q, want tensorferry-staging", name)
 	}
+	if name := renamePath(rs, pathIPCStream); name != "tensorferry-staging-stream" {
+		t.Errorf("stream path renamed to %q, want tensorferry-staging-stream", name)
+	}
 	want := map[string]string{ // size/metric → channel
 		"4096/gbps": "inline", "4096/us": "inline",
 		"1048576/gbps": "staging", "1048576/us": "staging", "1048576/fetch_gbps": "staging",
 	}
+	for k, v := range maps.Clone(want) {
+		want["stream/"+k] = v
+	}
 	for _, r := range rs {
 		k := fmt.Sprintf("%d/%s", r.Size, r.Metric)
+		if r.Path == "tensorferry-staging-stream" {
+			k = "stream/" + k
+		}
 		ch, ok := want[k]
-		if !ok || r.Channel != ch || r.Value <= 0 || r.N != 2 || r.Bench != "gpu" {
+		n := 2
+		if r.Path == "tensorferry-staging-stream" && r.Metric == "fetch_gbps" {
+			n *= streamBatch(int(r.Size)) // one per message
+		}
+		if !ok || r.Channel != ch || r.Value <= 0 || r.N != n || r.Bench != "gpu" {
 			t.Errorf("unexpected figure %+v", r)
 		}
 		delete(want, k)
@@ -105,6 +119,7 @@ func TestSummary(t *testing.T) {
 	rs := []report.Result{
 		g(pathPeer, 256<<20, report.GBps, 400),
 		g("tensorferry-ipc", 256<<20, report.GBps, 380),
+		g("tensorferry-ipc-stream", 256<<20, report.GBps, 390),
 		g(pathStagingGPU, 64<<20, report.GBps, 9),
 		g(pathRawTCP, 64<<20, report.GBps, 10),
 		g(pathNaive, 64<<20, report.GBps, 3),
@@ -113,7 +128,8 @@ func TestSummary(t *testing.T) {
 	}
 	nccl := []report.Result{{Bench: "nccl", Path: "nccl-sendrecv", Size: 256 << 20, Metric: report.GBps, Value: 357}}
 	got := strings.Join(summary(rs, nccl), "\n")
-	for _, want := range []string{"95.0 % of cuMemcpyPeer", "1.06× (target ≥ 1×)", "90.0 % of raw TCP", "3.00× the naive", "first 20.00 ms, repeated 5.00 ms"} {
+	for _, want := range []string{"tensorferry-ipc 256MiB: 380.0 GB/s = 95.0 % of cuMemcpyPeer", "tensorferry-ipc 256MiB: 380.0 GB/s vs NCCL 357.0 GB/s = 1.06× (target ≥ 1×)",
+		"tensorferry-ipc-stream 256MiB: 390.0 GB/s = 97.5 % of cuMemcpyPeer", "90.0 % of raw TCP", "3.00× the naive", "first 20.00 ms, repeated 5.00 ms"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("summary lacks %q:\n%s", want, got)
 		}

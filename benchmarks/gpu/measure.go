@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"math/rand/v2"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/tensorferry/tensorferry/benchmarks/internal/report"
@@ -66,11 +67,24 @@ func measureSize(o options, paths []pathMaker, size int) (rs []report.Result, er
 		steppers = append(steppers, s)
 	}
 	times := make([][]time.Duration, len(steppers))
-	warmups := warmupsFor(size)
-	for i := range warmups + repsFor(o, size) {
-		timed := i >= warmups
+	warmups := make([]int, len(steppers))
+	most := 0
+	for k, s := range steppers {
+		warmups[k] = warmupsFor(size)
+		if b, ok := s.(interface{ perStep() int }); ok {
+			// A step of several messages warms up as many.
+			warmups[k] = max(2, warmups[k]/b.perStep())
+		}
+		most = max(most, warmups[k])
+	}
+	reps := repsFor(o, size)
+	for i := range most + reps {
 		for k, s := range steppers {
-			d, err := s.step(i == 0, timed)
+			if i < most-warmups[k] {
+				continue // fewer warm-ups: start later, end together
+			}
+			timed := i >= most
+			d, err := s.step(i == most-warmups[k], timed) // the first is checked
 			if err != nil {
 				return nil, fmt.Errorf("%s %d bytes: %w", paths[k].name, size, err)
 			}
@@ -148,6 +162,48 @@ func (s *actorStepper) results(size int, ds []time.Duration) []report.Result {
 
 func (s *actorStepper) close() { _ = s.x.Free() }
 
+// streamBatch is how many messages one step of a stream path keeps in
+// flight at size: about 256 MiB of them, at least 4 and at most 64.
+func streamBatch(size int) int { return min(64, max(4, (256<<20)/size)) }
+
+// streamStepper sends streamBatch messages back to back through an
+// actorPair and then waits for all their acks: the figure is the time per
+// message, so its bandwidth is measured the way NCCL's and the peer copy's
+// are (operations queued back to back, not one round trip at a time).
+type streamStepper struct {
+	actorStepper
+	batch int
+}
+
+// streamPath is actorPath with streamBatch messages in flight per step.
+func streamPath(name string, p *actorPair, src memory.Device) pathMaker {
+	return pathMaker{name: name, make: func(size int) (stepper, error) {
+		x, sum, err := newTensor(src, size, uint64(size))
+		if err != nil {
+			return nil, err
+		}
+		return &streamStepper{actorStepper: actorStepper{p: p, path: name, x: x, sum: sum, channels: map[string]int{}}, batch: streamBatch(size)}, nil
+	}}
+}
+
+func (s *streamStepper) perStep() int { return s.batch }
+
+func (s *streamStepper) step(check, timed bool) (time.Duration, error) {
+	d, acks, err := s.p.stream(s.x, s.batch, check, s.sum)
+	if err != nil {
+		return 0, err
+	}
+	if timed {
+		for _, ack := range acks {
+			s.channels[ack.Channel]++
+			if ack.Channel != "inline" {
+				s.fetch = append(s.fetch, ack.Fetch)
+			}
+		}
+	}
+	return d / time.Duration(len(acks)), nil
+}
+
 // newTensor returns a tensor of size pseudo-random bytes (seeded by seed) on
 // dev, and their CRC-32.
 func newTensor(dev memory.Device, size int, seed uint64) (*tensor.Tensor, uint32, error) {
@@ -189,9 +245,10 @@ func fill(b []byte, seed uint64) {
 	}
 }
 
-// renamePath gives every result of path old the path "tensorferry-<ch>",
-// where ch is the channel that carried most of its out-of-band sizes, and
-// returns the new name.
+// renamePath gives every result of path old the path "tensorferry-<ch>"
+// (followed by old's suffix after pathIPC, e.g. "-stream"), where ch is the
+// channel that carried most of its out-of-band sizes, and returns the new
+// name.
 func renamePath(rs []report.Result, old string) string {
 	count := map[string]int{}
 	for _, r := range rs {
@@ -208,7 +265,7 @@ func renamePath(rs []report.Result, old string) string {
 	if ch == "" {
 		return old
 	}
-	name := "tensorferry-" + ch
+	name := "tensorferry-" + ch + strings.TrimPrefix(old, pathIPC)
 	for i := range rs {
 		if rs[i].Path == old {
 			rs[i].Path = name

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -122,9 +123,13 @@ func runPeer(o options) (rs []report.Result, err error) {
 	return rs, nil
 }
 
-// pathIPC is the ipc mode's path until the channel that carried it is known
-// (renamePath).
-const pathIPC = "tensorferry-ipc"
+// pathIPC and pathIPCStream are the ipc mode's paths (one message at a
+// time; streamBatch messages in flight) until the channel that carried
+// them is known (renamePath).
+const (
+	pathIPC       = "tensorferry-ipc"
+	pathIPCStream = pathIPC + "-stream"
+)
 
 // runIPC sends tensor messages from a node on --src to a node of another
 // process on --dst, over the channel the two select.
@@ -135,9 +140,11 @@ func runIPC(o options) (rs []report.Result, err error) {
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, p.close()) }()
-	rs, err = measure(o, []pathMaker{actorPath(pathIPC, p, src)})
-	if name := renamePath(rs, pathIPC); name != pathIPC {
-		o.progressf("gpu: ipc mode: the nodes chose %s, reported as %s", name[len("tensorferry-"):], name)
+	rs, err = measure(o, []pathMaker{actorPath(pathIPC, p, src), streamPath(pathIPCStream, p, src)})
+	for _, old := range []string{pathIPC, pathIPCStream} {
+		if name := renamePath(rs, old); name != old {
+			o.progressf("gpu: ipc mode: the nodes chose %s, reported as %s", strings.TrimSuffix(name[len("tensorferry-"):], "-stream"), name)
+		}
 	}
 	return rs, err
 }

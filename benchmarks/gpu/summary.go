@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/tensorferry/tensorferry/benchmarks/internal/report"
@@ -20,20 +21,29 @@ func summary(rs, nccl []report.Result) []string {
 		return 0, false
 	}
 	is := func(p string) func(string) bool { return func(s string) bool { return s == p } }
-	// The ipc mode's path is named for the channel the nodes chose.
+	// The ipc mode's paths are named for the channel the nodes chose; the
+	// stream path is measured the way the ceiling and NCCL are.
 	ipcPath := func(s string) bool { return strings.HasPrefix(s, "tensorferry-") && s != pathStagingGPU }
-	var out []string
-	if v, ok := find(rs, ipcPath, 256<<20, report.GBps); ok {
-		if c, ok := find(rs, is(pathPeer), 256<<20, report.GBps); ok && c > 0 {
-			out = append(out, fmt.Sprintf("ipc 256MiB: %.1f GB/s = %.1f %% of cuMemcpyPeer's %.1f GB/s (target ≥ 90 %%)", v, 100*v/c, c))
+	var ipcPaths []string
+	for _, r := range rs {
+		if ipcPath(r.Path) && !slices.Contains(ipcPaths, r.Path) {
+			ipcPaths = append(ipcPaths, r.Path)
 		}
 	}
-	for _, r := range rs {
-		if !ipcPath(r.Path) || r.Metric != report.GBps || r.Size < 1<<20 {
-			continue
+	var out []string
+	for _, p := range ipcPaths {
+		if v, ok := find(rs, is(p), 256<<20, report.GBps); ok {
+			if c, ok := find(rs, is(pathPeer), 256<<20, report.GBps); ok && c > 0 {
+				out = append(out, fmt.Sprintf("%s 256MiB: %.1f GB/s = %.1f %% of cuMemcpyPeer's %.1f GB/s (target ≥ 90 %%)", p, v, 100*v/c, c))
+			}
 		}
-		if n, ok := find(nccl, is("nccl-sendrecv"), r.Size, report.GBps); ok && n > 0 {
-			out = append(out, fmt.Sprintf("ipc %s: %.1f GB/s vs NCCL %.1f GB/s = %.2f× (target ≥ 1×)", cluster.FormatSize(int(r.Size)), r.Value, n, r.Value/n))
+		for _, r := range rs {
+			if r.Path != p || r.Metric != report.GBps || r.Size < 1<<20 {
+				continue
+			}
+			if n, ok := find(nccl, is("nccl-sendrecv"), r.Size, report.GBps); ok && n > 0 {
+				out = append(out, fmt.Sprintf("%s %s: %.1f GB/s vs NCCL %.1f GB/s = %.2f× (target ≥ 1×)", p, cluster.FormatSize(int(r.Size)), r.Value, n, r.Value/n))
+			}
 		}
 	}
 	for _, r := range rs {
