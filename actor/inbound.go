@@ -16,6 +16,8 @@ type inbound struct {
 	header map[string]string
 	msg    any
 	sess   *decodeSession
+	// fetched receives the result of fetching sess's tensors (delivery.go).
+	fetched chan error
 }
 
 func (n *Node) receiveMessage(ps *peerState, m *wire.Message) {
@@ -59,46 +61,6 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message) {
 		ps.queued.Add(-1)
 		sess.abort(n.ctx)
 	}
-}
-
-// deliverLoop fetches the tensors of queued messages from one peer, in order,
-// and delivers them.
-func (n *Node) deliverLoop(ps *peerState) {
-	defer n.wg.Done()
-	for {
-		select {
-		case in := <-ps.inbox:
-			n.fetchAndDeliver(ps, in)
-			ps.queued.Add(-1)
-		case <-ps.done:
-			for {
-				select {
-				case in := <-ps.inbox:
-					in.sess.abort(n.ctx)
-					ps.queued.Add(-1)
-				default:
-					return
-				}
-			}
-		}
-	}
-}
-
-func (n *Node) fetchAndDeliver(ps *peerState, in *inbound) {
-	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.TransferTimeout)
-	defer cancel()
-	if err := in.sess.fetchAll(ctx); err != nil {
-		n.log.Warn("tensor fetch failed", zap.String("peer", ps.peer.Name), zap.Stringer("target", in.target), zap.Error(err))
-		n.replyFailure(ps, in.sender, in.target, "fetching tensors: "+err.Error())
-		return
-	}
-	proc, ok := n.system.ProcessRegistry.GetLocal(in.target.Id)
-	if !ok {
-		in.sess.freeTensors()
-		n.replyDeadLetter(ps, in.sender, in.target, "actor stopped before delivery")
-		return
-	}
-	n.deliver(proc, in)
 }
 
 func (n *Node) deliver(proc pa.Process, in *inbound) {

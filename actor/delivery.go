@@ -1,0 +1,90 @@
+package actor
+
+import (
+	"context"
+	"sync"
+
+	"go.uber.org/zap"
+)
+
+// fetchWindow bounds how many queued messages of one peer have their
+// tensors fetched at once. Fetching several overlaps the CPU work of one
+// message (offer checks, copy launch, lease release, delivery) with the
+// device copies of the others, so that a stream of tensor messages keeps
+// the link busy; delivery stays in arrival order.
+const fetchWindow = 4
+
+// deliverLoop fetches the tensors of queued messages from one peer, up to
+// fetchWindow at once, and hands them to deliverInOrder. When the peer goes
+// down, messages not yet started are aborted (their leases released);
+// those started are delivered once fetched, or reported failed.
+func (n *Node) deliverLoop(ps *peerState) {
+	defer n.wg.Done()
+	order := make(chan *inbound, fetchWindow-1)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		n.deliverInOrder(ps, order)
+	}()
+	defer func() {
+		close(order)
+		wg.Wait()
+	}()
+	for {
+		select {
+		case in := <-ps.inbox:
+			n.startFetch(in)
+			// The deliverer always makes room: every fetch ends (at the
+			// latest at TransferTimeout, at once when the peer is down).
+			order <- in
+		case <-ps.done:
+			n.abortInbox(ps)
+			return
+		}
+	}
+}
+
+// startFetch starts fetching in's tensors; in.fetched receives the result.
+func (n *Node) startFetch(in *inbound) {
+	in.fetched = make(chan error, 1)
+	if in.sess.empty() {
+		in.fetched <- nil
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.TransferTimeout)
+		defer cancel()
+		in.fetched <- in.sess.fetchAll(ctx)
+	}()
+}
+
+// deliverInOrder delivers the messages of order in order, each once its
+// tensors are fetched.
+func (n *Node) deliverInOrder(ps *peerState, order <-chan *inbound) {
+	for in := range order {
+		if err := <-in.fetched; err != nil {
+			n.log.Warn("tensor fetch failed", zap.String("peer", ps.peer.Name), zap.Stringer("target", in.target), zap.Error(err))
+			n.replyFailure(ps, in.sender, in.target, "fetching tensors: "+err.Error())
+		} else if proc, ok := n.system.ProcessRegistry.GetLocal(in.target.Id); ok {
+			n.deliver(proc, in)
+		} else {
+			in.sess.freeTensors()
+			n.replyDeadLetter(ps, in.sender, in.target, "actor stopped before delivery")
+		}
+		ps.queued.Add(-1)
+	}
+}
+
+// abortInbox releases the leases of the messages still in ps's inbox.
+func (n *Node) abortInbox(ps *peerState) {
+	for {
+		select {
+		case in := <-ps.inbox:
+			in.sess.abort(n.ctx)
+			ps.queued.Add(-1)
+		default:
+			return
+		}
+	}
+}
