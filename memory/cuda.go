@@ -68,7 +68,11 @@ func cudaDeviceFor(dev Device) (*cudaDevice, error) {
 		return nil, notSupported(dev, err)
 	}
 	d := &cudaDevice{dev: dev, ctx: ctx}
-	d.alloc = &CUDAAllocator{d: d, budget: DefaultCUDACacheBytes, free: map[int][]*cudaBlock{}, lru: list.New()}
+	budget := int64(DefaultCUDACacheBytes)
+	if total, err := cuda.TotalMem(dev.Index); err == nil {
+		budget = max(budget, total/8)
+	}
+	d.alloc = &CUDAAllocator{d: d, budget: budget, free: map[int][]*cudaBlock{}, lru: list.New()}
 	cudaDevs[dev.Index] = d
 	return d, nil
 }
@@ -97,9 +101,13 @@ func (d *cudaDevice) putStream(s *cuda.Stream) {
 	d.mu.Unlock()
 }
 
-// DefaultCUDACacheBytes is the default budget of a CUDAAllocator's cache:
-// the bytes of freed blocks kept for reuse before blocks go back to the
-// driver.
+// DefaultCUDACacheBytes is the smallest default budget of a CUDAAllocator's
+// cache: the bytes of freed blocks kept for reuse before blocks go back to
+// the driver. The default is an eighth of the device's memory when that is
+// more (17.6 GB on an H200): a receiver with several large tensors in
+// flight must not give a block back (cuMemFree synchronizes the device)
+// and allocate it again for every message. An allocation the driver
+// refuses for lack of memory empties the cache and is tried again.
 const DefaultCUDACacheBytes = 1 << 30
 
 // Size classes of the CUDA allocator.
@@ -175,6 +183,13 @@ func CUDAAllocatorFor(dev Device) (*CUDAAllocator, error) {
 
 // Device returns the allocator's device.
 func (a *CUDAAllocator) Device() Device { return a.d.dev }
+
+// CacheBytes returns the cache budget in bytes.
+func (a *CUDAAllocator) CacheBytes() int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.budget
+}
 
 // SetCacheBytes sets the cache budget in bytes (0: cache nothing) and gives
 // back blocks beyond it.

@@ -160,11 +160,20 @@ func TestGPUCUDAAllocatorCaching(t *testing.T) {
 	if s2.BytesCached != 0 || s2.DriverFrees-s1.DriverFrees != 1 || len(freed) != 1 || freed[0] != al {
 		t.Errorf("after Trim: %+v, OnFree saw %v", s2, freed)
 	}
+	// The default budget: an eighth of the device, at least 1 GiB.
+	total, err := cuda.TotalMem(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	budget := a.CacheBytes()
+	if budget != max(DefaultCUDACacheBytes, total/8) {
+		t.Errorf("default cache budget %d bytes on a device of %d", budget, total)
+	}
 	// Budget: with room for one 2 MiB block only, the older goes back.
 	if err := a.SetCacheBytes(2 << 20); err != nil {
 		t.Fatal(err)
 	}
-	defer a.SetCacheBytes(DefaultCUDACacheBytes)
+	defer a.SetCacheBytes(budget)
 	x, _ := a.Alloc(2 << 20)
 	y, _ := a.Alloc(2 << 20)
 	xa := x.Allocation()
