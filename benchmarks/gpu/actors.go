@@ -34,7 +34,8 @@ type Ack struct {
 	CRC   uint32
 	// Channel carried the tensor ("inline" when it came in the frame).
 	Channel string
-	// Fetch is the time the receiving node spent in the channel's Fetch.
+	// Fetch is the time the receiving node spent in the channel's Fetch
+	// (the average, when several fetches ended since the previous Msg).
 	Fetch time.Duration
 	// Device is where the receiver got the tensor.
 	Device string
@@ -55,6 +56,8 @@ type receiverSpec struct {
 	Config string        `json:"config"` // cluster.yaml written by the sender
 	Node   string        `json:"node"`
 	Device memory.Device `json:"device"`
+	// Profile, when set, is where the receiver writes its CPU profile.
+	Profile string `json:"profile,omitempty"`
 }
 
 func isReceiver() bool { return os.Getenv(receiverEnv) != "" }
@@ -73,6 +76,13 @@ func receive(stdin io.Reader, stdout io.Writer) error {
 	if err := json.Unmarshal([]byte(os.Getenv(receiverEnv)), &spec); err != nil {
 		return fmt.Errorf("%s: %w", receiverEnv, err)
 	}
+	if spec.Profile != "" {
+		stop, err := startProfile(spec.Profile)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	cfg, err := cluster.Load(spec.Config)
 	if err != nil {
 		return err
@@ -85,7 +95,7 @@ func receive(stdin io.Reader, stdout io.Writer) error {
 		return err
 	}
 	defer node.Stop()
-	if _, err := node.Root().SpawnNamed(sinkProps(node, spec.Device), "sink"); err != nil {
+	if _, err := node.Root().SpawnNamed(sinkProps(node, spec.Device, cfg.InlineThreshold), "sink"); err != nil {
 		return err
 	}
 	if _, err := fmt.Fprintln(stdout, "ready"); err != nil {
@@ -104,8 +114,9 @@ func quiet() tfactor.Option {
 // sinkProps is the receiving actor: tensors arrive on dev; it answers each
 // Msg with an Ack naming the channel that carried it (from the node's
 // counters, which grew by exactly that transfer).
-func sinkProps(node *tfactor.Node, dev memory.Device) *pa.Props {
+func sinkProps(node *tfactor.Node, dev memory.Device, inline int) *pa.Props {
 	last := node.Stats().Channels
+	lastCh := "inline"
 	return pa.PropsFromFunc(func(c pa.Context) {
 		m, ok := c.Message().(*Msg)
 		if !ok {
@@ -114,9 +125,16 @@ func sinkProps(node *tfactor.Node, dev memory.Device) *pa.Props {
 		now := node.Stats().Channels
 		ack := &Ack{Bytes: m.T.ByteSize(), Channel: "inline", Device: m.T.Device().String()}
 		for name, st := range now {
-			if st.Transfers > last[name].Transfers {
-				ack.Channel, ack.Fetch = name, st.Time-last[name].Time
+			// Several fetches may have ended since the last message (a
+			// node fetches up to four at once): the average of them.
+			if k := st.Transfers - last[name].Transfers; k > 0 {
+				ack.Channel, ack.Fetch = name, (st.Time-last[name].Time)/time.Duration(k)
+				lastCh = name
 			}
+		}
+		if ack.Channel == "inline" && ack.Bytes > int64(inline) {
+			// Its fetch was counted with an earlier message's.
+			ack.Channel = lastCh
 		}
 		last = now
 		if m.Check {
@@ -164,6 +182,7 @@ type pairConfig struct {
 	src, dst memory.Device
 	disable  []string
 	timeout  time.Duration
+	profile  string // the receiver's CPU profile; "": none
 }
 
 // openPair writes the cluster's config, starts the receiving process and
@@ -196,7 +215,7 @@ func openPair(pc pairConfig) (p *actorPair, err error) {
 	if err != nil {
 		return p, err
 	}
-	spec, err := json.Marshal(receiverSpec{Config: path, Node: cfg.Nodes[1].Name, Device: pc.dst})
+	spec, err := json.Marshal(receiverSpec{Config: path, Node: cfg.Nodes[1].Name, Device: pc.dst, Profile: pc.profile})
 	if err != nil {
 		return p, err
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -32,6 +33,10 @@ type options struct {
 	timeout  time.Duration
 	progress io.Writer       // one line per figure as it is known
 	nccl     []report.Result // nccl_sendrecv.py's figures, for the summary
+	stream   int             // messages per step of the stream path; 0: by size
+	// cpuProfile, when set, is where the sending process writes its CPU
+	// profile (the receiving one adds ".receiver").
+	cpuProfile string
 }
 
 func main() {
@@ -51,9 +56,11 @@ func main() {
 	quick := flag.Bool("quick", false, "stop at 64 MiB, 3 repetitions")
 	timeout := flag.Duration("timeout", 2*time.Minute, "deadline of one message")
 	nccl := flag.String("nccl", "", "output of nccl_sendrecv.py, to state the NCCL target in the summary")
+	stream := flag.Int("stream", 0, "messages in flight per step of the stream path (default: by size, as nccl_sendrecv.py's iterations)")
+	cpuProfile := flag.String("cpuprofile", "", "write CPU profiles of the sending process to FILE and of the receiving one to FILE.receiver")
 	flag.Parse()
 
-	o := options{reps: *reps, src: *src, dst: *dst, timeout: *timeout, progress: os.Stderr}
+	o := options{reps: *reps, src: *src, dst: *dst, timeout: *timeout, progress: os.Stderr, stream: *stream, cpuProfile: *cpuProfile}
 	if *quick && o.reps == 0 {
 		o.reps = 3
 	}
@@ -81,6 +88,13 @@ func main() {
 	}
 	if err != nil {
 		fatal(err)
+	}
+	if o.cpuProfile != "" {
+		stop, err := startProfile(o.cpuProfile)
+		if err != nil {
+			fatal(err)
+		}
+		defer stop()
 	}
 
 	gpus, why := gpuCount()
@@ -118,7 +132,27 @@ func main() {
 	}
 }
 
+// startProfile starts a CPU profile written to path; the returned function
+// stops it.
+func startProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			fmt.Fprintf(os.Stderr, "gpu: profile: %v\n", err)
+		}
+	}, nil
+}
+
 func fatal(err error) {
+	pprof.StopCPUProfile() // flushes a profile in progress
 	fmt.Fprintf(os.Stderr, "gpu: %v\n", err)
 	os.Exit(1)
 }

@@ -135,12 +135,16 @@ const (
 // process on --dst, over the channel the two select.
 func runIPC(o options) (rs []report.Result, err error) {
 	src, dst := cudaDev(o.src), cudaDev(o.dst)
-	p, err := openPair(pairConfig{src: src, dst: dst, timeout: o.timeout})
+	pc := pairConfig{src: src, dst: dst, timeout: o.timeout}
+	if o.cpuProfile != "" {
+		pc.profile = o.cpuProfile + ".receiver"
+	}
+	p, err := openPair(pc)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, p.close()) }()
-	rs, err = measure(o, []pathMaker{actorPath(pathIPC, p, src), streamPath(pathIPCStream, p, src)})
+	rs, err = measure(o, []pathMaker{actorPath(pathIPC, p, src), streamPath(pathIPCStream, p, src, o.stream)})
 	for _, old := range []string{pathIPC, pathIPCStream} {
 		if name := renamePath(rs, old); name != old {
 			o.progressf("gpu: ipc mode: the nodes chose %s, reported as %s", strings.TrimSuffix(name[len("tensorferry-"):], "-stream"), name)

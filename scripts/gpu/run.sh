@@ -5,6 +5,9 @@
 # .gpu/out): tests.log, summary.txt, gpu.jsonl, nccl.jsonl, samples.log.
 #
 #   scripts/gpu/run.sh [tests|bench|samples|all]   (default all)
+#
+# GPU_BENCH_MODES picks the benchmark's modes (default all: peer, ipc,
+# staging, regcache); TEST_RUN a -test.run pattern for the tests.
 set -u
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
@@ -48,7 +51,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = tests ]; then
 fi
 if [ "$WHAT" = all ] || [ "$WHAT" = bench ]; then
 	if [ -x "$G/bin/gpu" ]; then
-		timeout 400 "$G/bin/gpu" --mode all --out "$OUT" >> "$OUT/summary.txt" 2>&1 || { echo "gpu bench FAILED" >> "$OUT/summary.txt"; status=1; }
+		timeout 400 "$G/bin/gpu" --mode "${GPU_BENCH_MODES:-all}" --out "$OUT" >> "$OUT/summary.txt" 2>&1 || { echo "gpu bench FAILED" >> "$OUT/summary.txt"; status=1; }
 	fi
 	if [ -f "$G/peers/nccl_sendrecv.py" ]; then
 		timeout 300 python3 "$G/peers/nccl_sendrecv.py" --sizes "${NCCL_SIZES:-4K,64K,1M,16M,64M,256M,1G}" > "$OUT/nccl.txt" 2>&1 || echo "nccl baseline FAILED" >> "$OUT/summary.txt"
