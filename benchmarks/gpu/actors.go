@@ -19,6 +19,7 @@ import (
 	"github.com/tensorferry/tensorferry/cluster"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/tensor"
+	"go.uber.org/zap"
 )
 
 // Msg carries one tensor, fetched by the receiving node before delivery.
@@ -58,6 +59,8 @@ type receiverSpec struct {
 	Device memory.Device `json:"device"`
 	// Profile, when set, is where the receiver writes its CPU profile.
 	Profile string `json:"profile,omitempty"`
+	// Log makes the receiver log warnings and errors to its stderr.
+	Log bool `json:"log,omitempty"`
 }
 
 func isReceiver() bool { return os.Getenv(receiverEnv) != "" }
@@ -87,7 +90,16 @@ func receive(stdin io.Reader, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	node, err := tfactor.NewNode(cfg, spec.Node, quiet())
+	opts := []tfactor.Option{quiet()}
+	if spec.Log {
+		lg, err := zap.NewProduction(zap.IncreaseLevel(zap.WarnLevel))
+		if err != nil {
+			return err
+		}
+		defer lg.Sync()
+		opts = append(opts, tfactor.WithLogger(lg.Named("receiver")))
+	}
+	node, err := tfactor.NewNode(cfg, spec.Node, opts...)
 	if err != nil {
 		return err
 	}
@@ -183,6 +195,7 @@ type pairConfig struct {
 	disable  []string
 	timeout  time.Duration
 	profile  string // the receiver's CPU profile; "": none
+	log      bool   // the receiver logs warnings and errors
 }
 
 // openPair writes the cluster's config, starts the receiving process and
@@ -215,7 +228,7 @@ func openPair(pc pairConfig) (p *actorPair, err error) {
 	if err != nil {
 		return p, err
 	}
-	spec, err := json.Marshal(receiverSpec{Config: path, Node: cfg.Nodes[1].Name, Device: pc.dst, Profile: pc.profile})
+	spec, err := json.Marshal(receiverSpec{Config: path, Node: cfg.Nodes[1].Name, Device: pc.dst, Profile: pc.profile, Log: pc.log})
 	if err != nil {
 		return p, err
 	}

@@ -193,10 +193,11 @@ func streamPath(name string, p *actorPair, src memory.Device, batch int) pathMak
 		if err != nil {
 			return nil, err
 		}
-		if batch <= 0 {
-			batch = streamBatch(size)
+		n := batch
+		if n <= 0 {
+			n = streamBatch(size)
 		}
-		return &streamStepper{actorStepper: actorStepper{p: p, path: name, x: x, sum: sum, channels: map[string]int{}}, batch: batch}, nil
+		return &streamStepper{actorStepper: actorStepper{p: p, path: name, x: x, sum: sum, channels: map[string]int{}}, batch: n}, nil
 	}}
 }
 

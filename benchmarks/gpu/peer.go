@@ -135,7 +135,7 @@ const (
 // process on --dst, over the channel the two select.
 func runIPC(o options) (rs []report.Result, err error) {
 	src, dst := cudaDev(o.src), cudaDev(o.dst)
-	pc := pairConfig{src: src, dst: dst, timeout: o.timeout}
+	pc := pairConfig{src: src, dst: dst, timeout: o.timeout, log: o.logs}
 	if o.cpuProfile != "" {
 		pc.profile = o.cpuProfile + ".receiver"
 	}
