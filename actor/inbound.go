@@ -30,7 +30,7 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message) {
 		n.receiveControl(ps, m)
 		return
 	}
-	target := pa.NewPID(n.self.Name, m.Target)
+	target := ps.target(n.self.Name, m.Target)
 	if isFuture(target) {
 		ps.removePending(target)
 	}
@@ -47,13 +47,13 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message) {
 		n.replyFailure(ps, sender, target, fmt.Sprintf("decoding %s: %v", m.Type, err))
 		return
 	}
-	in := &inbound{target: target, sender: sender, header: m.Header, msg: msg, sess: sess}
 	// Messages without tensors to fetch go straight to the mailbox unless
 	// earlier ones from the same peer still wait for theirs (order holds).
 	if sess.empty() && ps.queued.Load() == 0 {
-		n.deliver(proc, in)
+		n.deliverTo(proc, target, sender, m.Header, msg)
 		return
 	}
+	in := &inbound{target: target, sender: sender, header: m.Header, msg: msg, sess: sess}
 	ps.queued.Add(1)
 	select {
 	case ps.inbox <- in:
@@ -64,14 +64,18 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message) {
 }
 
 func (n *Node) deliver(proc pa.Process, in *inbound) {
-	var msg any = in.msg
-	if in.sender != nil || len(in.header) > 0 {
-		msg = &pa.MessageEnvelope{Header: in.header, Message: in.msg, Sender: in.sender}
+	n.deliverTo(proc, in.target, in.sender, in.header, in.msg)
+}
+
+func (n *Node) deliverTo(proc pa.Process, target, sender *pa.PID, header map[string]string, msg any) {
+	var env any = msg
+	if sender != nil || len(header) > 0 {
+		env = &pa.MessageEnvelope{Header: header, Message: msg, Sender: sender}
 	}
-	if _, ok := in.msg.(*pa.PoisonPill); ok && in.sender == nil {
-		msg = in.msg
+	if _, ok := msg.(*pa.PoisonPill); ok && sender == nil {
+		env = msg
 	}
-	proc.SendUserMessage(in.target, msg)
+	proc.SendUserMessage(target, env)
 }
 
 // replyDeadLetter tells the sender's node that the target does not exist, so

@@ -1,8 +1,10 @@
 package actor
 
 import (
+	"maps"
 	"reflect"
 	"sync"
+	"sync/atomic"
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/tensor"
@@ -33,18 +35,23 @@ func RegisterMessage(name string, sample any) error { return registry.Register(n
 // functions.
 func MustRegisterMessage(name string, sample any) { registry.MustRegister(name, sample) }
 
-func encodeMessage(msg any, s *encodeSession) (string, uint8, []byte, error) {
+// encodeMessage appends the body of msg to dst. A message type that may
+// carry tensors gets an encode session (returned, to roll back if the
+// message is not sent); others need none.
+func (n *Node) encodeMessage(dst []byte, msg any, peer string) (name string, ser uint8, body []byte, sess *encodeSession, err error) {
 	if msg != nil && !carriesTensors(reflect.TypeOf(msg)) {
-		return registry.Encode(msg)
+		name, ser, body, err = registry.AppendEncode(dst, msg)
+		return name, ser, body, nil, err
 	}
+	sess = &encodeSession{n: n, peer: peer}
 	var unbind func()
-	name, ser, body, err := registry.EncodeWith(msg, func(enc *msgpack.Encoder) {
-		unbind = tensor.BindEncoder(enc, s)
+	name, ser, body, err = registry.EncodeWith(msg, func(enc *msgpack.Encoder) {
+		unbind = tensor.BindEncoder(enc, sess)
 	})
 	if unbind != nil {
 		unbind()
 	}
-	return name, ser, body, err
+	return name, ser, body, sess, err
 }
 
 func decodeMessage(name string, ser uint8, body []byte, s *decodeSession) (any, error) {
@@ -64,20 +71,38 @@ func decodeMessage(name string, ser uint8, body []byte, s *decodeSession) (any, 
 var (
 	tensorType = reflect.TypeFor[tensor.Tensor]()
 	refType    = reflect.TypeFor[tensor.Ref]()
-	hasTensors sync.Map // reflect.Type → bool
+	// hasTensors is an immutable reflect.Type → bool map, replaced (copied)
+	// when a type is added: read once per message, written once per type.
+	hasTensors   atomic.Pointer[map[reflect.Type]bool]
+	hasTensorsMu sync.Mutex
 )
 
 // carriesTensors reports whether values of typ may hold tensors or Refs, so
 // that messages without any skip the tensor session (the common, small
 // message stays on the fastest path).
 func carriesTensors(typ reflect.Type) bool {
-	if v, ok := hasTensors.Load(typ); ok {
-		return v.(bool)
+	if m := hasTensors.Load(); m != nil {
+		if v, ok := (*m)[typ]; ok {
+			return v
+		}
 	}
 	v := walkTensors(typ, map[reflect.Type]bool{})
-	hasTensors.Store(typ, v)
+	hasTensorsMu.Lock()
+	defer hasTensorsMu.Unlock()
+	next := map[reflect.Type]bool{typ: v}
+	if m := hasTensors.Load(); m != nil {
+		if len(*m) >= maxTensorTypes {
+			return v // bounded: do not cache any more types
+		}
+		maps.Copy(next, *m)
+	}
+	hasTensors.Store(&next)
 	return v
 }
+
+// maxTensorTypes bounds the carriesTensors cache (registered types and the
+// few pointer or value forms they are sent as).
+const maxTensorTypes = 4096
 
 func walkTensors(typ reflect.Type, seen map[reflect.Type]bool) bool {
 	if typ == tensorType || typ == refType {

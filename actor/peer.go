@@ -28,6 +28,30 @@ type peerState struct {
 	inbox  chan *inbound
 	queued atomic.Int64 // messages in inbox or being delivered by the worker
 	done   chan struct{}
+
+	// targets caches the PIDs of local actors this peer sends to; only the
+	// peer's reader goroutine (HandleFrame) uses it.
+	targets map[string]*pa.PID
+}
+
+// maxCachedTargets bounds peerState.targets; futures, which are answered
+// once, are not cached.
+const maxCachedTargets = 1024
+
+// target returns the local PID named id.
+func (ps *peerState) target(self, id string) *pa.PID {
+	if pid, ok := ps.targets[id]; ok {
+		return pid
+	}
+	pid := pa.NewPID(self, id)
+	if isFuture(pid) {
+		return pid
+	}
+	if ps.targets == nil || len(ps.targets) >= maxCachedTargets {
+		ps.targets = make(map[string]*pa.PID)
+	}
+	ps.targets[id] = pid
+	return pid
 }
 
 func (ps *peerState) addPending(f *pa.PID) {
@@ -134,6 +158,10 @@ func (h *handler) HandleFrame(p *cluster.Peer, f wire.Frame) {
 	switch f := f.(type) {
 	case *wire.MessageFrame:
 		n.receiveMessage(ps, &f.Message)
+	case *wire.MessagesFrame:
+		for i := range f.Messages {
+			n.receiveMessage(ps, &f.Messages[i])
+		}
 	case *wire.SystemFrame:
 		n.receiveSystem(ps, &f.System)
 	case *wire.ReleaseFrame:

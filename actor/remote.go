@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/cluster"
@@ -56,6 +57,13 @@ func (r *remoteProcess) Stop(pid *pa.PID) { r.n.sendSystem(pid, &pa.Stop{}) }
 
 func isFuture(pid *pa.PID) bool { return pid != nil && strings.HasPrefix(pid.Id, "future") }
 
+// bodyBuffers are scratch buffers for message bodies: the connection
+// copies a body into its batch before SendMessage returns.
+var bodyBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+// maxPooledBody is the largest body buffer kept for reuse.
+const maxPooledBody = 64 << 10
+
 func (n *Node) sendUser(target *pa.PID, header pa.ReadonlyMessageHeader, msg any, sender *pa.PID) {
 	ps := n.peer(target.Address)
 	if ps == nil {
@@ -69,21 +77,33 @@ func (n *Node) sendUser(target *pa.PID, header pa.ReadonlyMessageHeader, msg any
 	if header != nil && header.Length() > 0 {
 		m.Header = header.ToMap()
 	}
-	sess := &encodeSession{n: n, peer: target.Address}
+	buf := bodyBuffers.Get().(*[]byte)
+	defer func() {
+		if cap(m.Body) <= maxPooledBody {
+			*buf = m.Body[:0]
+		}
+		bodyBuffers.Put(buf)
+	}()
+	var sess *encodeSession
 	var err error
-	m.Type, m.Ser, m.Body, err = encodeMessage(msg, sess)
+	m.Type, m.Ser, m.Body, sess, err = n.encodeMessage((*buf)[:0], msg, target.Address)
 	if err != nil {
-		sess.rollback()
+		if sess != nil {
+			sess.rollback()
+		}
+		m.Body = (*buf)[:0]
 		n.failDelivery(target, sender, fmt.Errorf("encoding %T: %w", msg, err))
 		return
 	}
 	if isFuture(sender) && sender.Address == n.self.Name {
 		ps.addPending(sender)
 	}
-	// Send blocks only while the connection's queue is full: backpressure
-	// until the peer drains it or is declared down.
-	if err := ps.peer.Send(n.ctx, wire.FrameMessage, 0, 0, &m); err != nil {
-		sess.rollback()
+	// SendMessage blocks only while the connection's queue is full:
+	// backpressure until the peer drains it or is declared down.
+	if err := ps.peer.SendMessage(n.ctx, &m); err != nil {
+		if sess != nil {
+			sess.rollback()
+		}
 		ps.removePending(sender)
 		n.failDelivery(target, sender, err)
 		return

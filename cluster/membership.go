@@ -75,6 +75,13 @@ func (p *Peer) Send(ctx context.Context, t wire.FrameType, flags wire.Flags, str
 	return p.conn.Send(ctx, t, flags, stream, body)
 }
 
+// SendMessage queues a user message to the peer, batched with the messages
+// sent while the connection's writer is busy (see wire.Conn.SendMessage);
+// it blocks while the queue is full until ctx is done.
+func (p *Peer) SendMessage(ctx context.Context, m *wire.Message) error {
+	return p.conn.SendMessage(ctx, m)
+}
+
 // Close starts closing the peer's connection with the given cause and
 // returns at once; it is safe to call from Handler methods.
 func (p *Peer) Close(cause error) { p.conn.Fail(cause) }

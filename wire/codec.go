@@ -3,8 +3,10 @@ package wire
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"sync"
+	"sync/atomic"
 
 	"github.com/vmihailenco/msgpack/v5"
 	"google.golang.org/protobuf/proto"
@@ -47,6 +49,11 @@ func (MsgpackSerializer) Name() string { return "msgpack" }
 
 // Marshal encodes v.
 func (MsgpackSerializer) Marshal(v any) ([]byte, error) { return appendMsgpack(nil, v) }
+
+// AppendMarshal appends the encoding of v to dst.
+func (MsgpackSerializer) AppendMarshal(dst []byte, v any) ([]byte, error) {
+	return appendMsgpack(dst, v)
+}
 
 // MarshalWith is Marshal with hook, if not nil, called on a fresh encoder
 // before encoding (to attach state that CustomEncoder methods look up by
@@ -104,6 +111,25 @@ func (ProtoSerializer) Marshal(v any) ([]byte, error) {
 	return b, nil
 }
 
+// AppendMarshal appends the encoding of v, which must be a proto.Message,
+// to dst.
+func (ProtoSerializer) AppendMarshal(dst []byte, v any) ([]byte, error) {
+	m, ok := v.(proto.Message)
+	if !ok {
+		return dst, fmt.Errorf("wire: protobuf: %T is not a proto.Message", v)
+	}
+	out, err := proto.MarshalOptions{}.MarshalAppend(dst, m)
+	if err != nil {
+		return dst, fmt.Errorf("wire: protobuf: marshal %T: %w", v, err)
+	}
+	return out, nil
+}
+
+// appendMarshaler is a Serializer that can encode into a caller's buffer.
+type appendMarshaler interface {
+	AppendMarshal(dst []byte, v any) ([]byte, error)
+}
+
 // Unmarshal decodes b into a new value of typ, whose pointer must be a
 // proto.Message.
 func (ProtoSerializer) Unmarshal(b []byte, typ reflect.Type) (any, error) {
@@ -128,15 +154,24 @@ type registeredType struct {
 
 // Registry maps message type names to Go types and their serializers. It
 // is safe for concurrent use. Both ends must register the same names.
+//
+// Lookups, one per message sent or received, read an immutable snapshot
+// without locking; Register copies the tables (registration is rare).
 type Registry struct {
-	mu     sync.RWMutex
+	mu     sync.Mutex // serializes Register
+	tables atomic.Pointer[registryTables]
+}
+
+type registryTables struct {
 	byName map[string]*registeredType
 	byType map[reflect.Type]*registeredType
 }
 
 // NewRegistry returns an empty Registry.
 func NewRegistry() *Registry {
-	return &Registry{byName: map[string]*registeredType{}, byType: map[reflect.Type]*registeredType{}}
+	r := &Registry{}
+	r.tables.Store(&registryTables{byName: map[string]*registeredType{}, byType: map[reflect.Type]*registeredType{}})
+	return r
 }
 
 // Register registers the type of sample (a value or a pointer to one)
@@ -169,18 +204,21 @@ func (r *Registry) RegisterSerializer(name string, sample any, ser Serializer) e
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if rt, ok := r.byName[name]; ok {
+	old := r.tables.Load()
+	if rt, ok := old.byName[name]; ok {
 		if rt.typ == typ && rt.ser.ID() == ser.ID() {
 			return nil
 		}
 		return fmt.Errorf("wire: register %q: name already used by %v", name, rt.typ)
 	}
-	if rt, ok := r.byType[typ]; ok {
+	if rt, ok := old.byType[typ]; ok {
 		return fmt.Errorf("wire: register %q: type %v already registered as %q", name, typ, rt.name)
 	}
 	rt := &registeredType{name: name, typ: typ, ser: ser}
-	r.byName[name] = rt
-	r.byType[typ] = rt
+	t := &registryTables{byName: maps.Clone(old.byName), byType: maps.Clone(old.byType)}
+	t.byName[name] = rt
+	t.byType[typ] = rt
+	r.tables.Store(t)
 	return nil
 }
 
@@ -193,9 +231,7 @@ func (r *Registry) MustRegister(name string, sample any) {
 
 // Lookup returns the Go type (not a pointer) registered under name.
 func (r *Registry) Lookup(name string) (reflect.Type, bool) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	rt, ok := r.byName[name]
+	rt, ok := r.tables.Load().byName[name]
 	if !ok {
 		return nil, false
 	}
@@ -212,21 +248,9 @@ func (r *Registry) Encode(msg any) (typeName string, ser uint8, body []byte, err
 // EncodeWith is Encode with hook, if not nil, called on the msgpack encoder
 // before encoding. hook is not called for other serializers.
 func (r *Registry) EncodeWith(msg any, hook func(*msgpack.Encoder)) (typeName string, ser uint8, body []byte, err error) {
-	if msg == nil {
-		return "", 0, nil, fmt.Errorf("%w: nil message", ErrUnknownType)
-	}
-	typ := reflect.TypeOf(msg)
-	if typ.Kind() == reflect.Pointer {
-		typ = typ.Elem()
-	}
-	r.mu.RLock()
-	rt, ok := r.byType[typ]
-	r.mu.RUnlock()
-	if !ok {
-		return "", 0, nil, fmt.Errorf("%w: %v is not registered", ErrUnknownType, typ)
-	}
-	if reflect.ValueOf(msg).Kind() == reflect.Pointer && reflect.ValueOf(msg).IsNil() {
-		return "", 0, nil, fmt.Errorf("wire: encode: nil %T", msg)
+	rt, err := r.lookupValue(msg)
+	if err != nil {
+		return "", 0, nil, err
 	}
 	if ms, ok := rt.ser.(MsgpackSerializer); ok && hook != nil {
 		body, err = ms.MarshalWith(msg, hook)
@@ -237,6 +261,47 @@ func (r *Registry) EncodeWith(msg any, hook func(*msgpack.Encoder)) (typeName st
 		return "", 0, nil, err
 	}
 	return rt.name, rt.ser.ID(), body, nil
+}
+
+// AppendEncode is Encode that appends the body to dst (which may be a
+// reused buffer) and returns the extended slice.
+func (r *Registry) AppendEncode(dst []byte, msg any) (typeName string, ser uint8, body []byte, err error) {
+	rt, err := r.lookupValue(msg)
+	if err != nil {
+		return "", 0, dst, err
+	}
+	if am, ok := rt.ser.(appendMarshaler); ok {
+		body, err = am.AppendMarshal(dst, msg)
+	} else {
+		var b []byte
+		if b, err = rt.ser.Marshal(msg); err == nil {
+			body = append(dst, b...)
+		}
+	}
+	if err != nil {
+		return "", 0, dst, err
+	}
+	return rt.name, rt.ser.ID(), body, nil
+}
+
+// lookupValue returns the registration of msg's type.
+func (r *Registry) lookupValue(msg any) (*registeredType, error) {
+	if msg == nil {
+		return nil, fmt.Errorf("%w: nil message", ErrUnknownType)
+	}
+	typ := reflect.TypeOf(msg)
+	isPtr := typ.Kind() == reflect.Pointer
+	if isPtr {
+		typ = typ.Elem()
+	}
+	rt, ok := r.tables.Load().byType[typ]
+	if !ok {
+		return nil, fmt.Errorf("%w: %v is not registered", ErrUnknownType, typ)
+	}
+	if isPtr && reflect.ValueOf(msg).IsNil() {
+		return nil, fmt.Errorf("wire: encode: nil %T", msg)
+	}
+	return rt, nil
 }
 
 // Decode decodes body as the type registered under typeName and returns a
@@ -250,9 +315,7 @@ func (r *Registry) Decode(typeName string, ser uint8, body []byte) (any, error) 
 // decoder before decoding (for example to attach state that the types'
 // DecodeMsgpack methods use). hook is not called for other serializers.
 func (r *Registry) DecodeWith(typeName string, ser uint8, body []byte, hook func(*msgpack.Decoder)) (any, error) {
-	r.mu.RLock()
-	rt, ok := r.byName[typeName]
-	r.mu.RUnlock()
+	rt, ok := r.tables.Load().byName[typeName]
 	if !ok {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownType, typeName)
 	}

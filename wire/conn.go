@@ -67,11 +67,19 @@ type Conn struct {
 	log   *zap.Logger
 	max   uint32
 	queue chan *outFrame
+	slots chan struct{} // one token per queued frame or reserved place
 	rd    *Framer
 
 	wmu     sync.Mutex    // held while writing to bw
 	bw      *bufio.Writer // guarded by wmu
 	pending atomic.Int64  // frames queued and not yet written or skipped
+
+	// bmu orders queueing: held while a frame enters the queue (into a
+	// slot reserved beforehand), and while a message is appended to open,
+	// the FrameMessages batch at the tail of the queue that the writer has
+	// not taken yet.
+	bmu  sync.Mutex
+	open *outFrame
 
 	mu      sync.Mutex
 	started bool
@@ -107,6 +115,8 @@ type outFrame struct {
 	written chan struct{}
 	state   atomic.Int32 // frameQueued, frameTaken, frameCancelled
 	err     error
+	isBatch bool // a FrameMessages batch; set before it is queued
+	batch   int  // messages in the batch, guarded by Conn.bmu until sealed
 }
 
 const (
@@ -134,6 +144,7 @@ func NewConn(nc net.Conn, peer Peer, opts ConnOptions) *Conn {
 		log:        log.With(zap.String("peer", peer.Node), zap.Uint64("incarnation", peer.Incarnation), zap.String("purpose", peer.Purpose)),
 		max:        clampFrameSize(opts.MaxFrameSize),
 		queue:      make(chan *outFrame, opts.SendQueue),
+		slots:      make(chan struct{}, opts.SendQueue),
 		bw:         bufio.NewWriterSize(nc, connBufferSize),
 		done:       make(chan struct{}),
 		writerDone: make(chan struct{}),
@@ -371,21 +382,50 @@ func (c *Conn) isRunning() bool {
 }
 
 func (c *Conn) enqueue(ctx context.Context, of *outFrame) error {
+	if err := c.acquireSlot(ctx); err != nil {
+		return err
+	}
+	c.bmu.Lock()
+	// Later messages must not join a batch queued before this frame.
+	c.open = nil
+	c.push(of)
+	c.bmu.Unlock()
+	return nil
+}
+
+// acquireSlot reserves room for one frame in the queue, waiting while it is
+// full until ctx is done or the Conn closes. Senders wait here, never while
+// holding c.bmu, which the writer needs to seal a batch.
+func (c *Conn) acquireSlot(ctx context.Context) error {
 	select {
 	case <-c.done:
 		return c.closedErr()
 	default:
 	}
-	c.pending.Add(1)
 	select {
-	case c.queue <- of:
+	case c.slots <- struct{}{}:
 		return nil
 	case <-c.done:
-		c.pending.Add(-1)
 		return c.closedErr()
 	case <-ctx.Done():
-		c.pending.Add(-1)
 		return ctx.Err()
+	}
+}
+
+// push queues of into the slot its sender reserved; c.bmu is held.
+func (c *Conn) push(of *outFrame) {
+	c.pending.Add(1)
+	c.queue <- of // never blocks: a slot is reserved
+}
+
+// take returns the next queued frame, or nil; only the writer takes.
+func (c *Conn) take() *outFrame {
+	select {
+	case of := <-c.queue:
+		<-c.slots
+		return of
+	default:
+		return nil
 	}
 }
 
@@ -396,6 +436,7 @@ func (c *Conn) writeLoop() {
 		var of *outFrame
 		select {
 		case of = <-c.queue:
+			<-c.slots
 		case <-c.done:
 			return
 		}
@@ -416,11 +457,7 @@ func (c *Conn) writeBatch(of *outFrame) error {
 		if err != nil {
 			return err
 		}
-		select {
-		case of = <-c.queue:
-		default:
-			of = nil
-		}
+		of = c.take()
 	}
 	return c.bw.Flush()
 }
@@ -429,6 +466,9 @@ func (c *Conn) writeBatch(of *outFrame) error {
 func (c *Conn) writeFrame(of *outFrame) error {
 	if of.written != nil && !of.state.CompareAndSwap(frameQueued, frameTaken) {
 		return nil // cancelled by the sender
+	}
+	if of.isBatch {
+		c.sealBatch(of)
 	}
 	return c.writeFrameLocked(of)
 }

@@ -31,7 +31,12 @@
 // Frames are written in the order Send was called. Under load the writer
 // goroutine batches everything queued into one write; with
 // ConnOptions.DirectWrite an idle Conn writes on the caller's goroutine
-// instead, which saves a goroutine hand-off per message.
+// instead, which saves a goroutine hand-off per message. User messages sent
+// with SendMessage go further: those sent while the writer is busy share one
+// FrameMessages frame (up to MaxBatchMessages), so a burst costs one header,
+// one queue slot and one decode pass per batch:
+//
+//	err = c.SendMessage(ctx, &wire.Message{Target: "ps", Type: name, Ser: ser, Body: body})
 //
 // Errors come in two scopes, as in HTTP/2: a *ConnError kills the
 // connection, a *StreamError fails one request or transfer. Sentinels

@@ -45,6 +45,7 @@ const (
 	FrameFetchEnd  FrameType = 13
 	FrameRelease   FrameType = 14
 	FrameCaps      FrameType = 15
+	FrameMessages  FrameType = 16
 )
 
 var frameTypeNames = [...]string{
@@ -63,6 +64,7 @@ var frameTypeNames = [...]string{
 	FrameFetchEnd:  "FETCH_END",
 	FrameRelease:   "RELEASE",
 	FrameCaps:      "CAPS",
+	FrameMessages:  "MESSAGES",
 }
 
 // String returns the type's name, or "UNKNOWN_FRAME_TYPE_n".
@@ -135,7 +137,7 @@ func putHeader(b []byte, t FrameType, flags Flags, stream uint32, length uint32)
 // Frame is a decoded frame: one of *HelloFrame, *ChallengeFrame, *AuthFrame,
 // *WelcomeFrame, *MessageFrame, *SystemFrame, *PingFrame, *PongFrame,
 // *GoAwayFrame, *ErrorFrame, *FetchFrame, *DataFrame, *FetchEndFrame,
-// *ReleaseFrame, *CapsFrame or *UnknownFrame.
+// *ReleaseFrame, *CapsFrame, *MessagesFrame or *UnknownFrame.
 type Frame interface {
 	Header() FrameHeader
 }
@@ -167,6 +169,12 @@ type (
 	MessageFrame struct {
 		FrameHeader
 		Message Message
+	}
+	// MessagesFrame is a FrameMessages: a batch of messages, in the order
+	// they were sent.
+	MessagesFrame struct {
+		FrameHeader
+		Messages []Message
 	}
 	// SystemFrame is a FrameSystem.
 	SystemFrame struct {
@@ -250,16 +258,6 @@ var frameParsers = [...]frameParser{
 		f := &WelcomeFrame{FrameHeader: h}
 		return f, decodeBody(h, p, &f.Welcome)
 	},
-	FrameMessage: func(h FrameHeader, p []byte) (Frame, error) {
-		f := &MessageFrame{FrameHeader: h}
-		if err := checkMsgpack(p, MaxMsgpackDepth); err != nil {
-			return nil, bodyError(h, fmt.Errorf("%w: %w", ErrBadBody, err))
-		}
-		if err := decodeMessage(p, &f.Message); err != nil {
-			return nil, bodyError(h, err)
-		}
-		return f, nil
-	},
 	FrameSystem: func(h FrameHeader, p []byte) (Frame, error) {
 		f := &SystemFrame{FrameHeader: h}
 		return f, decodeBody(h, p, &f.System)
@@ -328,6 +326,7 @@ type Framer struct {
 	hdr      [HeaderSize]byte
 	rbuf     []byte
 	wbuf     []byte
+	strs     stringCache // read side: strings repeated across messages
 }
 
 // NewFramer returns a Framer that writes to w and reads from r. Either may
@@ -397,6 +396,12 @@ func (fr *Framer) ReadFrame() (Frame, error) {
 			return nil, connErr(CodeFrameSize, ErrShortFrame, "%s payload truncated", h)
 		}
 		return nil, err
+	}
+	switch h.Type {
+	case FrameMessage:
+		return fr.parseMessage(h, payload)
+	case FrameMessages:
+		return fr.parseMessages(h, payload)
 	}
 	if int(h.Type) < len(frameParsers) && frameParsers[h.Type] != nil {
 		f, err := frameParsers[h.Type](h, payload)

@@ -82,6 +82,16 @@ func frameCases() []frameCase {
 				Body: []byte{0xff}, Header: map[string]string{"k": "v"}, Request: 7}},
 		},
 		{
+			name: "messages",
+			write: func(fr *Framer) error {
+				return fr.WriteMessages([]Message{{Target: "a", Type: "T", Ser: 1, Body: []byte{0xff}}, {Target: "b"}})
+			},
+			// [{t:"a", ty:"T", s:1, b:bin(ff)}, {t:"b"}] as an array32
+			hex: hdr(28, FrameMessages, 0, 0) + "dd00000002 84 a174 a161 a27479 a154 a173 01 a162 c401ff 81 a174 a162",
+			want: &MessagesFrame{FrameHeader{28, FrameMessages, 0, 0}, []Message{
+				{Target: "a", Type: "T", Ser: 1, Body: []byte{0xff}}, {Target: "b"}}},
+		},
+		{
 			name: "system",
 			write: func(fr *Framer) error {
 				return fr.WriteSystem(&System{Kind: SystemTerminated, Target: "x", Why: -1, Detail: "d"})

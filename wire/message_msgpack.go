@@ -201,6 +201,14 @@ func (r *mpReader) str() (string, error) {
 	return string(p), err
 }
 
+func (r *mpReader) cachedStr(c *stringCache) (string, error) {
+	p, err := r.raw()
+	if err != nil || p == nil {
+		return "", err
+	}
+	return c.get(p), nil
+}
+
 // uint reads a non-negative integer of at most bits bits.
 func (r *mpReader) uint(bits int) (uint64, error) {
 	c, err := r.code()
@@ -317,6 +325,12 @@ func msgpackValueEnd(b []byte, pos int) (int, error) {
 // decodeMessage decodes a Message body that checkMsgpack accepted; it gives
 // the same result as msgpack.Decoder with Message.DecodeMsgpack.
 func decodeMessage(b []byte, m *Message) error {
+	return decodeMessageWith(b, m, nil, true)
+}
+
+// decodeMessageWith is decodeMessage with strings interned through strs
+// (nil: none) and, unless copyBody, a Body that aliases b.
+func decodeMessageWith(b []byte, m *Message, strs *stringCache, copyBody bool) error {
 	*m = Message{}
 	r := mpReader{b: b}
 	n, err := r.mapLen()
@@ -330,13 +344,13 @@ func decodeMessage(b []byte, m *Message) error {
 		}
 		switch string(key) { // no allocation
 		case "t":
-			m.Target, err = r.str()
+			m.Target, err = r.cachedStr(strs)
 		case "sn":
-			m.SenderNode, err = r.str()
+			m.SenderNode, err = r.cachedStr(strs)
 		case "si":
 			m.SenderID, err = r.str()
 		case "ty":
-			m.Type, err = r.str()
+			m.Type, err = r.cachedStr(strs)
 		case "s":
 			var v uint64
 			v, err = r.uint(8)
@@ -344,7 +358,10 @@ func decodeMessage(b []byte, m *Message) error {
 		case "b":
 			var p []byte
 			if p, err = r.raw(); err == nil && p != nil {
-				m.Body = bytes.Clone(p)
+				if copyBody {
+					p = bytes.Clone(p)
+				}
+				m.Body = p
 			}
 		case "h":
 			m.Header, err = r.stringMap()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -17,7 +18,16 @@ func main() {
 	asJSON := flag.Bool("json", false, "print one JSON object per figure per line")
 	only := flag.String("paths", "", "comma-separated path names to measure (default: all)")
 	timeout := flag.Duration("timeout", 2*time.Minute, "how long to wait for one-way messages to arrive")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		stop, err := startCPUProfile(*cpuProfile)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "remote: %v\n", err)
+			os.Exit(2)
+		}
+		defer stop()
+	}
 	if *quick {
 		*rttCount = max(1, *rttCount/20)
 		*onewayCount = max(1, *onewayCount/20)
@@ -59,8 +69,33 @@ func main() {
 		failed = true
 	}
 	if failed {
-		os.Exit(1)
+		exit(1)
 	}
+}
+
+// exit runs the deferred profile stop (os.Exit skips deferred calls).
+var exit = os.Exit
+
+// startCPUProfile profiles the process into file until the returned stop
+// is called.
+func startCPUProfile(file string) (stop func(), err error) {
+	f, err := os.Create(file)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	stop = func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}
+	exit = func(code int) {
+		stop()
+		os.Exit(code)
+	}
+	return stop, nil
 }
 
 // run opens p, measures what it offers and closes it.

@@ -1,0 +1,353 @@
+package wire
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"slices"
+)
+
+// A FrameMessages payload is a msgpack array of Message maps, each encoded
+// exactly as a FrameMessage body. Conn.SendMessage fills one while the
+// writer is busy, so that a burst of small messages costs one frame header,
+// one queue slot and one decode pass per batch instead of per message.
+
+// Batch limits: a batch is closed at MaxBatchMessages messages or once its
+// payload reaches maxBatchBytes (a single larger message still travels
+// alone, up to the maximum frame size).
+const (
+	// MaxBatchMessages is the most messages Conn.SendMessage puts in one
+	// FrameMessages.
+	MaxBatchMessages = 1024
+	maxBatchBytes    = 32 << 10
+)
+
+// batchPrefix is the array32 header that starts a batch payload; its count
+// is written when the writer takes the batch.
+const batchPrefix = 5
+
+// batchBufferSize is the capacity a batch buffer starts with: room for a
+// full batch and the message that overflows it, without regrowing.
+const batchBufferSize = maxBatchBytes + 4<<10
+
+// stringCache interns the strings that repeat from message to message
+// (actor ids, node names, type names) so that decoding them allocates
+// nothing. It belongs to one Framer (one reader goroutine) and is cleared
+// when full, so memory stays bounded whatever the peer sends.
+type stringCache struct {
+	m map[string]string
+}
+
+const (
+	stringCacheEntries = 4096
+	stringCacheMaxLen  = 128
+)
+
+func (c *stringCache) get(b []byte) string {
+	if c == nil || len(b) > stringCacheMaxLen {
+		return string(b)
+	}
+	if s, ok := c.m[string(b)]; ok { // no allocation
+		return s
+	}
+	if c.m == nil || len(c.m) >= stringCacheEntries {
+		c.m = make(map[string]string, 64)
+	}
+	s := string(b)
+	c.m[s] = s
+	return s
+}
+
+// parseMessage decodes a FrameMessage payload; the body is copied.
+func (fr *Framer) parseMessage(h FrameHeader, p []byte) (Frame, error) {
+	f := &MessageFrame{FrameHeader: h}
+	if err := checkMsgpack(p, MaxMsgpackDepth); err != nil {
+		return nil, bodyError(h, fmt.Errorf("%w: %w", ErrBadBody, err))
+	}
+	if err := decodeMessageWith(p, &f.Message, &fr.strs, true); err != nil {
+		return nil, bodyError(h, err)
+	}
+	return f, nil
+}
+
+// parseMessages decodes a FrameMessages payload. The bodies share one copy
+// of the payload.
+func (fr *Framer) parseMessages(h FrameHeader, p []byte) (Frame, error) {
+	if err := checkMsgpack(p, MaxMsgpackDepth); err != nil {
+		return nil, bodyError(h, fmt.Errorf("%w: %w", ErrBadBody, err))
+	}
+	own := bytes.Clone(p)
+	r := mpReader{b: own}
+	n, err := r.arrayLen()
+	if err != nil {
+		return nil, bodyError(h, fmt.Errorf("%w: messages: %w", ErrBadBody, err))
+	}
+	if n > MaxBatchMessages {
+		return nil, bodyError(h, fmt.Errorf("%w: %d messages in one batch (at most %d)", ErrBadBody, n, MaxBatchMessages))
+	}
+	f := &MessagesFrame{FrameHeader: h, Messages: make([]Message, n)}
+	for i := range f.Messages {
+		start := r.pos
+		end, err := msgpackValueEnd(own, start)
+		if err != nil {
+			return nil, bodyError(h, fmt.Errorf("%w: message %d: %w", ErrBadBody, i, err))
+		}
+		r.pos = end
+		if err := decodeMessageWith(own[start:end], &f.Messages[i], &fr.strs, false); err != nil {
+			return nil, bodyError(h, fmt.Errorf("message %d: %w", i, err))
+		}
+	}
+	if r.pos != len(own) {
+		return nil, bodyError(h, errMsgpackTrailing)
+	}
+	return f, nil
+}
+
+// arrayLen returns the number of elements of an array (nil counts as 0).
+func (r *mpReader) arrayLen() (int, error) {
+	c, err := r.code()
+	if err != nil {
+		return 0, err
+	}
+	var n uint64
+	switch {
+	case c == 0xc0:
+		return 0, nil
+	case c >= 0x90 && c <= 0x9f:
+		n = uint64(c & 0x0f)
+	case c == 0xdc:
+		n, err = r.n(2)
+	case c == 0xdd:
+		n, err = r.n(4)
+	default:
+		return 0, errMPType
+	}
+	if err == nil && n > uint64(len(r.b)-r.pos) {
+		err = errMsgpackLength
+	}
+	return int(n), err
+}
+
+// AppendMessagesPayload appends the FrameMessages payload carrying msgs to
+// dst (what Conn.SendMessage builds incrementally).
+func AppendMessagesPayload(dst []byte, msgs []Message) []byte {
+	dst = appendArray32(dst, uint32(len(msgs)))
+	for i := range msgs {
+		dst = appendMessage(dst, &msgs[i])
+	}
+	return dst
+}
+
+// WriteMessages writes a FrameMessages frame carrying msgs (stream 0), in
+// one Write call. At most MaxBatchMessages messages fit in one frame.
+func (fr *Framer) WriteMessages(msgs []Message) error {
+	if len(msgs) > MaxBatchMessages {
+		return fmt.Errorf("wire: %d messages in one batch (at most %d)", len(msgs), MaxBatchMessages)
+	}
+	fr.wbuf = append(fr.wbuf[:0], make([]byte, HeaderSize)...)
+	fr.wbuf = AppendMessagesPayload(fr.wbuf, msgs)
+	n := len(fr.wbuf) - HeaderSize
+	if n > int(fr.maxWrite) {
+		return fmt.Errorf("%w: %s payload of %d bytes exceeds %d", ErrFrameTooLarge, FrameMessages, n, fr.maxWrite)
+	}
+	putHeader(fr.wbuf, FrameMessages, 0, 0, uint32(n))
+	_, err := fr.w.Write(fr.wbuf)
+	fr.shrinkWriteBuf()
+	return err
+}
+
+func appendArray32(dst []byte, n uint32) []byte {
+	return append(dst, 0xdd, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+}
+
+// appendMessage appends the msgpack encoding of m, byte for byte what
+// Message.EncodeMsgpack produces, without an encoder.
+func appendMessage(dst []byte, m *Message) []byte {
+	n := 0
+	for _, set := range [...]bool{m.Target != "", m.SenderNode != "", m.SenderID != "", m.Type != "",
+		m.Ser != 0, len(m.Body) != 0, len(m.Header) != 0, m.Request != 0} {
+		if set {
+			n++
+		}
+	}
+	dst = append(dst, 0x80|byte(n)) // at most 8 fields
+	if m.Target != "" {
+		dst = appendMPString(appendMPString(dst, "t"), m.Target)
+	}
+	if m.SenderNode != "" {
+		dst = appendMPString(appendMPString(dst, "sn"), m.SenderNode)
+	}
+	if m.SenderID != "" {
+		dst = appendMPString(appendMPString(dst, "si"), m.SenderID)
+	}
+	if m.Type != "" {
+		dst = appendMPString(appendMPString(dst, "ty"), m.Type)
+	}
+	if m.Ser != 0 {
+		dst = appendMPUint(appendMPString(dst, "s"), uint64(m.Ser))
+	}
+	if len(m.Body) != 0 {
+		dst = appendMPBytes(appendMPString(dst, "b"), m.Body)
+	}
+	if len(m.Header) != 0 {
+		dst = appendMPMapLen(appendMPString(dst, "h"), len(m.Header))
+		var small [8]string
+		keys := small[:0]
+		for k := range m.Header {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			dst = appendMPString(appendMPString(dst, k), m.Header[k])
+		}
+	}
+	if m.Request != 0 {
+		dst = appendMPUint(appendMPString(dst, "r"), m.Request)
+	}
+	return dst
+}
+
+// The append helpers below write msgpack in the compact form the encoder
+// uses (UseCompactInts): the smallest header that fits.
+
+func appendMPString(dst []byte, s string) []byte {
+	switch n := len(s); {
+	case n < 32:
+		dst = append(dst, 0xa0|byte(n))
+	case n <= math.MaxUint8:
+		dst = append(dst, 0xd9, byte(n))
+	case n <= math.MaxUint16:
+		dst = append(dst, 0xda, byte(n>>8), byte(n))
+	default:
+		dst = binary.BigEndian.AppendUint32(append(dst, 0xdb), uint32(n))
+	}
+	return append(dst, s...)
+}
+
+func appendMPBytes(dst []byte, b []byte) []byte {
+	switch n := len(b); {
+	case n <= math.MaxUint8:
+		dst = append(dst, 0xc4, byte(n))
+	case n <= math.MaxUint16:
+		dst = append(dst, 0xc5, byte(n>>8), byte(n))
+	default:
+		dst = binary.BigEndian.AppendUint32(append(dst, 0xc6), uint32(n))
+	}
+	return append(dst, b...)
+}
+
+func appendMPMapLen(dst []byte, n int) []byte {
+	switch {
+	case n < 16:
+		return append(dst, 0x80|byte(n))
+	case n <= math.MaxUint16:
+		return append(dst, 0xde, byte(n>>8), byte(n))
+	default:
+		return binary.BigEndian.AppendUint32(append(dst, 0xdf), uint32(n))
+	}
+}
+
+func appendMPUint(dst []byte, v uint64) []byte {
+	switch {
+	case v <= 0x7f:
+		return append(dst, byte(v))
+	case v <= math.MaxUint8:
+		return append(dst, 0xcc, byte(v))
+	case v <= math.MaxUint16:
+		return append(dst, 0xcd, byte(v>>8), byte(v))
+	case v <= math.MaxUint32:
+		return binary.BigEndian.AppendUint32(append(dst, 0xce), uint32(v))
+	default:
+		return binary.BigEndian.AppendUint64(append(dst, 0xcf), v)
+	}
+}
+
+// SendMessage queues m, ordered with the Conn's other sends. An idle Conn
+// with DirectWrite writes it at once as a FrameMessage; otherwise it joins
+// the FrameMessages batch still waiting in the queue, or opens a new one,
+// so that messages sent while the writer is busy leave together. m is
+// encoded before SendMessage returns (its Body may be reused). It blocks,
+// like Send, only while the queue is full.
+func (c *Conn) SendMessage(ctx context.Context, m *Message) error {
+	if c.opts.DirectWrite && c.pending.Load() == 0 {
+		of := outFramePool.Get().(*outFrame)
+		of.buf = appendMessage(append(of.buf[:0], make([]byte, HeaderSize)...), m)
+		n := len(of.buf) - HeaderSize
+		if n > int(c.max) {
+			outFramePool.Put(of)
+			return fmt.Errorf("%w: %s payload of %d bytes exceeds %d", ErrFrameTooLarge, FrameMessage, n, c.max)
+		}
+		putHeader(of.buf, FrameMessage, 0, 0, uint32(n))
+		if done, err := c.tryDirect(of); done {
+			return err
+		}
+		outFramePool.Put(of)
+	}
+	limit := min(maxBatchBytes, int(c.max))
+	c.bmu.Lock()
+	if c.appendOpen(m, limit) {
+		c.bmu.Unlock()
+		return nil
+	}
+	c.bmu.Unlock()
+	of := outFramePool.Get().(*outFrame)
+	if cap(of.buf) < batchBufferSize {
+		of.buf = make([]byte, 0, batchBufferSize) // pooled with the frame
+	}
+	of.buf = appendMessage(append(of.buf[:0], make([]byte, HeaderSize+batchPrefix)...), m)
+	if n := len(of.buf) - HeaderSize; n > int(c.max) {
+		outFramePool.Put(of)
+		return fmt.Errorf("%w: %s payload of %d bytes exceeds %d", ErrFrameTooLarge, FrameMessages, n, c.max)
+	}
+	if err := c.acquireSlot(ctx); err != nil {
+		outFramePool.Put(of)
+		return err
+	}
+	c.bmu.Lock()
+	if c.appendOpen(m, limit) {
+		// Another sender opened a batch while this one waited.
+		c.bmu.Unlock()
+		<-c.slots
+		outFramePool.Put(of)
+		return nil
+	}
+	of.isBatch, of.batch = true, 1
+	c.push(of)
+	c.open = of
+	c.bmu.Unlock()
+	return nil
+}
+
+// appendOpen appends m to the open batch if there is one with room for it;
+// c.bmu is held.
+func (c *Conn) appendOpen(m *Message, limit int) bool {
+	of := c.open
+	if of == nil || of.batch >= MaxBatchMessages {
+		return false
+	}
+	mark := len(of.buf)
+	of.buf = appendMessage(of.buf, m)
+	if len(of.buf)-HeaderSize > limit {
+		of.buf = of.buf[:mark] // full: m opens the next batch
+		return false
+	}
+	of.batch++
+	return true
+}
+
+// sealBatch closes of to further messages if it is the open batch and
+// writes its header; the writer calls it when it takes of.
+func (c *Conn) sealBatch(of *outFrame) {
+	c.bmu.Lock()
+	if c.open == of {
+		c.open = nil
+	}
+	count := of.batch
+	c.bmu.Unlock()
+	putHeader(of.buf, FrameMessages, 0, 0, uint32(len(of.buf)-HeaderSize))
+	binary.BigEndian.PutUint32(of.buf[HeaderSize+1:], uint32(count))
+	of.buf[HeaderSize] = 0xdd
+	of.isBatch, of.batch = false, 0
+}

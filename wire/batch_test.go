@@ -1,0 +1,260 @@
+package wire
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestAppendMessageMatchesEncoder(t *testing.T) {
+	long := strings.Repeat("x", 300)
+	huge := strings.Repeat("y", 70000)
+	hdr := map[string]string{}
+	for i := range 20 {
+		hdr[fmt.Sprintf("k%02d", i)] = fmt.Sprint(i)
+	}
+	for _, m := range []Message{
+		{},
+		{Target: "t"},
+		{Target: long, SenderNode: huge[:40], SenderID: huge[:256], Type: huge, Ser: 200},
+		{Body: make([]byte, 255)}, {Body: make([]byte, 256)}, {Body: make([]byte, 70000)},
+		{Header: map[string]string{"b": "2", "a": "1"}},
+		{Header: hdr},
+		{Request: 127}, {Request: 128}, {Request: 256}, {Request: 1 << 16}, {Request: 1 << 32}, {Request: 1<<64 - 1},
+		{Target: "a", SenderNode: "n", SenderID: "future$1", Type: "T", Ser: 1, Body: []byte{1}, Header: map[string]string{"k": "v"}, Request: 3},
+	} {
+		want, err := EncodeMsgpack(&m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := appendMessage([]byte{0xee}, &m); !bytes.Equal(got[1:], want) || got[0] != 0xee {
+			t.Errorf("appendMessage(%.60v)\n got %.80x\nwant %.80x", m, got[1:], want)
+		}
+	}
+}
+
+func TestMessagesFrameBadInput(t *testing.T) {
+	many := "dd00000401" + strings.Repeat("80", MaxBatchMessages+1)
+	for _, tc := range []struct{ name, payload string }{
+		{"too many messages", many},
+		{"count beyond input", "dd00000003 80 80"},
+		{"not an array", "81a174a161"},
+		{"element not a map", "91 01"},
+		{"bad field type", "91 81a174 01"},
+		{"trailing bytes", "91 80 80"},
+		{"empty", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := unhex(t, tc.payload)
+			in := append(unhex(t, hdr(uint32(len(p)), FrameMessages, 0, 0)), p...)
+			_, err := NewFramer(nil, bytes.NewReader(in)).ReadFrame()
+			var ce *ConnError
+			if !errors.As(err, &ce) || !errors.Is(err, ErrBadBody) && !errors.Is(err, errMsgpackTruncated) && !errors.Is(err, errMsgpackLength) && !errors.Is(err, errMsgpackTrailing) {
+				t.Fatalf("err = %v, want a ConnError for a bad body", err)
+			}
+		})
+	}
+}
+
+// TestStringCacheBounded: the interning cache never holds more than its
+// limit, whatever names arrive.
+func TestStringCacheBounded(t *testing.T) {
+	var c stringCache
+	for i := range 3 * stringCacheEntries {
+		s := fmt.Sprint("actor-", i)
+		if got := c.get([]byte(s)); got != s {
+			t.Fatalf("get(%q) = %q", s, got)
+		}
+		if len(c.m) > stringCacheEntries {
+			t.Fatalf("%d entries", len(c.m))
+		}
+	}
+	long := strings.Repeat("z", stringCacheMaxLen+1)
+	if c.get([]byte(long)) != long || c.m[long] != "" {
+		t.Fatal("long strings must not be cached")
+	}
+}
+
+// batchReceiver collects the messages of MessageFrame and MessagesFrame
+// frames and the order of System frames among them.
+type batchReceiver struct {
+	mu      sync.Mutex
+	msgs    []Message
+	batches int
+	events  []string // "m<request>" or "s<target>"
+	want    int
+	all     chan struct{}
+}
+
+func (r *batchReceiver) handle(f Frame) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	add := func(m Message) {
+		m.Body = bytes.Clone(m.Body)
+		r.msgs = append(r.msgs, m)
+		r.events = append(r.events, fmt.Sprint("m", m.Request))
+	}
+	switch f := f.(type) {
+	case *MessageFrame:
+		add(f.Message)
+	case *MessagesFrame:
+		r.batches++
+		for _, m := range f.Messages {
+			add(m)
+		}
+	case *SystemFrame:
+		r.events = append(r.events, "s"+f.System.Target)
+	}
+	if len(r.events) == r.want {
+		close(r.all)
+	}
+}
+
+func TestConnSendMessageBatchesInOrder(t *testing.T) {
+	forBothWriteModes(t, testConnSendMessageBatches)
+}
+
+func testConnSendMessageBatches(t *testing.T, direct bool) {
+	a, b := tcpPair(t)
+	const n, every = 20000, 997
+	r := &batchReceiver{want: n + n/every, all: make(chan struct{})}
+	cb := NewConn(b, Peer{Node: "a"}, ConnOptions{Handler: r.handle})
+	ca := NewConn(a, Peer{Node: "b"}, ConnOptions{DirectWrite: direct})
+	ca.Start()
+	cb.Start()
+	defer cb.Close(nil)
+	defer ca.Close(nil)
+	ctx := context.Background()
+	body := []byte("0123456789abcdef")
+	var want []string
+	for i := range n {
+		body[0] = byte(i)
+		if err := ca.SendMessage(ctx, &Message{Target: "sink", Type: "T", Ser: 1, Body: body, Request: uint64(i)}); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, fmt.Sprint("m", i))
+		if i%every == every-1 {
+			// A system frame never overtakes the messages before it, nor
+			// is overtaken by the ones after it.
+			if err := ca.Send(ctx, FrameSystem, 0, 0, &System{Kind: SystemStop, Target: fmt.Sprint(i)}); err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, fmt.Sprint("s", i))
+		}
+	}
+	select {
+	case <-r.all:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("received %d of %d frames", len(r.events), r.want)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, e := range r.events {
+		if e != want[i] {
+			t.Fatalf("event %d is %s, want %s", i, e, want[i])
+		}
+	}
+	for i, m := range r.msgs {
+		if m.Target != "sink" || m.Type != "T" || m.Ser != 1 || len(m.Body) != len(body) || m.Body[0] != byte(i) {
+			t.Fatalf("message %d arrived as %+v", i, m)
+		}
+	}
+	t.Logf("%d messages in %d batches", n, r.batches)
+	if r.batches == 0 {
+		t.Fatal("no batch: a burst of messages must share frames")
+	}
+}
+
+func TestConnSendMessageConcurrentSenders(t *testing.T) {
+	a, b := tcpPair(t)
+	const senders, each = 4, 5000
+	r := &batchReceiver{want: senders * each, all: make(chan struct{})}
+	cb := NewConn(b, Peer{}, ConnOptions{Handler: r.handle})
+	ca := NewConn(a, Peer{}, ConnOptions{SendQueue: 4, DirectWrite: true})
+	ca.Start()
+	cb.Start()
+	defer cb.Close(nil)
+	defer ca.Close(nil)
+	var wg sync.WaitGroup
+	for s := range senders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				if err := ca.SendMessage(context.Background(), &Message{Target: fmt.Sprint(s), Request: uint64(i)}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	select {
+	case <-r.all:
+	case <-time.After(20 * time.Second):
+		t.Fatal("not all messages arrived")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	next := map[string]uint64{}
+	for _, m := range r.msgs {
+		if m.Request != next[m.Target] {
+			t.Fatalf("sender %s: got %d, want %d", m.Target, m.Request, next[m.Target])
+		}
+		next[m.Target]++
+	}
+}
+
+// TestConnSendMessageBackpressure: a stalled peer bounds what SendMessage
+// accepts (queue slots times batch size), and Close releases a blocked
+// sender.
+func TestConnSendMessageBackpressure(t *testing.T) {
+	a, b := net.Pipe() // nobody reads b
+	defer b.Close()
+	const queue = 4
+	c := NewConn(a, Peer{Node: "slow"}, ConnOptions{SendQueue: queue})
+	c.Start()
+	m := &Message{Target: "t", Body: make([]byte, 1000)}
+	accepted := 0
+	var err error
+	for range 100000 {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		err = c.SendMessage(ctx, m)
+		cancel()
+		if err != nil {
+			break
+		}
+		accepted++
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("after %d sends: %v, want context.DeadlineExceeded", accepted, err)
+	}
+	// Queued batches plus the one the blocked writer holds and its buffer.
+	if limit := (queue+2)*(maxBatchBytes/1000+1) + connBufferSize/1000; accepted > limit {
+		t.Fatalf("%d messages accepted by a stalled connection, want at most %d", accepted, limit)
+	}
+	blocked := make(chan error, 1)
+	go func() { blocked <- c.SendMessage(context.Background(), m) }()
+	time.Sleep(10 * time.Millisecond)
+	c.Close(nil)
+	if err := <-blocked; !errors.Is(err, ErrClosed) {
+		t.Fatalf("blocked SendMessage after Close: %v", err)
+	}
+}
+
+func TestConnSendMessageTooLarge(t *testing.T) {
+	a, b := net.Pipe()
+	defer b.Close()
+	c := NewConn(a, Peer{}, ConnOptions{MaxFrameSize: 1024, DirectWrite: true})
+	defer c.Close(nil)
+	err := c.SendMessage(context.Background(), &Message{Body: make([]byte, 2000)})
+	if !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("err = %v, want ErrFrameTooLarge", err)
+	}
+}
