@@ -443,9 +443,11 @@ func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
 	p.conn = wire.NewConn(nc, wp, wire.ConnOptions{
 		MaxFrameSize: uint32(m.cfg.MaxFrameSize),
 		DirectWrite:  true,
-		Logger:       m.log,
-		Handler:      func(f wire.Frame) { m.frame(p, f) },
-		OnClose:      func(err error) { m.connClosed(p, err) },
+		// Messages wake actors and callers: let them run here, now.
+		YieldAfterHandler: true,
+		Logger:            m.log,
+		Handler:           func(f wire.Frame) { m.frame(p, f) },
+		OnClose:           func(err error) { m.connClosed(p, err) },
 	})
 	m.mu.Lock()
 	if m.closed {
