@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 
 	pa "github.com/asynkron/protoactor-go/actor"
@@ -69,13 +70,28 @@ func (n *Node) sendUser(target *pa.PID, header pa.ReadonlyMessageHeader, msg any
 	if header != nil && header.Length() > 0 {
 		m.Header = header.ToMap()
 	}
+	// A message that may carry tensors to fetch takes one of the peer's
+	// credits first, and waits for one when all are out (flow.go).
+	flowed := msg != nil && carriesTensors(reflect.TypeOf(msg))
+	if flowed {
+		if err := ps.credits.acquire(n.ctx, ps.done); err != nil {
+			n.failDelivery(target, sender, fmt.Errorf("waiting for %s to fetch earlier tensors: %w", target.Address, err))
+			return
+		}
+	}
 	sess := &encodeSession{n: n, peer: target.Address}
 	var err error
 	m.Type, m.Ser, m.Body, err = encodeMessage(msg, sess)
 	if err != nil {
 		sess.rollback()
+		if flowed {
+			ps.credits.release()
+		}
 		n.failDelivery(target, sender, fmt.Errorf("encoding %T: %w", msg, err))
 		return
+	}
+	if flowed {
+		n.track(ps.credits, sess.fetched)
 	}
 	if isFuture(sender) && sender.Address == n.self.Name {
 		ps.addPending(sender)
