@@ -35,11 +35,16 @@ func (g *gatedChannel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memo
 	return g.Channel.Fetch(ctx, d, dst)
 }
 
-// TestSendWaitsForCredits: a sender with WithMaxInFlight(2) has at most two
-// messages with tensors unfetched at its peer; the third Send waits until
-// the peer fetches, then everything arrives in order.
+// TestSendWaitsForCredits: a sender allowed two messages (or 600 KiB of
+// 256 KiB tensors) unfetched at its peer sends two; the third Send waits
+// until the peer fetches, then everything arrives in order.
 func TestSendWaitsForCredits(t *testing.T) {
-	a, b, gated, open := startGatedPair(t, actor.WithMaxInFlight(2))
+	t.Run("messages", func(t *testing.T) { testSendWaits(t, actor.WithMaxInFlight(2, 0)) })
+	t.Run("bytes", func(t *testing.T) { testSendWaits(t, actor.WithMaxInFlight(0, 600<<10)) })
+}
+
+func testSendWaits(t *testing.T, limit actor.Option) {
+	a, b, gated, open := startGatedPair(t, limit)
 	defer open()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -36,11 +36,12 @@ type ChannelFactory func(env *rdma.Env) (rdma.Channel, error)
 type Option func(*options)
 
 type options struct {
-	log         *zap.Logger
-	factories   map[string]ChannelFactory
-	refTTL      time.Duration
-	maxInFlight int
-	system      []pa.ConfigOption
+	log              *zap.Logger
+	factories        map[string]ChannelFactory
+	refTTL           time.Duration
+	maxInFlight      int
+	maxInFlightBytes int64
+	system           []pa.ConfigOption
 }
 
 // WithLogger sets the node's logger (default: none).
@@ -107,7 +108,7 @@ func NewNode(cfg *cluster.Config, name string, opts ...Option) (*Node, error) {
 	if !ok {
 		return nil, fmt.Errorf("actor: %w: %q", cluster.ErrUnknownNode, name)
 	}
-	o := options{factories: defaultChannels(), refTTL: 10 * time.Minute, maxInFlight: DefaultMaxInFlight}
+	o := options{factories: defaultChannels(), refTTL: 10 * time.Minute, maxInFlight: DefaultMaxInFlight, maxInFlightBytes: DefaultMaxInFlightBytes}
 	for _, f := range opts {
 		f(&o)
 	}

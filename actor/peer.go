@@ -114,7 +114,7 @@ func (h *handler) PeerUp(p *cluster.Peer) {
 		return
 	}
 	ps := &peerState{peer: p, caps: caps, pending: map[string]*pa.PID{}, inWake: make(chan struct{}, 1), done: make(chan struct{}),
-		credits: newCredits(n.opts.maxInFlight)}
+		credits: newCredits(n.opts.maxInFlight, n.opts.maxInFlightBytes)}
 	n.mu.Lock()
 	if n.stopped {
 		n.mu.Unlock()

@@ -73,8 +73,10 @@ func (n *Node) sendUser(target *pa.PID, header pa.ReadonlyMessageHeader, msg any
 	// A message that may carry tensors to fetch takes one of the peer's
 	// credits first, and waits for one when all are out (flow.go).
 	flowed := msg != nil && carriesTensors(reflect.TypeOf(msg))
+	var flowBytes int64
 	if flowed {
-		if err := ps.credits.acquire(n.ctx, ps.done); err != nil {
+		flowBytes = tensorBytes(msg, int64(n.cfg.InlineThreshold))
+		if err := ps.credits.acquire(n.ctx, ps.done, flowBytes); err != nil {
 			n.failDelivery(target, sender, fmt.Errorf("waiting for %s to fetch earlier tensors: %w", target.Address, err))
 			return
 		}
@@ -85,13 +87,13 @@ func (n *Node) sendUser(target *pa.PID, header pa.ReadonlyMessageHeader, msg any
 	if err != nil {
 		sess.rollback()
 		if flowed {
-			ps.credits.release()
+			ps.credits.release(flowBytes)
 		}
 		n.failDelivery(target, sender, fmt.Errorf("encoding %T: %w", msg, err))
 		return
 	}
 	if flowed {
-		n.track(ps.credits, sess.fetched)
+		n.track(ps.credits, flowBytes, sess.fetched)
 	}
 	if isFuture(sender) && sender.Address == n.self.Name {
 		ps.addPending(sender)
