@@ -16,8 +16,9 @@ const fetchWindow = 4
 
 // deliverLoop fetches the tensors of queued messages from one peer, up to
 // fetchWindow at once, and hands them to deliverInOrder. When the peer goes
-// down, messages not yet started are aborted (their leases released);
-// those started are delivered once fetched, or reported failed.
+// down, messages not yet started are aborted (their leases released, their
+// tensors freed); those started are delivered once fetched, or reported
+// failed.
 func (n *Node) deliverLoop(ps *peerState) {
 	defer n.wg.Done()
 	order := make(chan *inbound, fetchWindow-1)
@@ -32,12 +33,24 @@ func (n *Node) deliverLoop(ps *peerState) {
 		wg.Wait()
 	}()
 	for {
-		select {
-		case in := <-ps.inbox:
+		if in := ps.pop(); in != nil {
+			select {
+			case <-ps.done:
+				// Not started: aborted with the rest.
+				in.sess.abort(n.ctx)
+				ps.queued.Add(-1)
+				n.abortInbox(ps)
+				return
+			default:
+			}
 			n.startFetch(in)
 			// The deliverer always makes room: every fetch ends (at the
 			// latest at TransferTimeout, at once when the peer is down).
 			order <- in
+			continue
+		}
+		select {
+		case <-ps.inWake:
 		case <-ps.done:
 			n.abortInbox(ps)
 			return
@@ -76,15 +89,11 @@ func (n *Node) deliverInOrder(ps *peerState, order <-chan *inbound) {
 	}
 }
 
-// abortInbox releases the leases of the messages still in ps's inbox.
+// abortInbox releases the leases and tensors of the messages still in ps's
+// inbox, and of any the reader queues later.
 func (n *Node) abortInbox(ps *peerState) {
-	for {
-		select {
-		case in := <-ps.inbox:
-			in.sess.abort(n.ctx)
-			ps.queued.Add(-1)
-		default:
-			return
-		}
+	for _, in := range ps.closeInbox() {
+		in.sess.abort(n.ctx)
+		ps.queued.Add(-1)
 	}
 }

@@ -55,9 +55,7 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message) {
 	}
 	in := &inbound{target: target, sender: sender, header: m.Header, msg: msg, sess: sess}
 	ps.queued.Add(1)
-	select {
-	case ps.inbox <- in:
-	case <-ps.done:
+	if !ps.push(in) {
 		ps.queued.Add(-1)
 		sess.abort(n.ctx)
 	}

@@ -36,10 +36,12 @@ type ChannelFactory func(env *rdma.Env) (rdma.Channel, error)
 type Option func(*options)
 
 type options struct {
-	log       *zap.Logger
-	factories map[string]ChannelFactory
-	refTTL    time.Duration
-	system    []pa.ConfigOption
+	log              *zap.Logger
+	factories        map[string]ChannelFactory
+	refTTL           time.Duration
+	maxInFlight      int
+	maxInFlightBytes int64
+	system           []pa.ConfigOption
 }
 
 // WithLogger sets the node's logger (default: none).
@@ -87,6 +89,9 @@ type Node struct {
 	devices  map[string]memory.Device                 // local actor id → device
 	stopped  bool
 
+	flowMu sync.Mutex
+	flow   map[uint64]*inFlight // export id → its message's credit (flow.go)
+
 	ctlSeq  atomic.Uint64
 	ctlMu   sync.Mutex
 	ctlWait map[uint64]ctlWaiter
@@ -103,7 +108,7 @@ func NewNode(cfg *cluster.Config, name string, opts ...Option) (*Node, error) {
 	if !ok {
 		return nil, fmt.Errorf("actor: %w: %q", cluster.ErrUnknownNode, name)
 	}
-	o := options{factories: defaultChannels(), refTTL: 10 * time.Minute}
+	o := options{factories: defaultChannels(), refTTL: 10 * time.Minute, maxInFlight: DefaultMaxInFlight, maxInFlightBytes: DefaultMaxInFlightBytes}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -121,6 +126,7 @@ func NewNode(cfg *cluster.Config, name string, opts ...Option) (*Node, error) {
 		watching:    map[string]map[string]map[string]*pa.PID{},
 		devices:     map[string]memory.Device{},
 		ctlWait:     map[uint64]ctlWaiter{},
+		flow:        map[uint64]*inFlight{},
 		device:      memory.CPU,
 	}
 	if len(self.Devices) > 0 {
@@ -128,6 +134,7 @@ func NewNode(cfg *cluster.Config, name string, opts ...Option) (*Node, error) {
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.store = tensor.NewStore(name, n.incarnation)
+	n.store.OnEnd(n.exportEnded)
 	n.system = pa.NewActorSystem(append([]pa.ConfigOption{systemLogger(n.log)}, o.system...)...)
 	n.system.ProcessRegistry.Address = name
 	n.system.ProcessRegistry.RegisterAddressResolver(n.resolve)

@@ -13,10 +13,6 @@ import (
 	"go.uber.org/zap"
 )
 
-// inboxSize bounds the messages from one peer waiting for their tensors;
-// when it is full the peer's reader waits (backpressure on the connection).
-const inboxSize = 256
-
 // peerState is what a node keeps for one peer that is up.
 type peerState struct {
 	peer *cluster.Peer
@@ -25,9 +21,18 @@ type peerState struct {
 	mu      sync.Mutex
 	pending map[string]*pa.PID // futures waiting on a reply from this peer
 
-	inbox  chan *inbound
-	queued atomic.Int64 // messages in inbox or being delivered by the worker
-	done   chan struct{}
+	// Messages from the peer waiting for their tensors, in arrival order.
+	// The queue never blocks the connection's reader, which must go on
+	// reading the control replies the fetches wait for; the messages with
+	// tensors in it are bounded by the sender's credits (flow.go).
+	inMu     sync.Mutex
+	inbox    []*inbound
+	inClosed bool          // the peer is down: nothing more is queued
+	inWake   chan struct{} // one token: the inbox grew
+	queued   atomic.Int64  // messages in inbox or being delivered by the worker
+	done     chan struct{}
+
+	credits *credits // for tensor messages sent to the peer
 
 	// targets caches the PIDs of local actors this peer sends to; only the
 	// peer's reader goroutine (HandleFrame) uses it.
@@ -52,6 +57,49 @@ func (ps *peerState) target(self, id string) *pa.PID {
 	}
 	ps.targets[id] = pid
 	return pid
+}
+
+// push appends in to the inbox; false when the peer is down (nothing
+// will deliver it).
+func (ps *peerState) push(in *inbound) bool {
+	ps.inMu.Lock()
+	if ps.inClosed {
+		ps.inMu.Unlock()
+		return false
+	}
+	ps.inbox = append(ps.inbox, in)
+	ps.inMu.Unlock()
+	select {
+	case ps.inWake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// closeInbox empties the inbox for good and returns what it held.
+func (ps *peerState) closeInbox() []*inbound {
+	ps.inMu.Lock()
+	defer ps.inMu.Unlock()
+	ps.inClosed = true
+	out := ps.inbox
+	ps.inbox = nil
+	return out
+}
+
+// pop removes the oldest message of the inbox; nil when it is empty.
+func (ps *peerState) pop() *inbound {
+	ps.inMu.Lock()
+	defer ps.inMu.Unlock()
+	if len(ps.inbox) == 0 {
+		return nil
+	}
+	in := ps.inbox[0]
+	ps.inbox[0] = nil
+	ps.inbox = ps.inbox[1:]
+	if len(ps.inbox) == 0 {
+		ps.inbox = nil // let the array go
+	}
+	return in
 }
 
 func (ps *peerState) addPending(f *pa.PID) {
@@ -89,7 +137,8 @@ func (h *handler) PeerUp(p *cluster.Peer) {
 		p.Close(fmt.Errorf("actor: capabilities of %s name %s#%d", p.Name, caps.Node, caps.Incarnation))
 		return
 	}
-	ps := &peerState{peer: p, caps: caps, pending: map[string]*pa.PID{}, inbox: make(chan *inbound, inboxSize), done: make(chan struct{})}
+	ps := &peerState{peer: p, caps: caps, pending: map[string]*pa.PID{}, inWake: make(chan struct{}, 1), done: make(chan struct{}),
+		credits: newCredits(n.opts.maxInFlight, n.opts.maxInFlightBytes)}
 	n.mu.Lock()
 	if n.stopped {
 		n.mu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 
@@ -77,6 +78,17 @@ func (n *Node) sendUser(target *pa.PID, header pa.ReadonlyMessageHeader, msg any
 	if header != nil && header.Length() > 0 {
 		m.Header = header.ToMap()
 	}
+	// A message that may carry tensors to fetch takes one of the peer's
+	// credits first, and waits for one when all are out (flow.go).
+	flowed := msg != nil && carriesTensors(reflect.TypeOf(msg))
+	var flowBytes int64
+	if flowed {
+		flowBytes = tensorBytes(msg, int64(n.cfg.InlineThreshold))
+		if err := ps.credits.acquire(n.ctx, ps.done, flowBytes); err != nil {
+			n.failDelivery(target, sender, fmt.Errorf("waiting for %s to fetch earlier tensors: %w", target.Address, err))
+			return
+		}
+	}
 	buf := bodyBuffers.Get().(*[]byte)
 	defer func() {
 		if cap(m.Body) <= maxPooledBody {
@@ -92,8 +104,14 @@ func (n *Node) sendUser(target *pa.PID, header pa.ReadonlyMessageHeader, msg any
 			sess.rollback()
 		}
 		m.Body = (*buf)[:0]
+		if flowed {
+			ps.credits.release(flowBytes)
+		}
 		n.failDelivery(target, sender, fmt.Errorf("encoding %T: %w", msg, err))
 		return
+	}
+	if flowed {
+		n.track(ps.credits, flowBytes, sess.fetched)
 	}
 	if isFuture(sender) && sender.Address == n.self.Name {
 		ps.addPending(sender)

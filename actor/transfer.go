@@ -20,6 +20,7 @@ type encodeSession struct {
 	n       *Node
 	peer    string
 	exports []*tensor.Export
+	fetched []*tensor.Export // those the peer fetches before delivery (not Refs)
 }
 
 var _ tensor.EncodeSession = (*encodeSession)(nil)
@@ -37,6 +38,9 @@ func (s *encodeSession) ExportTensor(t *tensor.Tensor, asRef bool) (*tensor.Desc
 		return nil, err
 	}
 	s.exports = append(s.exports, e)
+	if !asRef {
+		s.fetched = append(s.fetched, e)
+	}
 	ctx, cancel := context.WithTimeout(s.n.ctx, s.n.cfg.TransferTimeout)
 	defer cancel()
 	for name, ch := range s.n.channels {
@@ -61,7 +65,7 @@ func (s *encodeSession) rollback() {
 	for _, e := range s.exports {
 		_ = s.n.store.Release(e.ID, e.Lease)
 	}
-	s.exports = nil
+	s.exports, s.fetched = nil, nil
 }
 
 type fetchJob struct {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,6 +51,7 @@ type Channel struct {
 	served map[*serverConn]struct{}
 	wg     sync.WaitGroup
 
+	stripes  atomic.Int32 // see SetStripes
 	fetching atomic.Int64 // transfers in progress on the fetcher side
 	serving  atomic.Int64 // streams in progress on the owner side
 }
@@ -105,14 +107,16 @@ func New(env *rdma.Env) (*Channel, error) {
 	if window < 0 || window > MaxWindow {
 		return nil, fmt.Errorf("staging: %d chunks in flight outside (0, %d]", window, MaxWindow)
 	}
-	return &Channel{
+	c := &Channel{
 		env:    env,
 		log:    env.Logger().Named("staging"),
 		chunk:  chunk,
 		window: window,
 		peers:  map[string]*peerPool{},
 		served: map[*serverConn]struct{}{},
-	}, nil
+	}
+	c.SetStripes(DefaultStripes())
+	return c, nil
 }
 
 // Name returns rdma.Staging.
@@ -180,6 +184,12 @@ func codeOf(err error) Code {
 // tensor.ErrUnknownExport, tensor.ErrBadLease, tensor.ErrStale); a lost
 // connection gives rdma.ErrPeerDown, Close rdma.ErrClosed, and a cancelled
 // or expired ctx its error.
+//
+// A transfer of at least StripeMin bytes is split into stripes (see
+// Stripes), contiguous ranges fetched at once over as many data
+// connections, each with its own staging ring: one TCP stream is bound by
+// the core that copies it, and a host with cores to spare moves a large
+// tensor several times faster over several.
 func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer) error {
 	if err := d.Validate(); err != nil {
 		return fmt.Errorf("staging: fetch: %w", err)
@@ -192,6 +202,85 @@ func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 	}
 	c.fetching.Add(1)
 	defer c.fetching.Add(-1)
+	ranges := c.stripeRanges(d.Bytes)
+	if len(ranges) == 1 {
+		return c.fetchRange(ctx, d, dst, 0, d.Bytes)
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make([]error, len(ranges))
+	var wg sync.WaitGroup
+	for i, r := range ranges {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if errs[i] = c.fetchRange(sctx, d, dst, r[0], r[1]); errs[i] != nil {
+				cancel() // the other stripes stop
+			}
+		}()
+	}
+	wg.Wait()
+	// The first failure that is not the cancellation it caused.
+	var first error
+	for _, err := range errs {
+		if err != nil && (first == nil || (errors.Is(first, context.Canceled) && !errors.Is(err, context.Canceled))) {
+			first = err
+		}
+	}
+	if first != nil && ctx.Err() != nil {
+		return fmt.Errorf("staging: fetch %v: %w", d, ctx.Err())
+	}
+	return first
+}
+
+// Striping defaults: transfers of at least StripeMin bytes are split into
+// up to Stripes ranges of at least StripeMin/2 bytes.
+const (
+	StripeMin = 16 << 20
+	// MaxStripes bounds SetStripes (and MaxConnsPerPeer bounds the
+	// connections all transfers from one owner use at once).
+	MaxStripes = MaxConnsPerPeer
+)
+
+// DefaultStripes returns the default stripes of a transfer: 4 on a host
+// with at least 8 CPUs for Go (GOMAXPROCS), 2 with at least 4, else 1 (each
+// stream needs a core on both ends to copy).
+func DefaultStripes() int {
+	switch p := runtime.GOMAXPROCS(0); {
+	case p >= 8:
+		return 4
+	case p >= 4:
+		return 2
+	}
+	return 1
+}
+
+// SetStripes sets how many stripes a large transfer is split into (1: no
+// striping), clamped to [1, MaxStripes].
+func (c *Channel) SetStripes(n int) {
+	c.stripes.Store(int32(max(1, min(n, MaxStripes))))
+}
+
+// stripeRanges splits n bytes into the (offset, length) ranges fetched at
+// once: whole chunks each, the last taking the rest.
+func (c *Channel) stripeRanges(n int64) [][2]int64 {
+	k := int64(c.stripes.Load())
+	if n < StripeMin || k <= 1 {
+		return [][2]int64{{0, n}}
+	}
+	k = min(k, n/(StripeMin/2))
+	chunk := int64(c.chunk)
+	per := ((n+k-1)/k + chunk - 1) / chunk * chunk // ceil(n/k), in whole chunks
+	var out [][2]int64
+	for off := int64(0); off < n; off += per {
+		out = append(out, [2]int64{off, min(per, n-off)})
+	}
+	return out
+}
+
+// fetchRange pulls bytes [off, off+n) of the export into the same range of
+// dst over one data connection of the owner's pool.
+func (c *Channel) fetchRange(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer, off, n int64) error {
 	p, err := c.pool(d.Owner)
 	if err != nil {
 		return fmt.Errorf("staging: fetch %v: %w", d, err)
@@ -209,8 +298,8 @@ func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 			return fmt.Errorf("staging: fetch %v: %w", d, err)
 		}
 		var sink deviceSink
-		if !dst.Device().IsHost() && d.Bytes > 0 {
-			view, err := dst.Slice(0, int(d.Bytes))
+		if !dst.Device().IsHost() && n > 0 {
+			view, err := dst.Slice(int(off), int(n))
 			if err == nil {
 				sink, err = newDeviceSink(&cc.ring, view, c.chunk, c.window)
 			}
@@ -219,7 +308,7 @@ func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 				return fmt.Errorf("staging: fetch %v: %w", d, err)
 			}
 		}
-		started, keep, err := c.transfer(ctx, cc, d, dst, sink)
+		started, keep, err := c.transfer(ctx, cc, d, uint64(off), uint64(n), dst, sink)
 		if sink != nil {
 			sink.close()
 		}
@@ -305,9 +394,11 @@ func (c *Channel) putConn(owner string, p *peerPool, cc *clientConn, keep bool) 
 // aLongTimeAgo is a deadline in the past, used to interrupt blocked I/O.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// transfer runs one request on cc. started reports whether any response
-// arrived, keep whether cc can carry another transfer.
-func (c *Channel) transfer(ctx context.Context, cc *clientConn, d *tensor.Descriptor, dst memory.Buffer, sink deviceSink) (started, keep bool, err error) {
+// transfer runs one request for bytes [base, base+length) on cc, into the
+// same range of dst (sink, when not nil, writes a view of that range).
+// started reports whether any response arrived, keep whether cc can carry
+// another transfer.
+func (c *Channel) transfer(ctx context.Context, cc *clientConn, d *tensor.Descriptor, base, length uint64, dst memory.Buffer, sink deviceSink) (started, keep bool, err error) {
 	interrupted := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
 		_ = cc.conn.SetDeadline(aLongTimeAgo)
@@ -346,8 +437,8 @@ func (c *Channel) transfer(ctx context.Context, cc *clientConn, d *tensor.Descri
 		ExportID:    d.ExportID,
 		Lease:       d.Lease,
 		Incarnation: d.Incarnation,
-		Offset:      0,
-		Length:      uint64(d.Bytes),
+		Offset:      base,
+		Length:      length,
 		ChunkSize:   uint32(c.chunk),
 		Window:      uint32(c.window),
 	}
@@ -355,7 +446,8 @@ func (c *Channel) transfer(ctx context.Context, cc *clientConn, d *tensor.Descri
 		return fail(err)
 	}
 	host := dst.Host()
-	next := uint64(0)
+	end := base + length
+	next := base
 	for {
 		h, err := cc.fr.ReadHeader()
 		if err != nil {
@@ -371,8 +463,8 @@ func (c *Channel) transfer(ctx context.Context, cc *clientConn, d *tensor.Descri
 			if err != nil {
 				return fail(err)
 			}
-			if off != next || n > c.chunk || uint64(n) > req.Length-next || (n == 0 && req.Length > 0) {
-				return fail(fmt.Errorf("%w: DATA [%d, +%d) out of order or range (expected offset %d of %d, chunk %d)", ErrBadFrame, off, n, next, req.Length, c.chunk))
+			if off != next || n > c.chunk || uint64(n) > end-next || (n == 0 && length > 0) {
+				return fail(fmt.Errorf("%w: DATA [%d, +%d) out of order or range (expected offset %d of [%d, %d), chunk %d)", ErrBadFrame, off, n, next, base, end, c.chunk))
 			}
 			if sink == nil {
 				if _, err := io.ReadFull(cc.conn, host[off:off+uint64(n)]); err != nil {
@@ -386,7 +478,7 @@ func (c *Channel) transfer(ctx context.Context, cc *clientConn, d *tensor.Descri
 				if _, err := io.ReadFull(cc.conn, slot); err != nil {
 					return fail(unexpectedEOF(err))
 				}
-				if err := sink.commit(ctx, int(off), n); err != nil {
+				if err := sink.commit(ctx, int(off-base), n); err != nil {
 					return fail(err)
 				}
 			}
@@ -397,8 +489,8 @@ func (c *Channel) transfer(ctx context.Context, cc *clientConn, d *tensor.Descri
 				return fail(err)
 			}
 			if h.Type == FrameEnd && st.Code == CodeOK {
-				if next != req.Length {
-					return fail(fmt.Errorf("%w: END after %d of %d bytes", ErrBadFrame, next, req.Length))
+				if next != end {
+					return fail(fmt.Errorf("%w: END after %d of %d bytes", ErrBadFrame, next-base, length))
 				}
 				if sink != nil {
 					if err := sink.finish(ctx); err != nil {

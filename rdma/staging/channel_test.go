@@ -314,21 +314,55 @@ func TestInFlightTransfersFail(t *testing.T) {
 		{"owner Close", func(p *pair) { _ = p.owner.Close() }, rdma.ErrPeerDown},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			p := newPair(t, n, true)
-			err := inFlight(t, p, func() { tc.stop(p) })
-			if !errors.Is(err, tc.want) {
-				t.Fatalf("fetch: %v, want %v", err, tc.want)
-			}
-			// Neither end holds anything for the failed transfer.
-			deadline := time.Now().Add(5 * time.Second)
-			for p.owner.InFlight()+p.fetcher.InFlight() != 0 {
-				if time.Now().After(deadline) {
-					t.Fatalf("in flight after the failure: owner %d, fetcher %d", p.owner.InFlight(), p.fetcher.InFlight())
+		for _, stripes := range []int{1, 4} {
+			t.Run(fmt.Sprintf("%s/stripes=%d", tc.name, stripes), func(t *testing.T) {
+				p := newPair(t, n, true)
+				p.fetcher.SetStripes(stripes)
+				err := inFlight(t, p, func() { tc.stop(p) })
+				if !errors.Is(err, tc.want) {
+					t.Fatalf("fetch: %v, want %v", err, tc.want)
 				}
-				time.Sleep(5 * time.Millisecond)
-			}
-		})
+				// Neither end holds anything for the failed transfer.
+				deadline := time.Now().Add(5 * time.Second)
+				for p.owner.InFlight()+p.fetcher.InFlight() != 0 {
+					if time.Now().After(deadline) {
+						t.Fatalf("in flight after the failure: owner %d, fetcher %d", p.owner.InFlight(), p.fetcher.InFlight())
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+			})
+		}
+	}
+}
+
+// TestStripedFetch: a large transfer split into stripes, over as many
+// connections, lands byte for byte, ranges of whole chunks with the rest in
+// the last; the connections are reused by the next fetch.
+func TestStripedFetch(t *testing.T) {
+	const n = 40<<20 + 3
+	p := newPair(t, n, false)
+	p.fetcher.SetStripes(4)
+	ctx := context.Background()
+	for range 2 {
+		dst, err := p.fetch(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(dst.Host(), p.o.t.Host()) {
+			t.Fatal("wrong bytes")
+		}
+	}
+	if p.dials != 4 {
+		t.Fatalf("%d dials for two fetches in 4 stripes, want 4", p.dials)
+	}
+	// Below StripeMin: one connection.
+	small := newPair(t, staging.StripeMin-1, false)
+	small.fetcher.SetStripes(4)
+	if _, err := small.fetch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if small.dials != 1 {
+		t.Fatalf("%d dials for a transfer below StripeMin", small.dials)
 	}
 }
 

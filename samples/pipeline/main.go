@@ -13,6 +13,7 @@ import (
 
 	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/samples/pipeline/pipe"
 	"go.uber.org/zap"
 )
@@ -58,6 +59,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// stageDevices returns the device of each stage's node: cuda:0, cuda:1,
+// cuda:0 when CUDA memory can be allocated here (cuda:0 for all three on a
+// one-GPU host), else host memory.
+func stageDevices() [3]memory.Device {
+	if _, err := memory.AllocatorFor(memory.CUDA(0)); err != nil {
+		return [3]memory.Device{memory.CPU, memory.CPU, memory.CPU}
+	}
+	second := memory.CUDA(0)
+	if n, err := memory.CUDADeviceCount(); err == nil && n > 1 {
+		if _, err := memory.AllocatorFor(memory.CUDA(1)); err == nil {
+			second = memory.CUDA(1)
+		}
+	}
+	return [3]memory.Device{memory.CUDA(0), second, memory.CUDA(0)}
+}
+
 func pipeline(ctx context.Context, cfg pipe.Config, logs bool, w io.Writer) error {
 	cc, err := cluster.LocalConfig("pipeline", 3)
 	if err != nil {
@@ -67,6 +84,11 @@ func pipeline(ctx context.Context, cfg pipe.Config, logs bool, w io.Writer) erro
 	// loaded machine (or the race detector) can exceed: use the defaults.
 	def := cluster.DefaultConfig()
 	cc.HeartbeatInterval, cc.FailureTimeout = def.HeartbeatInterval, def.FailureTimeout
+	devs := stageDevices()
+	for i := range cc.Nodes {
+		cc.Nodes[i].Devices = []memory.Device{devs[i]}
+	}
+	fmt.Fprintf(w, "embedded cluster: 3 nodes on loopback; stages on %v, %v, %v\n", devs[0], devs[1], devs[2])
 	log := zap.NewNop()
 	if logs {
 		if l, err := zap.NewDevelopment(); err == nil {

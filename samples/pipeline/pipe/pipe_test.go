@@ -10,6 +10,7 @@ import (
 
 	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/tensor"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
@@ -23,11 +24,14 @@ func TestMain(m *testing.M) {
 	)
 }
 
-func startCluster(t *testing.T) []*actor.Node {
+func startCluster(t *testing.T, devs ...memory.Device) []*actor.Node {
 	t.Helper()
 	cc, err := cluster.LocalConfig("pipe-test", 3)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for i, d := range devs {
+		cc.Nodes[i].Devices = []memory.Device{d}
 	}
 	// LocalConfig declares a node down after 500ms of silence, which a
 	// loaded machine (or the race detector) can exceed: use the defaults.
@@ -92,6 +96,43 @@ func TestPipeline(t *testing.T) {
 		st := nodes[i].Stats().Channels["staging"]
 		if st.Transfers != want || st.Bytes != want*act {
 			t.Errorf("%s: staging %+v, want %d transfers of %d bytes", nodes[i].Name(), st, want, act)
+		}
+	}
+	for _, n := range nodes {
+		if l := n.Store().Len(); l != 0 {
+			t.Errorf("%s: %d exports left", n.Name(), l)
+		}
+	}
+}
+
+// TestPipelineGPU runs the stages on cuda:0, cuda:1 (cuda:0 on a one-GPU
+// host) and cuda:0: activations travel GPU to GPU, and every output still
+// equals the host reference bit for bit.
+func TestPipelineGPU(t *testing.T) {
+	if _, err := memory.AllocatorFor(memory.CUDA(0)); err != nil {
+		t.Skipf("no CUDA device here: %v", err)
+	}
+	second := memory.CUDA(0)
+	if n, err := memory.CUDADeviceCount(); err == nil && n > 1 {
+		second = memory.CUDA(1)
+	}
+	nodes := startCluster(t, memory.CUDA(0), second, memory.CUDA(0))
+	cfg := smallConfig()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, nodes, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Failed != 0 {
+		t.Fatalf("%d failed: %+v", res.Failed, res.Batches)
+	}
+	// node1 and node2 fetched activations that live on GPUs, over ipc.
+	for _, n := range nodes[1:] {
+		st := n.Stats().Channels["ipc"]
+		t.Logf("%s: %+v", n.Name(), n.Stats().Channels)
+		if st.Transfers == 0 {
+			t.Errorf("%s fetched nothing over ipc: %+v", n.Name(), n.Stats().Channels)
 		}
 	}
 	for _, n := range nodes {

@@ -9,7 +9,6 @@ import (
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/actor"
-	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/tensor"
 )
 
@@ -51,8 +50,11 @@ func Run(ctx context.Context, nodes []*actor.Node, cfg Config, progress func(Bat
 	}()
 	var next *pa.PID
 	for i := 2; i >= 0; i-- {
-		s := &stage{node: nodes[i], cfg: cfg, w: Weights(&cfg, i+1), next: next}
-		props := pa.PropsFromProducer(func() pa.Actor { return s }, actor.WithDevice(nodes[i], memory.CPU))
+		// A stage's activations live on its node's first device (a GPU
+		// when the config gives one) and travel GPU to GPU; its arithmetic
+		// runs on the host (see stage.hostValues).
+		s := &stage{node: nodes[i], cfg: cfg, w: Weights(&cfg, i+1), next: next, dev: nodes[i].Device()}
+		props := pa.PropsFromProducer(func() pa.Actor { return s }, actor.WithDevice(nodes[i], s.dev))
 		pid, err := nodes[i].Root().SpawnNamed(props, fmt.Sprintf("pipe-stage%d", i+1))
 		if err != nil {
 			return nil, fmt.Errorf("pipe: spawn stage %d: %w", i+1, err)

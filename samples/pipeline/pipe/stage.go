@@ -3,6 +3,7 @@ package pipe
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	pa "github.com/asynkron/protoactor-go/actor"
@@ -54,6 +55,7 @@ type stage struct {
 	w    []float32
 	next *pa.PID
 	lent lender
+	dev  memory.Device // where the stage's tensors arrive and its activations live
 }
 
 // Receive implements protoactor's Actor.
@@ -90,11 +92,11 @@ func (s *stage) stage1(c pa.Context, m *Input) error {
 	if m.X != nil {
 		defer m.X.Free()
 	}
-	x, err := values(m.X, s.cfg.Rows*s.cfg.Dim)
+	x, err := hostValues(m.X, s.cfg.Rows*s.cfg.Dim)
 	if err != nil {
 		return fmt.Errorf("pipe: stage 1: input: %w", err)
 	}
-	a1, err := tensor.FromFloat32s(Stage1(&s.cfg, x, s.w), tensor.Shape{int64(s.cfg.Rows), int64(s.cfg.Dim)})
+	a1, err := s.onDevice(Stage1(&s.cfg, x, s.w), tensor.Shape{int64(s.cfg.Rows), int64(s.cfg.Dim)})
 	if err != nil {
 		return fmt.Errorf("pipe: stage 1: %w", err)
 	}
@@ -108,12 +110,12 @@ func (s *stage) stage2(c pa.Context, m *Act1) error {
 	if m.A != nil {
 		defer m.A.Free()
 	}
-	a1, err := values(m.A, s.cfg.Rows*s.cfg.Dim)
+	a1, err := hostValues(m.A, s.cfg.Rows*s.cfg.Dim)
 	if err != nil {
 		s.release(m.Skip)
 		return fmt.Errorf("pipe: stage 2: activation: %w", err)
 	}
-	a2, err := tensor.FromFloat32s(Stage2(&s.cfg, a1, s.w), tensor.Shape{int64(s.cfg.Rows), int64(s.cfg.Dim)})
+	a2, err := s.onDevice(Stage2(&s.cfg, a1, s.w), tensor.Shape{int64(s.cfg.Rows), int64(s.cfg.Dim)})
 	if err != nil {
 		s.release(m.Skip)
 		return fmt.Errorf("pipe: stage 2: %w", err)
@@ -128,23 +130,23 @@ func (s *stage) stage2(c pa.Context, m *Act1) error {
 func (s *stage) stage3(m *Act2) (*Output, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
-	skip, err := m.Skip.Fetch(ctx, memory.CPU) // from stage 1's node
+	skip, err := m.Skip.Fetch(ctx, s.dev) // from stage 1's node
 	if err != nil {
 		s.release(m.A)
 		return nil, fmt.Errorf("pipe: stage 3: fetch skip %v: %w", m.Skip, err)
 	}
 	defer skip.Free()
-	a2, err := m.A.Fetch(ctx, memory.CPU) // from stage 2's node
+	a2, err := m.A.Fetch(ctx, s.dev) // from stage 2's node
 	if err != nil {
 		return nil, fmt.Errorf("pipe: stage 3: fetch %v: %w", m.A, err)
 	}
 	defer a2.Free()
 	n := s.cfg.Rows * s.cfg.Dim
-	av, err := values(a2, n)
+	av, err := hostValues(a2, n)
 	if err != nil {
 		return nil, fmt.Errorf("pipe: stage 3: %w", err)
 	}
-	sv, err := values(skip, n)
+	sv, err := hostValues(skip, n)
 	if err != nil {
 		return nil, fmt.Errorf("pipe: stage 3: %w", err)
 	}
@@ -159,6 +161,35 @@ func (s *stage) release(r tensor.Ref) {
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
 	_ = r.Release(ctx)
+}
+
+// hostValues returns the n float32 values of t, copied to the host first
+// when t is on a GPU.
+func hostValues(t *tensor.Tensor, n int) ([]float32, error) {
+	if t == nil || t.Device().IsHost() {
+		return values(t, n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	h, err := t.To(ctx, memory.CPU)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Free()
+	v, err := values(h, n)
+	return slices.Clone(v), err
+}
+
+// onDevice returns a tensor of shape holding v on the stage's device.
+func (s *stage) onDevice(v []float32, shape tensor.Shape) (*tensor.Tensor, error) {
+	h, err := tensor.FromFloat32s(v, shape)
+	if err != nil || s.dev.IsHost() {
+		return h, err
+	}
+	defer h.Free()
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	return h.To(ctx, s.dev)
 }
 
 // values returns the n float32 values of a host tensor.

@@ -1,0 +1,213 @@
+package actor_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+	"github.com/tensorferry/tensorferry/actor"
+	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/rdma"
+	"github.com/tensorferry/tensorferry/rdma/staging"
+	"github.com/tensorferry/tensorferry/tensor"
+)
+
+// gatedChannel is the staging channel with fetches held until the gate
+// opens.
+type gatedChannel struct {
+	rdma.Channel
+	gate     chan struct{}
+	fetching atomic.Int32
+}
+
+func (g *gatedChannel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer) error {
+	g.fetching.Add(1)
+	defer g.fetching.Add(-1)
+	select {
+	case <-g.gate:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return g.Channel.Fetch(ctx, d, dst)
+}
+
+// TestSendWaitsForCredits: a sender allowed two messages (or 600 KiB of
+// 256 KiB tensors) unfetched at its peer sends two; the third Send waits
+// until the peer fetches, then everything arrives in order.
+func TestSendWaitsForCredits(t *testing.T) {
+	t.Run("messages", func(t *testing.T) { testSendWaits(t, actor.WithMaxInFlight(2, 0)) })
+	t.Run("bytes", func(t *testing.T) { testSendWaits(t, actor.WithMaxInFlight(0, 600<<10)) })
+}
+
+func testSendWaits(t *testing.T, limit actor.Option) {
+	a, b, gated, open := startGatedPair(t, limit)
+	defer open()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	const n = 5
+	var mu sync.Mutex
+	var got []int
+	done := make(chan struct{})
+	if _, err := b.Root().SpawnNamed(pa.PropsFromFunc(func(c pa.Context) {
+		if g, ok := c.Message().(*Grad); ok {
+			_ = g.W.Free()
+			mu.Lock()
+			got = append(got, g.Step)
+			if len(got) == n {
+				close(done)
+			}
+			mu.Unlock()
+		}
+	}), "sink"); err != nil {
+		t.Fatal(err)
+	}
+	pid := a.PID(b.Name(), "sink")
+	var xs []*tensor.Tensor
+	for range n {
+		x, err := tensor.New(memory.CPU, tensor.Uint8, tensor.Shape{256 << 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		xs = append(xs, x)
+	}
+	var sent atomic.Int32
+	go func() {
+		for i, x := range xs {
+			a.Root().Send(pid, &Grad{Step: i, W: x})
+			sent.Add(1)
+		}
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for sent.Load() < 2 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if s := sent.Load(); s != 2 {
+		t.Fatalf("%d messages sent with 2 credits and nothing fetched", s)
+	}
+	if f := gated.fetching.Load(); f != 2 {
+		t.Errorf("%d fetches waiting at the peer, want 2", f)
+	}
+	open()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("only %v arrived", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i, v := range got {
+		if v != i {
+			t.Fatalf("arrival order %v", got)
+		}
+	}
+	for _, x := range xs {
+		if err := x.WaitReleased(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// startGatedPair starts two nodes of one process; the second's staging
+// fetches wait until open is called (idempotent).
+func startGatedPair(t *testing.T, senderOpts ...actor.Option) (a, b *actor.Node, gated *gatedChannel, open func()) {
+	t.Helper()
+	cfg, err := cluster.LocalConfig("test", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gated = &gatedChannel{gate: make(chan struct{})}
+	var once sync.Once
+	open = func() { once.Do(func() { close(gated.gate) }) }
+	gatedStaging := actor.WithChannel(rdma.Staging, func(env *rdma.Env) (rdma.Channel, error) {
+		ch, err := staging.New(env)
+		if err != nil {
+			return nil, err
+		}
+		gated.Channel = ch
+		return gated, nil
+	})
+	a, err = actor.NewNode(cfg, cfg.Nodes[0].Name, append([]actor.Option{testLogger()}, senderOpts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err = actor.NewNode(cfg, cfg.Nodes[1].Name, testLogger(), gatedStaging)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []*actor.Node{a, b} {
+		if err := n.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = n.Stop() })
+	}
+	t.Cleanup(open) // before the nodes stop
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.WaitPeer(ctx, b.Name()); err != nil {
+		t.Fatal(err)
+	}
+	return a, b, gated, open
+}
+
+// TestReaderNeverBlocks: hundreds of messages queued behind a tensor that
+// cannot be fetched yet do not stop the receiver from reading its
+// connection (heartbeats, control replies): the sender is not declared
+// down, and everything arrives once the fetch goes on.
+func TestReaderNeverBlocks(t *testing.T) {
+	a, b, gated, open := startGatedPair(t)
+	defer open()
+	downs := make(chan any, 4)
+	sub := b.System().EventStream.Subscribe(func(ev any) {
+		if _, ok := ev.(*cluster.NodeDown); ok {
+			downs <- ev
+		}
+	})
+	defer b.System().EventStream.Unsubscribe(sub)
+	var got atomic.Int32
+	const plain = 1000
+	if _, err := b.Root().SpawnNamed(pa.PropsFromFunc(func(c pa.Context) {
+		switch m := c.Message().(type) {
+		case *Grad:
+			_ = m.W.Free()
+			got.Add(1)
+		case *Ping:
+			got.Add(1)
+		}
+	}), "sink"); err != nil {
+		t.Fatal(err)
+	}
+	pid := a.PID(b.Name(), "sink")
+	x, err := tensor.New(memory.CPU, tensor.Uint8, tensor.Shape{256 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Root().Send(pid, &Grad{W: x})
+	for i := range plain {
+		a.Root().Send(pid, &Ping{N: i})
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for gated.fetching.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	// Longer than the failure timeout (2 s in LocalConfig).
+	select {
+	case ev := <-downs:
+		t.Fatalf("the sender was declared down while the receiver queued: %+v", ev)
+	case <-time.After(3 * time.Second):
+	}
+	if n := got.Load(); n != 0 {
+		t.Fatalf("%d messages delivered past a tensor not fetched yet", n)
+	}
+	open()
+	for got.Load() < plain+1 && time.Now().Before(deadline.Add(10*time.Second)) {
+		time.Sleep(time.Millisecond)
+	}
+	if n := got.Load(); n != plain+1 {
+		t.Fatalf("%d of %d messages arrived", n, plain+1)
+	}
+}
