@@ -3,6 +3,7 @@ package actor
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"go.uber.org/zap"
 )
@@ -22,11 +23,12 @@ const fetchWindow = 4
 func (n *Node) deliverLoop(ps *peerState) {
 	defer n.wg.Done()
 	order := make(chan *inbound, fetchWindow-1)
+	var handed atomic.Int64 // messages in order or being delivered
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		n.deliverInOrder(ps, order)
+		n.deliverInOrder(ps, order, &handed)
 	}()
 	defer func() {
 		close(order)
@@ -43,9 +45,18 @@ func (n *Node) deliverLoop(ps *peerState) {
 				return
 			default:
 			}
+			if handed.Load() == 0 && ps.inboxEmpty() {
+				// A lone message: fetched and delivered on this goroutine,
+				// two goroutine hand-offs fewer on its way.
+				in.fetched = make(chan error, 1)
+				in.fetched <- n.fetchNow(in)
+				n.deliverFetched(ps, in)
+				continue
+			}
 			n.startFetch(in)
 			// The deliverer always makes room: every fetch ends (at the
 			// latest at TransferTimeout, at once when the peer is down).
+			handed.Add(1)
 			order <- in
 			continue
 		}
@@ -65,28 +76,37 @@ func (n *Node) startFetch(in *inbound) {
 		in.fetched <- nil
 		return
 	}
-	go func() {
-		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.TransferTimeout)
-		defer cancel()
-		in.fetched <- in.sess.fetchAll(ctx)
-	}()
+	go func() { in.fetched <- n.fetchNow(in) }()
+}
+
+// fetchNow fetches in's tensors, within the transfer timeout.
+func (n *Node) fetchNow(in *inbound) error {
+	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.TransferTimeout)
+	defer cancel()
+	return in.sess.fetchAll(ctx)
 }
 
 // deliverInOrder delivers the messages of order in order, each once its
-// tensors are fetched.
-func (n *Node) deliverInOrder(ps *peerState, order <-chan *inbound) {
+// tensors are fetched; handed counts those not delivered yet.
+func (n *Node) deliverInOrder(ps *peerState, order <-chan *inbound, handed *atomic.Int64) {
 	for in := range order {
-		if err := <-in.fetched; err != nil {
-			n.log.Warn("tensor fetch failed", zap.String("peer", ps.peer.Name), zap.Stringer("target", in.target), zap.Error(err))
-			n.replyFailure(ps, in.sender, in.target, "fetching tensors: "+err.Error())
-		} else if proc, ok := n.system.ProcessRegistry.GetLocal(in.target.Id); ok {
-			n.deliver(proc, in)
-		} else {
-			in.sess.freeTensors()
-			n.replyDeadLetter(ps, in.sender, in.target, "actor stopped before delivery")
-		}
-		ps.queued.Add(-1)
+		n.deliverFetched(ps, in)
+		handed.Add(-1)
 	}
+}
+
+// deliverFetched delivers in once its fetch ended, or reports why not.
+func (n *Node) deliverFetched(ps *peerState, in *inbound) {
+	if err := <-in.fetched; err != nil {
+		n.log.Warn("tensor fetch failed", zap.String("peer", ps.peer.Name), zap.Stringer("target", in.target), zap.Error(err))
+		n.replyFailure(ps, in.sender, in.target, "fetching tensors: "+err.Error())
+	} else if proc, ok := n.system.ProcessRegistry.GetLocal(in.target.Id); ok {
+		n.deliver(proc, in)
+	} else {
+		in.sess.freeTensors()
+		n.replyDeadLetter(ps, in.sender, in.target, "actor stopped before delivery")
+	}
+	ps.queued.Add(-1)
 }
 
 // abortInbox releases the leases and tensors of the messages still in ps's

@@ -89,8 +89,10 @@ func testSendWaits(t *testing.T, limit actor.Option) {
 	if s := sent.Load(); s != 2 {
 		t.Fatalf("%d messages sent with 2 credits and nothing fetched", s)
 	}
-	if f := gated.fetching.Load(); f != 2 {
-		t.Errorf("%d fetches waiting at the peer, want 2", f)
+	// The first message may be fetched alone (the peer fetches a lone
+	// message on its deliver loop, and the second waits behind it).
+	if f := gated.fetching.Load(); f < 1 || f > 2 {
+		t.Errorf("%d fetches waiting at the peer, want 1 or 2", f)
 	}
 	open()
 	select {

@@ -76,6 +76,13 @@ func (ps *peerState) push(in *inbound) bool {
 	return true
 }
 
+// inboxEmpty reports whether nothing waits in the inbox.
+func (ps *peerState) inboxEmpty() bool {
+	ps.inMu.Lock()
+	defer ps.inMu.Unlock()
+	return len(ps.inbox) == 0
+}
+
 // closeInbox empties the inbox for good and returns what it held.
 func (ps *peerState) closeInbox() []*inbound {
 	ps.inMu.Lock()
