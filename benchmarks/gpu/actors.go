@@ -16,6 +16,7 @@ import (
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	tfactor "github.com/tensorferry/tensorferry/actor"
+	"github.com/tensorferry/tensorferry/benchmarks/internal/report"
 	"github.com/tensorferry/tensorferry/cluster"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/tensor"
@@ -80,7 +81,7 @@ func receive(stdin io.Reader, stdout io.Writer) error {
 		return fmt.Errorf("%s: %w", receiverEnv, err)
 	}
 	if spec.Profile != "" {
-		stop, err := startProfile(spec.Profile)
+		stop, err := report.StartCPUProfile(spec.Profile)
 		if err != nil {
 			return err
 		}

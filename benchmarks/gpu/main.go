@@ -92,7 +92,7 @@ func main() {
 		fatal(err)
 	}
 	if o.cpuProfile != "" {
-		stop, err := startProfile(o.cpuProfile)
+		stop, err := report.StartCPUProfile(o.cpuProfile)
 		if err != nil {
 			fatal(err)
 		}
@@ -132,25 +132,6 @@ func main() {
 	if err := errors.Join(errs...); err != nil {
 		fatal(err)
 	}
-}
-
-// startProfile starts a CPU profile written to path; the returned function
-// stops it.
-func startProfile(path string) (func(), error) {
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, err
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return func() {
-		pprof.StopCPUProfile()
-		if err := f.Close(); err != nil {
-			fmt.Fprintf(os.Stderr, "gpu: profile: %v\n", err)
-		}
-	}, nil
 }
 
 func fatal(err error) {

@@ -1,0 +1,28 @@
+package report
+
+import (
+	"fmt"
+	"os"
+	"runtime/pprof"
+)
+
+// StartCPUProfile profiles the process into the file at path until the
+// returned stop is called (stop reports a failure to close the file on
+// stderr). A program that may leave through os.Exit calls
+// pprof.StopCPUProfile first, which flushes the profile.
+func StartCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			fmt.Fprintf(os.Stderr, "profile %s: %v\n", path, err)
+		}
+	}, nil
+}
