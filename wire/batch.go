@@ -1,7 +1,6 @@
 package wire
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -72,14 +71,13 @@ func (fr *Framer) parseMessage(h FrameHeader, p []byte) (Frame, error) {
 	return f, nil
 }
 
-// parseMessages decodes a FrameMessages payload. The bodies share one copy
-// of the payload.
+// parseMessages decodes a FrameMessages payload into the Framer's reused
+// frame; the bodies alias p.
 func (fr *Framer) parseMessages(h FrameHeader, p []byte) (Frame, error) {
 	if err := checkMsgpack(p, MaxMsgpackDepth); err != nil {
 		return nil, bodyError(h, fmt.Errorf("%w: %w", ErrBadBody, err))
 	}
-	own := bytes.Clone(p)
-	r := mpReader{b: own}
+	r := mpReader{b: p}
 	n, err := r.arrayLen()
 	if err != nil {
 		return nil, bodyError(h, fmt.Errorf("%w: messages: %w", ErrBadBody, err))
@@ -87,19 +85,24 @@ func (fr *Framer) parseMessages(h FrameHeader, p []byte) (Frame, error) {
 	if n > MaxBatchMessages {
 		return nil, bodyError(h, fmt.Errorf("%w: %d messages in one batch (at most %d)", ErrBadBody, n, MaxBatchMessages))
 	}
-	f := &MessagesFrame{FrameHeader: h, Messages: make([]Message, n)}
+	f := &fr.batch
+	f.FrameHeader = h
+	if cap(f.Messages) < n {
+		f.Messages = make([]Message, n, max(n, 64))
+	}
+	f.Messages = f.Messages[:n]
 	for i := range f.Messages {
 		start := r.pos
-		end, err := msgpackValueEnd(own, start)
+		end, err := msgpackValueEnd(p, start)
 		if err != nil {
 			return nil, bodyError(h, fmt.Errorf("%w: message %d: %w", ErrBadBody, i, err))
 		}
 		r.pos = end
-		if err := decodeMessageWith(own[start:end], &f.Messages[i], &fr.strs, false); err != nil {
+		if err := decodeMessageWith(p[start:end], &f.Messages[i], &fr.strs, false); err != nil {
 			return nil, bodyError(h, fmt.Errorf("message %d: %w", i, err))
 		}
 	}
-	if r.pos != len(own) {
+	if r.pos != len(p) {
 		return nil, bodyError(h, errMsgpackTrailing)
 	}
 	return f, nil
@@ -294,7 +297,11 @@ func (c *Conn) SendMessage(ctx context.Context, m *Message) error {
 	c.bmu.Unlock()
 	of := outFramePool.Get().(*outFrame)
 	if cap(of.buf) < batchBufferSize {
-		of.buf = make([]byte, 0, batchBufferSize) // pooled with the frame
+		select {
+		case of.buf = <-c.freeBatches:
+		default:
+			of.buf = make([]byte, 0, batchBufferSize)
+		}
 	}
 	of.buf = appendMessage(append(of.buf[:0], make([]byte, HeaderSize+batchPrefix)...), m)
 	if n := len(of.buf) - HeaderSize; n > int(c.max) {

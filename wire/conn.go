@@ -36,8 +36,10 @@ type ConnOptions struct {
 	Logger *zap.Logger
 	// Handler is called for every frame received, in order, from the single
 	// reader goroutine. Frame bodies are decoded before the call and own
-	// their memory, except DataFrame.Data and UnknownFrame.Payload, which
-	// are valid only until Handler returns: copy what must outlive the call.
+	// their memory, except DataFrame.Data, UnknownFrame.Payload and the
+	// whole of a *MessagesFrame (the frame, its Messages and their Bodies),
+	// which are valid only until Handler returns: copy what must outlive
+	// the call.
 	// Handler must not block for long (it stalls all reading) and must not
 	// call Close; it may call Fail. Unknown frame types are passed on for
 	// Handler to ignore or Fail.
@@ -92,6 +94,9 @@ type Conn struct {
 	// not taken yet.
 	bmu  sync.Mutex
 	open *outFrame
+	// freeBatches keeps a few written batch buffers for the next batches
+	// (a sync.Pool would lose them at every collection).
+	freeBatches chan []byte
 
 	mu      sync.Mutex
 	started bool
@@ -150,17 +155,18 @@ func NewConn(nc net.Conn, peer Peer, opts ConnOptions) *Conn {
 		log = zap.NewNop()
 	}
 	c := &Conn{
-		nc:         nc,
-		peer:       peer,
-		opts:       opts,
-		log:        log.With(zap.String("peer", peer.Node), zap.Uint64("incarnation", peer.Incarnation), zap.String("purpose", peer.Purpose)),
-		max:        clampFrameSize(opts.MaxFrameSize),
-		queue:      make(chan *outFrame, opts.SendQueue),
-		slots:      make(chan struct{}, opts.SendQueue),
-		bw:         bufio.NewWriterSize(nc, connBufferSize),
-		done:       make(chan struct{}),
-		writerDone: make(chan struct{}),
-		closed:     make(chan struct{}),
+		nc:          nc,
+		peer:        peer,
+		opts:        opts,
+		log:         log.With(zap.String("peer", peer.Node), zap.Uint64("incarnation", peer.Incarnation), zap.String("purpose", peer.Purpose)),
+		max:         clampFrameSize(opts.MaxFrameSize),
+		queue:       make(chan *outFrame, opts.SendQueue),
+		slots:       make(chan struct{}, opts.SendQueue),
+		freeBatches: make(chan []byte, 4),
+		bw:          bufio.NewWriterSize(nc, connBufferSize),
+		done:        make(chan struct{}),
+		writerDone:  make(chan struct{}),
+		closed:      make(chan struct{}),
 	}
 	c.br = bufio.NewReaderSize(nc, connBufferSize)
 	c.rd = NewFramer(nil, c.br)
@@ -490,6 +496,13 @@ func (c *Conn) writeFrame(of *outFrame) error {
 func (c *Conn) writeFrameLocked(of *outFrame) error {
 	if of.written == nil {
 		_, err := c.bw.Write(of.buf)
+		if cap(of.buf) >= batchBufferSize && cap(of.buf) <= 64<<10 {
+			select {
+			case c.freeBatches <- of.buf[:0]:
+				of.buf = nil
+			default:
+			}
+		}
 		if cap(of.buf) <= 64<<10 {
 			outFramePool.Put(of)
 		}

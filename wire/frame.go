@@ -142,8 +142,9 @@ type Frame interface {
 	Header() FrameHeader
 }
 
-// Typed frames. Their decoded bodies own their memory; only DataFrame.Data
-// and UnknownFrame.Payload alias the Framer's read buffer.
+// Typed frames. Their decoded bodies own their memory, except
+// DataFrame.Data, UnknownFrame.Payload and MessagesFrame, which alias the
+// Framer's buffers.
 type (
 	// HelloFrame is a FrameHello.
 	HelloFrame struct {
@@ -171,7 +172,9 @@ type (
 		Message Message
 	}
 	// MessagesFrame is a FrameMessages: a batch of messages, in the order
-	// they were sent.
+	// they were sent. The frame, its Messages and their Bodies belong to
+	// the Framer and are valid only until the next ReadFrame (in a Conn
+	// Handler: until the Handler returns); their strings stay valid.
 	MessagesFrame struct {
 		FrameHeader
 		Messages []Message
@@ -326,7 +329,8 @@ type Framer struct {
 	hdr      [HeaderSize]byte
 	rbuf     []byte
 	wbuf     []byte
-	strs     stringCache // read side: strings repeated across messages
+	strs     stringCache   // read side: strings repeated across messages
+	batch    MessagesFrame // reused by every FrameMessages read
 }
 
 // NewFramer returns a Framer that writes to w and reads from r. Either may
@@ -369,8 +373,8 @@ const readChunk = 32 << 10
 // unknown type is returned as *UnknownFrame, not an error. I/O errors are
 // returned as they are.
 //
-// Decoded bodies own their memory. DataFrame.Data and UnknownFrame.Payload
-// alias a buffer that the next ReadFrame overwrites.
+// Decoded bodies own their memory. DataFrame.Data, UnknownFrame.Payload
+// and a *MessagesFrame alias buffers that the next ReadFrame overwrites.
 func (fr *Framer) ReadFrame() (Frame, error) {
 	if n, err := io.ReadFull(fr.r, fr.hdr[:]); err != nil {
 		if err == io.ErrUnexpectedEOF {
