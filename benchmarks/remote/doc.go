@@ -13,7 +13,10 @@
 // from the first send until the receiver has counted the last. Every
 // message carries a 64-byte payload. raw-tcp's one-way figure writes through
 // a 64 KiB bufio.Writer: it is the ceiling of batched writes on this host,
-// not a per-message protocol.
+// not a per-message protocol. raw-tcp-handoff is raw TCP plus the goroutine
+// hand-offs of an actor runtime (server reader → actor goroutine, client
+// reader → waiting caller, sender → writer goroutine): the floor of a
+// goroutine-per-actor design.
 //
 // Another path joins the same run from its own file of this package, with no
 // change here:
