@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -73,6 +72,11 @@ type Config struct {
 	// DisableChannels lists data channels no node of the cluster may use:
 	// any of "local", "ipc", "staging", "verbs".
 	DisableChannels []string
+
+	// TLS, when set, runs every control connection (and, with Data, every
+	// data connection) over mutual TLS 1.3; see TLSConfig. Nodes of one
+	// cluster must agree on it.
+	TLS *TLSConfig
 
 	// Nodes lists every node of the cluster; there is at least one.
 	Nodes []NodeConfig
@@ -220,6 +224,11 @@ func (c *Config) Validate() error {
 	}
 	if err := c.validateNodes(); err != nil {
 		return err
+	}
+	if c.TLS != nil {
+		if err := c.TLS.load(c); err != nil {
+			return err
+		}
 	}
 	return c.loadSecret()
 }
@@ -376,12 +385,7 @@ func (c *Config) loadSecret() error {
 }
 
 // secretPath resolves SecretFile against the config file's directory.
-func (c *Config) secretPath() string {
-	if filepath.IsAbs(c.SecretFile) || c.dir == "" {
-		return c.SecretFile
-	}
-	return filepath.Join(c.dir, c.SecretFile)
-}
+func (c *Config) secretPath() string { return c.resolvePath(c.SecretFile) }
 
 func readSecretFile(path string) ([]byte, error) {
 	f, err := os.Open(path)

@@ -178,6 +178,38 @@ func (c *Config) decode(root *yaml.Node) error {
 			c.DisableChannels, err = c.channels(v, field)
 		case "nodes":
 			err = c.decodeNodes(v, field)
+		case "tls":
+			err = c.decodeTLS(v, field)
+		default:
+			err = at(k, field, "unknown key")
+		}
+		return err
+	})
+}
+
+func (c *Config) decodeTLS(v *yaml.Node, field string) error {
+	t := &TLSConfig{}
+	c.TLS = t
+	return c.pairs(v, field+".", func(k *yaml.Node, field string, v *yaml.Node) error {
+		var err error
+		switch k.Value {
+		case "cert_file":
+			t.CertFile, err = scalar(v, field)
+		case "key_file":
+			t.KeyFile, err = scalar(v, field)
+		case "ca_file":
+			t.CAFile, err = scalar(v, field)
+		case "data":
+			var s string
+			if s, err = scalar(v, field); err == nil {
+				switch s {
+				case "true":
+					t.Data = true
+				case "false":
+				default:
+					err = at(v, field, "want true or false, got %q", s)
+				}
+			}
 		default:
 			err = at(k, field, "unknown key")
 		}
@@ -341,7 +373,15 @@ type fileConfig struct {
 	ChunksInFlight    int        `yaml:"chunks_in_flight,omitempty"`
 	TransferTimeout   string     `yaml:"transfer_timeout,omitempty"`
 	DisableChannels   []string   `yaml:"disable_channels,omitempty,flow"`
+	TLS               *fileTLS   `yaml:"tls,omitempty"`
 	Nodes             []fileNode `yaml:"nodes"`
+}
+
+type fileTLS struct {
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	CAFile   string `yaml:"ca_file"`
+	Data     bool   `yaml:"data,omitempty"`
 }
 
 type fileNode struct {
@@ -388,6 +428,9 @@ func (c *Config) Marshal() ([]byte, error) {
 		ChunksInFlight:    c.ChunksInFlight,
 		DisableChannels:   c.DisableChannels,
 		Nodes:             make([]fileNode, len(c.Nodes)),
+	}
+	if t := c.TLS; t != nil {
+		f.TLS = &fileTLS{CertFile: t.CertFile, KeyFile: t.KeyFile, CAFile: t.CAFile, Data: t.Data}
 	}
 	for i, n := range c.Nodes {
 		fn := fileNode{Name: n.Name, Address: n.Address, DataAddress: n.DataAddress, DisableChannels: n.DisableChannels}

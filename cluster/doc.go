@@ -13,6 +13,10 @@
 //	failure_timeout: 3s          # must exceed 2 × heartbeat_interval
 //	max_frame_size: 16MiB        # sizes: integers or KiB/MiB/GiB suffixes
 //	disable_channels: [ipc]      # among local, ipc, staging, verbs
+//	tls:                         # optional, see TLSConfig
+//	  cert_file: node.crt
+//	  key_file: node.key
+//	  ca_file: ca.crt
 //	nodes:
 //	  - name: a
 //	    address: 127.0.0.1:7001  # control listener

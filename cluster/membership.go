@@ -292,6 +292,11 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 	if data {
 		purpose = wire.PurposeData
 	}
+	nc, err := m.cfg.secure(m.ctx, nc, data, false)
+	if err != nil {
+		m.log.Warn("tls handshake refused", zap.Error(err))
+		return
+	}
 	peer, err := wire.Handshake(m.ctx, nc, m.handshakeConfig(purpose, ""), false)
 	if err != nil {
 		m.log.Warn("handshake refused", zap.String("remote", nc.RemoteAddr().String()), zap.Error(err))
@@ -368,6 +373,9 @@ func (m *Membership) DialData(ctx context.Context, node, channel string) (net.Co
 	if err != nil {
 		return nil, fmt.Errorf("cluster: dial data %s: %w", node, err)
 	}
+	if nc, err = m.cfg.secure(ctx, nc, true, true); err != nil {
+		return nil, err
+	}
 	if _, err := wire.Handshake(ctx, nc, m.handshakeConfig(wire.PurposeData, node), true); err != nil {
 		nc.Close()
 		return nil, err
@@ -422,6 +430,9 @@ func (m *Membership) dial(nc NodeConfig) error {
 	d := net.Dialer{}
 	c, err := d.DialContext(ctx, "tcp", nc.Address)
 	if err != nil {
+		return err
+	}
+	if c, err = m.cfg.secure(ctx, c, false, true); err != nil {
 		return err
 	}
 	peer, err := wire.Handshake(ctx, c, m.handshakeConfig(wire.PurposeControl, nc.Name), true)

@@ -1,0 +1,188 @@
+package cluster_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"io"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tensorferry/tensorferry/cluster"
+)
+
+// writePKI writes a CA and a node certificate it signs (usable as client
+// and server) into dir, and returns the paths.
+func writePKI(t *testing.T, dir, prefix string) (cert, key, ca string) {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: prefix + " CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	nodeKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: prefix + " node"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	nodeDER, err := x509.CreateCertificate(rand.Reader, nodeTmpl, caCert, &nodeKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(nodeKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(name, typ string, der []byte) string {
+		p := filepath.Join(dir, prefix+name)
+		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	return write("node.crt", "CERTIFICATE", nodeDER), write("node.key", "EC PRIVATE KEY", keyDER), write("ca.crt", "CERTIFICATE", caDER)
+}
+
+func TestTLSConfigParse(t *testing.T) {
+	dir := t.TempDir()
+	cert, key, ca := writePKI(t, dir, "")
+	if err := os.WriteFile(filepath.Join(dir, "secret.key"), []byte("0123456789abcdef0123"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := "cluster: t\nsecret_file: secret.key\nnodes:\n  - {name: a, address: 127.0.0.1:7001}\ntls:\n"
+	good := base + "  cert_file: " + filepath.Base(cert) + "\n  key_file: " + filepath.Base(key) + "\n  ca_file: " + filepath.Base(ca) + "\n  data: true\n"
+	c, err := cluster.Parse([]byte(good), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.TLS == nil || !c.TLS.Data || c.TLS.CAFile != filepath.Base(ca) {
+		t.Fatalf("tls: %+v", c.TLS)
+	}
+	// Marshal keeps the block.
+	b, err := c.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := cluster.Parse(b, dir)
+	if err != nil || back.TLS == nil || back.TLS.KeyFile != c.TLS.KeyFile || !back.TLS.Data {
+		t.Fatalf("round trip: %+v, %v\n%s", back.TLS, err, b)
+	}
+	bad := map[string]struct{ yaml, field string }{
+		"no key":       {base + "  cert_file: " + cert + "\n  ca_file: " + ca + "\n", "tls.key_file"},
+		"missing ca":   {base + "  cert_file: " + cert + "\n  key_file: " + key + "\n  ca_file: nope.pem\n", "tls.ca_file"},
+		"not a ca":     {base + "  cert_file: " + cert + "\n  key_file: " + key + "\n  ca_file: secret.key\n", "tls.ca_file"},
+		"key mismatch": {base + "  cert_file: " + ca + "\n  key_file: " + key + "\n  ca_file: " + ca + "\n", "tls.cert_file"},
+		"unknown key":  {base + "  cert: x\n", "tls.cert"},
+		"bad data":     {base + "  cert_file: " + cert + "\n  key_file: " + key + "\n  ca_file: " + ca + "\n  data: maybe\n", "tls.data"},
+	}
+	for name, tc := range bad {
+		t.Run(name, func(t *testing.T) {
+			_, err := cluster.Parse([]byte(tc.yaml), dir)
+			var ce *cluster.ConfigError
+			if !errors.As(err, &ce) || ce.Field != tc.field || ce.Line == 0 {
+				t.Fatalf("error %v (%+v), want one naming %s and its line", err, ce, tc.field)
+			}
+		})
+	}
+}
+
+// tlsConfig is a two-node loopback config with TLS from dir's PKI.
+func tlsConfig(t *testing.T, cert, key, ca string, data bool) *cluster.Config {
+	t.Helper()
+	cfg, err := cluster.LocalConfig("tls", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.TLS = &cluster.TLSConfig{CertFile: cert, KeyFile: key, CAFile: ca, Data: data}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// TestMembershipOverTLS: nodes of a TLS cluster come up, exchange frames and
+// open data connections over TLS; a plain-TCP peer and a peer whose
+// certificate another CA signed never come up.
+func TestMembershipOverTLS(t *testing.T) {
+	dir := t.TempDir()
+	cert, key, ca := writePKI(t, dir, "")
+	cfg := tlsConfig(t, cert, key, ca, true)
+	a, ea := start(t, cfg, "node0", 1)
+	defer a.Close()
+	b, eb := start(t, cfg, "node1", 1)
+	defer b.Close()
+	ea.expect(t, "up node1")
+	eb.expect(t, "up node0")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	dc, err := a.DialData(ctx, "node1", "staging")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := dc.(*tls.Conn); !ok {
+		t.Errorf("data connection %T, want TLS", dc)
+	}
+	eb.expect(t, "data node0 staging")
+	dc.Close()
+
+	// Plain TCP to a TLS node: the TLS handshake fails, nothing else.
+	nc, err := net.Dial("tcp", cfg.Nodes[0].Address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = nc.Write([]byte("\x00\x00\x00\x10hello, plain tcp"))
+	_ = nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadAll(nc); err != nil && !strings.Contains(err.Error(), "reset") {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatal("a plain-TCP client was not disconnected")
+		}
+	}
+	nc.Close()
+
+	// A node whose certificate another CA signed is refused.
+	ocert, okey, oca := writePKI(t, dir, "other-")
+	other := tlsConfig(t, ocert, okey, oca, true)
+	other.Nodes = cfg.Nodes // same addresses: it tries to join as node1
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel2()
+	if _, err := a.DialData(ctx2, "node1", "staging"); err != nil {
+		t.Fatalf("good dial after the plain client: %v", err)
+	}
+	om, err := cluster.NewMembership(other, "node1", 5, newEvents(), cluster.Options{Caps: []byte{0x80}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := om.DialData(ctx2, "node0", "staging"); err == nil || !strings.Contains(err.Error(), "tls") {
+		t.Errorf("dial with a certificate from another CA: %v, want a TLS error", err)
+	}
+	om.Close()
+	if p, ok := a.Peer("node1"); !ok || p.Incarnation != 1 {
+		t.Errorf("the good peer was disturbed: %+v %v", p, ok)
+	}
+}
