@@ -2,16 +2,9 @@ package cluster_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"io"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -22,50 +15,19 @@ import (
 	"github.com/tensorferry/tensorferry/cluster"
 )
 
-// writePKI writes a CA and a node certificate it signs (usable as client
-// and server) into dir, and returns the paths.
+// writePKI writes a CA and a node certificate it signs into a directory
+// of dir named for prefix, and returns the paths.
 func writePKI(t *testing.T, dir, prefix string) (cert, key, ca string) {
 	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	sub := filepath.Join(dir, prefix+"pki")
+	if err := os.MkdirAll(sub, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	tc, err := cluster.LocalTLS(sub, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: prefix + " CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caCert, _ := x509.ParseCertificate(caDER)
-	nodeKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	nodeTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: prefix + " node"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-	}
-	nodeDER, err := x509.CreateCertificate(rand.Reader, nodeTmpl, caCert, &nodeKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(nodeKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	write := func(name, typ string, der []byte) string {
-		p := filepath.Join(dir, prefix+name)
-		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	return write("node.crt", "CERTIFICATE", nodeDER), write("node.key", "EC PRIVATE KEY", keyDER), write("ca.crt", "CERTIFICATE", caDER)
+	return tc.CertFile, tc.KeyFile, tc.CAFile
 }
 
 func TestTLSConfigParse(t *testing.T) {
@@ -75,12 +37,13 @@ func TestTLSConfigParse(t *testing.T) {
 		t.Fatal(err)
 	}
 	base := "cluster: t\nsecret_file: secret.key\nnodes:\n  - {name: a, address: 127.0.0.1:7001}\ntls:\n"
-	good := base + "  cert_file: " + filepath.Base(cert) + "\n  key_file: " + filepath.Base(key) + "\n  ca_file: " + filepath.Base(ca) + "\n  data: true\n"
+	rel := func(p string) string { r, _ := filepath.Rel(dir, p); return r } // relative to the config's directory
+	good := base + "  cert_file: " + rel(cert) + "\n  key_file: " + rel(key) + "\n  ca_file: " + rel(ca) + "\n  data: true\n"
 	c, err := cluster.Parse([]byte(good), dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.TLS == nil || !c.TLS.Data || c.TLS.CAFile != filepath.Base(ca) {
+	if c.TLS == nil || !c.TLS.Data || c.TLS.CAFile != rel(ca) {
 		t.Fatalf("tls: %+v", c.TLS)
 	}
 	// Marshal keeps the block.
