@@ -20,7 +20,27 @@ type inbound struct {
 	fetched chan error
 }
 
-func (n *Node) receiveMessage(ps *peerState, m *wire.Message) {
+// procCache remembers the last actor a batch delivered to: consecutive
+// messages of a batch mostly go to the same actor. It lives for one frame.
+type procCache struct {
+	id   string
+	proc pa.Process
+}
+
+func (c *procCache) get(n *Node, id string) (pa.Process, bool) {
+	if c != nil && c.proc != nil && c.id == id {
+		return c.proc, true
+	}
+	proc, ok := n.system.ProcessRegistry.GetLocal(id)
+	if ok && c != nil {
+		c.id, c.proc = id, proc
+	}
+	return proc, ok
+}
+
+// receiveMessage handles one message from ps; pc, if not nil, caches the
+// target's process across the messages of one batch.
+func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 	n.stats.MessagesReceived.Add(1)
 	var sender *pa.PID
 	if m.SenderID != "" {
@@ -34,7 +54,7 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message) {
 	if isFuture(target) {
 		ps.removePending(target)
 	}
-	proc, ok := n.system.ProcessRegistry.GetLocal(m.Target)
+	proc, ok := pc.get(n, m.Target)
 	if !ok {
 		n.replyDeadLetter(ps, sender, target, "no such actor")
 		return

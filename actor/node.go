@@ -85,6 +85,7 @@ type Node struct {
 
 	mu       sync.Mutex
 	peers    map[string]*peerState
+	peerSnap atomic.Pointer[map[string]*peerState]    // copy of peers, see peer
 	watching map[string]map[string]map[string]*pa.PID // node → watchee id → watcher id → watcher
 	devices  map[string]memory.Device                 // local actor id → device
 	stopped  bool

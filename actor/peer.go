@@ -2,6 +2,7 @@ package actor
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -124,10 +125,20 @@ func (ps *peerState) removePending(f *pa.PID) {
 	ps.mu.Unlock()
 }
 
+// peer returns the state of the named peer if it is up. It reads the
+// snapshot of n.peers that every change publishes, without locking: it runs
+// once per message sent and per frame received.
 func (n *Node) peer(name string) *peerState {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.peers[name]
+	if m := n.peerSnap.Load(); m != nil {
+		return (*m)[name]
+	}
+	return nil
+}
+
+// publishPeers copies n.peers into the snapshot peer reads; n.mu is held.
+func (n *Node) publishPeers() {
+	m := maps.Clone(n.peers)
+	n.peerSnap.Store(&m)
 }
 
 // handler adapts Node to cluster.Handler.
@@ -152,6 +163,7 @@ func (h *handler) PeerUp(p *cluster.Peer) {
 		return
 	}
 	n.peers[p.Name] = ps
+	n.publishPeers()
 	n.wg.Add(1)
 	n.mu.Unlock()
 	go n.deliverLoop(ps)
@@ -167,6 +179,7 @@ func (h *handler) PeerDown(p *cluster.Peer, cause error) {
 		return
 	}
 	delete(n.peers, p.Name)
+	n.publishPeers()
 	watches := n.watching[p.Name]
 	delete(n.watching, p.Name)
 	n.mu.Unlock()
@@ -213,10 +226,11 @@ func (h *handler) HandleFrame(p *cluster.Peer, f wire.Frame) {
 	}
 	switch f := f.(type) {
 	case *wire.MessageFrame:
-		n.receiveMessage(ps, &f.Message)
+		n.receiveMessage(ps, &f.Message, nil)
 	case *wire.MessagesFrame:
+		var pc procCache
 		for i := range f.Messages {
-			n.receiveMessage(ps, &f.Messages[i])
+			n.receiveMessage(ps, &f.Messages[i], &pc)
 		}
 	case *wire.SystemFrame:
 		n.receiveSystem(ps, &f.System)
