@@ -33,8 +33,13 @@ type TLSConfig struct {
 	server, client *tls.Config // built by Validate
 }
 
-// load reads the files and builds the TLS configurations of both ends.
+// load reads the files and builds the TLS configurations of both ends,
+// once: validating the config again (every NewNode does) while its nodes
+// run only reads them.
 func (t *TLSConfig) load(c *Config) error {
+	if t.server != nil {
+		return nil
+	}
 	switch {
 	case t.CertFile == "":
 		return c.errf("tls.cert_file", "required with tls")
