@@ -86,6 +86,7 @@ type Node struct {
 	mu       sync.Mutex
 	peers    map[string]*peerState
 	peerSnap atomic.Pointer[map[string]*peerState]    // copy of peers, see peer
+	remotes  map[string]*remoteProcess                // other node → its process; fixed at NewNode
 	watching map[string]map[string]map[string]*pa.PID // node → watchee id → watcher id → watcher
 	devices  map[string]memory.Device                 // local actor id → device
 	stopped  bool
@@ -132,6 +133,12 @@ func NewNode(cfg *cluster.Config, name string, opts ...Option) (*Node, error) {
 	}
 	if len(self.Devices) > 0 {
 		n.device = self.Devices[0]
+	}
+	n.remotes = map[string]*remoteProcess{}
+	for _, nc := range cfg.Nodes {
+		if nc.Name != name {
+			n.remotes[nc.Name] = &remoteProcess{n: n, node: nc.Name}
+		}
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.store = tensor.NewStore(name, n.incarnation)

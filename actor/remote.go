@@ -39,10 +39,11 @@ var _ pa.Process = (*remoteProcess)(nil)
 // resolve is the ActorSystem's address resolver: a PID whose Address is a
 // node of the cluster resolves to that node's remote process.
 func (n *Node) resolve(pid *pa.PID) (pa.Process, bool) {
-	if n.members == nil || !n.members.Known(pid.Address) {
+	if n.members == nil {
 		return nil, false
 	}
-	return &remoteProcess{n: n, node: pid.Address}, true
+	rp, ok := n.remotes[pid.Address] // one per node of the config, made once
+	return rp, ok
 }
 
 func (r *remoteProcess) SendUserMessage(pid *pa.PID, message any) {
