@@ -169,11 +169,29 @@ func appendArray32(dst []byte, n uint32) []byte {
 // Message.EncodeMsgpack produces, without an encoder.
 func appendMessage(dst []byte, m *Message) []byte {
 	n := 0
-	for _, set := range [...]bool{m.Target != "", m.SenderNode != "", m.SenderID != "", m.Type != "",
-		m.Ser != 0, len(m.Body) != 0, len(m.Header) != 0, m.Request != 0} {
-		if set {
-			n++
-		}
+	if m.Target != "" {
+		n++
+	}
+	if m.SenderNode != "" {
+		n++
+	}
+	if m.SenderID != "" {
+		n++
+	}
+	if m.Type != "" {
+		n++
+	}
+	if m.Ser != 0 {
+		n++
+	}
+	if len(m.Body) != 0 {
+		n++
+	}
+	if len(m.Header) != 0 {
+		n++
+	}
+	if m.Request != 0 {
+		n++
 	}
 	dst = append(dst, 0x80|byte(n)) // at most 8 fields
 	if m.Target != "" {
@@ -195,19 +213,29 @@ func appendMessage(dst []byte, m *Message) []byte {
 		dst = appendMPBytes(appendMPString(dst, "b"), m.Body)
 	}
 	if len(m.Header) != 0 {
-		dst = appendMPMapLen(appendMPString(dst, "h"), len(m.Header))
-		var small [8]string
-		keys := small[:0]
-		for k := range m.Header {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys)
-		for _, k := range keys {
-			dst = appendMPString(appendMPString(dst, k), m.Header[k])
-		}
+		dst = appendMPHeader(appendMPString(dst, "h"), m.Header)
 	}
 	if m.Request != 0 {
 		dst = appendMPUint(appendMPString(dst, "r"), m.Request)
+	}
+	return dst
+}
+
+// appendMPHeader appends h as a map with sorted keys. It is kept out of
+// line: messages rarely carry headers, and its locals would otherwise
+// enlarge the stack frame of every message send.
+//
+//go:noinline
+func appendMPHeader(dst []byte, h map[string]string) []byte {
+	dst = appendMPMapLen(dst, len(h))
+	var small [8]string
+	keys := small[:0]
+	for k := range h {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		dst = appendMPString(appendMPString(dst, k), h[k])
 	}
 	return dst
 }
