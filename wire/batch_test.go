@@ -258,3 +258,43 @@ func TestConnSendMessageTooLarge(t *testing.T) {
 		t.Fatalf("err = %v, want ErrFrameTooLarge", err)
 	}
 }
+
+// TestConnYieldAfterHandler: yielding after each frame changes nothing
+// but scheduling: every frame arrives, in order, whatever its kind.
+func TestConnYieldAfterHandler(t *testing.T) {
+	a, b := tcpPair(t)
+	const n = 3000
+	r := &batchReceiver{want: n + n/10, all: make(chan struct{})}
+	cb := NewConn(b, Peer{}, ConnOptions{Handler: r.handle, YieldAfterHandler: true})
+	ca := NewConn(a, Peer{}, ConnOptions{DirectWrite: true})
+	ca.Start()
+	cb.Start()
+	defer cb.Close(nil)
+	defer ca.Close(nil)
+	ctx := context.Background()
+	var want []string
+	for i := range n {
+		if err := ca.SendMessage(ctx, &Message{Target: "x", Request: uint64(i)}); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, fmt.Sprint("m", i))
+		if i%10 == 0 {
+			if err := ca.Send(ctx, FrameSystem, 0, 0, &System{Kind: SystemWatch, Target: fmt.Sprint(i)}); err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, fmt.Sprint("s", i))
+		}
+	}
+	select {
+	case <-r.all:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("received %d of %d frames", len(r.events), r.want)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, e := range r.events {
+		if e != want[i] {
+			t.Fatalf("event %d is %s, want %s", i, e, want[i])
+		}
+	}
+}

@@ -394,6 +394,8 @@ func TestConnReaderProtocolErrors(t *testing.T) {
 		{"reserved bits", func(fr *Framer) { fr.w.Write(unhex(t, "00000000 07 00 0100 00000000")) }, ErrBadHeader},
 		{"too large", func(fr *Framer) { fr.w.Write(unhex(t, "7fffffff 0c 00 0000 00000001")) }, ErrFrameTooLarge},
 		{"bad body", func(fr *Framer) { fr.WriteFrame(FrameMessage, 0, 1, unhex(t, "81 a162 c6ffffffff")) }, ErrBadBody},
+		{"bad batch", func(fr *Framer) { fr.WriteFrame(FrameMessages, 0, 0, unhex(t, "92 80 81a162c6ffffffff")) }, ErrBadBody},
+		{"batch of non-messages", func(fr *Framer) { fr.WriteFrame(FrameMessages, 0, 0, unhex(t, "92 80 01")) }, ErrBadBody},
 		{"truncated", func(fr *Framer) { fr.w.Write(unhex(t, hdr(10, FramePing, 0, 0)+"81")); fr.w.(net.Conn).Close() }, ErrShortFrame},
 	}
 	for _, tc := range tests {
