@@ -210,12 +210,15 @@ func (s *Store) endHooks() func(*Export) {
 }
 
 // finish completes an ended export outside the store's lock.
+// finish runs the OnEnd subscribers, then drops the lease: by the time
+// the owner sees its tensor released (WaitReleased), every channel has
+// dropped what it kept for the export (an RDMA key, a registration).
 func finish(e *Export, drop bool, onEnd func(*Export)) {
-	if drop {
-		e.Tensor.dropLease()
-	}
 	if onEnd != nil {
 		onEnd(e)
+	}
+	if drop {
+		e.Tensor.dropLease()
 	}
 }
 
