@@ -25,6 +25,22 @@ type inbound struct {
 type procCache struct {
 	id   string
 	proc pa.Process
+	// typeName carries no tensors when plain is set (the batch's last type).
+	typeName string
+	plain    bool
+}
+
+// noTensors reports whether messages of the named type certainly carry no
+// tensors, remembering the answer for the next message of the batch.
+func (c *procCache) noTensors(name string) bool {
+	if c == nil {
+		return false
+	}
+	if !c.plain || c.typeName != name {
+		typ, ok := registry.Lookup(name)
+		c.typeName, c.plain = name, ok && !carriesTensors(typ)
+	}
+	return c.plain
 }
 
 func (c *procCache) get(n *Node, id string) (pa.Process, bool) {
@@ -59,7 +75,10 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 		n.replyDeadLetter(ps, sender, target, "no such actor")
 		return
 	}
-	sess := n.decodeSessionFor(m.Type, ps.peer.Name, m.Target)
+	var sess *decodeSession
+	if !pc.noTensors(m.Type) {
+		sess = n.decodeSessionFor(m.Type, ps.peer.Name, m.Target)
+	}
 	msg, err := decodeMessage(m.Type, m.Ser, m.Body, sess)
 	if err != nil {
 		sess.abort(n.ctx)

@@ -71,33 +71,47 @@ func decodeMessage(name string, ser uint8, body []byte, s *decodeSession) (any, 
 var (
 	tensorType = reflect.TypeFor[tensor.Tensor]()
 	refType    = reflect.TypeFor[tensor.Ref]()
-	// hasTensors is an immutable reflect.Type → bool map, replaced (copied)
-	// when a type is added: read once per message, written once per type.
-	hasTensors   atomic.Pointer[map[reflect.Type]bool]
+	// hasTensors is an immutable reflect.Type → answer map, replaced
+	// (copied) when a type is added: read once per message, written once
+	// per type.
+	hasTensors   atomic.Pointer[map[reflect.Type]*tensorCheck]
 	hasTensorsMu sync.Mutex
+	// lastTensorCheck is the answer given last: most traffic is of one
+	// type, and comparing it costs less than a map lookup.
+	lastTensorCheck atomic.Pointer[tensorCheck]
 )
+
+// tensorCheck is the carriesTensors answer for one type.
+type tensorCheck struct {
+	typ reflect.Type
+	v   bool
+}
 
 // carriesTensors reports whether values of typ may hold tensors or Refs, so
 // that messages without any skip the tensor session (the common, small
 // message stays on the fastest path).
 func carriesTensors(typ reflect.Type) bool {
+	if l := lastTensorCheck.Load(); l != nil && l.typ == typ {
+		return l.v
+	}
 	if m := hasTensors.Load(); m != nil {
-		if v, ok := (*m)[typ]; ok {
-			return v
+		if c, ok := (*m)[typ]; ok {
+			lastTensorCheck.Store(c)
+			return c.v
 		}
 	}
-	v := walkTensors(typ, map[reflect.Type]bool{})
+	c := &tensorCheck{typ: typ, v: walkTensors(typ, map[reflect.Type]bool{})}
 	hasTensorsMu.Lock()
 	defer hasTensorsMu.Unlock()
-	next := map[reflect.Type]bool{typ: v}
+	next := map[reflect.Type]*tensorCheck{typ: c}
 	if m := hasTensors.Load(); m != nil {
 		if len(*m) >= maxTensorTypes {
-			return v // bounded: do not cache any more types
+			return c.v // bounded: do not cache any more types
 		}
 		maps.Copy(next, *m)
 	}
 	hasTensors.Store(&next)
-	return v
+	return c.v
 }
 
 // maxTensorTypes bounds the carriesTensors cache (registered types and the

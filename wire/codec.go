@@ -160,6 +160,7 @@ type registeredType struct {
 type Registry struct {
 	mu     sync.Mutex // serializes Register
 	tables atomic.Pointer[registryTables]
+	last   atomic.Pointer[registeredType] // the type encoded last: most senders send one type
 }
 
 type registryTables struct {
@@ -294,9 +295,13 @@ func (r *Registry) lookupValue(msg any) (*registeredType, error) {
 	if isPtr {
 		typ = typ.Elem()
 	}
-	rt, ok := r.tables.Load().byType[typ]
-	if !ok {
-		return nil, fmt.Errorf("%w: %v is not registered", ErrUnknownType, typ)
+	rt := r.last.Load()
+	if rt == nil || rt.typ != typ {
+		var ok bool
+		if rt, ok = r.tables.Load().byType[typ]; !ok {
+			return nil, fmt.Errorf("%w: %v is not registered", ErrUnknownType, typ)
+		}
+		r.last.Store(rt)
 	}
 	if isPtr && reflect.ValueOf(msg).IsNil() {
 		return nil, fmt.Errorf("wire: encode: nil %T", msg)
