@@ -40,7 +40,7 @@ type stringCache struct {
 }
 
 const (
-	stringCacheEntries = 4096
+	stringCacheEntries = 1024
 	stringCacheMaxLen  = 128
 )
 
