@@ -33,29 +33,33 @@ const batchBufferSize = maxBatchBytes + 4<<10
 
 // stringCache interns the strings that repeat from message to message
 // (actor ids, node names, type names) so that decoding them allocates
-// nothing. It belongs to one Framer (one reader goroutine) and is cleared
-// when full, so memory stays bounded whatever the peer sends.
+// nothing. It is a direct-mapped table: a name that does not repeat (a
+// future's id) only overwrites one slot, so the table never grows nor
+// rehashes and memory stays bounded whatever the peer sends. It belongs to
+// one Framer (one reader goroutine).
 type stringCache struct {
-	m map[string]string
+	slots [stringCacheSlots]string
 }
 
 const (
-	stringCacheEntries = 1024
-	stringCacheMaxLen  = 128
+	stringCacheSlots  = 256 // a power of two
+	stringCacheMaxLen = 128
 )
 
 func (c *stringCache) get(b []byte) string {
 	if c == nil || len(b) > stringCacheMaxLen {
 		return string(b)
 	}
-	if s, ok := c.m[string(b)]; ok { // no allocation
-		return s
+	h := uint32(2166136261) // FNV-1a
+	for _, x := range b {
+		h = (h ^ uint32(x)) * 16777619
 	}
-	if c.m == nil || len(c.m) >= stringCacheEntries {
-		c.m = make(map[string]string, 64)
+	slot := &c.slots[h&(stringCacheSlots-1)]
+	if *slot == string(b) { // no allocation
+		return *slot
 	}
 	s := string(b)
-	c.m[s] = s
+	*slot = s
 	return s
 }
 
