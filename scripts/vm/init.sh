@@ -26,12 +26,17 @@ for m in $(cat /modules/order); do
 done
 
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 hostroot /host || fail "mount hostroot"
-mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 results "/host$results" || fail "mount results $results"
 mount -t proc proc /host/proc
 mount -t sysfs sys /host/sys
 mount -t devtmpfs dev /host/dev
 mount -t tmpfs tmp /host/run
 mount -t tmpfs tmp /host/tmp
+# The results directory last: when the checkout lives under /tmp or /run,
+# its path is inside the tmpfs just mounted, where it is made first.
+case "$results" in
+/tmp/* | /run/*) mkdir -p "/host$results" || fail "mkdir $results" ;;
+esac
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 results "/host$results" || fail "mount results $results"
 
 chroot /host /bin/sh -c '
 	ip link set lo up &&
