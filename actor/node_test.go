@@ -51,6 +51,14 @@ func startClusterB(t testing.TB, n int) (*cluster.Config, []*actor.Node) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return cfg, startNodes(t, cfg)
+}
+
+// startNodes starts every node of cfg in this process (stopped at the
+// test's end) and waits until each sees every other up.
+func startNodes(t testing.TB, cfg *cluster.Config) []*actor.Node {
+	t.Helper()
+	n := len(cfg.Nodes)
 	nodes := make([]*actor.Node, n)
 	for i := range nodes {
 		node, err := actor.NewNode(cfg, cfg.Nodes[i].Name, testLogger())
@@ -74,7 +82,7 @@ func startClusterB(t testing.TB, n int) (*cluster.Config, []*actor.Node) {
 			}
 		}
 	}
-	return cfg, nodes
+	return nodes
 }
 
 // testLogger logs to stderr when TF_TEST_LOG is set.

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/cluster"
 	"github.com/tensorferry/tensorferry/tensor"
 )
@@ -25,24 +24,10 @@ func TestTLSCluster(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	var nodes []*actor.Node
-	for _, nc := range cfg.Nodes {
-		n, err := actor.NewNode(cfg, nc.Name, testLogger())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := n.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = n.Stop() })
-		nodes = append(nodes, n)
-	}
+	nodes := startNodes(t, cfg)
 	a, b := nodes[0], nodes[1]
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := a.WaitPeer(ctx, b.Name()); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := b.Root().SpawnNamed(tensorProps(b), "tensors"); err != nil {
 		t.Fatal(err)
 	}
