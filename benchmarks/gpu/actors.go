@@ -60,6 +60,8 @@ type receiverSpec struct {
 	Device memory.Device `json:"device"`
 	// Profile, when set, is where the receiver writes its CPU profile.
 	Profile string `json:"profile,omitempty"`
+	// Trace, when set, is where the receiver writes its execution trace.
+	Trace string `json:"trace,omitempty"`
 	// Log makes the receiver log warnings and errors to its stderr.
 	Log bool `json:"log,omitempty"`
 }
@@ -82,6 +84,13 @@ func receive(stdin io.Reader, stdout io.Writer) error {
 	}
 	if spec.Profile != "" {
 		stop, err := report.StartCPUProfile(spec.Profile)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	if spec.Trace != "" {
+		stop, err := report.StartTrace(spec.Trace)
 		if err != nil {
 			return err
 		}
@@ -196,6 +205,7 @@ type pairConfig struct {
 	disable  []string
 	timeout  time.Duration
 	profile  string // the receiver's CPU profile; "": none
+	trace    string // the receiver's execution trace; "": none
 	log      bool   // the receiver logs warnings and errors
 }
 
@@ -229,7 +239,7 @@ func openPair(pc pairConfig) (p *actorPair, err error) {
 	if err != nil {
 		return p, err
 	}
-	spec, err := json.Marshal(receiverSpec{Config: path, Node: cfg.Nodes[1].Name, Device: pc.dst, Profile: pc.profile, Log: pc.log})
+	spec, err := json.Marshal(receiverSpec{Config: path, Node: cfg.Nodes[1].Name, Device: pc.dst, Profile: pc.profile, Trace: pc.trace, Log: pc.log})
 	if err != nil {
 		return p, err
 	}

@@ -37,7 +37,8 @@ type options struct {
 	// cpuProfile, when set, is where the sending process writes its CPU
 	// profile (the receiving one adds ".receiver").
 	cpuProfile string
-	logs       bool // the receiving process logs warnings and errors
+	trace      string // execution traces, like cpuProfile
+	logs       bool   // the receiving process logs warnings and errors
 }
 
 func main() {
@@ -59,10 +60,11 @@ func main() {
 	nccl := flag.String("nccl", "", "output of nccl_sendrecv.py, to state the NCCL target in the summary")
 	stream := flag.Int("stream", 0, "messages in flight per step of the stream path (default: by size, as nccl_sendrecv.py's iterations)")
 	cpuProfile := flag.String("cpuprofile", "", "write CPU profiles of the sending process to FILE and of the receiving one to FILE.receiver")
+	traceFile := flag.String("trace", "", "write execution traces of the sending process to FILE and of the receiving one to FILE.receiver")
 	logs := flag.Bool("log", false, "the receiving process logs its warnings and errors to stderr")
 	flag.Parse()
 
-	o := options{reps: *reps, src: *src, dst: *dst, timeout: *timeout, progress: os.Stderr, stream: *stream, cpuProfile: *cpuProfile, logs: *logs}
+	o := options{reps: *reps, src: *src, dst: *dst, timeout: *timeout, progress: os.Stderr, stream: *stream, cpuProfile: *cpuProfile, trace: *traceFile, logs: *logs}
 	if *quick && o.reps == 0 {
 		o.reps = 3
 	}
@@ -93,6 +95,13 @@ func main() {
 	}
 	if o.cpuProfile != "" {
 		stop, err := report.StartCPUProfile(o.cpuProfile)
+		if err != nil {
+			fatal(err)
+		}
+		defer stop()
+	}
+	if o.trace != "" {
+		stop, err := report.StartTrace(o.trace)
 		if err != nil {
 			fatal(err)
 		}

@@ -139,6 +139,9 @@ func runIPC(o options) (rs []report.Result, err error) {
 	if o.cpuProfile != "" {
 		pc.profile = o.cpuProfile + ".receiver"
 	}
+	if o.trace != "" {
+		pc.trace = o.trace + ".receiver"
+	}
 	p, err := openPair(pc)
 	if err != nil {
 		return nil, err

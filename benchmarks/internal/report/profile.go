@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/pprof"
+	"runtime/trace"
 )
 
 // StartCPUProfile profiles the process into the file at path until the
@@ -23,6 +24,25 @@ func StartCPUProfile(path string) (stop func(), err error) {
 		pprof.StopCPUProfile()
 		if err := f.Close(); err != nil {
 			fmt.Fprintf(os.Stderr, "profile %s: %v\n", path, err)
+		}
+	}, nil
+}
+
+// StartTrace writes an execution trace (runtime/trace) of the process to
+// the file at path until the returned stop is called.
+func StartTrace(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := trace.Start(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		trace.Stop()
+		if err := f.Close(); err != nil {
+			fmt.Fprintf(os.Stderr, "trace %s: %v\n", path, err)
 		}
 	}, nil
 }
