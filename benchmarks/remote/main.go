@@ -5,10 +5,11 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/tensorferry/tensorferry/benchmarks/internal/report"
 )
 
 func main() {
@@ -21,12 +22,16 @@ func main() {
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
-		stop, err := startCPUProfile(*cpuProfile)
+		stop, err := report.StartCPUProfile(*cpuProfile)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "remote: %v\n", err)
 			os.Exit(2)
 		}
 		defer stop()
+		exit = func(code int) {
+			stop()
+			os.Exit(code)
+		}
 	}
 	if *quick {
 		*rttCount = max(1, *rttCount/20)
@@ -75,28 +80,6 @@ func main() {
 
 // exit runs the deferred profile stop (os.Exit skips deferred calls).
 var exit = os.Exit
-
-// startCPUProfile profiles the process into file until the returned stop
-// is called.
-func startCPUProfile(file string) (stop func(), err error) {
-	f, err := os.Create(file)
-	if err != nil {
-		return nil, err
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		f.Close()
-		return nil, err
-	}
-	stop = func() {
-		pprof.StopCPUProfile()
-		f.Close()
-	}
-	exit = func(code int) {
-		stop()
-		os.Exit(code)
-	}
-	return stop, nil
-}
 
 // run opens p, measures what it offers and closes it.
 func run(p path, rttCount, onewayCount int, timeout time.Duration) (rs []result, err error) {
