@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/tensorferry/tensorferry/rdma"
-	"github.com/tensorferry/tensorferry/tensor"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -33,19 +32,17 @@ const (
 	opRevoke uint8 = 5
 )
 
-// Reply codes: each maps back to the sentinel the owner met.
+// Reply codes of ipc's own, after rdma's shared ones; each maps back to
+// the sentinel the owner met (codes).
 const (
-	codeOK uint8 = iota
-	codeUnknownExport
-	codeBadLease
-	codeStale
-	codeStoreClosed
-	codeClosed
-	codeBadRequest
-	codeUnproven
+	codeUnproven = rdma.CodeChannel + iota
 	codeBusy
 	codeFailed
 )
+
+var codes = rdma.NewControlCodes(errBadMessage, codeFailed,
+	rdma.ControlCode{Code: codeUnproven, Owner: ErrUnproven, Fetcher: ErrUnproven},
+	rdma.ControlCode{Code: codeBusy, Owner: errBusy, Fetcher: errBusy})
 
 // Limits on control messages.
 const (
@@ -152,56 +149,8 @@ func decodeReply(b []byte) (*reply, error) {
 	return &r, nil
 }
 
-// codeOf maps an owner-side error to a reply code.
-func codeOf(err error) uint8 {
-	switch {
-	case errors.Is(err, tensor.ErrUnknownExport):
-		return codeUnknownExport
-	case errors.Is(err, tensor.ErrBadLease):
-		return codeBadLease
-	case errors.Is(err, tensor.ErrStale):
-		return codeStale
-	case errors.Is(err, tensor.ErrStoreClosed):
-		return codeStoreClosed
-	case errors.Is(err, rdma.ErrClosed):
-		return codeClosed
-	case errors.Is(err, errBadMessage):
-		return codeBadRequest
-	case errors.Is(err, ErrUnproven):
-		return codeUnproven
-	case errors.Is(err, errBusy):
-		return codeBusy
-	}
-	return codeFailed
-}
-
 // errorReply is the reply carrying err.
-func errorReply(err error) *reply { return &reply{Code: codeOf(err), Msg: err.Error()} }
+func errorReply(err error) *reply { return &reply{Code: codes.Code(err), Msg: err.Error()} }
 
 // err rebuilds the owner's error on the fetcher, wrapping the same sentinel.
-func (r *reply) err(owner string) error {
-	var s error
-	switch r.Code {
-	case codeOK:
-		return nil
-	case codeUnknownExport:
-		s = tensor.ErrUnknownExport
-	case codeBadLease:
-		s = tensor.ErrBadLease
-	case codeStale:
-		s = tensor.ErrStale
-	case codeStoreClosed:
-		s = tensor.ErrStoreClosed
-	case codeClosed:
-		s = rdma.ErrPeerDown
-	case codeBadRequest:
-		s = errBadMessage
-	case codeUnproven:
-		s = ErrUnproven
-	case codeBusy:
-		s = errBusy
-	default:
-		return fmt.Errorf("ipc: owner %s: %s", owner, r.Msg)
-	}
-	return fmt.Errorf("ipc: owner %s: %w (%s)", owner, s, r.Msg)
-}
+func (r *reply) err(owner string) error { return codes.Err("ipc", owner, r.Code, r.Msg) }

@@ -82,7 +82,7 @@ func TestDecodeReplyRejects(t *testing.T) {
 		"revoked":   enc(reply{Revoked: make([]uint64, maxRevoked+1)}),
 		"path":      enc(reply{Path: string(make([]byte, maxPathLen+1))}),
 		"too-long":  make([]byte, maxControlBytes+1),
-		"truncated": enc(reply{Code: codeOK, Msg: "hello"})[:3],
+		"truncated": enc(reply{Code: rdma.CodeOK, Msg: "hello"})[:3],
 	}
 	for name, b := range cases {
 		if _, err := decodeReply(b); !errors.Is(err, errBadMessage) {
@@ -104,8 +104,8 @@ func TestHandleControlBadInput(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if rep.Code != codeBadRequest {
-			t.Errorf("HandleControl(%x): code %d, want codeBadRequest", b, rep.Code)
+		if rep.Code != rdma.CodeBadRequest {
+			t.Errorf("HandleControl(%x): code %d, want rdma.CodeBadRequest", b, rep.Code)
 		}
 	}
 }
@@ -137,9 +137,9 @@ func FuzzDecodeRequest(f *testing.F) {
 
 func FuzzDecodeReply(f *testing.F) {
 	for _, r := range []reply{
-		{Code: codeOK, Handle: make([]byte, 64), MapSize: 1 << 21, Shift: 512, Base: 1 << 40, Device: 1, Process: make([]byte, processIDLen), Revoked: []uint64{1, 2}},
-		{Code: codeOK, Challenge: 5, Path: "/dev/shm/tensorferry-ipc-00"},
-		{Code: codeUnknownExport, Msg: "no"},
+		{Code: rdma.CodeOK, Handle: make([]byte, 64), MapSize: 1 << 21, Shift: 512, Base: 1 << 40, Device: 1, Process: make([]byte, processIDLen), Revoked: []uint64{1, 2}},
+		{Code: rdma.CodeOK, Challenge: 5, Path: "/dev/shm/tensorferry-ipc-00"},
+		{Code: rdma.CodeUnknownExport, Msg: "no"},
 	} {
 		b, _ := encode(r)
 		f.Add(b)

@@ -160,7 +160,7 @@ func (c *Channel) handleRevoke(owner string, req *request) *reply {
 	c.fetchStats.revokes++
 	c.fmu.Unlock()
 	c.revoke(owner, req.Incarnation, req.Revoked)
-	return &reply{Code: codeOK}
+	return &reply{Code: rdma.CodeOK}
 }
 
 func (c *Channel) handleChallenge(peer string) *reply {
@@ -192,7 +192,7 @@ func (c *Channel) handleChallenge(peer string) *reply {
 	}
 	c.challenges[peer] = ch
 	c.mu.Unlock()
-	return &reply{Code: codeOK, Challenge: ch.id, Path: ch.path}
+	return &reply{Code: rdma.CodeOK, Challenge: ch.id, Path: ch.path}
 }
 
 // sweepChallengesLocked removes expired challenges and returns them, for
@@ -226,7 +226,7 @@ func (c *Channel) handleProve(peer string, req *request) *reply {
 		c.log.Warn("same-host proof failed", zap.String("peer", peer), zap.Error(err))
 		return errorReply(err)
 	}
-	return &reply{Code: codeOK}
+	return &reply{Code: rdma.CodeOK}
 }
 
 // handleBegin acquires an export for one copy by peer.
@@ -308,7 +308,7 @@ func (c *Channel) checkBegin(peer string, req *request, e *tensor.Export, proven
 		return nil, fmt.Errorf("%w: request (allocation %d, [%d, +%d)) does not match export %d (allocation %d, [%d, +%d))",
 			errBadMessage, req.Alloc, req.Offset, req.Bytes, e.ID, o.Alloc, o.Offset, o.Bytes)
 	}
-	rep := &reply{Code: codeOK}
+	rep := &reply{Code: rdma.CodeOK}
 	if !req.WantHandle || o.Bytes == 0 {
 		return rep, nil
 	}
@@ -372,10 +372,10 @@ func (c *Channel) handleEnd(peer string, req *request) *reply {
 	if done == nil {
 		// Already ended (peer down, channel closed) or never begun (the
 		// begin failed or was lost): nothing is held.
-		return &reply{Code: codeOK}
+		return &reply{Code: rdma.CodeOK}
 	}
 	done()
-	return &reply{Code: codeOK}
+	return &reply{Code: rdma.CodeOK}
 }
 
 // takeAcquisitionsLocked removes peer's acquisitions and returns their done

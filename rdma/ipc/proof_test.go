@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/tensorferry/tensorferry/rdma"
 )
 
 func TestChallengeFile(t *testing.T) {
@@ -167,7 +169,7 @@ func TestSameHostProofFailures(t *testing.T) {
 			t.Fatal(err)
 		}
 		rep, err := decodeReply(rb)
-		if err != nil || rep.Code != codeOK {
+		if err != nil || rep.Code != rdma.CodeOK {
 			t.Fatalf("challenge: %+v %v", rep, err)
 		}
 		mac, err := answerChallenge(dir, rep.Path, fetcherNode)
@@ -180,7 +182,7 @@ func TestSameHostProofFailures(t *testing.T) {
 		}
 		// mallory's attempt did not consume the fetcher's challenge.
 		rb, _ = p.owner.HandleControl(ctx, fetcherNode, mustEncode(t, request{Op: opProve, Challenge: rep.Challenge, MAC: mac}))
-		if rep, _ := decodeReply(rb); rep == nil || rep.Code != codeOK {
+		if rep, _ := decodeReply(rb); rep == nil || rep.Code != rdma.CodeOK {
 			t.Fatalf("fetcher's proof: %+v", rep)
 		}
 	})

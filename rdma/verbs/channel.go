@@ -305,7 +305,7 @@ func (c *Channel) HandleControl(ctx context.Context, peer string, b []byte) ([]b
 		}
 	}
 	if err != nil {
-		rep = reply{Code: codeOf(err), Msg: err.Error()}
+		rep = reply{Code: codes.Code(err), Msg: err.Error()}
 	}
 	return encode(&rep)
 }

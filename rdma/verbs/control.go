@@ -7,7 +7,6 @@ import (
 
 	"github.com/tensorferry/tensorferry/internal/ibverbs"
 	"github.com/tensorferry/tensorferry/rdma"
-	"github.com/tensorferry/tensorferry/tensor"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -24,17 +23,11 @@ const (
 	opEnd uint8 = 3
 )
 
-// Reply codes: each maps back to the sentinel the owner met.
-const (
-	codeOK uint8 = iota
-	codeUnknownExport
-	codeBadLease
-	codeStale
-	codeStoreClosed
-	codeClosed
-	codeBadRequest
-	codeFailed
-)
+// codeFailed is the reply code of an owner-side error none of rdma's
+// shared codes names; codes maps errors to codes and back.
+const codeFailed = rdma.CodeChannel
+
+var codes = rdma.NewControlCodes(errBadMessage, codeFailed)
 
 // maxControlBytes bounds a control message or reply.
 const maxControlBytes = 1024
@@ -130,48 +123,8 @@ func decodeReply(b []byte) (*reply, error) {
 	return &r, nil
 }
 
-// codeOf maps an owner-side error to a reply code.
-func codeOf(err error) uint8 {
-	switch {
-	case errors.Is(err, tensor.ErrUnknownExport):
-		return codeUnknownExport
-	case errors.Is(err, tensor.ErrBadLease):
-		return codeBadLease
-	case errors.Is(err, tensor.ErrStale):
-		return codeStale
-	case errors.Is(err, tensor.ErrStoreClosed):
-		return codeStoreClosed
-	case errors.Is(err, rdma.ErrClosed):
-		return codeClosed
-	case errors.Is(err, errBadMessage):
-		return codeBadRequest
-	}
-	return codeFailed
-}
-
 // err rebuilds the owner's error on the fetcher, wrapping the same sentinel.
-func (r *reply) err(owner string) error {
-	var s error
-	switch r.Code {
-	case codeOK:
-		return nil
-	case codeUnknownExport:
-		s = tensor.ErrUnknownExport
-	case codeBadLease:
-		s = tensor.ErrBadLease
-	case codeStale:
-		s = tensor.ErrStale
-	case codeStoreClosed:
-		s = tensor.ErrStoreClosed
-	case codeClosed:
-		s = rdma.ErrPeerDown
-	case codeBadRequest:
-		s = errBadMessage
-	default:
-		return fmt.Errorf("verbs: owner %s: %s", owner, r.Msg)
-	}
-	return fmt.Errorf("verbs: owner %s: %w (%s)", owner, s, r.Msg)
-}
+func (r *reply) err(owner string) error { return codes.Err("verbs", owner, r.Code, r.Msg) }
 
 // offerLen is the size of an encoded offer: version, address, length, rkey.
 const offerLen = 1 + 8 + 8 + 4

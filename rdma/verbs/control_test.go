@@ -86,7 +86,7 @@ func TestRequestRejects(t *testing.T) {
 
 func TestReplyErrorsKeepSentinels(t *testing.T) {
 	for _, s := range []error{tensor.ErrUnknownExport, tensor.ErrBadLease, tensor.ErrStale, tensor.ErrStoreClosed} {
-		r := reply{Code: codeOf(s), Msg: s.Error()}
+		r := reply{Code: codes.Code(s), Msg: s.Error()}
 		b, err := encode(&r)
 		if err != nil {
 			t.Fatal(err)
@@ -99,7 +99,7 @@ func TestReplyErrorsKeepSentinels(t *testing.T) {
 			t.Errorf("reply for %v gives %v", s, err)
 		}
 	}
-	if err := (&reply{Code: codeOf(rdma.ErrClosed)}).err("o"); !errors.Is(err, rdma.ErrPeerDown) {
+	if err := (&reply{Code: codes.Code(rdma.ErrClosed)}).err("o"); !errors.Is(err, rdma.ErrPeerDown) {
 		t.Errorf("closed owner gives %v, want ErrPeerDown", err)
 	}
 	if err := (&reply{Code: codeFailed, Msg: "boom"}).err("o"); err == nil || err.Error() != "verbs: owner o: boom" {
@@ -137,8 +137,8 @@ func FuzzDecodeRequest(f *testing.F) {
 
 func FuzzDecodeReply(f *testing.F) {
 	for _, r := range []reply{
-		{Code: codeOK, Token: 3, Addr: 0x1000, RKey: 5, Len: 4096},
-		{Code: codeBadLease, Msg: "no"},
+		{Code: rdma.CodeOK, Token: 3, Addr: 0x1000, RKey: 5, Len: 4096},
+		{Code: rdma.CodeBadLease, Msg: "no"},
 		{Endpoint: endpointMsg{QPN: 1, MTU: 3}},
 	} {
 		b, _ := encode(&r)
