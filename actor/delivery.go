@@ -48,9 +48,7 @@ func (n *Node) deliverLoop(ps *peerState) {
 			if handed.Load() == 0 && ps.inboxEmpty() {
 				// A lone message: fetched and delivered on this goroutine,
 				// two goroutine hand-offs fewer on its way.
-				in.fetched = make(chan error, 1)
-				in.fetched <- n.fetchNow(in)
-				n.deliverFetched(ps, in)
+				n.deliverFetched(ps, in, n.fetchNow(in))
 				continue
 			}
 			n.startFetch(in)
@@ -90,14 +88,15 @@ func (n *Node) fetchNow(in *inbound) error {
 // tensors are fetched; handed counts those not delivered yet.
 func (n *Node) deliverInOrder(ps *peerState, order <-chan *inbound, handed *atomic.Int64) {
 	for in := range order {
-		n.deliverFetched(ps, in)
+		n.deliverFetched(ps, in, <-in.fetched)
 		handed.Add(-1)
 	}
 }
 
-// deliverFetched delivers in once its fetch ended, or reports why not.
-func (n *Node) deliverFetched(ps *peerState, in *inbound) {
-	if err := <-in.fetched; err != nil {
+// deliverFetched delivers in, whose fetch ended with err, or reports why
+// not.
+func (n *Node) deliverFetched(ps *peerState, in *inbound, err error) {
+	if err != nil {
 		n.log.Warn("tensor fetch failed", zap.String("peer", ps.peer.Name), zap.Stringer("target", in.target), zap.Error(err))
 		n.replyFailure(ps, in.sender, in.target, "fetching tensors: "+err.Error())
 	} else if proc, ok := n.system.ProcessRegistry.GetLocal(in.target.Id); ok {
