@@ -41,11 +41,11 @@ type credits struct {
 	bytes    int64
 	max      int
 	maxBytes int64
-	changed  chan struct{} // closed and replaced when used falls
+	changed  chan struct{} // made by a waiter, closed when used falls
 }
 
 func newCredits(max int, maxBytes int64) *credits {
-	return &credits{max: max, maxBytes: maxBytes, changed: make(chan struct{})}
+	return &credits{max: max, maxBytes: maxBytes}
 }
 
 // acquire takes one message credit and b bytes, waiting while all are
@@ -60,6 +60,9 @@ func (c *credits) acquire(ctx context.Context, gone <-chan struct{}, b int64) er
 			c.bytes += b
 			c.mu.Unlock()
 			return nil
+		}
+		if c.changed == nil {
+			c.changed = make(chan struct{})
 		}
 		ch := c.changed
 		c.mu.Unlock()
@@ -77,8 +80,10 @@ func (c *credits) release(b int64) {
 	c.mu.Lock()
 	c.used--
 	c.bytes -= b
-	close(c.changed)
-	c.changed = make(chan struct{})
+	if c.changed != nil { // someone waits
+		close(c.changed)
+		c.changed = nil
+	}
 	c.mu.Unlock()
 }
 
