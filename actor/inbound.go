@@ -67,10 +67,16 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 		return
 	}
 	target := ps.target(n.self.Name, m.Target)
-	if isFuture(target) {
-		ps.removePending(target)
+	var proc pa.Process
+	ok := true
+	if _, reply := replyKey(m.Target); reply {
+		proc = (*replyProcess)(n)
+	} else {
+		if isFuture(target) {
+			ps.removePending(target)
+		}
+		proc, ok = pc.get(n, m.Target)
 	}
-	proc, ok := pc.get(n, m.Target)
 	if !ok {
 		n.replyDeadLetter(ps, sender, target, "no such actor")
 		return
@@ -89,6 +95,12 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 	// Messages without tensors to fetch go straight to the mailbox unless
 	// earlier ones from the same peer still wait for theirs (order holds).
 	if sess.empty() && ps.queued.Load() == 0 {
+		if pc == nil { // a message alone in its frame
+			if mb := n.inlineFor(m.Target, proc); mb != nil {
+				mb.postInline(envelope(sender, m.Header, msg))
+				return
+			}
+		}
 		n.deliverTo(proc, target, sender, m.Header, msg)
 		return
 	}
@@ -105,14 +117,19 @@ func (n *Node) deliver(proc pa.Process, in *inbound) {
 }
 
 func (n *Node) deliverTo(proc pa.Process, target, sender *pa.PID, header map[string]string, msg any) {
-	var env any = msg
-	if sender != nil || len(header) > 0 {
-		env = &pa.MessageEnvelope{Header: header, Message: msg, Sender: sender}
-	}
+	proc.SendUserMessage(target, envelope(sender, header, msg))
+}
+
+// envelope is what a mailbox gets for msg: msg itself, or an envelope
+// carrying its sender and header.
+func envelope(sender *pa.PID, header map[string]string, msg any) any {
 	if _, ok := msg.(*pa.PoisonPill); ok && sender == nil {
-		env = msg
+		return msg
 	}
-	proc.SendUserMessage(target, env)
+	if sender != nil || len(header) > 0 {
+		return &pa.MessageEnvelope{Header: header, Message: msg, Sender: sender}
+	}
+	return msg
 }
 
 // replyDeadLetter tells the sender's node that the target does not exist, so
@@ -170,6 +187,9 @@ func (n *Node) receiveSystem(ps *peerState, s *wire.System) {
 			proc.SendUserMessage(local, &pa.PoisonPill{})
 		}
 	case wire.SystemDeadLetter:
+		if n.completeReply(s.Target, nil, fmt.Errorf("%w: %s/%s: %s", ErrDeadLetter, s.WatcherNode, s.WatcherID, s.Detail)) {
+			return
+		}
 		ps.removePending(local)
 		target := pa.NewPID(s.WatcherNode, s.WatcherID)
 		var reply any = &pa.DeadLetterResponse{Target: target}

@@ -78,6 +78,8 @@ type Node struct {
 	channels map[string]rdma.Channel
 	caps     rdma.Caps
 	device   memory.Device // default device of receiving actors
+	inline   inlineMailboxes
+	replies  replies // Request calls waiting for their reply
 
 	ctx    context.Context
 	cancel context.CancelFunc

@@ -193,6 +193,7 @@ func (h *handler) PeerDown(p *cluster.Peer, cause error) {
 	for _, f := range pending {
 		n.system.Root.Send(f, &pa.DeadLetterResponse{})
 	}
+	failedReplies := n.failReplies(p.Name)
 	// Watchers of its actors get Terminated.
 	for id, ws := range watches {
 		who := pa.NewPID(p.Name, id)
@@ -206,7 +207,7 @@ func (h *handler) PeerDown(p *cluster.Peer, cause error) {
 	}
 	released := n.store.ReleaseHolder(p.Name)
 	n.failControls(p.Name)
-	n.log.Info("peer down", zap.String("peer", p.Name), zap.Int("pending_failed", len(pending)),
+	n.log.Info("peer down", zap.String("peer", p.Name), zap.Int("pending_failed", len(pending)+failedReplies),
 		zap.Int("leases_released", released), zap.Error(cause))
 	n.system.EventStream.Publish(&cluster.NodeDown{Node: p.Name, Incarnation: p.Incarnation, Reason: errString(cause)})
 }

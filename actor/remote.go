@@ -114,7 +114,7 @@ func (n *Node) sendUser(target *pa.PID, header pa.ReadonlyMessageHeader, msg any
 	if flowed {
 		n.track(ps.credits, flowBytes, sess.fetched)
 	}
-	if isFuture(sender) && sender.Address == n.self.Name {
+	if isFuture(sender) && sender.Address == n.self.Name && !isReply(sender.Id) {
 		ps.addPending(sender)
 	}
 	// SendMessage blocks only while the connection's queue is full:
@@ -135,7 +135,7 @@ func (n *Node) sendUser(target *pa.PID, header pa.ReadonlyMessageHeader, msg any
 func (n *Node) failDelivery(target, sender *pa.PID, err error) {
 	n.stats.DeliveryFailures.Add(1)
 	n.log.Warn("message not delivered", zap.Stringer("target", target), zap.Stringer("sender", sender), zap.Error(err))
-	if sender == nil {
+	if sender == nil || n.completeReply(sender.Id, nil, fmt.Errorf("%w: %w", ErrDeadLetter, err)) {
 		return
 	}
 	var reply any = &DeliveryFailed{Target: target, Reason: err.Error()}

@@ -444,6 +444,12 @@ func (m *Membership) dial(nc NodeConfig) error {
 	return nil
 }
 
+// HandlerTakeover is how long a frame's handler may run on a control
+// connection's reader before a new goroutine takes over reading (see
+// wire.ConnOptions.HandlerTakeover): the most a handler that blocks delays
+// the frames behind it.
+const HandlerTakeover = 10 * time.Millisecond
+
 // attach makes nc the peer's control connection. A connection to the same
 // incarnation never replaces one that is up (no flapping); one that is not
 // up yet gives way to the connection dialed by the node with the smaller
@@ -456,9 +462,12 @@ func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
 		DirectWrite:  true,
 		// Messages wake actors and callers: let them run here, now.
 		YieldAfterHandler: true,
-		Logger:            m.log,
-		Handler:           func(f wire.Frame) { m.frame(p, f) },
-		OnClose:           func(err error) { m.connClosed(p, err) },
+		// Handlers may run actor code inline (actor.WithInlineDelivery):
+		// one that blocks hands the reading to a new goroutine.
+		HandlerTakeover: HandlerTakeover,
+		Logger:          m.log,
+		Handler:         func(f wire.Frame) { m.frame(p, f) },
+		OnClose:         func(err error) { m.connClosed(p, err) },
 	})
 	m.mu.Lock()
 	if m.closed {

@@ -40,10 +40,21 @@ type ConnOptions struct {
 	// whole of a *MessagesFrame (the frame, its Messages and their Bodies),
 	// which are valid only until Handler returns: copy what must outlive
 	// the call.
-	// Handler must not block for long (it stalls all reading) and must not
-	// call Close; it may call Fail. Unknown frame types are passed on for
-	// Handler to ignore or Fail.
+	// Handler must not block for long (it stalls all reading, unless
+	// HandlerTakeover is set) and must not call Close; it may call Fail.
+	// Unknown frame types are passed on for Handler to ignore or Fail.
 	Handler func(Frame)
+	// HandlerTakeover, when positive, lets Handler block: a call for a
+	// frame whose memory Handler owns (any frame but a FrameMessages
+	// batch, Data and unknown types) that has not returned after between
+	// HandlerTakeover/2 and HandlerTakeover no longer holds up the
+	// connection. A new goroutine takes over reading and handling the next
+	// frames; the goroutine in Handler ends when Handler returns. Frames
+	// are still passed to Handler in order, but a later frame's call may
+	// then run, and return, before the slow one returns. One watchdog
+	// goroutine per process, idle while no Handler call is in progress,
+	// watches every Conn that sets it.
+	HandlerTakeover time.Duration
 	// OnClose is called once, with the cause, after the Conn's goroutines
 	// have exited. It must not call Close.
 	OnClose func(error)
@@ -114,6 +125,11 @@ type Conn struct {
 	reads      atomic.Uint64
 	lastReads  atomic.Uint64
 	lastDirect atomic.Int64
+
+	// rstate is the reader's guarded Handler call: a sequence number and a
+	// phase (takeover.go); takeovers counts the calls taken over.
+	rstate    atomic.Uint64
+	takeovers atomic.Uint64
 }
 
 // burstWindow: a Send within this time of the previous direct write, with
@@ -197,6 +213,9 @@ func (c *Conn) Start() {
 	}
 	c.started = true
 	c.wg.Add(2)
+	if c.opts.HandlerTakeover > 0 && c.opts.Handler != nil {
+		takeoverWatch.register(c)
+	}
 	go c.readLoop()
 	go c.writeLoop()
 	go func() {
@@ -250,6 +269,9 @@ func (c *Conn) fail(err error) {
 }
 
 func (c *Conn) finish() {
+	if c.opts.HandlerTakeover > 0 {
+		takeoverWatch.unregister(c)
+	}
 	if c.opts.OnClose != nil {
 		c.opts.OnClose(c.Err())
 	}
@@ -522,31 +544,68 @@ func (c *Conn) writeFrameLocked(of *outFrame) error {
 	return err
 }
 
+// Takeovers returns how many Handler calls ran past HandlerTakeover and
+// were left to finish on their own while a new goroutine went on reading.
+func (c *Conn) Takeovers() uint64 { return c.takeovers.Load() }
+
+// readLoop is the reader goroutine, started by Start or, after a take-over,
+// by the watchdog; it holds one place in c.wg, which a reader that was
+// taken over leaves to its successor.
 func (c *Conn) readLoop() {
-	defer c.wg.Done()
+	if c.readFrames() {
+		c.wg.Done()
+	}
+}
+
+// readFrames reads and handles frames until the connection fails (true)
+// or the watchdog hands reading to a new goroutine while Handler ran
+// (false: the caller must not touch the Conn's reading state again).
+func (c *Conn) readFrames() bool {
 	for {
 		f, err := c.rd.ReadFrame()
 		if err != nil {
 			c.fail(c.readError(err))
-			return
+			return true
 		}
 		c.reads.Add(1)
 		h := f.Header()
 		if h.Type.isHandshake() {
 			c.fail(connErr(CodeProtocol, nil, "%s after the handshake", h))
-			return
+			return true
 		}
 		if g, ok := f.(*GoAwayFrame); ok {
 			ga := g.GoAway
 			c.goAway.Store(&ga)
 		}
 		if c.opts.Handler != nil {
-			c.opts.Handler(f)
+			if c.opts.HandlerTakeover > 0 && ownsMemory(f) {
+				// Only this goroutine moves rstate out of phaseReading.
+				s := (c.rstate.Load()&^phaseMask + phaseMask + 1) | phaseHandling
+				c.rstate.Store(s)
+				takeoverWatch.poke()
+				c.opts.Handler(f)
+				if !c.rstate.CompareAndSwap(s, s&^phaseMask) {
+					return false // a new reader took over
+				}
+			} else {
+				c.opts.Handler(f)
+			}
 			if c.opts.YieldAfterHandler && h.Type != FrameMessages && h.Type != FrameData && c.br.Buffered() == 0 {
 				runtime.Gosched()
 			}
 		}
 	}
+}
+
+// ownsMemory reports whether f stays valid after Handler returns (so that
+// Handler may go on with it after a take-over while the next frames are
+// read into the reader's buffers).
+func ownsMemory(f Frame) bool {
+	switch f.(type) {
+	case *MessagesFrame, *DataFrame, *UnknownFrame:
+		return false
+	}
+	return true
 }
 
 func (c *Conn) readError(err error) error {

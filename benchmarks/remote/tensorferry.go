@@ -20,25 +20,32 @@ type tfMsg struct {
 
 func init() {
 	tfactor.MustRegisterMessage("bench.remote.Msg", &tfMsg{})
-	extraPaths = append(extraPaths, path{name: "tensorferry", open: openTensorferry})
+	extraPaths = append(extraPaths,
+		path{name: "tensorferry", open: func() (*endpoints, error) { return openTensorferry(true) }},
+		path{name: "tensorferry-future", open: func() (*endpoints, error) { return openTensorferry(false) }})
 }
 
 // tensorferryPath is two tensorferry nodes of one loopback cluster in this
 // process, each with its own listeners, talking over tensorferry's own wire
-// protocol.
+// protocol. The "tensorferry" path uses what the runtime offers for
+// request/response services: the server's actors have inline delivery
+// (Node.WithInlineDelivery) and the client waits with Node.Request. The
+// "tensorferry-future" path is protoactor-go's API unchanged over
+// tensorferry's transport: default mailboxes, RequestFuture.
 type tensorferryPath struct {
+	native         bool
 	client, server *tfactor.Node
 	echo, sink     *pa.PID
 	msg            *tfMsg
 	count          counter
 }
 
-func openTensorferry() (*endpoints, error) {
+func openTensorferry(native bool) (*endpoints, error) {
 	cfg, err := cluster.LocalConfig("bench", 2)
 	if err != nil {
 		return nil, err
 	}
-	p := &tensorferryPath{msg: &tfMsg{Payload: bytes.Repeat([]byte{0xab}, payloadSize)}}
+	p := &tensorferryPath{native: native, msg: &tfMsg{Payload: bytes.Repeat([]byte{0xab}, payloadSize)}}
 	quiet := tfactor.WithSystemConfig(pa.WithLoggerFactory(quietLogger), pa.WithDeadLetterThrottleInterval(10*time.Millisecond))
 	if p.server, err = tfactor.NewNode(cfg, cfg.Nodes[1].Name, quiet); err != nil {
 		return nil, err
@@ -58,16 +65,20 @@ func openTensorferry() (*endpoints, error) {
 	if err := p.client.WaitPeer(ctx, p.server.Name()); err != nil {
 		return nil, errors.Join(err, p.close())
 	}
+	var opts []pa.PropsOption
+	if native {
+		opts = append(opts, p.server.WithInlineDelivery())
+	}
 	echo := pa.PropsFromFunc(func(ctx pa.Context) {
 		if m, ok := ctx.Message().(*tfMsg); ok {
 			ctx.Respond(m)
 		}
-	})
+	}, opts...)
 	sink := pa.PropsFromFunc(func(ctx pa.Context) {
 		if _, ok := ctx.Message().(*tfMsg); ok {
 			p.count.add(1)
 		}
-	})
+	}, opts...)
 	if _, err = p.server.Root().SpawnNamed(echo, "echo"); err == nil {
 		_, err = p.server.Root().SpawnNamed(sink, "sink")
 	}
@@ -79,9 +90,18 @@ func openTensorferry() (*endpoints, error) {
 	return &endpoints{pinger: p, sender: p, close: p.close}, nil
 }
 
-// RoundTrip is one RequestFuture to the remote echo actor.
+// RoundTrip is one request to the remote echo actor, each bounded by
+// requestTimeout as the other paths' requests are.
 func (p *tensorferryPath) RoundTrip() error {
-	res, err := p.client.Root().RequestFuture(p.echo, p.msg, requestTimeout).Result()
+	var res any
+	var err error
+	if p.native {
+		ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+		res, err = p.client.Request(ctx, p.echo, p.msg)
+		cancel()
+	} else {
+		res, err = p.client.Root().RequestFuture(p.echo, p.msg, requestTimeout).Result()
+	}
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,11 @@
+package actor
+
+// InlineActors returns how many actors of n have inline delivery.
+func InlineActors(n *Node) int64 { return n.inline.count.Load() }
+
+// WaitingRequests returns how many Request calls of n wait for a reply.
+func WaitingRequests(n *Node) int {
+	n.replies.mu.Lock()
+	defer n.replies.mu.Unlock()
+	return len(n.replies.m)
+}

@@ -1,0 +1,198 @@
+package actor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+	"go.uber.org/zap"
+)
+
+// Errors of Request.
+var (
+	// ErrDeadLetter: the target of a request does not exist, or the
+	// request could not be delivered (the reason is logged). It is
+	// protoactor's own future error, so errors.Is works with either.
+	ErrDeadLetter = pa.ErrDeadLetter
+	// ErrNoReply: the node of a request's target went down (or the
+	// connection to it closed) before the reply came. It comes wrapped
+	// with ErrNodeDown.
+	ErrNoReply = errors.New("actor: no reply: the target's node went down")
+)
+
+// replyPrefix starts the ids of Request's reply addresses ('#' never appears
+// in protoactor's own future ids, "future$" and base-64 digits). It starts with
+// "future" so that everything that treats futures specially (pending
+// requests, dead letters) treats these the same way.
+const replyPrefix = "future#"
+
+// Request sends msg to target and waits for the reply the target's handler
+// gives with Respond, until ctx ends. It is RequestFuture(...).Result()
+// without protoactor's future: the reply address is an entry in the node's
+// own table and the caller waits on a channel, which saves a process
+// registration, a timer and a lock per request. An absent target gives
+// ErrDeadLetter at once, a target whose node goes down ErrNoReply; a reply
+// that comes after ctx ended is dropped. Targets on this node go through
+// protoactor's RequestFuture, with ctx's deadline as the timeout (10 s
+// without one). The root context's sender middleware, if any, is not
+// applied to remote requests.
+func (n *Node) Request(ctx context.Context, target *pa.PID, msg any) (any, error) {
+	if target == nil {
+		return nil, fmt.Errorf("%w: nil target", ErrDeadLetter)
+	}
+	if target.Address != n.self.Name {
+		if _, remote := n.remotes[target.Address]; remote {
+			return n.requestRemote(ctx, target, msg)
+		}
+	}
+	timeout := 10 * time.Second
+	if d, ok := ctx.Deadline(); ok {
+		if timeout = time.Until(d); timeout <= 0 {
+			return nil, context.DeadlineExceeded
+		}
+	}
+	return n.system.Root.RequestFuture(target, msg, timeout).Result()
+}
+
+// replyWait is one request waiting for its reply.
+type replyWait struct {
+	peer string
+	ch   chan replyResult // one slot: the first result wins
+}
+
+type replyResult struct {
+	msg any
+	err error
+}
+
+// replies is the node's table of requests waiting for a reply.
+type replies struct {
+	mu   sync.Mutex
+	next uint64
+	m    map[uint64]*replyWait
+}
+
+var replyWaits = sync.Pool{New: func() any { return &replyWait{ch: make(chan replyResult, 1)} }}
+
+func (n *Node) requestRemote(ctx context.Context, target *pa.PID, msg any) (any, error) {
+	w := replyWaits.Get().(*replyWait)
+	w.peer = target.Address
+	r := &n.replies
+	r.mu.Lock()
+	if r.m == nil {
+		r.m = make(map[uint64]*replyWait)
+	}
+	r.next++
+	key := r.next
+	r.m[key] = w
+	r.mu.Unlock()
+
+	var buf [len(replyPrefix) + 13]byte
+	sender := &pa.PID{Address: n.self.Name, Id: string(strconv.AppendUint(append(buf[:0], replyPrefix...), key, 36))}
+	n.sendUser(target, nil, msg, sender)
+
+	select {
+	case res := <-w.ch:
+		replyWaits.Put(w) // the entry is gone: nothing sends to w.ch again
+		return res.msg, res.err
+	case <-ctx.Done():
+		if n.takeReply(key) == nil {
+			// The reply (or a failure) is being sent: take it so that w
+			// goes back to the pool empty.
+			<-w.ch
+		}
+		replyWaits.Put(w)
+		return nil, ctx.Err()
+	}
+}
+
+// takeReply removes and returns the request waiting under key.
+func (n *Node) takeReply(key uint64) *replyWait {
+	r := &n.replies
+	r.mu.Lock()
+	w := r.m[key]
+	delete(r.m, key)
+	r.mu.Unlock()
+	return w
+}
+
+func isReply(id string) bool { return strings.HasPrefix(id, replyPrefix) }
+
+// replyKey parses the key of a Request reply address; false for any other
+// id.
+func replyKey(id string) (uint64, bool) {
+	if !strings.HasPrefix(id, replyPrefix) {
+		return 0, false
+	}
+	k, err := strconv.ParseUint(id[len(replyPrefix):], 36, 64)
+	return k, err == nil
+}
+
+// completeReply hands a reply (or failure) to the request waiting under
+// id; false if id is not a Request address. A reply for a request that no
+// longer waits is dropped.
+func (n *Node) completeReply(id string, msg any, err error) bool {
+	key, ok := replyKey(id)
+	if !ok {
+		return false
+	}
+	if w := n.takeReply(key); w != nil {
+		w.ch <- replyResult{msg: msg, err: err}
+	} else {
+		n.log.Debug("reply after its request ended", zap.String("id", id))
+	}
+	return true
+}
+
+// failReplies fails the requests waiting for a reply from peer.
+func (n *Node) failReplies(peer string) int {
+	r := &n.replies
+	var failed []*replyWait
+	r.mu.Lock()
+	for k, w := range r.m {
+		if w.peer == peer {
+			failed = append(failed, w)
+			delete(r.m, k)
+		}
+	}
+	r.mu.Unlock()
+	for _, w := range failed {
+		w.ch <- replyResult{err: fmt.Errorf("%w: %w: %s", ErrNoReply, ErrNodeDown, peer)}
+	}
+	return len(failed)
+}
+
+// replyProcess is the process of every Request reply address: what is
+// delivered to one completes the request waiting under it. Replies take
+// the same path as messages to actors (tensors fetched first, order kept).
+type replyProcess Node
+
+var _ pa.Process = (*replyProcess)(nil)
+
+func (p *replyProcess) SendUserMessage(pid *pa.PID, message any) {
+	_, msg, _ := pa.UnwrapEnvelope(message)
+	(*Node)(p).completeReply(pid.Id, msg, failedReply(msg))
+}
+
+func (p *replyProcess) SendSystemMessage(*pa.PID, any) {}
+
+func (p *replyProcess) Stop(*pa.PID) {}
+
+// failedReply is the error a Request gets for a dead letter or a failure
+// report addressed to its reply address.
+func failedReply(msg any) error {
+	switch m := msg.(type) {
+	case nil:
+		return fmt.Errorf("%w: empty reply", ErrDeadLetter)
+	case *pa.DeadLetterResponse:
+		return fmt.Errorf("%w: %v", ErrDeadLetter, m.Target)
+	case *DeliveryFailed:
+		return fmt.Errorf("%w: %v", ErrDeadLetter, m)
+	}
+	return nil
+}

@@ -1,0 +1,135 @@
+package actor_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+	"github.com/tensorferry/tensorferry/actor"
+)
+
+func TestNodeRequest(t *testing.T) {
+	_, nodes := startCluster(t, 2)
+	a, b := nodes[0], nodes[1]
+	if _, err := b.Root().SpawnNamed(echoProps(b.Name()), "echo"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Root().SpawnNamed(echoProps(a.Name()), "echo"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// Concurrent callers: every reply reaches its own request.
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 50 {
+				n := g*1000 + i
+				res, err := a.Request(ctx, a.PID(b.Name(), "echo"), &Ping{N: n})
+				if err != nil {
+					errs <- err
+					return
+				}
+				if p, ok := res.(*Pong); !ok || p.N != n || p.From != b.Name() {
+					errs <- errors.New("wrong reply")
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	// A local target goes through protoactor's future.
+	res, err := a.Request(ctx, a.PID(a.Name(), "echo"), &Ping{N: 7})
+	if p, ok := res.(*Pong); err != nil || !ok || p.From != a.Name() {
+		t.Fatalf("local request: %v %#v", err, res)
+	}
+	if n := actor.WaitingRequests(a); n != 0 {
+		t.Fatalf("%d requests still waiting", n)
+	}
+}
+
+func TestNodeRequestFailures(t *testing.T) {
+	cfg, nodes := startCluster(t, 2)
+	a, b := nodes[0], nodes[1]
+	ctx := context.Background()
+
+	// An absent actor: a dead letter at once.
+	start := time.Now()
+	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := a.Request(tctx, a.PID(b.Name(), "nobody"), &Ping{}); !errors.Is(err, actor.ErrDeadLetter) {
+		t.Fatalf("absent actor: err = %v, want ErrDeadLetter", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("absent actor: failed after %v", d)
+	}
+	// An unregistered message type: not encodable, fails at once.
+	if _, err := a.Request(tctx, a.PID(b.Name(), "nobody"), &struct{ X int }{}); !errors.Is(err, actor.ErrDeadLetter) {
+		t.Fatalf("unregistered type: err = %v, want ErrDeadLetter", err)
+	}
+
+	// No reply before the deadline; the late reply is dropped.
+	release := make(chan struct{})
+	slow := pa.PropsFromFunc(func(c pa.Context) {
+		if p, ok := c.Message().(*Ping); ok {
+			<-release
+			c.Respond(&Pong{N: p.N})
+		}
+	})
+	if _, err := b.Root().SpawnNamed(slow, "slow"); err != nil {
+		t.Fatal(err)
+	}
+	sctx, scancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer scancel()
+	if _, err := a.Request(sctx, a.PID(b.Name(), "slow"), &Ping{N: 1}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("slow actor: err = %v, want DeadlineExceeded", err)
+	}
+	close(release)
+	if n := actor.WaitingRequests(a); n != 0 {
+		t.Fatalf("%d requests still waiting after the deadline", n)
+	}
+	// The late reply does not reach the next request.
+	res, err := a.Request(tctx, a.PID(b.Name(), "slow"), &Ping{N: 2})
+	if p, ok := res.(*Pong); err != nil || !ok || p.N != 2 {
+		t.Fatalf("after a late reply: %v %#v", err, res)
+	}
+
+	// The target's node goes down while the request waits.
+	silent := pa.PropsFromFunc(func(pa.Context) {})
+	if _, err := b.Root().SpawnNamed(silent, "silent"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.Request(tctx, a.PID(b.Name(), "silent"), &Ping{})
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	_ = b.Stop()
+	select {
+	case err := <-done:
+		if !errors.Is(err, actor.ErrNoReply) || !errors.Is(err, actor.ErrNodeDown) {
+			t.Fatalf("node down: err = %v, want ErrNoReply and ErrNodeDown", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("node down: the request still waits")
+	}
+	// A node that is down: fails at once.
+	if _, err := a.Request(tctx, a.PID(cfg.Nodes[1].Name, "silent"), &Ping{}); !errors.Is(err, actor.ErrDeadLetter) {
+		t.Fatalf("down node: err = %v, want ErrDeadLetter", err)
+	}
+	if _, err := a.Request(tctx, nil, &Ping{}); !errors.Is(err, actor.ErrDeadLetter) {
+		t.Fatalf("nil target: err = %v", err)
+	}
+	if n := actor.WaitingRequests(a); n != 0 {
+		t.Fatalf("%d requests still waiting", n)
+	}
+}

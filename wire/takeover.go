@@ -1,0 +1,162 @@
+package wire
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Handler take-over (ConnOptions.HandlerTakeover).
+//
+// A Conn's reader marks each guarded Handler call in Conn.rstate: a call
+// sequence number and a phase. One watchdog goroutine per process looks at
+// every Conn that asked for take-over once per tick; a Conn found in the
+// same call at two ticks in a row has a Handler that has run for at least a
+// tick, and the watchdog hands the reading to a new goroutine by moving the
+// phase from handling to abandoned. The reader stuck in Handler sees the
+// phase changed when Handler returns and ends without touching the
+// connection again. The new reader inherits the old one's place in the
+// Conn's WaitGroup. The watchdog parks when no guarded call happened
+// during a tick, and the next guarded call wakes it.
+
+// Phases of Conn.rstate (low two bits; the rest is the call sequence).
+const (
+	phaseReading   uint64 = 0
+	phaseHandling  uint64 = 1
+	phaseAbandoned uint64 = 2
+	phaseMask      uint64 = 3
+)
+
+// takeoverWatch is the process's watchdog.
+var takeoverWatch = &watchdog{wake: make(chan struct{}, 1)}
+
+type watchdog struct {
+	mu      sync.Mutex
+	conns   map[*Conn]uint64 // rstate seen at the last tick
+	running bool
+	stop    chan struct{} // closed when the last Conn leaves
+	wake    chan struct{}
+	parked  atomic.Bool
+}
+
+// register adds c; the watchdog starts with the first Conn.
+func (w *watchdog) register(c *Conn) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.conns == nil {
+		w.conns = make(map[*Conn]uint64)
+	}
+	w.conns[c] = c.rstate.Load()
+	if !w.running {
+		w.running = true
+		w.stop = make(chan struct{})
+		go w.loop(w.stop)
+	}
+}
+
+// unregister removes c; the watchdog ends with the last Conn.
+func (w *watchdog) unregister(c *Conn) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := w.conns[c]; !ok {
+		return
+	}
+	delete(w.conns, c)
+	if len(w.conns) == 0 && w.running {
+		w.running = false
+		close(w.stop)
+	}
+}
+
+// poke wakes a parked watchdog; readers call it after entering a guarded
+// Handler call.
+func (w *watchdog) poke() {
+	if w.parked.Load() && w.parked.CompareAndSwap(true, false) {
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (w *watchdog) loop(stop chan struct{}) {
+	t := time.NewTimer(w.period())
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		if !w.scan() {
+			// Nothing was handled during the tick: park until a reader
+			// enters a guarded call. The rescan after parked is set
+			// closes the race with a reader that entered just before.
+			w.parked.Store(true)
+			if w.busy() {
+				w.parked.Store(false)
+			} else {
+				select {
+				case <-stop:
+					return
+				case <-w.wake:
+				}
+			}
+		}
+		t.Reset(w.period())
+	}
+}
+
+// period is half the shortest take-over delay among the Conns, so that a
+// call is taken over after between one and two periods.
+func (w *watchdog) period() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	p := time.Duration(0)
+	for c := range w.conns {
+		if d := c.opts.HandlerTakeover / 2; p == 0 || d < p {
+			p = d
+		}
+	}
+	return max(p, 100*time.Microsecond)
+}
+
+// scan takes over every Conn still in the call it was in at the last tick
+// and reports whether any guarded call happened since the last tick (or is
+// in progress).
+func (w *watchdog) scan() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	active := false
+	for c, seen := range w.conns {
+		s := c.rstate.Load()
+		if s != seen {
+			active = true
+		}
+		if s&phaseMask == phaseHandling {
+			active = true
+			if s == seen && c.rstate.CompareAndSwap(s, s&^phaseMask|phaseAbandoned) {
+				c.takeovers.Add(1)
+				c.log.Debug("wire: handler still running, reading goes on in a new goroutine", zap.Duration("after", c.opts.HandlerTakeover))
+				go c.readLoop()
+				s = c.rstate.Load()
+			}
+		}
+		w.conns[c] = s
+	}
+	return active
+}
+
+// busy reports whether a guarded call is in progress on any Conn.
+func (w *watchdog) busy() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for c := range w.conns {
+		if c.rstate.Load()&phaseMask == phaseHandling {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,164 @@
+package wire
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestConnHandlerTakeover: a Handler call that waits for a later frame
+// would stall the connection for ever; with HandlerTakeover a new reader
+// handles the later frame, which releases the first call.
+func TestConnHandlerTakeover(t *testing.T) {
+	a, b := tcpPair(t)
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var order []uint64
+	firstDone := make(chan struct{})
+	cb := NewConn(b, Peer{Node: "a"}, ConnOptions{HandlerTakeover: 2 * time.Millisecond, Handler: func(f Frame) {
+		m, ok := f.(*MessageFrame)
+		if !ok {
+			return
+		}
+		mu.Lock()
+		order = append(order, m.Message.Request)
+		mu.Unlock()
+		switch m.Message.Request {
+		case 1:
+			<-release // blocks until frame 2 is handled
+			close(firstDone)
+		case 2:
+			close(release)
+		}
+	}})
+	ca := NewConn(a, Peer{Node: "b"}, ConnOptions{})
+	ca.Start()
+	cb.Start()
+	defer ca.Close(nil)
+	defer cb.Close(nil)
+	ctx := context.Background()
+	for i := uint64(1); i <= 3; i++ {
+		if err := ca.Send(ctx, FrameMessage, 0, 0, &Message{Target: "x", Request: i}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-firstDone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the blocked handler was never released: no take-over")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mu.Lock()
+		n := len(order)
+		mu.Unlock()
+		if n == 3 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(order) != 3 || order[0] != 1 || order[1] != 2 || order[2] != 3 {
+		t.Fatalf("frames handled in order %v, want [1 2 3]", order)
+	}
+	if got := cb.Takeovers(); got != 1 {
+		t.Fatalf("Takeovers() = %d, want 1", got)
+	}
+}
+
+// TestConnHandlerTakeoverSparesBatches: a FrameMessages batch aliases the
+// reader's buffers, so a slow Handler call for one is never taken over;
+// the next frame waits for it.
+func TestConnHandlerTakeoverSparesBatches(t *testing.T) {
+	a, b := tcpPair(t)
+	release := make(chan struct{})
+	handled := make(chan uint64, 16)
+	cb := NewConn(b, Peer{Node: "a"}, ConnOptions{HandlerTakeover: time.Millisecond, Handler: func(f Frame) {
+		switch f := f.(type) {
+		case *MessagesFrame:
+			<-release
+			handled <- f.Messages[0].Request
+		case *MessageFrame:
+			handled <- f.Message.Request
+		}
+	}})
+	ca := NewConn(a, Peer{Node: "b"}, ConnOptions{})
+	ca.Start()
+	cb.Start()
+	defer ca.Close(nil)
+	defer cb.Close(nil)
+	ctx := context.Background()
+	if err := ca.SendRaw(ctx, FrameMessages, 0, 0, AppendMessagesPayload(nil, []Message{{Target: "x", Request: 1}})); err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.Send(ctx, FrameMessage, 0, 0, &Message{Target: "x", Request: 2}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-handled:
+		t.Fatalf("frame %d handled while the batch's handler was blocked", r)
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(release)
+	for _, want := range []uint64{1, 2} {
+		select {
+		case r := <-handled:
+			if r != want {
+				t.Fatalf("handled %d, want %d", r, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("frame %d not handled", want)
+		}
+	}
+	if got := cb.Takeovers(); got != 0 {
+		t.Fatalf("Takeovers() = %d, want 0", got)
+	}
+}
+
+// TestConnHandlerTakeoverCloseWhileBlocked: closing a Conn whose Handler
+// is blocked returns once the reader was taken over, without waiting for
+// Handler, and the watchdog stops with the last Conn.
+func TestConnHandlerTakeoverCloseWhileBlocked(t *testing.T) {
+	a, b := tcpPair(t)
+	release := make(chan struct{})
+	entered := make(chan struct{})
+	cb := NewConn(b, Peer{Node: "a"}, ConnOptions{HandlerTakeover: time.Millisecond, Handler: func(f Frame) {
+		if _, ok := f.(*MessageFrame); ok {
+			close(entered)
+			<-release
+		}
+	}})
+	ca := NewConn(a, Peer{Node: "b"}, ConnOptions{})
+	ca.Start()
+	cb.Start()
+	defer ca.Close(nil)
+	if err := ca.Send(context.Background(), FrameMessage, 0, 0, &Message{Target: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	<-entered
+	closed := make(chan struct{})
+	go func() {
+		cb.Close(nil)
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close waited for the blocked handler")
+	}
+	close(release) // the abandoned goroutine ends (goleak checks it)
+}
+
+func BenchmarkConnHandlerGuard(b *testing.B) {
+	c := &Conn{opts: ConnOptions{HandlerTakeover: time.Millisecond}}
+	for b.Loop() {
+		s := (c.rstate.Load()&^phaseMask + phaseMask + 1) | phaseHandling
+		c.rstate.Store(s)
+		takeoverWatch.poke()
+		if !c.rstate.CompareAndSwap(s, s&^phaseMask) {
+			b.Fatal("taken over")
+		}
+	}
+}
