@@ -19,4 +19,11 @@
 //	actor.MustRegisterMessage("demo.Ping", &Ping{})
 //	pid := node.PID("b", "echo")
 //	res, err := node.Root().RequestFuture(pid, &Ping{}, time.Second).Result()
+//
+// For request/response traffic, Node.Request waits for a reply without
+// protoactor's future, and Node.WithInlineDelivery lets a serving actor run
+// requests on the connection's reader goroutine:
+//
+//	props := pa.PropsFromFunc(serve, node.WithInlineDelivery()) // on "b" (pa: protoactor-go/actor)
+//	res, err = node.Request(ctx, pid, &Ping{})                     // on "a"
 package actor

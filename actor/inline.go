@@ -26,7 +26,7 @@ import (
 // dispatcher's throughput of messages run inline at a time; the rest go to
 // the dispatcher.
 //
-//	props := actor.PropsFromFunc(echo, node.WithInlineDelivery())
+//	props := pa.PropsFromFunc(echo, node.WithInlineDelivery()) // pa: protoactor-go/actor
 func (n *Node) WithInlineDelivery() pa.PropsOption {
 	return pa.WithMailbox(func() pa.Mailbox { return &inlineMailbox{n: n} })
 }
