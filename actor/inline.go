@@ -232,43 +232,42 @@ func (m *inlineMailbox) run(inline bool) (drained bool) {
 	}
 }
 
-// messageQueue is an unbounded FIFO safe for many producers and one
-// consumer: a ring buffer under a mutex, which stays short (no allocation
-// per message once the ring has grown to the usual backlog).
+// messageQueue is an unbounded FIFO for many producers and one consumer
+// (the goroutine running the mailbox). Producers append to in under a
+// mutex; the consumer swaps in for its drained out slice, so that it takes
+// the lock once per backlog rather than once per message, and the two
+// slices are reused (no allocation per message once they have grown).
 type messageQueue struct {
-	mu         sync.Mutex
-	buf        []any
-	head, size int
+	mu   sync.Mutex
+	in   []any
+	out  []any // the consumer's
+	next int   // next index in out
 }
+
+// maxIdleQueue is the capacity kept by an emptied slice of a messageQueue.
+const maxIdleQueue = 4096
 
 func (q *messageQueue) push(v any) {
 	q.mu.Lock()
-	if q.size == len(q.buf) {
-		n := max(2*len(q.buf), 8)
-		buf := make([]any, n)
-		k := copy(buf, q.buf[q.head:])
-		copy(buf[k:], q.buf[:q.head])
-		q.buf, q.head = buf, 0
-	}
-	q.buf[(q.head+q.size)%len(q.buf)] = v
-	q.size++
+	q.in = append(q.in, v)
 	q.mu.Unlock()
 }
 
 func (q *messageQueue) pop() any {
-	q.mu.Lock()
-	if q.size == 0 {
+	if q.next == len(q.out) {
+		if cap(q.out) > maxIdleQueue {
+			q.out = nil // give back the memory of a backlog once it is gone
+		}
+		q.out, q.next = q.out[:0], 0
+		q.mu.Lock()
+		q.in, q.out = q.out, q.in
 		q.mu.Unlock()
-		return nil
+		if len(q.out) == 0 {
+			return nil
+		}
 	}
-	v := q.buf[q.head]
-	q.buf[q.head] = nil
-	q.head = (q.head + 1) % len(q.buf)
-	q.size--
-	// Give back the memory of a backlog once it is gone.
-	if q.size == 0 && len(q.buf) > 1024 {
-		q.buf, q.head = nil, 0
-	}
-	q.mu.Unlock()
+	v := q.out[q.next]
+	q.out[q.next] = nil
+	q.next++
 	return v
 }
