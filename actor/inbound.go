@@ -28,6 +28,42 @@ type procCache struct {
 	// typeName carries no tensors when plain is set (the batch's last type).
 	typeName string
 	plain    bool
+	// The inline mailbox (or none) of the process last looked up.
+	mbProc pa.Process
+	mb     *inlineMailbox
+	// held are messages for held, an inline mailbox, not posted yet: a
+	// run of consecutive messages to one actor is posted at once (one
+	// lock, at most one goroutine started). Every other delivery of the
+	// batch posts them first, so nothing overtakes them.
+	heldMB *inlineMailbox
+	held   []any
+}
+
+// inline returns the inline mailbox of proc (registered under id), or nil.
+func (c *procCache) inline(n *Node, id string, proc pa.Process) *inlineMailbox {
+	if c.mbProc != proc {
+		c.mbProc, c.mb = proc, n.inlineFor(id, proc)
+	}
+	return c.mb
+}
+
+// hold keeps msg for mb, posting what was held for another mailbox first.
+func (c *procCache) hold(mb *inlineMailbox, msg any) {
+	if c.heldMB != mb {
+		c.flush()
+		c.heldMB = mb
+	}
+	c.held = append(c.held, msg)
+}
+
+// flush posts the held messages.
+func (c *procCache) flush() {
+	if c == nil || len(c.held) == 0 {
+		return
+	}
+	c.heldMB.postMany(c.held)
+	clear(c.held)
+	c.held, c.heldMB = c.held[:0], nil
 }
 
 // noTensors reports whether messages of the named type certainly carry no
@@ -100,10 +136,15 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 				mb.postInline(envelope(sender, m.Header, msg))
 				return
 			}
+		} else if mb := pc.inline(n, m.Target, proc); mb != nil {
+			pc.hold(mb, envelope(sender, m.Header, msg))
+			return
 		}
+		pc.flush()
 		n.deliverTo(proc, target, sender, m.Header, msg)
 		return
 	}
+	pc.flush()
 	in := &inbound{target: target, sender: sender, header: m.Header, msg: msg, sess: sess}
 	ps.queued.Add(1)
 	if !ps.push(in) {

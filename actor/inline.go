@@ -144,6 +144,39 @@ func (m *inlineMailbox) post(message any, inline bool) {
 	m.schedule(inline)
 }
 
+// postMany posts msgs, in order, to be run by the dispatcher: one lock and
+// at most one schedule for the lot.
+func (m *inlineMailbox) postMany(msgs []any) {
+	start := 0
+	for i, msg := range msgs {
+		if isBatch(msg) {
+			m.pushMany(msgs[start:i])
+			m.post(msg, false)
+			start = i + 1
+		}
+	}
+	m.pushMany(msgs[start:])
+}
+
+func (m *inlineMailbox) pushMany(msgs []any) {
+	if len(msgs) == 0 {
+		return
+	}
+	m.user.pushMany(msgs)
+	m.userMessages.Add(int32(len(msgs)))
+	m.schedule(false)
+}
+
+// isBatch reports whether msg is a protoactor MessageBatch, bare or in an
+// envelope (the mailbox unpacks those).
+func isBatch(msg any) bool {
+	if env, ok := msg.(*pa.MessageEnvelope); ok {
+		msg = env.Message
+	}
+	_, ok := msg.(pa.MessageBatch)
+	return ok
+}
+
 // PostSystemMessage implements pa.Mailbox.
 func (m *inlineMailbox) PostSystemMessage(message any) {
 	if _, ok := message.(*pa.Stop); ok {
@@ -250,6 +283,12 @@ const maxIdleQueue = 4096
 func (q *messageQueue) push(v any) {
 	q.mu.Lock()
 	q.in = append(q.in, v)
+	q.mu.Unlock()
+}
+
+func (q *messageQueue) pushMany(vs []any) {
+	q.mu.Lock()
+	q.in = append(q.in, vs...)
 	q.mu.Unlock()
 }
 

@@ -38,6 +38,9 @@ type peerState struct {
 	// targets caches the PIDs of local actors this peer sends to; only the
 	// peer's reader goroutine (HandleFrame) uses it.
 	targets map[string]*pa.PID
+	// held is the reader's reused slice of messages held for an inline
+	// mailbox during one batch (procCache.hold).
+	held []any
 }
 
 // maxCachedTargets bounds peerState.targets; futures, which are answered
@@ -229,10 +232,12 @@ func (h *handler) HandleFrame(p *cluster.Peer, f wire.Frame) {
 	case *wire.MessageFrame:
 		n.receiveMessage(ps, &f.Message, nil)
 	case *wire.MessagesFrame:
-		var pc procCache
+		pc := procCache{held: ps.held[:0]}
 		for i := range f.Messages {
 			n.receiveMessage(ps, &f.Messages[i], &pc)
 		}
+		pc.flush()
+		ps.held = pc.held
 	case *wire.SystemFrame:
 		n.receiveSystem(ps, &f.System)
 	case *wire.ReleaseFrame:
