@@ -277,8 +277,9 @@ type messageQueue struct {
 	next int   // next index in out
 }
 
-// maxIdleQueue is the capacity kept by an emptied slice of a messageQueue.
-const maxIdleQueue = 4096
+// maxIdleQueue is the capacity kept by an emptied slice of a messageQueue
+// (256 KiB of interface values): a backlog up to it reuses warm memory.
+const maxIdleQueue = 1 << 14
 
 func (q *messageQueue) push(v any) {
 	q.mu.Lock()
