@@ -23,6 +23,10 @@ const (
 	maxBatchBytes    = 32 << 10
 )
 
+// maxQueuedBatches is the most FrameMessages batches a Conn holds queued
+// or being written (at most maxQueuedBatches × maxBatchBytes of messages).
+const maxQueuedBatches = 8
+
 // batchPrefix is the array32 header that starts a batch payload; its count
 // is written when the writer takes the batch.
 const batchPrefix = 5
@@ -327,6 +331,9 @@ func (c *Conn) SendMessage(ctx context.Context, m *Message) error {
 		return nil
 	}
 	c.bmu.Unlock()
+	if err := c.acquireBatch(ctx); err != nil {
+		return err
+	}
 	of := outFramePool.Get().(*outFrame)
 	if cap(of.buf) < batchBufferSize {
 		select {
@@ -337,10 +344,12 @@ func (c *Conn) SendMessage(ctx context.Context, m *Message) error {
 	}
 	of.buf = appendMessage(append(of.buf[:0], make([]byte, HeaderSize+batchPrefix)...), m)
 	if n := len(of.buf) - HeaderSize; n > int(c.max) {
+		<-c.batchTokens
 		outFramePool.Put(of)
 		return fmt.Errorf("%w: %s payload of %d bytes exceeds %d", ErrFrameTooLarge, FrameMessages, n, c.max)
 	}
 	if err := c.acquireSlot(ctx); err != nil {
+		<-c.batchTokens
 		outFramePool.Put(of)
 		return err
 	}
@@ -349,6 +358,7 @@ func (c *Conn) SendMessage(ctx context.Context, m *Message) error {
 		// Another sender opened a batch while this one waited.
 		c.bmu.Unlock()
 		<-c.slots
+		<-c.batchTokens
 		outFramePool.Put(of)
 		return nil
 	}
@@ -357,6 +367,24 @@ func (c *Conn) SendMessage(ctx context.Context, m *Message) error {
 	c.open = of
 	c.bmu.Unlock()
 	return nil
+}
+
+// acquireBatch takes a token for one more batch, waiting while
+// maxQueuedBatches are queued or being written.
+func (c *Conn) acquireBatch(ctx context.Context) error {
+	select {
+	case c.batchTokens <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case c.batchTokens <- struct{}{}:
+		return nil
+	case <-c.done:
+		return c.closedErr()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // appendOpen appends m to the open batch if there is one with room for it;

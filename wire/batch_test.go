@@ -312,3 +312,42 @@ func TestConnYieldAfterHandler(t *testing.T) {
 		}
 	}
 }
+
+// TestSendMessageBoundedInBytes: against a peer that reads nothing,
+// SendMessage accepts at most maxQueuedBatches batches (plus what the
+// blocked writer holds) and then waits, whatever the frame queue's length.
+func TestSendMessageBoundedInBytes(t *testing.T) {
+	a, b := net.Pipe() // nobody reads b: the writer blocks
+	defer b.Close()
+	c := NewConn(a, Peer{Node: "slow"}, ConnOptions{})
+	c.Start()
+	m := &Message{Target: "x", Body: make([]byte, 200)}
+	accepted := 0
+	var err error
+	for range 100000 {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		err = c.SendMessage(ctx, m)
+		cancel()
+		if err != nil {
+			break
+		}
+		accepted++
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("after %d messages: %v, want context.DeadlineExceeded", accepted, err)
+	}
+	perBatch := maxBatchBytes / 200
+	if limit := (maxQueuedBatches + 1) * (perBatch + 1); accepted > limit {
+		t.Fatalf("%d messages (%d KiB) accepted by a stalled connection, want at most %d", accepted, accepted*200>>10, limit)
+	}
+	if accepted < maxQueuedBatches*perBatch/2 {
+		t.Fatalf("only %d messages accepted before backpressure", accepted)
+	}
+	blocked := make(chan error, 1)
+	go func() { blocked <- c.SendMessage(context.Background(), m) }()
+	time.Sleep(10 * time.Millisecond)
+	c.Close(nil)
+	if err := <-blocked; !errors.Is(err, ErrClosed) {
+		t.Fatalf("blocked SendMessage after Close: %v", err)
+	}
+}

@@ -105,9 +105,13 @@ type Conn struct {
 	// not taken yet.
 	bmu  sync.Mutex
 	open *outFrame
-	// freeBatches keeps a few written batch buffers for the next batches
-	// (a sync.Pool would lose them at every collection).
+	// freeBatches keeps written batch buffers for the next batches (a
+	// sync.Pool would lose them at every collection).
 	freeBatches chan []byte
+	// batchTokens holds one token per FrameMessages batch queued or being
+	// written: a sender that would open one more waits (backpressure in
+	// bytes, not only in frames), and the few buffers in use stay warm.
+	batchTokens chan struct{}
 
 	mu      sync.Mutex
 	started bool
@@ -178,7 +182,8 @@ func NewConn(nc net.Conn, peer Peer, opts ConnOptions) *Conn {
 		max:         clampFrameSize(opts.MaxFrameSize),
 		queue:       make(chan *outFrame, opts.SendQueue),
 		slots:       make(chan struct{}, opts.SendQueue),
-		freeBatches: make(chan []byte, 4),
+		freeBatches: make(chan []byte, maxQueuedBatches),
+		batchTokens: make(chan struct{}, maxQueuedBatches),
 		bw:          bufio.NewWriterSize(nc, connBufferSize),
 		done:        make(chan struct{}),
 		writerDone:  make(chan struct{}),
@@ -508,10 +513,13 @@ func (c *Conn) writeFrame(of *outFrame) error {
 	if of.written != nil && !of.state.CompareAndSwap(frameQueued, frameTaken) {
 		return nil // cancelled by the sender
 	}
-	if of.isBatch {
-		c.sealBatch(of)
+	if !of.isBatch {
+		return c.writeFrameLocked(of)
 	}
-	return c.writeFrameLocked(of)
+	c.sealBatch(of)
+	err := c.writeFrameLocked(of)
+	<-c.batchTokens
+	return err
 }
 
 // writeFrameLocked writes of into bw; c.wmu is held and of is taken.
