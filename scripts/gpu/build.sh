@@ -26,7 +26,7 @@ for pkg in ./internal/cuda ./memory ./rdma/local ./rdma/staging ./rdma/ipc ./rdm
 		"$GO" test -c $FLAGS -o "$OUTDIR/tests/$name.test" "$p"
 	done
 done
-for cmd in ./benchmarks/gpu ./samples/paramserver ./samples/pipeline ./cmd/ferry; do
+for cmd in ./benchmarks/gpu ./benchmarks/remote ./samples/paramserver ./samples/pipeline ./cmd/ferry; do
 	[ -d "$cmd" ] && "$GO" build $FLAGS -o "$OUTDIR/bin/$(basename "$cmd")" "$cmd"
 done
 PEERS=${PEERS:-$REPO/../shared/peers}

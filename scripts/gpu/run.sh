@@ -4,8 +4,11 @@
 # the same call, and the samples on GPUs. Results go to $OUT (default
 # .gpu/out): tests.log, summary.txt, gpu.jsonl, nccl.jsonl, samples.log.
 #
-#   scripts/gpu/run.sh [tests|bench|samples|all]   (default all)
+#   scripts/gpu/run.sh [tests|bench|samples|remote|all]   (default all)
 #
+# remote (not part of all) runs the remote-messaging benchmark on that host
+# with GOMAXPROCS=$p for each p in REMOTE_PROCS (default "0 4"; 0 keeps
+# Go's default), into remote-<p>.jsonl and the summary.
 # GPU_BENCH_MODES picks the benchmark's modes (default all: peer, ipc,
 # staging, regcache); TEST_RUN a -test.run pattern for the tests.
 set -u
@@ -70,6 +73,17 @@ if [ "$WHAT" = all ] || [ "$WHAT" = samples ]; then
 		else
 			echo "FAIL sample $s" >> "$OUT/summary.txt"; status=1
 		fi
+	done
+fi
+if [ "$WHAT" = remote ] && [ -x "$G/bin/remote" ]; then
+	for p in ${REMOTE_PROCS:-0 4}; do
+		echo "--- remote-messaging benchmark, GOMAXPROCS=$p (0: default, $(nproc) CPUs)" >> "$OUT/summary.txt"
+		if [ "$p" = 0 ]; then
+			timeout 300 "$G/bin/remote" ${REMOTE_ARGS:---rtt-count 10000 --oneway-count 300000} --json > "$OUT/remote-$p.jsonl" 2>> "$OUT/summary.txt" || status=1
+		else
+			GOMAXPROCS=$p timeout 300 "$G/bin/remote" ${REMOTE_ARGS:---rtt-count 10000 --oneway-count 300000} --json > "$OUT/remote-$p.jsonl" 2>> "$OUT/summary.txt" || status=1
+		fi
+		cat "$OUT/remote-$p.jsonl" >> "$OUT/summary.txt"
 	done
 fi
 cat "$OUT/summary.txt"
