@@ -16,13 +16,18 @@
 // not a per-message protocol. raw-tcp-handoff is raw TCP plus the goroutine
 // hand-offs of an actor runtime (server reader → actor goroutine, client
 // reader → waiting caller, sender → writer goroutine): the floor of a
-// goroutine-per-actor design.
+// goroutine-per-actor design. tensorferry is two nodes of one loopback
+// cluster with what the runtime offers request/response services: the
+// serving actors have inline delivery (Node.WithInlineDelivery) and the
+// client waits with Node.Request. tensorferry-future is protoactor-go's
+// API unchanged over tensorferry's transport (default mailboxes,
+// RequestFuture).
 //
 // Another path joins the same run from its own file of this package, with no
 // change here:
 //
 //	func init() {
-//		extraPaths = append(extraPaths, path{name: "tensorferry", open: openTensorferry})
+//		extraPaths = append(extraPaths, path{name: "mine", open: openMine})
 //	}
 //
 // where open starts both ends and returns endpoints whose pinger (a Pinger:
