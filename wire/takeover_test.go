@@ -162,3 +162,42 @@ func BenchmarkConnHandlerGuard(b *testing.B) {
 		}
 	}
 }
+
+// TestTakeoverWatchdogParksWhenIdle: with no Handler call in progress and
+// none since its last tick, the watchdog stops ticking; the next guarded
+// call wakes it, and a call that blocks is still taken over.
+func TestTakeoverWatchdogParksWhenIdle(t *testing.T) {
+	a, b := tcpPair(t)
+	release := make(chan struct{})
+	cb := NewConn(b, Peer{Node: "a"}, ConnOptions{HandlerTakeover: 2 * time.Millisecond, Handler: func(f Frame) {
+		if m, ok := f.(*MessageFrame); ok && m.Message.Request == 2 {
+			<-release
+		}
+	}})
+	ca := NewConn(a, Peer{Node: "b"}, ConnOptions{})
+	ca.Start()
+	cb.Start()
+	defer ca.Close(nil)
+	defer cb.Close(nil)
+	ctx := context.Background()
+	if err := ca.Send(ctx, FrameMessage, 0, 0, &Message{Target: "x", Request: 1}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !takeoverWatch.parked.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("the watchdog never parked while idle")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := ca.Send(ctx, FrameMessage, 0, 0, &Message{Target: "x", Request: 2}); err != nil {
+		t.Fatal(err)
+	}
+	for cb.Takeovers() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("a blocked call after parking was not taken over")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+}
