@@ -39,6 +39,13 @@ type Serializer interface {
 // Types can take over their own encoding with msgpack's CustomEncoder and
 // CustomDecoder interfaces. Input is validated before decoding as for frame
 // bodies (see DecodeMsgpack).
+//
+// Plain structs (fields of scalar, string, []byte, [N]byte, slice of scalar
+// or string, and struct or pointer-to-struct types, no custom encoders) are
+// encoded and decoded by a codec compiled once per type, which gives the
+// same bytes and the same decoded values as the reflection-based msgpack
+// encoder without its per-message cost; other values use msgpack's own
+// encoder.
 type MsgpackSerializer struct{}
 
 // ID returns SerMsgpack.
@@ -48,19 +55,32 @@ func (MsgpackSerializer) ID() uint8 { return SerMsgpack }
 func (MsgpackSerializer) Name() string { return "msgpack" }
 
 // Marshal encodes v.
-func (MsgpackSerializer) Marshal(v any) ([]byte, error) { return appendMsgpack(nil, v) }
+func (s MsgpackSerializer) Marshal(v any) ([]byte, error) { return s.AppendMarshal(nil, v) }
 
 // AppendMarshal appends the encoding of v to dst.
 func (MsgpackSerializer) AppendMarshal(dst []byte, v any) ([]byte, error) {
+	if c := structCodecOf(v); c != nil {
+		if out, ok := c.appendValue(dst, v); ok {
+			return out, nil
+		}
+	}
 	return appendMsgpack(dst, v)
 }
 
 // MarshalWith is Marshal with hook, if not nil, called on a fresh encoder
 // before encoding (to attach state that CustomEncoder methods look up by
 // the encoder's pointer).
-func (MsgpackSerializer) MarshalWith(v any, hook func(*msgpack.Encoder)) ([]byte, error) {
+//
+// A type encoded by a compiled codec (see MsgpackSerializer) has no
+// CustomEncoder anywhere, so hook is not called for it.
+func (s MsgpackSerializer) MarshalWith(v any, hook func(*msgpack.Encoder)) ([]byte, error) {
 	if hook == nil {
-		return appendMsgpack(nil, v)
+		return s.AppendMarshal(nil, v)
+	}
+	if c := structCodecOf(v); c != nil {
+		if out, ok := c.appendValue(nil, v); ok {
+			return out, nil
+		}
 	}
 	var w sliceWriter
 	enc := msgpack.NewEncoder(&w)
@@ -79,8 +99,14 @@ func (s MsgpackSerializer) Unmarshal(b []byte, typ reflect.Type) (any, error) {
 }
 
 // UnmarshalWith is Unmarshal with hook, if not nil, called on the decoder
-// before decoding (to set a custom struct tag or attach state).
+// before decoding (to set a custom struct tag or attach state). A type
+// decoded by a compiled codec (see MsgpackSerializer) calls hook only when
+// the input is unusual enough to need msgpack's own decoder, so a hook must
+// not change how such types decode.
 func (MsgpackSerializer) UnmarshalWith(b []byte, typ reflect.Type, hook func(*msgpack.Decoder)) (any, error) {
+	if c := structCodecFor(typ); c != nil {
+		return c.unmarshal(b, hook)
+	}
 	p := reflect.New(typ)
 	if err := decodeMsgpackWith(b, p.Interface(), hook); err != nil {
 		return nil, err
@@ -150,6 +176,7 @@ type registeredType struct {
 	name string
 	typ  reflect.Type // the value type (not a pointer)
 	ser  Serializer
+	sc   *structCodec // the compiled msgpack codec of typ, if any
 }
 
 // Registry maps message type names to Go types and their serializers. It
@@ -216,6 +243,9 @@ func (r *Registry) RegisterSerializer(name string, sample any, ser Serializer) e
 		return fmt.Errorf("wire: register %q: type %v already registered as %q", name, typ, rt.name)
 	}
 	rt := &registeredType{name: name, typ: typ, ser: ser}
+	if _, ok := ser.(MsgpackSerializer); ok {
+		rt.sc = structCodecFor(typ)
+	}
 	t := &registryTables{byName: maps.Clone(old.byName), byType: maps.Clone(old.byType)}
 	t.byName[name] = rt
 	t.byType[typ] = rt
@@ -253,6 +283,11 @@ func (r *Registry) EncodeWith(msg any, hook func(*msgpack.Encoder)) (typeName st
 	if err != nil {
 		return "", 0, nil, err
 	}
+	if rt.sc != nil {
+		if body, ok := rt.sc.appendValue(nil, msg); ok {
+			return rt.name, SerMsgpack, body, nil
+		}
+	}
 	if ms, ok := rt.ser.(MsgpackSerializer); ok && hook != nil {
 		body, err = ms.MarshalWith(msg, hook)
 	} else {
@@ -270,6 +305,11 @@ func (r *Registry) AppendEncode(dst []byte, msg any) (typeName string, ser uint8
 	rt, err := r.lookupValue(msg)
 	if err != nil {
 		return "", 0, dst, err
+	}
+	if rt.sc != nil {
+		if body, ok := rt.sc.appendValue(dst, msg); ok {
+			return rt.name, SerMsgpack, body, nil
+		}
 	}
 	if am, ok := rt.ser.(appendMarshaler); ok {
 		body, err = am.AppendMarshal(dst, msg)
@@ -326,6 +366,13 @@ func (r *Registry) DecodeWith(typeName string, ser uint8, body []byte, hook func
 	}
 	if rt.ser.ID() != ser {
 		return nil, fmt.Errorf("%w: %q arrived with serializer %d, registered with %d (%s)", ErrUnknownType, typeName, ser, rt.ser.ID(), rt.ser.Name())
+	}
+	if rt.sc != nil {
+		v, err := rt.sc.unmarshal(body, hook)
+		if err != nil && hook == nil {
+			return nil, fmt.Errorf("wire: decode %q: %w", typeName, err)
+		}
+		return v, err
 	}
 	if ms, ok := rt.ser.(MsgpackSerializer); ok && hook != nil {
 		return ms.UnmarshalWith(body, rt.typ, hook)

@@ -245,6 +245,12 @@ func decodeMsgpackWith(b []byte, v any, hook func(*msgpack.Decoder)) error {
 	if err := checkMsgpack(b, MaxMsgpackDepth); err != nil {
 		return fmt.Errorf("%w: %w", ErrBadBody, err)
 	}
+	return decodeMsgpackChecked(b, v, hook)
+}
+
+// decodeMsgpackChecked is decodeMsgpackWith for b that checkMsgpack has
+// accepted.
+func decodeMsgpackChecked(b []byte, v any, hook func(*msgpack.Decoder)) error {
 	var d *msgpackDecoder
 	if hook == nil {
 		d = decoderPool.Get().(*msgpackDecoder)
