@@ -790,9 +790,12 @@ func (r *scReader) length(n int) (int, bool) {
 // remaining is the number of unread bytes.
 func (r *scReader) remaining() int { return len(r.b) - r.i }
 
-// decodeStruct decodes a map (or nil) into the zero struct at p.
+// decodeStruct decodes a map (or nil) into the zero struct at p. depth is
+// 0 for the outermost struct; a struct at depth d is a map at checkMsgpack's
+// nesting level d+1 and its slices are at d+2, so the limit keeps the fast
+// path within what checkMsgpack accepts.
 func (c *structCodec) decodeStruct(r *scReader, p unsafe.Pointer, depth int) bool {
-	if depth > MaxMsgpackDepth {
+	if depth > MaxMsgpackDepth-2 {
 		return false
 	}
 	code, ok := r.next()

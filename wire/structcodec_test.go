@@ -514,7 +514,11 @@ func checkDecode(t testing.TB, typ reflect.Type, b []byte) (fast bool) {
 	}
 	fp := reflect.New(typ)
 	fast = c.decodeFast(b, fp.UnsafePointer())
-	if fast && checkMsgpack(b, MaxMsgpackDepth) == nil {
+	if fast && checkMsgpack(b, MaxMsgpackDepth) != nil {
+		// The fast path accepts a subset of what checkMsgpack accepts.
+		t.Fatalf("%v from %x: fast path decoded what checkMsgpack refuses (%v)", typ, b, checkMsgpack(b, MaxMsgpackDepth))
+	}
+	if fast {
 		if refErr != nil {
 			t.Fatalf("%v from %x: fast path decoded what vmihailenco refuses (%v)", typ, b, refErr)
 		}
@@ -595,6 +599,24 @@ func TestStructCodecDeepPointers(t *testing.T) {
 	}
 	if _, ok := c.appendValue(nil, scPayload{}); ok {
 		t.Fatal("compiled encoder took a value of another type")
+	}
+}
+
+// TestStructCodecDecodeDepth: nesting near MaxMsgpackDepth decodes as in
+// vmihailenco, and the fast path stays within checkMsgpack's limit.
+func TestStructCodecDecodeDepth(t *testing.T) {
+	for n := MaxMsgpackDepth - 4; n <= MaxMsgpackDepth+2; n++ {
+		head := &scNode{V: -1}
+		for i := range n - 1 {
+			head = &scNode{V: i, Next: head}
+		}
+		b := checkEncode(t, reflect.ValueOf(head))
+		checkDecode(t, reflect.TypeFor[scNode](), b)
+		big := &scBig{Parent: head}
+		b = checkEncode(t, reflect.ValueOf(big))
+		checkDecode(t, reflect.TypeFor[scBig](), b)
+		in := &scAll{PIn: &scInner{C: []uint16{1}}}
+		checkDecode(t, reflect.TypeFor[scAll](), checkEncode(t, reflect.ValueOf(in)))
 	}
 }
 
