@@ -41,7 +41,8 @@ type Serializer interface {
 // bodies (see DecodeMsgpack).
 //
 // Plain structs (fields of scalar, string, []byte, [N]byte, slice of scalar
-// or string, and struct or pointer-to-struct types, no custom encoders) are
+// or string, and struct, pointer-to-struct or slice-of-struct types, no
+// custom encoders) are
 // encoded and decoded by a codec compiled once per type, which gives the
 // same bytes and the same decoded values as the reflection-based msgpack
 // encoder without its per-message cost; other values use msgpack's own

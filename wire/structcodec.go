@@ -30,8 +30,9 @@ import (
 //
 // A type is compiled when every field it encodes, at any depth, is a bool,
 // an integer (not uintptr), a float, a string, a []byte, a [N]byte, a slice
-// of those scalars or of strings, a struct value or a pointer to a struct
-// that is itself compilable, and when no such type (nor its pointer)
+// of those scalars or of strings, or a struct value, a pointer to a struct,
+// a slice of structs or a slice of pointers to structs whose struct is
+// itself compilable, and when no such type (nor its pointer)
 // implements msgpack.CustomEncoder, CustomDecoder, Marshaler, Unmarshaler,
 // encoding.BinaryMarshaler, BinaryUnmarshaler, TextMarshaler,
 // TextUnmarshaler or IsZero() bool. Struct tags may name a field, skip it
@@ -76,6 +77,11 @@ const (
 	scSlice     // a slice of a scalar or string kind (elem): msgpack array
 	scStruct    // a struct value (sub)
 	scPtrStruct // a pointer to a struct (sub)
+	// A slice of struct values (sub; styp is the slice type): msgpack array
+	// of maps.
+	scSliceStruct
+	// A slice of pointers to structs (sub; styp is the slice type).
+	scSlicePtrStruct
 )
 
 // scField is one encoded field of a compiled struct.
@@ -88,6 +94,7 @@ type scField struct {
 	n    int    // length of scByteArray
 	omit bool   // omitempty
 	sub  *structCodec
+	styp reflect.Type // slice type of scSliceStruct and scSlicePtrStruct
 }
 
 // scMaxFields bounds the fields of a compiled struct: the decoder tracks
@@ -247,6 +254,16 @@ func compileField(t reflect.Type, seen map[reflect.Type]*structCodec) (scField, 
 		if k, ok := scKinds[e.Kind()]; ok {
 			return scField{kind: scSlice, elem: k}, true
 		}
+		if e.Kind() == reflect.Struct {
+			if sub := compileStruct(e, seen); sub != nil {
+				return scField{kind: scSliceStruct, sub: sub, styp: t}, true
+			}
+		}
+		if e.Kind() == reflect.Pointer && e.Elem().Kind() == reflect.Struct {
+			if sub := compileStruct(e.Elem(), seen); sub != nil {
+				return scField{kind: scSlicePtrStruct, sub: sub, styp: t}, true
+			}
+		}
 	case reflect.Array:
 		if e := t.Elem(); e.Kind() == reflect.Uint8 && !hasCustomCoding(e) {
 			return scField{kind: scByteArray, n: t.Len()}, true
@@ -405,9 +422,23 @@ func fillProbe(v reflect.Value, depth int) {
 		case reflect.String:
 			f.SetString("probe")
 		case reflect.Slice:
+			if k := f.Type().Elem().Kind(); (k == reflect.Struct || k == reflect.Pointer) && depth >= 3 {
+				continue // a type may hold slices of itself
+			}
 			s := reflect.MakeSlice(f.Type(), 2, 2)
 			for j := range 2 {
-				fillScalar(s.Index(j))
+				switch e := s.Index(j); e.Kind() {
+				case reflect.Struct:
+					fillProbe(e, depth+1)
+				case reflect.Pointer:
+					if depth < 3 {
+						p := reflect.New(e.Type().Elem())
+						fillProbe(p.Elem(), depth+1)
+						e.Set(p)
+					}
+				default:
+					fillScalar(e)
+				}
 			}
 			f.Set(s)
 		case reflect.Array:
@@ -522,8 +553,46 @@ func (f *scField) appendField(dst []byte, fp unsafe.Pointer, depth int) ([]byte,
 			return append(dst, 0xc0), true
 		}
 		return f.sub.appendStruct(dst, sp, depth+1)
+	case scSliceStruct, scSlicePtrStruct:
+		return f.appendStructSlice(dst, fp, depth)
 	}
 	return appendScalar(dst, f.kind, fp), true
+}
+
+// appendStructSlice appends the slice of structs or of pointers to structs
+// at fp as an array.
+func (f *scField) appendStructSlice(dst []byte, fp unsafe.Pointer, depth int) ([]byte, bool) {
+	h := *(*[]byte)(fp) // the header's layout, whatever the element type
+	if h == nil {
+		return append(dst, 0xc0), true
+	}
+	n := len(h)
+	dst = appendArrayLen(dst, n)
+	if n == 0 {
+		return dst, true
+	}
+	base := unsafe.Pointer(unsafe.SliceData(h))
+	var ok bool
+	if f.kind == scSliceStruct {
+		size := f.sub.typ.Size()
+		for i := range n {
+			if dst, ok = f.sub.appendStruct(dst, unsafe.Add(base, uintptr(i)*size), depth+1); !ok {
+				return dst, false
+			}
+		}
+		return dst, true
+	}
+	for i := range n {
+		sp := *(*unsafe.Pointer)(unsafe.Add(base, uintptr(i)*unsafe.Sizeof(base)))
+		if sp == nil {
+			dst = append(dst, 0xc0)
+			continue
+		}
+		if dst, ok = f.sub.appendStruct(dst, sp, depth+1); !ok {
+			return dst, false
+		}
+	}
+	return dst, true
 }
 
 // appendScalar appends the scalar or string of kind k at p.
@@ -625,7 +694,7 @@ func (f *scField) isEmpty(fp unsafe.Pointer) bool {
 		return *(*float64)(fp) == 0
 	case scString:
 		return len(*(*string)(fp)) == 0
-	case scBytes, scSlice:
+	case scBytes, scSlice, scSliceStruct, scSlicePtrStruct:
 		return len(*(*[]byte)(fp)) == 0
 	case scByteArray:
 		return f.n == 0
@@ -912,8 +981,60 @@ func (f *scField) decodeField(r *scReader, fp unsafe.Pointer, depth int) bool {
 		}
 		*(*unsafe.Pointer)(fp) = sp
 		return true
+	case scSliceStruct, scSlicePtrStruct:
+		return f.decodeStructSlice(r, fp, depth)
 	}
 	return r.scalar(f.kind, fp)
+}
+
+// decodeStructSlice decodes an array (or nil) of maps (or nils) into the
+// nil slice of structs or of pointers to structs at fp. The elements are a
+// nesting level below the array, two below the struct holding fp.
+func (f *scField) decodeStructSlice(r *scReader, fp unsafe.Pointer, depth int) bool {
+	code, ok := r.next()
+	if !ok {
+		return false
+	}
+	var n int
+	switch {
+	case code == 0xc0:
+		return true // nil: the slice stays nil
+	case code >= 0x90 && code <= 0x9f:
+		n = int(code & 0x0f)
+	case code == 0xdc:
+		n, ok = r.length(2)
+	case code == 0xdd:
+		n, ok = r.length(4)
+	default:
+		return false
+	}
+	if !ok || n > r.remaining() {
+		return false // each element takes at least one byte
+	}
+	base := reflect.MakeSlice(f.styp, n, n).UnsafePointer()
+	// The header of a []T is {base, n, n} whatever T is.
+	*(*[]byte)(fp) = unsafe.Slice((*byte)(base), n)
+	if f.kind == scSliceStruct {
+		size := f.sub.typ.Size()
+		for i := range n {
+			if !f.sub.decodeStruct(r, unsafe.Add(base, uintptr(i)*size), depth+2) {
+				return false
+			}
+		}
+		return true
+	}
+	for i := range n {
+		if r.i < len(r.b) && r.b[r.i] == 0xc0 {
+			r.i++
+			continue // nil: the pointer stays nil
+		}
+		sp := reflect.New(f.sub.typ).UnsafePointer()
+		if !f.sub.decodeStruct(r, sp, depth+2) {
+			return false
+		}
+		*(*unsafe.Pointer)(unsafe.Add(base, uintptr(i)*unsafe.Sizeof(base))) = sp
+	}
+	return true
 }
 
 // bin reads a bin or str (or nil) as vmihailenco's bytes decoding accepts

@@ -107,6 +107,14 @@ type scNode struct {
 
 type scPayload struct{ Payload []byte }
 
+// scTree nests through slices of structs and of pointers to structs.
+type scTree struct {
+	Name  string
+	Kids  []scTree
+	Refs  []*scInner `msgpack:",omitempty"`
+	Nodes []*scNode
+}
+
 // scSingle is pointer-shaped: an interface holds it in its data word.
 type scSingle struct{ P *scInner }
 
@@ -132,7 +140,7 @@ type scBig struct {
 
 // scTypes are the compiled sample types, with a sample value each.
 var scTypes = []any{
-	scAll{}, scOmit{}, scNode{}, scPayload{}, scSingle{}, scEmpty{}, scMany{}, scBig{}, scInner{}, scAllOmit{},
+	scAll{}, scOmit{}, scNode{}, scTree{}, scPayload{}, scSingle{}, scEmpty{}, scMany{}, scBig{}, scInner{}, scAllOmit{},
 }
 
 // Types the compiled codec must leave to vmihailenco.
@@ -172,7 +180,7 @@ type scRegistered int32
 type scExtRegistered struct{ X int }
 type scNestedCustomHolder struct{ In struct{ C scCustom } }
 type scPtrCustomHolder struct{ C *scCustom }
-type scSliceStructHolder struct{ S []scInner }
+type scSliceStructHolder struct{ S []scWithIface }
 type scPtrIntHolder struct{ P *int }
 type scUintptrHolder struct{ P uintptr }
 type scComplexHolder struct{ C complex128 }
@@ -396,6 +404,11 @@ func (s *scSource) fill(v reflect.Value, depth int) {
 			v.SetBytes(s.bytes())
 			return
 		}
+		ek := v.Type().Elem().Kind()
+		if (ek == reflect.Struct || ek == reflect.Pointer) && depth >= 4 {
+			v.SetZero()
+			return
+		}
 		switch s.byte() % 4 {
 		case 0:
 			v.SetZero()
@@ -405,7 +418,7 @@ func (s *scSource) fill(v reflect.Value, depth int) {
 			n := s.length() % 40
 			sl := reflect.MakeSlice(v.Type(), n, n)
 			for i := range n {
-				s.fill(sl.Index(i), depth)
+				s.fill(sl.Index(i), depth+1)
 			}
 			v.Set(sl)
 		}
@@ -573,6 +586,8 @@ func TestStructCodecEncodeTable(t *testing.T) {
 		&scEmpty{},
 		&scMany{F19: "last"},
 		&scWithDuration{D: time.Second},
+		&scTree{Name: "root", Kids: []scTree{{Name: "a", Refs: []*scInner{nil, in}}, {}}, Nodes: []*scNode{nil, {V: 1}}},
+		&scTree{Kids: []scTree{}, Refs: []*scInner{}, Nodes: make([]*scNode, 20)},
 	} {
 		checkEncode(t, reflect.ValueOf(v))
 	}
@@ -618,6 +633,14 @@ func TestStructCodecDecodeDepth(t *testing.T) {
 		in := &scAll{PIn: &scInner{C: []uint16{1}}}
 		checkDecode(t, reflect.TypeFor[scAll](), checkEncode(t, reflect.ValueOf(in)))
 	}
+	// Each level of a tree is a map and an array.
+	for n := MaxMsgpackDepth/2 - 3; n <= MaxMsgpackDepth/2+1; n++ {
+		tree := scTree{Refs: []*scInner{{C: []uint16{1}}}}
+		for range n - 1 {
+			tree = scTree{Kids: []scTree{tree}}
+		}
+		checkDecode(t, reflect.TypeFor[scTree](), checkEncode(t, reflect.ValueOf(&tree)))
+	}
 }
 
 // scMap encodes m (string keys, any values) with vmihailenco: keys in sorted
@@ -654,6 +677,7 @@ func TestStructCodecDecodeVariants(t *testing.T) {
 	inner := reflect.TypeFor[scInner]()
 	payload := reflect.TypeFor[scPayload]()
 	node := reflect.TypeFor[scNode]()
+	tree := reflect.TypeFor[scTree]()
 	for _, tc := range []struct {
 		name string
 		typ  reflect.Type
@@ -699,6 +723,10 @@ func TestStructCodecDecodeVariants(t *testing.T) {
 		{"bin32 payload", payload, unhexBytes(t, "81 a75061796c6f6164 c600000003 010203"), true},
 		{"empty bin", payload, unhexBytes(t, "81 a75061796c6f6164 c400"), true},
 		{"recursive", node, scMap(t, map[string]any{"V": 1, "Next": map[string]any{"V": 2, "Next": nil}}), true},
+		{"slices of structs in sorted order", tree, scMap(t, map[string]any{"Name": "n", "Kids": []any{map[string]any{"Name": "k", "Refs": []any{nil, map[string]any{"A": 1}}}, nil}, "Nodes": []any{}}), true},
+		{"array-encoded struct in a slice", tree, scMap(t, map[string]any{"Kids": []any{[]any{"k", nil, nil, nil}}}), false},
+		{"unknown key in a slice element", tree, scMap(t, map[string]any{"Nodes": []any{map[string]any{"V": 1, "W": 2}}}), false},
+		{"int in a slice of structs", tree, scMap(t, map[string]any{"Kids": []any{1}}), false},
 		{"pointer as array", node, unhexBytes(t, "81 a44e657874 92 01 c0"), false},
 		{"hostile length", payload, unhexBytes(t, "81 a75061796c6f6164 c6ffffffff 00"), false},
 	} {
@@ -806,7 +834,7 @@ func TestStructCodecAllocs(t *testing.T) {
 
 // scFuzzTypes are the types the fuzz targets exercise.
 var scFuzzTypes = []reflect.Type{
-	reflect.TypeFor[scAll](), reflect.TypeFor[scOmit](), reflect.TypeFor[scNode](),
+	reflect.TypeFor[scAll](), reflect.TypeFor[scOmit](), reflect.TypeFor[scNode](), reflect.TypeFor[scTree](),
 	reflect.TypeFor[scPayload](), reflect.TypeFor[scSingle](), reflect.TypeFor[scBig](),
 }
 
