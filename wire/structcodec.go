@@ -38,7 +38,11 @@ import (
 // TextUnmarshaler or IsZero() bool. Struct tags may name a field, skip it
 // ("-") and set omitempty; any other tag option, embedded fields, a
 // _msgpack field or two fields encoded under one name keep the type on
-// vmihailenco. Named types of the supported kinds are fine.
+// vmihailenco. Named types of the supported kinds are fine. Compiling ends
+// with a probe (a zero and a filled value, encoded and decoded both ways);
+// it notices an encoder registered for a plain type with msgpack.Register
+// or RegisterExtEncoder, but only one registered before the type is
+// compiled (at Registry registration or first use).
 //
 // A compiled codec ignores the encoder and decoder hooks of EncodeWith and
 // DecodeWith (they bind state for CustomEncoder types, and a compiled type
