@@ -192,6 +192,7 @@ func (m *inlineMailbox) schedule(inline bool) {
 		return
 	}
 	if inline {
+		m.n.stats.MessagesInline.Add(1)
 		m.process(true)
 	} else {
 		m.dispatcher.Schedule(m.processScheduled)

@@ -12,6 +12,12 @@ type Stats struct {
 	MessagesReceived atomic.Int64
 	DeliveryFailures atomic.Int64
 	TensorsExported  atomic.Int64
+	// MessagesBatched counts received messages that came in a batch frame
+	// (the rest came alone in their frame).
+	MessagesBatched atomic.Int64
+	// MessagesInline counts received messages whose handler ran on the
+	// connection's reader (Node.WithInlineDelivery).
+	MessagesInline atomic.Int64
 
 	mu       sync.Mutex
 	channels map[string]ChannelStats
@@ -43,6 +49,8 @@ type StatsSnapshot struct {
 	MessagesReceived int64
 	DeliveryFailures int64
 	TensorsExported  int64
+	MessagesBatched  int64
+	MessagesInline   int64
 	// Channels maps a channel name to what it fetched into this node.
 	Channels map[string]ChannelStats
 }
@@ -55,6 +63,8 @@ func (n *Node) Stats() StatsSnapshot {
 		MessagesReceived: s.MessagesReceived.Load(),
 		DeliveryFailures: s.DeliveryFailures.Load(),
 		TensorsExported:  s.TensorsExported.Load(),
+		MessagesBatched:  s.MessagesBatched.Load(),
+		MessagesInline:   s.MessagesInline.Load(),
 		Channels:         map[string]ChannelStats{},
 	}
 	s.mu.Lock()

@@ -20,7 +20,21 @@ func main() {
 	only := flag.String("paths", "", "comma-separated path names to measure (default: all)")
 	timeout := flag.Duration("timeout", 2*time.Minute, "how long to wait for one-way messages to arrive")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	traceFile := flag.String("trace", "", "write a runtime execution trace of the whole run to this file (go tool trace)")
 	flag.Parse()
+	if *traceFile != "" {
+		stop, err := report.StartTrace(*traceFile)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "remote: %v\n", err)
+			os.Exit(2)
+		}
+		defer stop()
+		prev := exit
+		exit = func(code int) {
+			stop()
+			prev(code)
+		}
+	}
 	if *cpuProfile != "" {
 		stop, err := report.StartCPUProfile(*cpuProfile)
 		if err != nil {
@@ -28,9 +42,10 @@ func main() {
 			os.Exit(2)
 		}
 		defer stop()
+		prev := exit
 		exit = func(code int) {
 			stop()
-			os.Exit(code)
+			prev(code)
 		}
 	}
 	if *quick {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	pa "github.com/asynkron/protoactor-go/actor"
@@ -112,6 +113,13 @@ func (p *tensorferryPath) RoundTrip() error {
 	return nil
 }
 
+func (p *tensorferryPath) name() string {
+	if p.native {
+		return "tensorferry"
+	}
+	return "tensorferry-future"
+}
+
 // Send sends one message to the remote sink.
 func (p *tensorferryPath) Send() error {
 	p.client.Root().Send(p.sink, p.msg)
@@ -124,6 +132,11 @@ func (p *tensorferryPath) WaitReceived(total int, timeout time.Duration) error {
 }
 
 func (p *tensorferryPath) close() error {
+	if p.server != nil {
+		s := p.server.Stats()
+		fmt.Fprintf(os.Stderr, "remote: %s: the server received %d messages, %d of them in batch frames, %d handled inline\n",
+			p.name(), s.MessagesReceived, s.MessagesBatched, s.MessagesInline)
+	}
 	var errs []error
 	if p.client != nil {
 		errs = append(errs, p.client.Stop())
