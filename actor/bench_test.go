@@ -2,6 +2,7 @@ package actor_test
 
 import (
 	"bytes"
+	"context"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -52,6 +53,26 @@ func BenchmarkRoundTrip(b *testing.B) {
 	b.ResetTimer()
 	for range b.N {
 		if _, err := a.Root().RequestFuture(pid, msg, 5*time.Second).Result(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkRequestInline is one Node.Request round trip of a 64-byte
+// message to an actor with inline delivery.
+func BenchmarkRequestInline(b *testing.B) {
+	_, nodes := startClusterB(b, 2)
+	a, c := nodes[0], nodes[1]
+	if _, err := c.Root().SpawnNamed(echoProps(c.Name()).Configure(c.WithInlineDelivery()), "echo"); err != nil {
+		b.Fatal(err)
+	}
+	pid := a.PID(c.Name(), "echo")
+	msg := &Ping{Text: string(bytes.Repeat([]byte{'x'}, 64))}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b.ResetTimer()
+	for range b.N {
+		if _, err := a.Request(ctx, pid, msg); err != nil {
 			b.Fatal(err)
 		}
 	}
