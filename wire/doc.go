@@ -38,6 +38,17 @@
 //
 //	err = c.SendMessage(ctx, &wire.Message{Target: "ps", Type: name, Ser: ser, Body: body})
 //
+// At most 8 such batches wait per Conn: a slow peer holds senders back (in
+// bytes, not only in frames). With ConnOptions.HandlerTakeover, a Handler
+// call that blocks hands the reading to a new goroutine instead of stalling
+// the connection.
+//
+// Registered plain structs (scalars, strings, byte slices and arrays,
+// slices, nested structs; no custom encoders) are encoded and decoded by a
+// codec compiled at registration: the same bytes as vmihailenco/msgpack,
+// and anything its decoder does not expect is decoded again by
+// vmihailenco, so results never differ. Other types use vmihailenco.
+//
 // Errors come in two scopes, as in HTTP/2: a *ConnError kills the
 // connection, a *StreamError fails one request or transfer. Sentinels
 // (ErrFrameTooLarge, ErrShortFrame, ErrAuthFailed, ...) are wrapped and
