@@ -159,3 +159,53 @@ func TestInlineHandlerPanicAndStop(t *testing.T) {
 		t.Fatal("request to a stopped actor succeeded")
 	}
 }
+
+// TestInlineActorWatchAndPoison: watching, poisoning and re-spawning an
+// actor with inline delivery across nodes works as with protoactor's own
+// mailbox, and the node's inline table follows.
+func TestInlineActorWatchAndPoison(t *testing.T) {
+	_, nodes := startCluster(t, 2)
+	a, b := nodes[0], nodes[1]
+	props := echoProps(b.Name()).Configure(b.WithInlineDelivery())
+	if _, err := b.Root().SpawnNamed(props, "watched"); err != nil {
+		t.Fatal(err)
+	}
+	remote := a.PID(b.Name(), "watched")
+	rec := newRecorder()
+	if _, err := a.Root().SpawnNamed(rec.props(remote), "watcher"); err != nil {
+		t.Fatal(err)
+	}
+	<-rec.started
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := a.Request(ctx, remote, &Ping{N: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Root().PoisonFuture(remote).Wait(); err != nil {
+		t.Fatalf("PoisonFuture: %v", err)
+	}
+	rec.wait(t, 1, 5*time.Second)
+	rec.mu.Lock()
+	why := rec.terms[0].Why
+	rec.mu.Unlock()
+	if why != pa.TerminatedReason_Stopped {
+		t.Fatalf("Terminated.Why = %v, want Stopped", why)
+	}
+	if n := actor.InlineActors(b); n != 0 {
+		t.Fatalf("InlineActors = %d after poison, want 0", n)
+	}
+	// The same name again: requests reach the new actor, inline.
+	if _, err := b.Root().SpawnNamed(props, "watched"); err != nil {
+		t.Fatal(err)
+	}
+	before := b.Stats().MessagesInline
+	for i := range 5 {
+		res, err := a.Request(ctx, remote, &Ping{N: i})
+		if p, ok := res.(*Pong); err != nil || !ok || p.N != i {
+			t.Fatalf("after re-spawn: %v %#v", err, res)
+		}
+	}
+	if got := b.Stats().MessagesInline - before; got != 5 {
+		t.Fatalf("%d of 5 requests ran inline after re-spawn", got)
+	}
+}
