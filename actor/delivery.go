@@ -2,6 +2,7 @@ package actor
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -96,6 +97,18 @@ func (n *Node) deliverInOrder(ps *peerState, order <-chan *inbound, handed *atom
 // deliverFetched delivers in, whose fetch ended with err, or reports why
 // not.
 func (n *Node) deliverFetched(ps *peerState, in *inbound, err error) {
+	if isReply(in.target.Id) {
+		// A reply to Node.Request: it completes the request, whose caller
+		// learns of a failed fetch itself.
+		if err != nil {
+			n.log.Warn("tensor fetch of a reply failed", zap.String("peer", ps.peer.Name), zap.Error(err))
+			n.completeReply(in.target.Id, nil, fmt.Errorf("%w: %w", ErrReplyNotFetched, err))
+		} else {
+			n.deliver((*replyProcess)(n), in)
+		}
+		ps.queued.Add(-1)
+		return
+	}
 	if err != nil {
 		n.log.Warn("tensor fetch failed", zap.String("peer", ps.peer.Name), zap.Stringer("target", in.target), zap.Error(err))
 		n.replyFailure(ps, in.sender, in.target, "fetching tensors: "+err.Error())

@@ -23,6 +23,9 @@ var (
 	// connection to it closed) before the reply came. It comes wrapped
 	// with ErrNodeDown.
 	ErrNoReply = errors.New("actor: no reply: the target's node went down")
+	// ErrReplyNotFetched: the reply carried tensors that could not be
+	// fetched (the cause is wrapped).
+	ErrReplyNotFetched = errors.New("actor: the reply's tensors could not be fetched")
 )
 
 // replyPrefix starts the ids of Request's reply addresses ('#' never appears

@@ -3,12 +3,14 @@ package actor_test
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/actor"
+	"github.com/tensorferry/tensorferry/tensor"
 )
 
 func TestNodeRequest(t *testing.T) {
@@ -128,6 +130,44 @@ func TestNodeRequestFailures(t *testing.T) {
 	}
 	if _, err := a.Request(tctx, nil, &Ping{}); !errors.Is(err, actor.ErrDeadLetter) {
 		t.Fatalf("nil target: err = %v", err)
+	}
+	if n := actor.WaitingRequests(a); n != 0 {
+		t.Fatalf("%d requests still waiting", n)
+	}
+}
+
+// TestNodeRequestReplyWithTensor: a reply that carries a tensor too large to
+// travel inline is fetched before Request returns it.
+func TestNodeRequestReplyWithTensor(t *testing.T) {
+	_, nodes := startCluster(t, 2)
+	a, b := nodes[0], nodes[1]
+	rng := rand.New(rand.NewPCG(7, 9))
+	w := randomTensor(t, rng, tensor.Float32, tensor.Shape{256, 1024}) // 1 MiB
+	defer w.Free()
+	want := digest(w)
+	server := pa.PropsFromFunc(func(c pa.Context) {
+		if p, ok := c.Message().(*Ping); ok {
+			c.Respond(&Grad{Step: p.N, W: w})
+		}
+	}, b.WithInlineDelivery())
+	if _, err := b.Root().SpawnNamed(server, "weights"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for i := range 3 {
+		res, err := a.Request(ctx, a.PID(b.Name(), "weights"), &Ping{N: i})
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		g, ok := res.(*Grad)
+		if !ok || g.Step != i || g.W == nil {
+			t.Fatalf("request %d: reply %#v", i, res)
+		}
+		if got := digest(g.W); got.Hash != want.Hash || !got.Shape.Equal(want.Shape) {
+			t.Fatalf("request %d: tensor %+v, want %+v", i, got, want)
+		}
+		g.W.Free()
 	}
 	if n := actor.WaitingRequests(a); n != 0 {
 		t.Fatalf("%d requests still waiting", n)
