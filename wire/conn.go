@@ -44,11 +44,13 @@ type ConnOptions struct {
 	// HandlerTakeover is set) and must not call Close; it may call Fail.
 	// Unknown frame types are passed on for Handler to ignore or Fail.
 	Handler func(Frame)
-	// HandlerTakeover, when positive, lets Handler block: a call for a
-	// frame whose memory Handler owns (any frame but a FrameMessages
-	// batch, Data and unknown types) that has not returned after between
-	// HandlerTakeover/2 and HandlerTakeover no longer holds up the
-	// connection. A new goroutine takes over reading and handling the next
+	// HandlerTakeover, when positive, lets Handler block on a single
+	// message: a call for a FrameMessage (whose memory Handler owns; the
+	// frame that may run an actor's handler inline) that has not returned
+	// after between HandlerTakeover/2 and HandlerTakeover no longer holds
+	// up the connection. Calls for other frames (batches alias the
+	// reader's buffers; connection-level frames must stay in order) are
+	// never taken over. A new goroutine takes over reading and handling the next
 	// frames; the goroutine in Handler ends when Handler returns. Frames
 	// are still passed to Handler in order, but a later frame's call may
 	// then run, and return, before the slow one returns. One watchdog
@@ -586,7 +588,7 @@ func (c *Conn) readFrames() bool {
 			c.goAway.Store(&ga)
 		}
 		if c.opts.Handler != nil {
-			if c.opts.HandlerTakeover > 0 && ownsMemory(f) {
+			if c.opts.HandlerTakeover > 0 && h.Type == FrameMessage {
 				// Only this goroutine moves rstate out of phaseReading.
 				s := (c.rstate.Load()&^phaseMask + phaseMask + 1) | phaseHandling
 				c.rstate.Store(s)
@@ -603,17 +605,6 @@ func (c *Conn) readFrames() bool {
 			}
 		}
 	}
-}
-
-// ownsMemory reports whether f stays valid after Handler returns (so that
-// Handler may go on with it after a take-over while the next frames are
-// read into the reader's buffers).
-func ownsMemory(f Frame) bool {
-	switch f.(type) {
-	case *MessagesFrame, *DataFrame, *UnknownFrame:
-		return false
-	}
-	return true
 }
 
 func (c *Conn) readError(err error) error {
