@@ -198,6 +198,11 @@ func TestInlineActorWatchAndPoison(t *testing.T) {
 	if _, err := b.Root().SpawnNamed(props, "watched"); err != nil {
 		t.Fatal(err)
 	}
+	// A first request may find the new actor still handling Started (then
+	// it is queued, not run inline); the next ones find it idle.
+	if _, err := a.Request(ctx, remote, &Ping{N: -1}); err != nil {
+		t.Fatal(err)
+	}
 	before := b.Stats().MessagesInline
 	for i := range 5 {
 		res, err := a.Request(ctx, remote, &Ping{N: i})

@@ -109,12 +109,15 @@ func TestNodeRequestFailures(t *testing.T) {
 	if _, err := b.Root().SpawnNamed(silent, "silent"); err != nil {
 		t.Fatal(err)
 	}
+	received := b.Stats().MessagesReceived
 	done := make(chan error, 1)
 	go func() {
 		_, err := a.Request(tctx, a.PID(b.Name(), "silent"), &Ping{})
 		done <- err
 	}()
-	time.Sleep(100 * time.Millisecond)
+	for b.Stats().MessagesReceived == received { // b has the request
+		time.Sleep(time.Millisecond)
+	}
 	_ = b.Stop()
 	select {
 	case err := <-done:
