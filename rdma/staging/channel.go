@@ -422,7 +422,10 @@ func (c *Channel) transfer(ctx context.Context, cc *clientConn, d *tensor.Descri
 			return started, false, fmt.Errorf("staging: fetch %v: %w", d, *why)
 		}
 		if ctx.Err() != nil {
-			return started, false, err // replaced by the ctx error above
+			// Cancelled (a sibling stripe failed, or the caller): the
+			// cause is the cancellation, even where the deadline that
+			// interrupts the connection has not been set yet.
+			return started, false, fmt.Errorf("staging: fetch %v: %w", d, ctx.Err())
 		}
 		var ne net.Error
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) || errors.As(err, &ne) {
