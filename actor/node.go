@@ -209,7 +209,7 @@ func (n *Node) Start() error {
 		n.closeChannels()
 		return err
 	}
-	if _, err := n.system.Root.SpawnNamed(pa.PropsFromFunc(pingReceive), PingActor); err != nil {
+	if _, err := n.system.Root.SpawnNamed(pa.PropsFromFunc(pingReceive, n.WithInlineDelivery()), PingActor); err != nil {
 		_ = m.Close()
 		n.closeChannels()
 		return fmt.Errorf("actor: spawning %s: %w", PingActor, err)

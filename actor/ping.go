@@ -6,7 +6,7 @@ import (
 )
 
 // PingActor is the id of the actor every node runs to answer Ping requests
-// (used by `ferry ping` and by health checks).
+// (used by `ferry ping` and by health checks); it has inline delivery.
 const PingActor = "tensorferry.ping"
 
 // Ping asks a node's PingActor for a Pong carrying the same payload.

@@ -71,7 +71,9 @@ func runPing(args []string, stdout io.Writer) error {
 	rtts := make([]time.Duration, 0, *count)
 	for i := range *count {
 		start := time.Now()
-		res, err := node.Root().RequestFuture(pid, &actor.Ping{Seq: uint64(i), Payload: payload}, *wait).Result()
+		ctx, cancel := context.WithTimeout(context.Background(), *wait)
+		res, err := node.Request(ctx, pid, &actor.Ping{Seq: uint64(i), Payload: payload})
+		cancel()
 		if err != nil {
 			return fmt.Errorf("round trip %d to %s: %w", i, *to, err)
 		}
