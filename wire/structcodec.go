@@ -863,6 +863,29 @@ func (r *scReader) length(n int) (int, bool) {
 // remaining is the number of unread bytes.
 func (r *scReader) remaining() int { return len(r.b) - r.i }
 
+// arrayHeader reads an array header, or nil (isNil). A count larger than
+// the bytes that remain is refused (each element takes at least one byte),
+// so no caller allocates from it beyond the input's size.
+func (r *scReader) arrayHeader() (n int, isNil, ok bool) {
+	code, ok := r.next()
+	if !ok {
+		return 0, false, false
+	}
+	switch {
+	case code == 0xc0:
+		return 0, true, true
+	case code >= 0x90 && code <= 0x9f:
+		n = int(code & 0x0f)
+	case code == 0xdc:
+		n, ok = r.length(2)
+	case code == 0xdd:
+		n, ok = r.length(4)
+	default:
+		return 0, false, false
+	}
+	return n, false, ok && n <= r.remaining()
+}
+
 // decodeStruct decodes a map (or nil) into the zero struct at p. depth is
 // 0 for the outermost struct; a struct at depth d is a map at checkMsgpack's
 // nesting level d+1 and its slices are at d+2, so the limit keeps the fast
@@ -995,25 +1018,9 @@ func (f *scField) decodeField(r *scReader, fp unsafe.Pointer, depth int) bool {
 // nil slice of structs or of pointers to structs at fp. The elements are a
 // nesting level below the array, two below the struct holding fp.
 func (f *scField) decodeStructSlice(r *scReader, fp unsafe.Pointer, depth int) bool {
-	code, ok := r.next()
-	if !ok {
-		return false
-	}
-	var n int
-	switch {
-	case code == 0xc0:
-		return true // nil: the slice stays nil
-	case code >= 0x90 && code <= 0x9f:
-		n = int(code & 0x0f)
-	case code == 0xdc:
-		n, ok = r.length(2)
-	case code == 0xdd:
-		n, ok = r.length(4)
-	default:
-		return false
-	}
-	if !ok || n > r.remaining() {
-		return false // each element takes at least one byte
+	n, isNil, ok := r.arrayHeader()
+	if !ok || isNil {
+		return ok // nil: the slice stays nil
 	}
 	base := reflect.MakeSlice(f.styp, n, n).UnsafePointer()
 	// The header of a []T is {base, n, n} whatever T is.
@@ -1232,25 +1239,9 @@ func (r *scReader) float(k scKind, p unsafe.Pointer) bool {
 // slice at p. An empty array gives an empty, non-nil slice, as in
 // vmihailenco.
 func decodeSlice(r *scReader, k scKind, p unsafe.Pointer) bool {
-	code, ok := r.next()
-	if !ok {
-		return false
-	}
-	var n int
-	switch {
-	case code == 0xc0:
-		return true // nil: the slice stays nil
-	case code >= 0x90 && code <= 0x9f:
-		n = int(code & 0x0f)
-	case code == 0xdc:
-		n, ok = r.length(2)
-	case code == 0xdd:
-		n, ok = r.length(4)
-	default:
-		return false
-	}
-	if !ok || n > r.remaining() {
-		return false // each element takes at least one byte
+	n, isNil, ok := r.arrayHeader()
+	if !ok || isNil {
+		return ok // nil: the slice stays nil
 	}
 	base, size, ok := makeScalarSlice(k, n, p)
 	if !ok {

@@ -22,27 +22,20 @@ func main() {
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	traceFile := flag.String("trace", "", "write a runtime execution trace of the whole run to this file (go tool trace)")
 	flag.Parse()
-	if *traceFile != "" {
-		stop, err := report.StartTrace(*traceFile)
+	for _, prof := range []struct {
+		path  string
+		start func(string) (func(), error)
+	}{{*traceFile, report.StartTrace}, {*cpuProfile, report.StartCPUProfile}} {
+		if prof.path == "" {
+			continue
+		}
+		stop, err := prof.start(prof.path)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "remote: %v\n", err)
 			os.Exit(2)
 		}
 		defer stop()
-		prev := exit
-		exit = func(code int) {
-			stop()
-			prev(code)
-		}
-	}
-	if *cpuProfile != "" {
-		stop, err := report.StartCPUProfile(*cpuProfile)
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "remote: %v\n", err)
-			os.Exit(2)
-		}
-		defer stop()
-		prev := exit
+		prev := exit // exit stops what was started, then exits
 		exit = func(code int) {
 			stop()
 			prev(code)
