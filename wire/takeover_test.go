@@ -7,16 +7,32 @@ import (
 	"time"
 )
 
+// takeoverPair connects a plain Conn (ca, the sender) to one whose Handler
+// is h and whose calls are taken over after d (cb); both close at the end
+// of the test.
+func takeoverPair(t *testing.T, d time.Duration, h func(Frame)) (ca, cb *Conn) {
+	t.Helper()
+	a, b := tcpPair(t)
+	cb = NewConn(b, Peer{Node: "a"}, ConnOptions{HandlerTakeover: d, Handler: h})
+	ca = NewConn(a, Peer{Node: "b"}, ConnOptions{})
+	ca.Start()
+	cb.Start()
+	t.Cleanup(func() {
+		ca.Close(nil)
+		cb.Close(nil)
+	})
+	return ca, cb
+}
+
 // TestConnHandlerTakeover: a Handler call that waits for a later frame
 // would stall the connection for ever; with HandlerTakeover a new reader
 // handles the later frame, which releases the first call.
 func TestConnHandlerTakeover(t *testing.T) {
-	a, b := tcpPair(t)
 	release := make(chan struct{})
 	var mu sync.Mutex
 	var order []uint64
 	firstDone := make(chan struct{})
-	cb := NewConn(b, Peer{Node: "a"}, ConnOptions{HandlerTakeover: 2 * time.Millisecond, Handler: func(f Frame) {
+	ca, cb := takeoverPair(t, 2*time.Millisecond, func(f Frame) {
 		m, ok := f.(*MessageFrame)
 		if !ok {
 			return
@@ -31,12 +47,7 @@ func TestConnHandlerTakeover(t *testing.T) {
 		case 2:
 			close(release)
 		}
-	}})
-	ca := NewConn(a, Peer{Node: "b"}, ConnOptions{})
-	ca.Start()
-	cb.Start()
-	defer ca.Close(nil)
-	defer cb.Close(nil)
+	})
 	ctx := context.Background()
 	for i := uint64(1); i <= 3; i++ {
 		if err := ca.Send(ctx, FrameMessage, 0, 0, &Message{Target: "x", Request: i}); err != nil {
@@ -72,10 +83,9 @@ func TestConnHandlerTakeover(t *testing.T) {
 // reader's buffers, so a slow Handler call for one is never taken over;
 // the next frame waits for it.
 func TestConnHandlerTakeoverSparesBatches(t *testing.T) {
-	a, b := tcpPair(t)
 	release := make(chan struct{})
 	handled := make(chan uint64, 16)
-	cb := NewConn(b, Peer{Node: "a"}, ConnOptions{HandlerTakeover: time.Millisecond, Handler: func(f Frame) {
+	ca, cb := takeoverPair(t, time.Millisecond, func(f Frame) {
 		switch f := f.(type) {
 		case *MessagesFrame:
 			<-release
@@ -83,12 +93,7 @@ func TestConnHandlerTakeoverSparesBatches(t *testing.T) {
 		case *MessageFrame:
 			handled <- f.Message.Request
 		}
-	}})
-	ca := NewConn(a, Peer{Node: "b"}, ConnOptions{})
-	ca.Start()
-	cb.Start()
-	defer ca.Close(nil)
-	defer cb.Close(nil)
+	})
 	ctx := context.Background()
 	if err := ca.SendRaw(ctx, FrameMessages, 0, 0, AppendMessagesPayload(nil, []Message{{Target: "x", Request: 1}})); err != nil {
 		t.Fatal(err)
@@ -121,19 +126,14 @@ func TestConnHandlerTakeoverSparesBatches(t *testing.T) {
 // is blocked returns once the reader was taken over, without waiting for
 // Handler, and the watchdog stops with the last Conn.
 func TestConnHandlerTakeoverCloseWhileBlocked(t *testing.T) {
-	a, b := tcpPair(t)
 	release := make(chan struct{})
 	entered := make(chan struct{})
-	cb := NewConn(b, Peer{Node: "a"}, ConnOptions{HandlerTakeover: time.Millisecond, Handler: func(f Frame) {
+	ca, cb := takeoverPair(t, time.Millisecond, func(f Frame) {
 		if _, ok := f.(*MessageFrame); ok {
 			close(entered)
 			<-release
 		}
-	}})
-	ca := NewConn(a, Peer{Node: "b"}, ConnOptions{})
-	ca.Start()
-	cb.Start()
-	defer ca.Close(nil)
+	})
 	if err := ca.Send(context.Background(), FrameMessage, 0, 0, &Message{Target: "x"}); err != nil {
 		t.Fatal(err)
 	}
@@ -167,18 +167,12 @@ func BenchmarkConnHandlerGuard(b *testing.B) {
 // none since its last tick, the watchdog stops ticking; the next guarded
 // call wakes it, and a call that blocks is still taken over.
 func TestTakeoverWatchdogParksWhenIdle(t *testing.T) {
-	a, b := tcpPair(t)
 	release := make(chan struct{})
-	cb := NewConn(b, Peer{Node: "a"}, ConnOptions{HandlerTakeover: 2 * time.Millisecond, Handler: func(f Frame) {
+	ca, cb := takeoverPair(t, 2*time.Millisecond, func(f Frame) {
 		if m, ok := f.(*MessageFrame); ok && m.Message.Request == 2 {
 			<-release
 		}
-	}})
-	ca := NewConn(a, Peer{Node: "b"}, ConnOptions{})
-	ca.Start()
-	cb.Start()
-	defer ca.Close(nil)
-	defer cb.Close(nil)
+	})
 	ctx := context.Background()
 	if err := ca.Send(ctx, FrameMessage, 0, 0, &Message{Target: "x", Request: 1}); err != nil {
 		t.Fatal(err)
