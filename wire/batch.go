@@ -201,7 +201,10 @@ func appendMessage(dst []byte, m *Message) []byte {
 	if m.Request != 0 {
 		n++
 	}
-	dst = append(dst, 0x80|byte(n)) // at most 8 fields
+	if len(m.Tensors) != 0 {
+		n++
+	}
+	dst = append(dst, 0x80|byte(n)) // at most 9 fields
 	if m.Target != "" {
 		dst = appendMPString(appendMPString(dst, "t"), m.Target)
 	}
@@ -225,6 +228,9 @@ func appendMessage(dst []byte, m *Message) []byte {
 	}
 	if m.Request != 0 {
 		dst = appendMPUint(appendMPString(dst, "r"), m.Request)
+	}
+	if len(m.Tensors) != 0 {
+		dst = appendMPBytes(appendMPString(dst, "x"), m.Tensors)
 	}
 	return dst
 }

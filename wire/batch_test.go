@@ -29,6 +29,8 @@ func TestAppendMessageMatchesEncoder(t *testing.T) {
 		{Header: hdr},
 		{Request: 127}, {Request: 128}, {Request: 256}, {Request: 1 << 16}, {Request: 1 << 32}, {Request: 1<<64 - 1},
 		{Target: "a", SenderNode: "n", SenderID: "future$1", Type: "T", Ser: 1, Body: []byte{1}, Header: map[string]string{"k": "v"}, Request: 3},
+		{Tensors: []byte{0x90}}, {Body: []byte{1}, Tensors: make([]byte, 300)},
+		{Target: "a", SenderNode: "n", SenderID: "s", Type: "T", Ser: 1, Body: []byte{1}, Header: map[string]string{"k": "v"}, Request: 3, Tensors: []byte{0x91, 0x01}},
 	} {
 		want, err := EncodeMsgpack(&m)
 		if err != nil {
@@ -351,5 +353,26 @@ func TestSendMessageBoundedInBytes(t *testing.T) {
 	c.Close(nil)
 	if err := <-blocked; !errors.Is(err, ErrClosed) {
 		t.Fatalf("blocked SendMessage after Close: %v", err)
+	}
+}
+
+// TestMessageHeaderCountDoesNotSizeAllocation: a header map's declared
+// entry count is not bytes that are there; decoding one that declares half
+// a million (duplicate, empty) entries allocates in proportion to the
+// distinct entries, not to the count.
+func TestMessageHeaderCountDoesNotSizeAllocation(t *testing.T) {
+	var entries uint32 = 1 << 19
+	body := []byte{0x81, 0xa1, 'h', 0xdf, byte(entries >> 24), byte(entries >> 16), byte(entries >> 8), byte(entries)}
+	body = append(body, bytes.Repeat([]byte{0xa0, 0xa0}, int(entries))...)
+	if err := checkMsgpack(body, MaxMsgpackDepth); err != nil {
+		t.Fatal(err)
+	}
+	var m Message
+	var err error
+	if n := allocatedBytes(func() { err = decodeMessage(body, &m) }); n > 64<<10 {
+		t.Fatalf("%d bytes allocated decoding a header of %d declared entries (%d bytes of input)", n, entries, len(body))
+	}
+	if err != nil || len(m.Header) != 1 {
+		t.Fatalf("header %v, err %v", m.Header, err)
 	}
 }

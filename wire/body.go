@@ -51,6 +51,10 @@ type Message struct {
 	Body       []byte            `msgpack:"b,omitempty"`  // serialized message
 	Header     map[string]string `msgpack:"h,omitempty"`
 	Request    uint64            `msgpack:"r,omitempty"` // request id; 0 if none
+	// Tensors is the message's tensor table, beside the body: the
+	// transfer engine's encoding of the tensors the body's tensor fields
+	// refer to (inline bytes, or descriptors to fetch). Opaque to wire.
+	Tensors []byte `msgpack:"x,omitempty"`
 }
 
 // SystemKind is the kind of a System frame.

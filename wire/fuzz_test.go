@@ -211,7 +211,9 @@ func FuzzMessageDecode(f *testing.F) {
 		var fast, slow Message
 		errFast := checkMsgpack(in, MaxMsgpackDepth)
 		if errFast == nil {
-			errFast = decodeMessage(in, &fast)
+			if n := allocatedBytes(func() { errFast = decodeMessage(in, &fast) }); n > uint64(64<<10+8*len(in)) {
+				t.Fatalf("%d bytes allocated for %d bytes of input", n, len(in))
+			}
 		}
 		errSlow := DecodeMsgpack(in, &slow)
 		if (errFast == nil) != (errSlow == nil) {

@@ -22,7 +22,7 @@ var (
 func (m *Message) EncodeMsgpack(e *msgpack.Encoder) error {
 	n := 0
 	for _, set := range [...]bool{m.Target != "", m.SenderNode != "", m.SenderID != "", m.Type != "",
-		m.Ser != 0, len(m.Body) != 0, len(m.Header) != 0, m.Request != 0} {
+		m.Ser != 0, len(m.Body) != 0, len(m.Header) != 0, m.Request != 0, len(m.Tensors) != 0} {
 		if set {
 			n++
 		}
@@ -94,6 +94,14 @@ func (m *Message) EncodeMsgpack(e *msgpack.Encoder) error {
 			return err
 		}
 		if err := e.EncodeUint(m.Request); err != nil {
+			return err
+		}
+	}
+	if len(m.Tensors) != 0 {
+		if err := e.EncodeString("x"); err != nil {
+			return err
+		}
+		if err := e.EncodeBytes(m.Tensors); err != nil {
 			return err
 		}
 	}
@@ -367,6 +375,14 @@ func decodeMessageWith(b []byte, m *Message, strs *stringCache, copyBody bool) e
 			m.Header, err = r.stringMap()
 		case "r":
 			m.Request, err = r.uint(64)
+		case "x":
+			var p []byte
+			if p, err = r.raw(); err == nil && p != nil {
+				if copyBody {
+					p = bytes.Clone(p)
+				}
+				m.Tensors = p
+			}
 		default:
 			err = r.skip()
 		}
@@ -385,7 +401,9 @@ func (r *mpReader) stringMap() (map[string]string, error) {
 	if err != nil || n < 0 {
 		return nil, err
 	}
-	h := make(map[string]string, n)
+	// Not sized from n: a declared count is not bytes that are there
+	// (a 16 MiB frame could declare millions of entries).
+	h := make(map[string]string)
 	for range n {
 		k, err := r.str()
 		if err != nil {
