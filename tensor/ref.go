@@ -35,15 +35,18 @@ type refState struct {
 	desc    *Descriptor // receiver side
 	fetcher Fetcher
 	spent   bool
+
+	id          uint64 // WireID
+	placeholder bool   // decoded from a message body, not filled yet (field.go)
 }
 
 // NewRef makes a Ref to a local tensor. Sending it lends t as for a tensor
 // field, but the receiver fetches only when it asks.
-func NewRef(t *Tensor) Ref { return Ref{st: &refState{local: t}} }
+func NewRef(t *Tensor) Ref { return Ref{st: &refState{local: t, id: newWireID()}} }
 
 // RefFromDescriptor makes a Ref that fetches d through f.
 func RefFromDescriptor(d *Descriptor, f Fetcher) Ref {
-	return Ref{st: &refState{desc: d, fetcher: f}}
+	return Ref{st: &refState{desc: d, fetcher: f, id: newWireID()}}
 }
 
 // IsZero reports whether the Ref is empty.
@@ -84,8 +87,8 @@ func (r Ref) Fetch(ctx context.Context, dev memory.Device) (*Tensor, error) {
 	r.st.spent = true
 	d, f := r.st.desc, r.st.fetcher
 	r.st.mu.Unlock()
-	if f == nil {
-		return nil, fmt.Errorf("tensor: Ref to %v has no fetcher (not delivered by a node)", d)
+	if f == nil || d == nil {
+		return nil, fmt.Errorf("tensor: %v has no fetcher (not delivered by a node)", r)
 	}
 	t, err := f.FetchDescriptor(ctx, d, dev)
 	rerr := f.ReleaseDescriptor(context.WithoutCancel(ctx), d)
@@ -123,6 +126,8 @@ func (r Ref) String() string {
 	switch {
 	case r.st == nil:
 		return "Ref(empty)"
+	case r.st.desc == nil && r.st.local == nil:
+		return "Ref(unfilled placeholder)"
 	case r.st.local != nil:
 		return "Ref(" + r.st.local.String() + ")"
 	default:

@@ -28,6 +28,9 @@ type Tensor struct {
 	mu     sync.Mutex
 	leases int
 	idle   chan struct{} // closed while leases == 0; replaced when a lease is taken
+
+	id          uint64 // WireID
+	placeholder bool   // decoded from a message body, not filled yet (field.go)
 }
 
 // New allocates a tensor on dev. Host memory is zeroed; device memory is not.
@@ -78,7 +81,7 @@ func FromBuffer(buf memory.Buffer, dt DType, shape Shape) (*Tensor, error) {
 	if int64(buf.Len()) != n {
 		return nil, fmt.Errorf("%w: buffer has %d bytes, %v of %v needs %d", ErrBadSize, buf.Len(), shape, dt, n)
 	}
-	t := &Tensor{dtype: dt, shape: shape.Clone(), buf: buf, idle: make(chan struct{})}
+	t := &Tensor{dtype: dt, shape: shape.Clone(), buf: buf, idle: make(chan struct{}), id: newWireID()}
 	close(t.idle)
 	return t, nil
 }
