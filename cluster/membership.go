@@ -269,15 +269,47 @@ func (m *Membership) handshakeConfig(purpose, expect string) wire.HandshakeConfi
 	}
 }
 
+// Accept retry delays: after a failed Accept (EMFILE, ENFILE, ENOBUFS...)
+// the loop waits acceptRetryMin, doubling up to acceptRetryMax, as
+// net/http's Server.Serve does.
+const (
+	acceptRetryMin = 5 * time.Millisecond
+	acceptRetryMax = time.Second
+)
+
+// acceptLoop accepts connections until ln is closed. Any other Accept error
+// (out of file descriptors, most often) is retried with backoff, so a node
+// that ran out of descriptors accepts again once some are freed; the first
+// failure of a burst is logged, and the recovery.
 func (m *Membership) acceptLoop(ln net.Listener, data bool) {
 	defer m.wg.Done()
+	var delay time.Duration // 0 outside a burst of failures
+	failures := 0
 	for {
 		nc, err := ln.Accept()
 		if err != nil {
-			if m.ctx.Err() == nil {
-				m.log.Warn("accept failed", zap.Error(err))
+			if m.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
 			}
-			return
+			failures++
+			if delay == 0 {
+				delay = acceptRetryMin
+				m.log.Warn("accept failed; retrying with backoff", zap.Stringer("listener", ln.Addr()), zap.Error(err))
+			} else {
+				delay = min(2*delay, acceptRetryMax)
+			}
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+			case <-m.ctx.Done():
+				t.Stop()
+				return
+			}
+			continue
+		}
+		if delay != 0 {
+			m.log.Info("accepting again", zap.Stringer("listener", ln.Addr()), zap.Int("failed_accepts", failures))
+			delay, failures = 0, 0
 		}
 		m.wg.Add(1)
 		go func() {

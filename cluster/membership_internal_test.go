@@ -1,0 +1,108 @@
+package cluster
+
+import (
+	"context"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tensorferry/tensorferry/wire"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// nopHandler ignores everything and closes data connections.
+type nopHandler struct{}
+
+func (nopHandler) PeerUp(*Peer)                           {}
+func (nopHandler) PeerDown(*Peer, error)                  {}
+func (nopHandler) HandleFrame(*Peer, wire.Frame)          {}
+func (nopHandler) HandleDataConn(_, _ string, c net.Conn) { c.Close() }
+
+// flakyListener fails Accept with EMFILE bursts[i] times before the i-th
+// connection it lets through.
+type flakyListener struct {
+	net.Listener
+	mu     sync.Mutex
+	bursts []int
+	failed int // failures in the current burst
+}
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	l.mu.Lock()
+	if len(l.bursts) > 0 && l.failed < l.bursts[0] {
+		l.failed++
+		l.mu.Unlock()
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Addr: l.Addr(), Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+	}
+	if len(l.bursts) > 0 {
+		l.bursts, l.failed = l.bursts[1:], 0
+	}
+	l.mu.Unlock()
+	return l.Listener.Accept()
+}
+
+// startAcceptLoop runs m's accept loop on ln (instead of Start's listeners);
+// m.Close closes ln and waits for the loop.
+func startAcceptLoop(m *Membership, ln net.Listener, data bool) {
+	m.mu.Lock()
+	m.lns = append(m.lns, ln)
+	m.mu.Unlock()
+	m.wg.Add(1)
+	go m.acceptLoop(ln, data)
+}
+
+// dialAs opens a connection to addr and runs the initiator's handshake as
+// node, returning the connection or the handshake error.
+func dialAs(t *testing.T, cfg *Config, addr, node, purpose string) (net.Conn, error) {
+	t.Helper()
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = wire.Handshake(ctx, nc, wire.HandshakeConfig{Cluster: cfg.Cluster, Node: node, Incarnation: 1, Secret: cfg.Secret, Purpose: purpose}, true)
+	if err != nil {
+		return nil, err
+	}
+	return nc, nil
+}
+
+func TestAcceptLoopRetriesAfterEMFILE(t *testing.T) {
+	cfg, err := LocalConfig("accept", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	m, err := NewMembership(cfg, "node0", 1, nopHandler{}, Options{Logger: zap.New(core)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	startAcceptLoop(m, &flakyListener{Listener: inner, bursts: []int{5, 3}}, false)
+
+	// Each connection is accepted once its burst of EMFILE errors is over.
+	for i := range 2 {
+		nc, err := dialAs(t, cfg, inner.Addr().String(), "node1", wire.PurposeControl)
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		nc.Close()
+	}
+	// One warning per burst, and one line when accepting works again.
+	if got := logs.FilterMessage("accept failed; retrying with backoff").Len(); got != 2 {
+		t.Errorf("%d accept warnings, want one per burst (2)", got)
+	}
+	again := logs.FilterMessage("accepting again").All()
+	if len(again) != 2 || again[0].ContextMap()["failed_accepts"] != int64(5) || again[1].ContextMap()["failed_accepts"] != int64(3) {
+		t.Errorf("recovery lines: %+v", again)
+	}
+}
