@@ -60,6 +60,13 @@ type HandshakeConfig struct {
 	// Expect, on the initiator, is the node name it means to reach; "" means
 	// any. Ignored by the acceptor.
 	Expect string
+	// Admit, on the acceptor, decides whether to serve an initiator that has
+	// proved it holds Secret; it runs before the acceptor sends its own
+	// proof. A non-nil error refuses the initiator with a GoAway that carries
+	// the error's text as its reason and, when the error is a *ConnError, its
+	// Code (else CodeUnavailable); Handshake then returns an error wrapping
+	// it. Nil admits every authenticated initiator. Ignored by the initiator.
+	Admit func(Peer) error
 }
 
 // Peer is the authenticated other end of a connection.
@@ -97,11 +104,20 @@ func (c *HandshakeConfig) validate(initiator bool) error {
 // whoever it dialed; an impostor acceptor learns that name and a MAC it
 // could attack offline, which is why Secret must be random and long.
 //
+// The cluster name is checked only through the MACs: an acceptor answers a
+// wrong cluster name exactly as it answers a wrong secret (a GoAway with
+// CodeAuth after the challenge), so a prober without the secret cannot test
+// guesses of the name. The initiator's error then wraps ErrAuthFailed; the
+// acceptor's wraps ErrClusterMismatch as well, for its logs. A GoAway from
+// the acceptor's Admit, sent only to an initiator that proved the secret,
+// carries a reason that the initiator's error quotes.
+//
 // The whole handshake is bounded by cfg.Timeout and ctx; the deadline on nc
 // is cleared on success. Nothing but handshake frames is accepted. On
 // failure nc is closed and the error wraps one of ErrVersion,
 // ErrClusterMismatch, ErrAuthFailed, ErrUnexpectedPeer, a *ConnError for a
-// malformed frame, ctx.Err() or the I/O error (os.ErrDeadlineExceeded on
+// malformed frame or a refusal by the peer's Admit, the error of this
+// side's Admit, ctx.Err() or the I/O error (os.ErrDeadlineExceeded on
 // timeout).
 func Handshake(ctx context.Context, nc net.Conn, cfg HandshakeConfig, initiator bool) (Peer, error) {
 	if err := cfg.validate(initiator); err != nil {
@@ -225,10 +241,6 @@ func (hs *handshake) accept() (Peer, error) {
 		hs.refuse(CodeVersion)
 		return Peer{}, fmt.Errorf("wire: handshake: initiator speaks version %d, want %d: %w", hello.Version, ProtocolVersion, ErrVersion)
 	}
-	if hello.Cluster != hs.cfg.Cluster {
-		hs.refuse(CodeCluster)
-		return Peer{}, fmt.Errorf("wire: handshake: initiator is in cluster %q: %w", hello.Cluster, ErrClusterMismatch)
-	}
 	if hello.Purpose != PurposeControl && hello.Purpose != PurposeData ||
 		hs.cfg.Purpose != "" && hello.Purpose != hs.cfg.Purpose {
 		hs.refuse(CodeProtocol)
@@ -254,18 +266,40 @@ func (hs *handshake) accept() (Peer, error) {
 		hs.refuse(CodeProtocol)
 		return Peer{}, connErr(CodeProtocol, nil, "handshake: auth names no valid node")
 	}
+	// The MAC binds this node's cluster name, so an initiator of another
+	// cluster fails here, refused exactly like one with a wrong secret.
 	t := transcript{version: ProtocolVersion, cluster: hs.cfg.Cluster, purpose: hello.Purpose,
 		nonceI: hello.Nonce, nonceA: nonceA, nodeI: auth.Node, incI: auth.Incarnation}
 	if !hmac.Equal(auth.MAC, t.mac(hs.cfg.Secret, labelInitiator, false)) {
 		hs.refuse(CodeAuth)
+		if hello.Cluster != hs.cfg.Cluster {
+			return Peer{}, fmt.Errorf("wire: handshake: initiator is in cluster %q: %w (%w)", hello.Cluster, ErrClusterMismatch, ErrAuthFailed)
+		}
 		return Peer{}, fmt.Errorf("wire: handshake: initiator's proof is wrong: %w", ErrAuthFailed)
+	}
+	if hello.Cluster != hs.cfg.Cluster {
+		// Only an initiator that MACs another name than it sent gets here.
+		hs.refuse(CodeCluster)
+		return Peer{}, fmt.Errorf("wire: handshake: initiator is in cluster %q: %w", hello.Cluster, ErrClusterMismatch)
+	}
+	peer := Peer{Node: auth.Node, Incarnation: auth.Incarnation, Purpose: hello.Purpose}
+	if hs.cfg.Admit != nil {
+		if err := hs.cfg.Admit(peer); err != nil {
+			code := CodeUnavailable
+			var ce *ConnError
+			if errors.As(err, &ce) {
+				code = ce.Code
+			}
+			hs.refuseWith(code, err.Error())
+			return Peer{}, fmt.Errorf("wire: handshake: %s refused: %w", auth.Node, err)
+		}
 	}
 	t.nodeA, t.incA = hs.cfg.Node, hs.cfg.Incarnation
 	welcome := Welcome{Node: hs.cfg.Node, Incarnation: hs.cfg.Incarnation, MAC: t.mac(hs.cfg.Secret, labelAcceptor, true)}
 	if err := hs.fr.WriteWelcome(&welcome); err != nil {
 		return Peer{}, fmt.Errorf("wire: handshake: send welcome: %w", err)
 	}
-	return Peer{Node: auth.Node, Incarnation: auth.Incarnation, Purpose: hello.Purpose}, nil
+	return peer, nil
 }
 
 // read reads the next frame and requires type want. A GoAway from the peer
@@ -289,7 +323,11 @@ func (hs *handshake) read(want FrameType) (Frame, error) {
 		case CodeAuth:
 			sentinel = ErrAuthFailed
 		default:
-			sentinel = &ConnError{Code: g.GoAway.Code, Reason: "refused by peer"}
+			reason := "refused by peer"
+			if g.GoAway.Reason != "" {
+				reason = fmt.Sprintf("refused by peer: %q", g.GoAway.Reason)
+			}
+			sentinel = &ConnError{Code: g.GoAway.Code, Reason: reason}
 		}
 		return nil, fmt.Errorf("wire: handshake: peer refused with %s: %w", g.GoAway.Code, sentinel)
 	}
@@ -298,11 +336,18 @@ func (hs *handshake) read(want FrameType) (Frame, error) {
 }
 
 // refuse sends a GoAway carrying only code, best effort and briefly.
-func (hs *handshake) refuse(code ErrCode) {
+func (hs *handshake) refuse(code ErrCode) { hs.refuseWith(code, "") }
+
+// refuseWith sends a GoAway with code and reason, best effort and briefly.
+// A reason goes only to an initiator that proved the secret.
+func (hs *handshake) refuseWith(code ErrCode, reason string) {
 	if d := time.Now().Add(refuseTimeout); d.Before(hs.deadline) {
 		hs.nc.SetWriteDeadline(d)
 	}
-	hs.fr.WriteGoAway(&GoAway{Code: code})
+	if limit := HandshakeMaxFrameSize / 2; len(reason) > limit {
+		reason = reason[:limit]
+	}
+	hs.fr.WriteGoAway(&GoAway{Code: code, Reason: reason})
 }
 
 // transcript is what the handshake MACs bind: every field is length

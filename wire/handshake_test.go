@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -220,12 +221,82 @@ func TestHandshakeWrongCluster(t *testing.T) {
 	ic, ac := testConfig("ini"), testConfig("acc")
 	ic.Cluster = "other"
 	ini, acc, iconn, _ := handshakePair(t, ic, ac)
-	if !errors.Is(ini.err, ErrClusterMismatch) || !errors.Is(acc.err, ErrClusterMismatch) {
-		t.Fatalf("initiator: %v, acceptor: %v", ini.err, acc.err)
+	// The initiator is refused as for a wrong secret; the acceptor knows why.
+	if !errors.Is(ini.err, ErrAuthFailed) || errors.Is(ini.err, ErrClusterMismatch) {
+		t.Errorf("initiator: %v, want ErrAuthFailed only", ini.err)
+	}
+	if !errors.Is(acc.err, ErrClusterMismatch) || !errors.Is(acc.err, ErrAuthFailed) || !strings.Contains(acc.err.Error(), `"other"`) {
+		t.Errorf("acceptor: %v, want ErrClusterMismatch naming \"other\" and ErrAuthFailed", acc.err)
 	}
 	frames := framesIn(t, iconn.bytesRead())
-	if len(frames) != 1 || frames[0].(*GoAwayFrame).GoAway != (GoAway{Code: CodeCluster}) {
+	if len(frames) != 2 || frames[1].(*GoAwayFrame).GoAway != (GoAway{Code: CodeAuth}) {
 		t.Fatalf("initiator received %v", frames)
+	}
+}
+
+// An unauthenticated prober cannot tell a wrong cluster name from a wrong
+// secret: it receives the same frames (up to the random nonce) and the same
+// error.
+func TestHandshakeWrongClusterLooksLikeWrongSecret(t *testing.T) {
+	seen := func(change func(c *HandshakeConfig)) (wireBytes []byte, err error) {
+		ic, ac := testConfig("ini"), testConfig("acc")
+		change(&ic)
+		ini, _, iconn, _ := handshakePair(t, ic, ac)
+		// Re-encode what the initiator read with the challenge nonce zeroed.
+		var buf bytes.Buffer
+		fr := NewFramer(&buf, nil)
+		for _, f := range framesIn(t, iconn.bytesRead()) {
+			switch f := f.(type) {
+			case *ChallengeFrame:
+				ch := f.Challenge
+				ch.Nonce = make([]byte, len(ch.Nonce))
+				fr.WriteChallenge(&ch)
+			case *GoAwayFrame:
+				fr.WriteGoAway(&f.GoAway)
+			default:
+				t.Fatalf("unexpected %v", f.Header())
+			}
+		}
+		return buf.Bytes(), ini.err
+	}
+	clusterBytes, clusterErr := seen(func(c *HandshakeConfig) { c.Cluster = "guess" })
+	secretBytes, secretErr := seen(func(c *HandshakeConfig) { c.Secret = []byte("another secret of enough length!") })
+	if !bytes.Equal(clusterBytes, secretBytes) {
+		t.Errorf("wrong cluster: initiator read\n%x\nwrong secret:\n%x", clusterBytes, secretBytes)
+	}
+	if clusterErr == nil || secretErr == nil || clusterErr.Error() != secretErr.Error() {
+		t.Errorf("wrong cluster: %v\nwrong secret:  %v", clusterErr, secretErr)
+	}
+}
+
+// Admit refuses an authenticated initiator with a reason it can read.
+func TestHandshakeAdmitRefuses(t *testing.T) {
+	ic, ac := testConfig("ini"), testConfig("acc")
+	var admitted Peer
+	why := &ConnError{Code: CodeNotFound, Reason: `node "ini" is not in the config`}
+	ac.Admit = func(p Peer) error { admitted = p; return why }
+	ini, acc, iconn, _ := handshakePair(t, ic, ac)
+	if admitted != (Peer{"ini", 7, PurposeControl}) {
+		t.Errorf("Admit got %+v", admitted)
+	}
+	if !errors.Is(acc.err, why) {
+		t.Errorf("acceptor: %v, want it to wrap Admit's error", acc.err)
+	}
+	var ce *ConnError
+	if !errors.As(ini.err, &ce) || ce.Code != CodeNotFound || !strings.Contains(ini.err.Error(), `node \"ini\" is not in the config`) {
+		t.Errorf("initiator: %v, want a NotFound refusal quoting the reason", ini.err)
+	}
+	// The refused initiator never gets the acceptor's proof.
+	frames := framesIn(t, iconn.bytesRead())
+	if len(frames) != 2 || frames[1].(*GoAwayFrame).GoAway != (GoAway{Code: CodeNotFound, Reason: why.Error()}) {
+		t.Fatalf("initiator received %v", frames)
+	}
+
+	// A plain error is refused as Unavailable.
+	ac.Admit = func(Peer) error { return errors.New("too many connections") }
+	ini, _, _, _ = handshakePair(t, ic, ac)
+	if !errors.As(ini.err, &ce) || ce.Code != CodeUnavailable || !strings.Contains(ini.err.Error(), "too many connections") {
+		t.Errorf("initiator: %v", ini.err)
 	}
 }
 
