@@ -92,15 +92,22 @@ func randomLease() uint64 {
 // Export lends t to holder: it takes a lease on t that ends on Release, when
 // ttl passes (ttl <= 0: no deadline), or when ReleaseHolder(holder) is
 // called. The returned descriptor has no offers; the data channels add them.
+//
+// Export fails with ErrStoreClosed after Close, and with an error wrapping
+// ErrWriting while a Write on t is in progress: it does not wait, so a Write
+// callback that sends its own tensor fails instead of deadlocking.
 func (s *Store) Export(t *Tensor, holder string, ttl time.Duration) (*Export, *Descriptor, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
 		return nil, nil, ErrStoreClosed
 	}
+	if err := t.addLease(); err != nil { // before the timer can end it
+		s.mu.Unlock()
+		return nil, nil, err
+	}
 	s.nextID++
 	e := &Export{ID: s.nextID, Lease: randomLease(), Tensor: t, Holder: holder}
-	t.addLease() // before the timer can end it
 	if ttl > 0 {
 		e.Deadline = time.Now().Add(ttl)
 		id, lease := e.ID, e.Lease
