@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -50,7 +51,9 @@ type Handler interface {
 	// caps, ping, pong, goaway). The frame is valid only during the call.
 	HandleFrame(p *Peer, f wire.Frame)
 	// HandleDataConn takes ownership of an authenticated data connection
-	// that a peer opened for the named channel.
+	// that a peer opened for the named channel. The connection counts
+	// against Options.MaxDataConnsPerPeer and MaxDataConns until it is
+	// closed.
 	HandleDataConn(peer string, channel string, conn net.Conn)
 }
 
@@ -87,11 +90,12 @@ func (p *Peer) SendMessage(ctx context.Context, m *wire.Message) error {
 func (p *Peer) Close(cause error) { p.conn.Fail(cause) }
 
 type slot struct {
-	cfg     NodeConfig
-	cur     *Peer
-	lastErr error         // why the last dial failed; nil after a success
-	dialing bool          // a dial to this peer is in flight
-	changed chan struct{} // closed and replaced whenever cur changes
+	cfg       NodeConfig
+	cur       *Peer
+	dataConns int           // open data connections the peer dialed to this node
+	lastErr   error         // why the last dial failed; nil after a success
+	dialing   bool          // a dial to this peer is in flight
+	changed   chan struct{} // closed and replaced whenever cur changes
 }
 
 // Membership keeps one authenticated control connection to every other node
@@ -109,17 +113,45 @@ type Membership struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu     sync.Mutex
-	slots  map[string]*slot
-	lns    []net.Listener
-	closed bool
+	maxDataPerPeer int
+	maxData        int
+	dataIdle       time.Duration
+
+	mu        sync.Mutex
+	slots     map[string]*slot
+	dataConns int // open data connections peers dialed to this node
+	lns       []net.Listener
+	closed    bool
 }
+
+// Defaults of Options.
+const (
+	// DefaultMaxDataConnsPerPeer bounds the data connections one peer may
+	// hold open on a node: a staging fetcher keeps at most 8 per owner, so
+	// 64 leaves room for several channels and redials.
+	DefaultMaxDataConnsPerPeer = 64
+	// DefaultMaxDataConns bounds the data connections of all peers
+	// together: 16 peers at the per-peer bound, well below a default
+	// descriptor limit of 1024 per process plus control connections.
+	DefaultMaxDataConns = 1024
+)
 
 // Options tune a Membership.
 type Options struct {
 	Logger *zap.Logger
 	// Caps is the capability body sent to every peer after the handshake.
 	Caps []byte
+	// MaxDataConnsPerPeer bounds (a count) the data connections one peer
+	// may hold open on this node; one more is refused in the handshake with
+	// the reason. 0 means DefaultMaxDataConnsPerPeer.
+	MaxDataConnsPerPeer int
+	// MaxDataConns bounds (a count) the data connections of all peers
+	// together. 0 means DefaultMaxDataConns.
+	MaxDataConns int
+	// DataIdleTimeout is how long (a duration) an authenticated data
+	// connection may wait before naming its channel; it is closed then,
+	// before any handler sees it. 0 means the config's DialTimeout.
+	DataIdleTimeout time.Duration
 }
 
 // NewMembership prepares membership for the node named self with the given
@@ -134,7 +166,14 @@ func NewMembership(cfg *Config, self string, incarnation uint64, h Handler, opts
 		log = zap.NewNop()
 	}
 	m := &Membership{cfg: cfg, self: nc, incarnation: incarnation, caps: opts.Caps, h: h,
-		log: log.With(zap.String("node", self)), slots: map[string]*slot{}}
+		log: log.With(zap.String("node", self)), slots: map[string]*slot{},
+		maxDataPerPeer: cmp.Or(opts.MaxDataConnsPerPeer, DefaultMaxDataConnsPerPeer),
+		maxData:        cmp.Or(opts.MaxDataConns, DefaultMaxDataConns),
+		dataIdle:       cmp.Or(opts.DataIdleTimeout, cfg.DialTimeout)}
+	if m.maxDataPerPeer < 0 || m.maxData < 0 || m.dataIdle < 0 {
+		return nil, fmt.Errorf("cluster: negative Options: MaxDataConnsPerPeer %d, MaxDataConns %d, DataIdleTimeout %v",
+			opts.MaxDataConnsPerPeer, opts.MaxDataConns, opts.DataIdleTimeout)
+	}
 	for _, n := range cfg.Nodes {
 		if n.Name != self {
 			m.slots[n.Name] = &slot{cfg: n, changed: make(chan struct{})}
@@ -329,19 +368,40 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 		m.log.Warn("tls handshake refused", zap.Error(err))
 		return
 	}
-	peer, err := wire.Handshake(m.ctx, nc, m.handshakeConfig(purpose, ""), false)
-	if err != nil {
-		m.log.Warn("handshake refused", zap.String("remote", nc.RemoteAddr().String()), zap.Error(err))
-		nc.Close()
-		return
+	remote := nc.RemoteAddr().String()
+	hc := m.handshakeConfig(purpose, "")
+	var admitErr error
+	reserved := ""
+	hc.Admit = func(p wire.Peer) error {
+		if !m.Known(p.Node) {
+			admitErr = &wire.ConnError{Code: wire.CodeNotFound,
+				Reason: fmt.Sprintf("node %q is not in the config of cluster %q at node %q", p.Node, m.cfg.Cluster, m.self.Name)}
+			return admitErr
+		}
+		if data {
+			if admitErr = m.reserveData(p); admitErr != nil {
+				return admitErr
+			}
+			reserved = p.Node
+		}
+		return nil
 	}
-	if !m.Known(peer.Node) {
-		m.log.Warn("handshake from a node not in the config", zap.String("peer", peer.Node))
-		nc.Close()
+	peer, err := wire.Handshake(m.ctx, nc, hc, false)
+	if err != nil {
+		if reserved != "" {
+			m.releaseData(reserved)
+		}
+		if admitErr != nil {
+			m.log.Warn("connection refused", zap.String("purpose", purpose), zap.String("remote", remote), zap.String("reason", admitErr.Error()))
+		} else {
+			m.log.Warn("handshake refused", zap.String("remote", remote), zap.Error(err))
+		}
 		return
 	}
 	if data {
-		m.serveData(peer, nc)
+		dc := &dataConn{Conn: nc}
+		dc.release = func() { m.releaseData(peer.Node) }
+		m.serveData(peer, dc)
 		return
 	}
 	// Both ends dial; when both dials are in flight, the connection dialed
@@ -358,10 +418,58 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 	m.attach(nc, peer, peer.Node)
 }
 
+// reserveData counts a data connection from p against the bounds, or says
+// why it is refused: p is not a member now (no control connection from this
+// incarnation of it) or holds too many.
+func (m *Membership) reserveData(p wire.Peer) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.slots[p.Node]
+	switch {
+	case m.closed:
+		return &wire.ConnError{Code: wire.CodeShutdown, Reason: "node " + m.self.Name + " shutting down"}
+	case s.cur == nil || s.cur.Incarnation != p.Incarnation:
+		return &wire.ConnError{Code: wire.CodeUnavailable,
+			Reason: fmt.Sprintf("data connection refused: %s (incarnation %d) has no control connection to %s", p.Node, p.Incarnation, m.self.Name)}
+	case s.dataConns >= m.maxDataPerPeer:
+		return &wire.ConnError{Code: wire.CodeUnavailable,
+			Reason: fmt.Sprintf("data connection refused: %s holds %d data connections to %s, the most per peer", p.Node, s.dataConns, m.self.Name)}
+	case m.dataConns >= m.maxData:
+		return &wire.ConnError{Code: wire.CodeUnavailable,
+			Reason: fmt.Sprintf("data connection refused: %s holds %d data connections, the most per node", m.self.Name, m.dataConns)}
+	}
+	s.dataConns++
+	m.dataConns++
+	return nil
+}
+
+func (m *Membership) releaseData(node string) {
+	m.mu.Lock()
+	m.slots[node].dataConns--
+	m.dataConns--
+	m.mu.Unlock()
+}
+
+// dataConn is an accepted data connection; closing it frees its place
+// under the bounds on data connections.
+type dataConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *dataConn) Close() error {
+	c.once.Do(c.release)
+	return c.Conn.Close()
+}
+
 // serveData reads the channel name the dialer sends first (one length byte
-// and the name) and hands the connection to the handler.
+// and the name) within the data idle timeout, and hands the connection to
+// the handler.
 func (m *Membership) serveData(peer wire.Peer, nc net.Conn) {
-	_ = nc.SetReadDeadline(time.Now().Add(m.cfg.DialTimeout))
+	stop := context.AfterFunc(m.ctx, func() { nc.Close() })
+	defer stop()
+	_ = nc.SetReadDeadline(time.Now().Add(m.dataIdle))
 	var n [1]byte
 	if _, err := nc.Read(n[:]); err != nil || n[0] == 0 || n[0] > 32 {
 		m.log.Warn("data connection: bad channel name", zap.String("peer", peer.Node), zap.Error(err))
@@ -373,6 +481,9 @@ func (m *Membership) serveData(peer wire.Peer, nc net.Conn) {
 		m.log.Warn("data connection: bad channel name", zap.String("peer", peer.Node), zap.Error(err))
 		nc.Close()
 		return
+	}
+	if !stop() {
+		return // closed by Close
 	}
 	_ = nc.SetReadDeadline(time.Time{})
 	m.h.HandleDataConn(peer.Node, string(name), nc)
