@@ -146,10 +146,12 @@ func TestExportDuringWrite(t *testing.T) {
 
 // Export and Write race; each either happens or fails with its sentinel,
 // never both at once: a fetch reading the tensor while it is lent never
-// sees a Write's bytes change (and -race sees no race).
+// sees a Write's bytes change, nor does the lend check, which reads it at
+// export and at release (and -race sees no race).
 func TestExportWriteRace(t *testing.T) {
 	s := NewStore("a", 1)
 	defer s.Close()
+	s.SetLendCheck(func(v LendViolation) { t.Errorf("violation: %v", v) })
 	x := hostTensor(t, 256)
 	const n = 2000
 	var wg sync.WaitGroup
@@ -195,8 +197,8 @@ func TestExportWriteRace(t *testing.T) {
 		}
 	}()
 	wg.Wait()
-	if x.Leases() != 0 {
-		t.Fatalf("%d leases left", x.Leases())
+	if x.Leases() != 0 || s.LendViolations() != 0 {
+		t.Fatalf("%d leases left, %d violations", x.Leases(), s.LendViolations())
 	}
 	t.Logf("%d writes, %d exports went through", wrote, lent)
 }

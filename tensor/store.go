@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -29,6 +30,10 @@ type Export struct {
 	timer *time.Timer
 	uses  int  // acquisitions in progress
 	ended bool // removed from the table; the tensor's lease is dropped when uses reaches 0
+
+	checked bool      // exported under a lend check: sum holds the tensor's checksum
+	sum     uint32    // memory.Checksum of the tensor at export
+	lentAt  time.Time // when a checked export began
 }
 
 // Store is an owner's table of exported tensors with their leases. It is
@@ -44,6 +49,9 @@ type Store struct {
 	closed  bool
 	onEnd   map[uint64]func(*Export)
 	nextSub uint64
+
+	lendCheck  func(LendViolation) // nil: off
+	violations atomic.Uint64
 }
 
 // NewStore returns an empty store for the named node's incarnation.
@@ -95,7 +103,9 @@ func randomLease() uint64 {
 //
 // Export fails with ErrStoreClosed after Close, and with an error wrapping
 // ErrWriting while a Write on t is in progress: it does not wait, so a Write
-// callback that sends its own tensor fails instead of deadlocking.
+// callback that sends its own tensor fails instead of deadlocking. Under a
+// lend check (SetLendCheck) Export first reads the whole tensor to checksum
+// it, and fails if that read fails.
 func (s *Store) Export(t *Tensor, holder string, ttl time.Duration) (*Export, *Descriptor, error) {
 	s.mu.Lock()
 	if s.closed {
@@ -106,8 +116,24 @@ func (s *Store) Export(t *Tensor, holder string, ttl time.Duration) (*Export, *D
 		s.mu.Unlock()
 		return nil, nil, err
 	}
+	e := &Export{Tensor: t, Holder: holder}
+	if s.lendCheck != nil {
+		// Checksum outside the lock: it reads the whole tensor.
+		s.mu.Unlock()
+		sum, err := lendChecksum(t)
+		s.mu.Lock()
+		if err == nil && s.closed {
+			err = ErrStoreClosed
+		}
+		if err != nil {
+			s.mu.Unlock()
+			t.dropLease()
+			return nil, nil, err
+		}
+		e.checked, e.sum, e.lentAt = true, sum, time.Now()
+	}
 	s.nextID++
-	e := &Export{ID: s.nextID, Lease: randomLease(), Tensor: t, Holder: holder}
+	e.ID, e.Lease = s.nextID, randomLease()
 	if ttl > 0 {
 		e.Deadline = time.Now().Add(ttl)
 		id, lease := e.ID, e.Lease
@@ -166,7 +192,7 @@ func (s *Store) unuse(e *Export) {
 	last := e.ended && e.uses == 0
 	s.mu.Unlock()
 	if last {
-		e.Tensor.dropLease()
+		s.drop(e)
 	}
 }
 
@@ -182,7 +208,7 @@ func (s *Store) Release(id, lease uint64) error {
 	drop := s.end(e)
 	f := s.endHooks()
 	s.mu.Unlock()
-	finish(e, drop, f)
+	s.finish(e, drop, f)
 	return nil
 }
 
@@ -220,13 +246,22 @@ func (s *Store) endHooks() func(*Export) {
 // finish runs the OnEnd subscribers, then drops the lease: by the time
 // the owner sees its tensor released (WaitReleased), every channel has
 // dropped what it kept for the export (an RDMA key, a registration).
-func finish(e *Export, drop bool, onEnd func(*Export)) {
+func (s *Store) finish(e *Export, drop bool, onEnd func(*Export)) {
 	if onEnd != nil {
 		onEnd(e)
 	}
 	if drop {
-		e.Tensor.dropLease()
+		s.drop(e)
 	}
+}
+
+// drop ends e's lease on its tensor, outside the store's lock. An export
+// made under a lend check is checked first, while the tensor is still lent.
+func (s *Store) drop(e *Export) {
+	if e.checked {
+		s.checkLend(e)
+	}
+	e.Tensor.dropLease()
 }
 
 // ReleaseHolder ends every lease issued to holder (its node went down) and
@@ -244,7 +279,7 @@ func (s *Store) ReleaseHolder(holder string) int {
 	f := s.endHooks()
 	s.mu.Unlock()
 	for i, e := range ended {
-		finish(e, drops[i], f)
+		s.finish(e, drops[i], f)
 	}
 	return len(ended)
 }
@@ -269,6 +304,6 @@ func (s *Store) Close() {
 	f := s.endHooks()
 	s.mu.Unlock()
 	for i, e := range ended {
-		finish(e, drops[i], f)
+		s.finish(e, drops[i], f)
 	}
 }
