@@ -75,7 +75,7 @@ func TestMembershipUnknownNodeToldWhy(t *testing.T) {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zap.InfoLevel)
-	startWith(t, cfg, "node0", cluster.Options{Logger: zap.New(core)})
+	m, _ := startWith(t, cfg, "node0", cluster.Options{Logger: zap.New(core)})
 	for _, purpose := range []string{wire.PurposeControl, wire.PurposeData} {
 		addr := cfg.Nodes[0].Address
 		if purpose == wire.PurposeData {
@@ -87,6 +87,7 @@ func TestMembershipUnknownNodeToldWhy(t *testing.T) {
 			t.Errorf("%s: dialer's error %v, want a NotFound refusal naming the node", purpose, err)
 		}
 	}
+	m.Close() // the acceptor logs after the dialer has its answer: wait for it
 	if n := logs.FilterMessage("connection refused").FilterField(zap.String("reason", `wire: connection error NotFound: node "stranger" is not in the config of cluster "m" at node "node0"`)).Len(); n != 2 {
 		t.Errorf("%d refusals logged with the reason, want 2: %v", n, logs.All())
 	}
@@ -100,12 +101,13 @@ func TestMembershipDataConnNeedsControlConn(t *testing.T) {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zap.InfoLevel)
-	startWith(t, cfg, "node0", cluster.Options{Logger: zap.New(core)})
+	m, _ := startWith(t, cfg, "node0", cluster.Options{Logger: zap.New(core)})
 	_, err = rawDial(t, cfg, cfg.Nodes[0].DataAddress, "node1", 1, wire.PurposeData)
 	const why = "data connection refused: node1 (incarnation 1) has no control connection to node0"
 	if err == nil || !strings.Contains(err.Error(), why) {
 		t.Fatalf("dialer's error %v, want %q", err, why)
 	}
+	m.Close() // the acceptor logs after the dialer has its answer: wait for it
 	if logs.FilterMessage("connection refused").FilterFieldKey("reason").Len() != 1 ||
 		!strings.Contains(logs.FilterMessage("connection refused").All()[0].ContextMap()["reason"].(string), why) {
 		t.Errorf("refusal not logged with its reason: %v", logs.All())
