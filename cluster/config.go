@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,26 +34,36 @@ type Config struct {
 	// SecretFile is the path of a file holding the secret; one trailing
 	// newline ("\n" or "\r\n") is trimmed. A relative path is resolved
 	// against the directory of the config file (the dir given to Parse).
+	// Like ssh with a private key, Validate refuses a file that its group
+	// or others may access (mode & 0o077 != 0) unless SecretFileInsecure.
 	SecretFile string
+	// SecretFileInsecure (secret_file_insecure: true) accepts a SecretFile
+	// that group or others may read: for checked-in test fixtures, whose
+	// mode git does not keep, never for a real cluster.
+	SecretFileInsecure bool
 	// SecretEnv is the name of an environment variable holding the secret.
 	// Exactly one of SecretFile and SecretEnv is set in a config file.
 	SecretEnv string
 
 	// HeartbeatInterval is how often (a duration) each node sends a
-	// heartbeat on every control connection.
+	// heartbeat on every control connection; at least MinHeartbeatInterval.
 	HeartbeatInterval time.Duration
 	// FailureTimeout is how long (a duration) a peer may stay silent before
 	// it is declared down. It must exceed 2 × HeartbeatInterval.
 	FailureTimeout time.Duration
-	// DialTimeout bounds (a duration) one attempt to dial and handshake a peer.
+	// DialTimeout bounds (a duration) one attempt to dial and handshake a
+	// peer; at least MinDialTimeout.
 	DialTimeout time.Duration
 	// ReconnectMin is the first backoff delay (a duration) before redialing
-	// a lost peer; the delay doubles up to ReconnectMax.
+	// a lost peer, at least MinReconnectMin; the delay doubles up to
+	// ReconnectMax.
 	ReconnectMin time.Duration
-	// ReconnectMax is the largest backoff delay (a duration) between redials.
+	// ReconnectMax is the largest backoff delay (a duration) between
+	// redials; at least ReconnectMin.
 	ReconnectMax time.Duration
 	// TransferTimeout is the deadline (a duration) of one out-of-band tensor
-	// transfer, from descriptor to delivered bytes.
+	// transfer, from descriptor to delivered bytes; at least
+	// MinTransferTimeout.
 	TransferTimeout time.Duration
 
 	// MaxFrameSize is the largest control frame accepted, in bytes; a larger
@@ -62,6 +73,26 @@ type Config struct {
 	// inline into control frames instead of moving out of band. It must be
 	// below MaxFrameSize.
 	InlineThreshold int
+	// ReceiveBudget is what a node allocates at once, in bytes, for
+	// tensors being fetched, all peers together; 0 (the default) derives
+	// it from the node's memory: half of its smallest GPU's, or a quarter
+	// of the host's for a node without GPUs (at least 256 MiB). Messages
+	// beyond it wait in the sender's inbox until earlier ones are
+	// delivered.
+	ReceiveBudget int
+	// ReceiveBudgetPerPeer is what one peer's messages may hold of
+	// ReceiveBudget, in bytes (default: half of it); a message whose
+	// tensors exceed it is refused with a reason to its sender.
+	ReceiveBudgetPerPeer int
+	// ReceiveWindow is how many messages with tensors to fetch one peer
+	// may have sent that this node has not fetched yet (a count, default
+	// 64). It is advertised to the peer, whose sends wait for it; a peer
+	// that keeps exceeding it is disconnected.
+	ReceiveWindow int
+	// InboxMessages bounds the messages of one peer waiting for their
+	// tensors or behind them (a count, default 4096); beyond it they are
+	// refused with a reason to their sender.
+	InboxMessages int
 	// ChunkSize is the size in bytes of one staging chunk (one pinned host
 	// buffer of the staging ring).
 	ChunkSize int
@@ -69,8 +100,11 @@ type Config struct {
 	// in flight at once per transfer.
 	ChunksInFlight int
 
-	// DisableChannels lists data channels no node of the cluster may use:
-	// any of "local", "ipc", "staging", "verbs".
+	// DisableChannels lists data channels no node of the cluster may use,
+	// such as "ipc" or "verbs". Validate checks only the form of a name (1
+	// to 32 characters from [a-z0-9_-], starting with a letter): data
+	// channels are an open registry, and the node checks the names against
+	// the channels it has.
 	DisableChannels []string
 
 	// TLS, when set, runs every control connection (and, with Data, every
@@ -115,8 +149,26 @@ const maxSecretFile = 64 << 10
 // dataPortOffset is added to the control port to get the default data port.
 const dataPortOffset = 100
 
-// Channel names accepted in disable_channels.
-var knownChannels = []string{"local", "ipc", "staging", "verbs"}
+// Lower bounds of the durations, below which a setting cannot work: a
+// timer that fires every nanosecond, a dial that cannot finish. Validate
+// refuses smaller values.
+const (
+	// MinHeartbeatInterval bounds HeartbeatInterval: a heartbeat more often
+	// than every 10ms is all a node would do.
+	MinHeartbeatInterval = 10 * time.Millisecond
+	// MinDialTimeout bounds DialTimeout: a TCP connect and a handshake of
+	// two round trips take milliseconds even on loopback under load.
+	MinDialTimeout = 10 * time.Millisecond
+	// MinReconnectMin bounds ReconnectMin: below 1ms a refused dial is
+	// retried in a busy loop.
+	MinReconnectMin = time.Millisecond
+	// MinTransferTimeout bounds TransferTimeout: a transfer needs at least
+	// a rendezvous round trip and a copy.
+	MinTransferTimeout = 100 * time.Millisecond
+)
+
+// MaxChannelNameLen bounds the length of a data channel name.
+const MaxChannelNameLen = 32
 
 // ErrInvalidConfig is matched (with errors.Is) by every error that reports a
 // bad configuration; such errors are *ConfigError.
@@ -288,16 +340,20 @@ func (c *Config) validateSettings() error {
 	for _, f := range []struct {
 		name string
 		v    time.Duration
+		min  time.Duration // 0: bounded by another field below
 	}{
-		{"heartbeat_interval", c.HeartbeatInterval},
-		{"failure_timeout", c.FailureTimeout},
-		{"dial_timeout", c.DialTimeout},
-		{"reconnect_min", c.ReconnectMin},
-		{"reconnect_max", c.ReconnectMax},
-		{"transfer_timeout", c.TransferTimeout},
+		{"heartbeat_interval", c.HeartbeatInterval, MinHeartbeatInterval},
+		{"failure_timeout", c.FailureTimeout, 0},
+		{"dial_timeout", c.DialTimeout, MinDialTimeout},
+		{"reconnect_min", c.ReconnectMin, MinReconnectMin},
+		{"reconnect_max", c.ReconnectMax, 0},
+		{"transfer_timeout", c.TransferTimeout, MinTransferTimeout},
 	} {
 		if f.v < 0 {
 			return c.errf(f.name, "must be positive, got %v", f.v)
+		}
+		if f.v < f.min {
+			return c.errf(f.name, "%v is below the minimum of %v", f.v, f.min)
 		}
 	}
 	if c.FailureTimeout <= 2*c.HeartbeatInterval {
@@ -323,12 +379,26 @@ func (c *Config) validateSettings() error {
 
 func checkChannels(c *Config, field string, chans []string) error {
 	for i, ch := range chans {
-		if !slices.Contains(knownChannels, ch) {
-			return c.errf(fmt.Sprintf("%s[%d]", field, i), "unknown channel %q: want one of %s", ch, strings.Join(knownChannels, ", "))
+		if err := checkChannelName(ch); err != nil {
+			return c.errf(fmt.Sprintf("%s[%d]", field, i), "%w", err)
 		}
 		if j := slices.Index(chans[:i], ch); j >= 0 {
 			return c.errf(fmt.Sprintf("%s[%d]", field, i), "duplicate of %s[%d] (%q)", field, j, ch)
 		}
+	}
+	return nil
+}
+
+// checkChannelName accepts a data channel name: a lower-case letter, then
+// up to 31 characters from [a-z0-9_-].
+func checkChannelName(s string) error {
+	ok := len(s) >= 1 && len(s) <= MaxChannelNameLen && s[0] >= 'a' && s[0] <= 'z'
+	for i := 1; ok && i < len(s); i++ {
+		b := s[i]
+		ok = b >= 'a' && b <= 'z' || b >= '0' && b <= '9' || b == '_' || b == '-'
+	}
+	if !ok {
+		return fmt.Errorf("bad channel name %q: want a lower-case letter, then up to %d of [a-z0-9_-]", s, MaxChannelNameLen-1)
 	}
 	return nil
 }
@@ -359,7 +429,7 @@ func (c *Config) loadSecret() error {
 	if len(c.Secret) == 0 {
 		switch {
 		case c.SecretFile != "":
-			b, err := readSecretFile(c.secretPath())
+			b, err := readSecretFile(c.secretPath(), c.SecretFileInsecure)
 			if err != nil {
 				return c.errf("secret_file", "%w", err)
 			}
@@ -387,12 +457,22 @@ func (c *Config) loadSecret() error {
 // secretPath resolves SecretFile against the config file's directory.
 func (c *Config) secretPath() string { return c.resolvePath(c.SecretFile) }
 
-func readSecretFile(path string) ([]byte, error) {
+// readSecretFile reads the secret file at path, refusing one that group or
+// others may access unless insecure.
+func readSecretFile(path string, insecure bool) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	// Windows has no such mode bits: Go reports 0666 for every file.
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 && !insecure && runtime.GOOS != "windows" {
+		return nil, fmt.Errorf("%s is accessible by group or others (mode %04o): chmod 600 it, or set secret_file_insecure: true to accept it", path, perm)
+	}
 	b, err := io.ReadAll(io.LimitReader(f, maxSecretFile+1))
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", path, err)

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -73,7 +74,7 @@ inline_threshold: 1024
 chunk_size: 512 KiB
 chunks_in_flight: 16
 transfer_timeout: 2h
-disable_channels: [ipc, verbs]
+disable_channels: [ipc, verbs, nvlink_p2p-2]
 nodes:
   - name: n0
     address: "[::1]:9000"
@@ -101,7 +102,7 @@ nodes:
 				want     bool
 			}{
 				{"n0", "ipc", true}, {"n0", "verbs", true}, {"n0", "staging", true}, {"n0", "local", false},
-				{"other", "staging", false}, {"other", "ipc", true},
+				{"other", "staging", false}, {"other", "ipc", true}, {"other", "nvlink_p2p-2", true},
 			} {
 				if got := c.ChannelDisabled(tc.node, tc.ch); got != tc.want {
 					t.Errorf("ChannelDisabled(%q, %q) = %v, want %v", tc.node, tc.ch, got, tc.want)
@@ -118,6 +119,24 @@ nodes:
     devices: ~
 `, func(t *testing.T, c *Config) {
 			if c.HeartbeatInterval != 500*time.Millisecond || c.DisableChannels != nil || len(c.Nodes[0].Devices) != 1 {
+				t.Errorf("got %+v", c)
+			}
+		}},
+		{"lowest bounds", `cluster: demo
+secret_file: secret.key
+heartbeat_interval: 10ms
+failure_timeout: 21ms
+dial_timeout: 10ms
+reconnect_min: 1ms
+reconnect_max: 1ms
+transfer_timeout: 100ms
+disable_channels: [a, a0123456789_-abcdefghijklmnopqrs]
+nodes:
+  - name: a
+    address: 127.0.0.1:7001
+`, func(t *testing.T, c *Config) {
+			if c.HeartbeatInterval != MinHeartbeatInterval || c.DialTimeout != MinDialTimeout ||
+				c.ReconnectMin != MinReconnectMin || c.TransferTimeout != MinTransferTimeout {
 				t.Errorf("got %+v", c)
 			}
 		}},
@@ -199,12 +218,32 @@ func TestParseInvalid(t *testing.T) {
 			`cluster: config line 3: chunks_in_flight: bad count "0": want a positive integer`, ""},
 		{"too many chunks in flight", strings.Replace(base, "nodes:", "chunks_in_flight: 5000\nnodes:", 1),
 			`cluster: config line 3: chunks_in_flight: 5000 is outside 1..1024`, ""},
-		{"unknown channel", strings.Replace(base, "nodes:", "disable_channels:\n  - ipc\n  - rdma\nnodes:", 1),
-			`cluster: config line 5: disable_channels[1]: unknown channel "rdma": want one of local, ipc, staging, verbs`, ""},
+		{"channel name with upper case", strings.Replace(base, "nodes:", "disable_channels:\n  - ipc\n  - RDMA\nnodes:", 1),
+			`cluster: config line 5: disable_channels[1]: bad channel name "RDMA": want a lower-case letter, then up to 31 of [a-z0-9_-]`, ""},
+		{"channel name starting with a digit", strings.Replace(base, "nodes:", "disable_channels: [9p]\nnodes:", 1),
+			`cluster: config line 3: disable_channels[0]: bad channel name "9p"`, ""},
+		{"empty channel name", strings.Replace(base, "nodes:", "disable_channels: ['']\nnodes:", 1),
+			`cluster: config line 3: disable_channels[0]: bad channel name ""`, ""},
+		{"long channel name", strings.Replace(base, "nodes:", "disable_channels: [a"+strings.Repeat("b", 32)+"]\nnodes:", 1),
+			`cluster: config line 3: disable_channels[0]: bad channel name "abbb`, ""},
 		{"duplicate channel", strings.Replace(base, "nodes:", "disable_channels: [ipc, ipc]\nnodes:", 1),
 			`cluster: config line 3: disable_channels[1]: duplicate of disable_channels[0] ("ipc")`, ""},
-		{"unknown node channel", strings.Replace(base, "7002\n", "7002\n    disable_channels: [tcp]\n", 1),
-			`cluster: config line 8: nodes[1].disable_channels[0]: unknown channel "tcp"`, ""},
+		{"bad node channel", strings.Replace(base, "7002\n", "7002\n    disable_channels: [tcp, ipc/2]\n", 1),
+			`cluster: config line 8: nodes[1].disable_channels[1]: bad channel name "ipc/2"`, ""},
+		{"heartbeat below minimum", strings.Replace(base, "nodes:", "heartbeat_interval: 1ns\nnodes:", 1),
+			`cluster: config line 3: heartbeat_interval: 1ns is below the minimum of 10ms`, ""},
+		{"failure timeout of nanoseconds", strings.Replace(base, "nodes:", "heartbeat_interval: 10ms\nfailure_timeout: 3ns\nnodes:", 1),
+			`cluster: config line 4: failure_timeout: 3ns must exceed 2 × heartbeat_interval (10ms)`, ""},
+		{"dial timeout below minimum", strings.Replace(base, "nodes:", "dial_timeout: 1ns\nnodes:", 1),
+			`cluster: config line 3: dial_timeout: 1ns is below the minimum of 10ms`, ""},
+		{"transfer timeout below minimum", strings.Replace(base, "nodes:", "transfer_timeout: 1ns\nnodes:", 1),
+			`cluster: config line 3: transfer_timeout: 1ns is below the minimum of 100ms`, ""},
+		{"reconnect min below minimum", strings.Replace(base, "nodes:", "reconnect_min: 500us\nnodes:", 1),
+			`cluster: config line 3: reconnect_min: 500µs is below the minimum of 1ms`, ""},
+		{"reconnect max below its minimum", strings.Replace(base, "nodes:", "reconnect_max: 1ns\nnodes:", 1),
+			`cluster: config line 3: reconnect_max: 1ns is below reconnect_min (100ms)`, ""},
+		{"secret_file_insecure not a bool", strings.Replace(base, "nodes:", "secret_file_insecure: yes\nnodes:", 1),
+			`cluster: config line 3: secret_file_insecure: want true or false, got "yes"`, ""},
 		{"bad device", strings.Replace(base, "7001\n", "7001\n    devices: [cpu, gpu0]\n", 1),
 			`cluster: config line 6: nodes[0].devices[1]: memory: unknown device "gpu0"`, ""},
 		{"duplicate device", strings.Replace(base, "7001\n", "7001\n    devices: [cuda:1, cuda:1]\n", 1),
@@ -309,6 +348,41 @@ func TestParseAbsoluteSecretFile(t *testing.T) {
 	}
 	if string(c.Secret) != testSecret {
 		t.Errorf("secret %q", c.Secret)
+	}
+}
+
+// A secret file that group or others may access is refused, as ssh refuses
+// such a private key, unless secret_file_insecure says otherwise.
+func TestParseSecretFileMode(t *testing.T) {
+	for _, tc := range []struct {
+		mode     os.FileMode
+		insecure bool
+		ok       bool
+	}{
+		{0o600, false, true}, {0o400, false, true},
+		{0o644, false, false}, {0o640, false, false}, {0o604, false, false}, {0o620, false, false}, {0o601, false, false},
+		{0o644, true, true}, {0o600, true, true},
+	} {
+		dir := secretDir(t, testSecret)
+		path := filepath.Join(dir, "secret.key")
+		if err := os.Chmod(path, tc.mode); err != nil {
+			t.Fatal(err)
+		}
+		yaml := base
+		if tc.insecure {
+			yaml = strings.Replace(base, "nodes:", "secret_file_insecure: true\nnodes:", 1)
+		}
+		c, err := Parse([]byte(yaml), dir)
+		if tc.ok {
+			if err != nil || string(c.Secret) != testSecret || c.SecretFileInsecure != tc.insecure {
+				t.Errorf("mode %04o, insecure %v: %v", tc.mode, tc.insecure, err)
+			}
+			continue
+		}
+		want := fmt.Sprintf("cluster: config line 2: secret_file: %s is accessible by group or others (mode %04o): chmod 600 it, or set secret_file_insecure: true to accept it", path, tc.mode)
+		if err == nil || err.Error() != want || !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("mode %04o: got %v\nwant %s", tc.mode, err, want)
+		}
 	}
 }
 
@@ -514,6 +588,9 @@ func TestValidateInCode(t *testing.T) {
 		{"bad device", func(c *Config) { c.Nodes[0].Devices = []memory.Device{{Kind: 9}} }, `cluster: config: nodes[0].devices[0]: memory: unknown device "device(9:0)": want cpu, pinned or cuda:N`},
 		{"short secret", func(c *Config) { c.Secret = []byte("x") }, "cluster: config: secret_file: secret is 1 bytes, want at least 16"},
 		{"small frame", func(c *Config) { c.MaxFrameSize = 100 }, "cluster: config: max_frame_size: 100 bytes is outside 1KiB..1GiB"},
+		{"tiny heartbeat", func(c *Config) { c.HeartbeatInterval = time.Nanosecond }, "cluster: config: heartbeat_interval: 1ns is below the minimum of 10ms"},
+		{"tiny transfer timeout", func(c *Config) { c.TransferTimeout = time.Millisecond }, "cluster: config: transfer_timeout: 1ms is below the minimum of 100ms"},
+		{"bad channel", func(c *Config) { c.Nodes[0].DisableChannels = []string{"Verbs"} }, `cluster: config: nodes[0].disable_channels[0]: bad channel name "Verbs": want a lower-case letter, then up to 31 of [a-z0-9_-]`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()

@@ -154,6 +154,8 @@ func (c *Config) decode(root *yaml.Node) error {
 			c.SecretFile, err = scalar(v, field)
 		case "secret_env":
 			c.SecretEnv, err = scalar(v, field)
+		case "secret_file_insecure":
+			c.SecretFileInsecure, err = boolean(v, field)
 		case "heartbeat_interval":
 			c.HeartbeatInterval, err = duration(v, field)
 		case "failure_timeout":
@@ -170,6 +172,14 @@ func (c *Config) decode(root *yaml.Node) error {
 			c.MaxFrameSize, err = size(v, field)
 		case "inline_threshold":
 			c.InlineThreshold, err = size(v, field)
+		case "receive_budget":
+			c.ReceiveBudget, err = size(v, field)
+		case "receive_budget_per_peer":
+			c.ReceiveBudgetPerPeer, err = size(v, field)
+		case "receive_window":
+			c.ReceiveWindow, err = count(v, field)
+		case "inbox_messages":
+			c.InboxMessages, err = count(v, field)
 		case "chunk_size":
 			c.ChunkSize, err = size(v, field)
 		case "chunks_in_flight":
@@ -200,16 +210,7 @@ func (c *Config) decodeTLS(v *yaml.Node, field string) error {
 		case "ca_file":
 			t.CAFile, err = scalar(v, field)
 		case "data":
-			var s string
-			if s, err = scalar(v, field); err == nil {
-				switch s {
-				case "true":
-					t.Data = true
-				case "false":
-				default:
-					err = at(v, field, "want true or false, got %q", s)
-				}
-			}
+			t.Data, err = boolean(v, field)
 		default:
 			err = at(k, field, "unknown key")
 		}
@@ -277,6 +278,20 @@ func (c *Config) devices(v *yaml.Node, field string) ([]memory.Device, error) {
 		out = append(out, d)
 	}
 	return out, nil
+}
+
+func boolean(v *yaml.Node, field string) (bool, error) {
+	s, err := scalar(v, field)
+	if err != nil {
+		return false, err
+	}
+	switch s {
+	case "true":
+		return true, nil
+	case "false":
+		return false, nil
+	}
+	return false, at(v, field, "want true or false, got %q", s)
 }
 
 func duration(v *yaml.Node, field string) (time.Duration, error) {
@@ -362,6 +377,7 @@ type fileConfig struct {
 	Cluster           string     `yaml:"cluster"`
 	SecretFile        string     `yaml:"secret_file,omitempty"`
 	SecretEnv         string     `yaml:"secret_env,omitempty"`
+	SecretInsecure    bool       `yaml:"secret_file_insecure,omitempty"`
 	HeartbeatInterval string     `yaml:"heartbeat_interval,omitempty"`
 	FailureTimeout    string     `yaml:"failure_timeout,omitempty"`
 	DialTimeout       string     `yaml:"dial_timeout,omitempty"`
@@ -369,6 +385,10 @@ type fileConfig struct {
 	ReconnectMax      string     `yaml:"reconnect_max,omitempty"`
 	MaxFrameSize      string     `yaml:"max_frame_size,omitempty"`
 	InlineThreshold   string     `yaml:"inline_threshold,omitempty"`
+	ReceiveBudget     string     `yaml:"receive_budget,omitempty"`
+	ReceivePerPeer    string     `yaml:"receive_budget_per_peer,omitempty"`
+	ReceiveWindow     int        `yaml:"receive_window,omitempty"`
+	InboxMessages     int        `yaml:"inbox_messages,omitempty"`
 	ChunkSize         string     `yaml:"chunk_size,omitempty"`
 	ChunksInFlight    int        `yaml:"chunks_in_flight,omitempty"`
 	TransferTimeout   string     `yaml:"transfer_timeout,omitempty"`
@@ -416,6 +436,7 @@ func (c *Config) Marshal() ([]byte, error) {
 		Cluster:           c.Cluster,
 		SecretFile:        c.SecretFile,
 		SecretEnv:         c.SecretEnv,
+		SecretInsecure:    c.SecretFileInsecure,
 		HeartbeatInterval: dur(c.HeartbeatInterval),
 		FailureTimeout:    dur(c.FailureTimeout),
 		DialTimeout:       dur(c.DialTimeout),
@@ -424,6 +445,10 @@ func (c *Config) Marshal() ([]byte, error) {
 		TransferTimeout:   dur(c.TransferTimeout),
 		MaxFrameSize:      sz(c.MaxFrameSize),
 		InlineThreshold:   sz(c.InlineThreshold),
+		ReceiveBudget:     sz(c.ReceiveBudget),
+		ReceivePerPeer:    sz(c.ReceiveBudgetPerPeer),
+		ReceiveWindow:     c.ReceiveWindow,
+		InboxMessages:     c.InboxMessages,
 		ChunkSize:         sz(c.ChunkSize),
 		ChunksInFlight:    c.ChunksInFlight,
 		DisableChannels:   c.DisableChannels,

@@ -8,11 +8,12 @@
 // A cluster is described by a YAML file such as testdata/local3.yaml:
 //
 //	cluster: demo
-//	secret_file: secret.key      # or secret_env: TF_SECRET; at least 16 bytes
-//	heartbeat_interval: 500ms
+//	secret_file: secret.key      # mode 0600; or secret_env: TF_SECRET; at least 16 bytes
+//	heartbeat_interval: 500ms    # at least 10ms
 //	failure_timeout: 3s          # must exceed 2 × heartbeat_interval
+//	dial_timeout: 2s             # at least 10ms; transfer_timeout at least 100ms
 //	max_frame_size: 16MiB        # sizes: integers or KiB/MiB/GiB suffixes
-//	disable_channels: [ipc]      # among local, ipc, staging, verbs
+//	disable_channels: [ipc]      # channel names: [a-z][a-z0-9_-]{0,31}
 //	tls:                         # optional, see TLSConfig
 //	  cert_file: node.crt
 //	  key_file: node.key
@@ -25,8 +26,12 @@
 //	    address: 127.0.0.1:7002
 //	    data_address: 127.0.0.1:7202   # default: control port + 100
 //
-// Settings left out take the defaults of DefaultConfig. Load reads, checks and
-// completes a file; errors name the field and the line:
+// Settings left out take the defaults of DefaultConfig; durations have the
+// lower bounds MinHeartbeatInterval, MinDialTimeout, MinReconnectMin and
+// MinTransferTimeout. A secret file that group or others may access is
+// refused, as ssh refuses such a key, unless secret_file_insecure: true
+// (for test fixtures only). Load reads, checks and completes a file; errors
+// name the field and the line:
 //
 //	cfg, err := cluster.Load("/etc/tensorferry/cluster.yaml")
 //	if err != nil {
