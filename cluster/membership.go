@@ -471,13 +471,18 @@ func (m *Membership) serveData(peer wire.Peer, nc net.Conn) {
 	defer stop()
 	_ = nc.SetReadDeadline(time.Now().Add(m.dataIdle))
 	var n [1]byte
-	if _, err := nc.Read(n[:]); err != nil || n[0] == 0 || n[0] > 32 {
+	if _, err := nc.Read(n[:]); err != nil || n[0] == 0 || n[0] > MaxChannelNameLen {
 		m.log.Warn("data connection: bad channel name", zap.String("peer", peer.Node), zap.Error(err))
 		nc.Close()
 		return
 	}
 	name := make([]byte, n[0])
 	if _, err := readFull(nc, name); err != nil {
+		m.log.Warn("data connection: bad channel name", zap.String("peer", peer.Node), zap.Error(err))
+		nc.Close()
+		return
+	}
+	if err := checkChannelName(string(name)); err != nil {
 		m.log.Warn("data connection: bad channel name", zap.String("peer", peer.Node), zap.Error(err))
 		nc.Close()
 		return
@@ -502,14 +507,14 @@ func readFull(c net.Conn, b []byte) (int, error) {
 }
 
 // DialData opens an authenticated data connection to node's data listener
-// for the named channel.
+// for the named channel (a name as in Config.DisableChannels).
 func (m *Membership) DialData(ctx context.Context, node, channel string) (net.Conn, error) {
 	s, ok := m.slots[node]
 	if !ok {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownNode, node)
 	}
-	if len(channel) == 0 || len(channel) > 32 {
-		return nil, fmt.Errorf("cluster: bad channel name %q", channel)
+	if err := checkChannelName(channel); err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
 	}
 	d := net.Dialer{Timeout: m.cfg.DialTimeout}
 	nc, err := d.DialContext(ctx, "tcp", s.cfg.DataAddress)

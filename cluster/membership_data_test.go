@@ -208,3 +208,44 @@ func TestMembershipDataConnIdleClosed(t *testing.T) {
 	defer dc.Close()
 	ea.expect(t, "data node1 staging")
 }
+
+// Channel names have the form of those in disable_channels, at both ends.
+func TestMembershipDataConnChannelName(t *testing.T) {
+	cfg, err := cluster.LocalConfig("m", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, ea := startWith(t, cfg, "node0", cluster.Options{})
+	startWith(t, cfg, "node1", cluster.Options{})
+	ea.expect(t, "up node1")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := a.DialData(ctx, "node1", "Staging"); err == nil || !strings.Contains(err.Error(), `bad channel name "Staging"`) {
+		t.Errorf("DialData with a bad name: %v", err)
+	}
+	// A dialer that sends a bad name anyway is closed, unheard.
+	nc, err := rawDial(t, cfg, cfg.Nodes[0].DataAddress, "node1", 1, wire.PurposeData)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nc.Write(append([]byte{5}, "a/../"...)); err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if _, err := nc.Read(make([]byte, 1)); err == nil {
+		t.Fatal("read data")
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatal("a data connection with a bad channel name was kept")
+	}
+	// The next good one reaches the handler: the bad one never did.
+	dc, err := rawDial(t, cfg, cfg.Nodes[0].DataAddress, "node1", 1, wire.PurposeData)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dc.Write(append([]byte{7}, "staging"...)); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-ea.ch; got != "data node1 staging" {
+		t.Fatalf("handler got %q first", got)
+	}
+}
