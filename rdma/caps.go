@@ -2,6 +2,7 @@ package rdma
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/tensorferry/tensorferry/memory"
@@ -14,13 +15,6 @@ type DeviceInfo struct {
 	PCIBusID string `msgpack:"p"`
 }
 
-// RDMADevice describes an RDMA NIC a node can use.
-type RDMADevice struct {
-	Name    string `msgpack:"n"`
-	DMABuf  bool   `msgpack:"b"` // GPU memory registrable through dmabuf
-	PeerMem bool   `msgpack:"m"` // GPU memory registrable through peer memory
-}
-
 // Caps is what a node advertises to its peers after the handshake: enough
 // for both ends to run the same pure selection.
 type Caps struct {
@@ -30,8 +24,10 @@ type Caps struct {
 	HostID  string       `msgpack:"h"`
 	Devices []DeviceInfo `msgpack:"g"`
 	// P2P lists pairs of GPU UUIDs between which peer access works.
-	P2P  [][2]string  `msgpack:"p"`
-	RDMA []RDMADevice `msgpack:"r"`
+	P2P [][2]string `msgpack:"p"`
+	// Ads holds what each running channel advertises (see
+	// Backend.Advertise), by channel name; only that channel reads it.
+	Ads map[string][]byte `msgpack:"a"`
 	// Channels lists the channels the node runs (viable and not disabled).
 	Channels []string `msgpack:"c"`
 	// NotRunning gives the reason for each channel the node does not run.
@@ -41,7 +37,9 @@ type Caps struct {
 // Runs reports whether the node runs the named channel.
 func (c *Caps) Runs(channel string) bool { return slices.Contains(c.Channels, channel) }
 
-func (c *Caps) uuid(dev memory.Device) string {
+// DeviceUUID returns the UUID of the node's GPU dev, or "" when the node
+// did not advertise one.
+func (c *Caps) DeviceUUID(dev memory.Device) string {
 	s := dev.String()
 	for _, d := range c.Devices {
 		if d.Device == s {
@@ -51,7 +49,10 @@ func (c *Caps) uuid(dev memory.Device) string {
 	return ""
 }
 
-func (c *Caps) p2p(a, b string) bool {
+// PeerAccess reports whether the node reported peer access between the GPUs
+// of UUIDs a and b (always for a GPU with itself; never for an unknown
+// UUID).
+func (c *Caps) PeerAccess(a, b string) bool {
 	if a == "" || b == "" {
 		return false
 	}
@@ -79,9 +80,11 @@ type Choice struct {
 }
 
 // Select picks the channel that moves a tensor from owner's device src to
-// fetcher's device dst. It is a pure function of the two ends' Caps, so both
-// ends (and `ferry topo`) agree, and it gives a reason for every channel it
-// rejected.
+// fetcher's device dst: the first registered backend, in priority order,
+// whose Scope admits the pair, that both ends run and whose Reach accepts
+// the pair. It is a pure function of the two ends' Caps (and the registered
+// backends), so both ends (and `ferry topo`) agree, and it gives a reason
+// for every backend it rejected.
 func Select(owner, fetcher *Caps, src, dst memory.Device) Choice {
 	var ch Choice
 	reject := func(name, format string, args ...any) {
@@ -100,69 +103,49 @@ func Select(owner, fetcher *Caps, src, dst memory.Device) Choice {
 		}
 		return false
 	}
-	for _, name := range Names {
+	for _, b := range backends() {
 		if ch.Channel != "" {
-			reject(name, "%s preferred", ch.Channel)
+			reject(b.Name, "%s preferred", ch.Channel)
 			continue
 		}
-		switch name {
-		case Local:
-			if owner.Node != fetcher.Node || owner.Incarnation != fetcher.Incarnation {
-				reject(name, "different processes")
-				continue
-			}
-		case IPC:
-			if owner.HostID == "" || owner.HostID != fetcher.HostID {
-				reject(name, "different hosts")
-				continue
-			}
-			if src.Kind != memory.KindCUDA || dst.Kind != memory.KindCUDA {
-				reject(name, "needs GPU memory at both ends (%s -> %s)", src, dst)
-				continue
-			}
-			if notRunning(name) {
-				continue
-			}
-			su, du := owner.uuid(src), fetcher.uuid(dst)
-			if su == "" || du == "" {
-				reject(name, "GPU UUID unknown for %s or %s", src, dst)
-				continue
-			}
-			if !owner.p2p(su, du) && !fetcher.p2p(su, du) {
-				reject(name, "no P2P access between %s and %s (NVML)", su, du)
-				continue
-			}
-		case Verbs:
-			if notRunning(name) {
-				continue
-			}
-			if len(owner.RDMA) == 0 || len(fetcher.RDMA) == 0 {
-				reject(name, "no RDMA device at both ends")
-				continue
-			}
-			if src.Kind == memory.KindCUDA && !gpuRegistrable(owner.RDMA) {
-				reject(name, "%s cannot register GPU memory (no dmabuf or peer memory)", owner.Node)
-				continue
-			}
-			if dst.Kind == memory.KindCUDA && !gpuRegistrable(fetcher.RDMA) {
-				reject(name, "%s cannot register GPU memory (no dmabuf or peer memory)", fetcher.Node)
-				continue
-			}
-		case Staging:
-			if notRunning(name) {
+		if b.Scope != nil {
+			if err := b.Scope(owner, fetcher, src, dst); err != nil {
+				reject(b.Name, "%v", err)
 				continue
 			}
 		}
-		ch.Channel = name
+		if notRunning(b.Name) {
+			continue
+		}
+		if err := b.Reach(owner, fetcher, src, dst); err != nil {
+			reject(b.Name, "%v", err)
+			continue
+		}
+		ch.Channel = b.Name
 	}
 	return ch
 }
 
-func gpuRegistrable(devs []RDMADevice) bool {
-	for _, d := range devs {
-		if d.DMABuf || d.PeerMem {
-			return true
-		}
+// ForHolder returns the capabilities with which this node fetches a
+// descriptor whose lease was issued to holder: c itself when holder is
+// this node (or ""), else a copy that does not run the holder-bound
+// channels (Backend.HolderBound), which serve an export only to its holder.
+func (c *Caps) ForHolder(holder string) *Caps {
+	if holder == "" || holder == c.Node {
+		return c
 	}
-	return false
+	out := *c
+	out.Channels = nil
+	out.NotRunning = maps.Clone(c.NotRunning)
+	if out.NotRunning == nil {
+		out.NotRunning = map[string]string{}
+	}
+	for _, name := range c.Channels {
+		if b, ok := LookupBackend(name); ok && b.HolderBound {
+			out.NotRunning[name] = "forwarded descriptor (lent to " + holder + "): served only to its holder"
+			continue
+		}
+		out.Channels = append(out.Channels, name)
+	}
+	return &out
 }

@@ -10,16 +10,14 @@ import (
 	"go.uber.org/zap"
 )
 
-// Channel names, in order of preference.
+// Names of the built-in channels (see package builtin), in order of
+// preference.
 const (
 	Local   = "local"
 	IPC     = "ipc"
 	Verbs   = "verbs"
 	Staging = "staging"
 )
-
-// Names lists every channel in order of preference.
-var Names = []string{Local, IPC, Verbs, Staging}
 
 // Errors shared by channels.
 var (
@@ -44,7 +42,7 @@ var (
 //
 // A Channel is safe for concurrent use.
 type Channel interface {
-	// Name is one of Names.
+	// Name returns the name its Backend is registered under.
 	Name() string
 	// Offer runs on the owner while a descriptor of e is being encoded for
 	// peer. It returns the bytes to place in Descriptor.Offers[Name()], or

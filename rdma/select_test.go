@@ -1,25 +1,28 @@
-package rdma
+package rdma_test
 
 import (
 	"strings"
 	"testing"
 
 	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/rdma"
+	_ "github.com/tensorferry/tensorferry/rdma/builtin"
+	"github.com/tensorferry/tensorferry/rdma/verbs"
 )
 
 // node builds the Caps of a node running every channel.
-func node(name, host string, gpus ...string) *Caps {
-	c := &Caps{Node: name, Incarnation: 1, HostID: host, Channels: []string{Local, IPC, Verbs, Staging}}
+func node(name, host string, gpus ...string) *rdma.Caps {
+	c := &rdma.Caps{Node: name, Incarnation: 1, HostID: host, Channels: []string{rdma.Local, rdma.IPC, rdma.Verbs, rdma.Staging}}
 	for i, uuid := range gpus {
-		c.Devices = append(c.Devices, DeviceInfo{Device: memory.CUDA(i).String(), UUID: uuid})
+		c.Devices = append(c.Devices, rdma.DeviceInfo{Device: memory.CUDA(i).String(), UUID: uuid})
 	}
 	return c
 }
 
-func with(c *Caps, f func(c *Caps)) *Caps { f(c); return c }
+func with(c *rdma.Caps, f func(c *rdma.Caps)) *rdma.Caps { f(c); return c }
 
-func disable(name, why string) func(c *Caps) {
-	return func(c *Caps) {
+func disable(name, why string) func(c *rdma.Caps) {
+	return func(c *rdma.Caps) {
 		var keep []string
 		for _, ch := range c.Channels {
 			if ch != name {
@@ -37,16 +40,16 @@ func disable(name, why string) func(c *Caps) {
 }
 
 var (
-	nic       = []RDMADevice{{Name: "mlx5_0", DMABuf: true}}
-	nicPeer   = []RDMADevice{{Name: "mlx5_0", PeerMem: true}}
-	nicNoGPU  = []RDMADevice{{Name: "rxe0"}}
+	nic       = []verbs.Device{{Name: "mlx5_0", DMABuf: true}}
+	nicPeer   = []verbs.Device{{Name: "mlx5_0", PeerMem: true}}
+	nicNoGPU  = []verbs.Device{{Name: "rxe0"}}
 	gpu0, cpu = memory.CUDA(0), memory.CPU
 )
 
 func TestSelect(t *testing.T) {
 	tests := []struct {
 		name         string
-		owner, fetch *Caps
+		owner, fetch *rdma.Caps
 		src, dst     memory.Device
 		want         string
 		// reasons maps a rejected channel to words its reason must contain.
@@ -55,142 +58,156 @@ func TestSelect(t *testing.T) {
 		{
 			name:  "same process",
 			owner: node("a", "h1", "GPU-0"), fetch: node("a", "h1", "GPU-0"),
-			src: gpu0, dst: gpu0, want: Local,
-			reasons: map[string][]string{IPC: {"local preferred"}, Staging: {"local preferred"}},
+			src: gpu0, dst: gpu0, want: rdma.Local,
+			reasons: map[string][]string{rdma.IPC: {"local preferred"}, rdma.Staging: {"local preferred"}},
 		},
 		{
 			name:  "same process, host memory",
 			owner: node("a", "h1"), fetch: node("a", "h1"),
-			src: cpu, dst: cpu, want: Local,
+			src: cpu, dst: cpu, want: rdma.Local,
 		},
 		{
 			name:  "same name, new incarnation",
-			owner: with(node("a", "h1", "GPU-0", "GPU-1"), func(c *Caps) { c.Incarnation = 2; c.P2P = [][2]string{{"GPU-0", "GPU-1"}} }),
+			owner: with(node("a", "h1", "GPU-0", "GPU-1"), func(c *rdma.Caps) { c.Incarnation = 2; c.P2P = [][2]string{{"GPU-0", "GPU-1"}} }),
 			fetch: node("a", "h1", "GPU-0", "GPU-1"),
-			src:   gpu0, dst: memory.CUDA(1), want: IPC,
-			reasons: map[string][]string{Local: {"different processes"}},
+			src:   gpu0, dst: memory.CUDA(1), want: rdma.IPC,
+			reasons: map[string][]string{rdma.Local: {"different processes"}},
 		},
 		{
 			name:  "same host, P2P",
-			owner: with(node("a", "h1", "GPU-0", "GPU-1"), func(c *Caps) { c.P2P = [][2]string{{"GPU-0", "GPU-1"}} }),
-			fetch: with(node("b", "h1", "GPU-0", "GPU-1"), func(c *Caps) { c.P2P = [][2]string{{"GPU-0", "GPU-1"}} }),
-			src:   gpu0, dst: memory.CUDA(1), want: IPC,
-			reasons: map[string][]string{Local: {"different processes"}, Verbs: {"ipc preferred"}, Staging: {"ipc preferred"}},
+			owner: with(node("a", "h1", "GPU-0", "GPU-1"), func(c *rdma.Caps) { c.P2P = [][2]string{{"GPU-0", "GPU-1"}} }),
+			fetch: with(node("b", "h1", "GPU-0", "GPU-1"), func(c *rdma.Caps) { c.P2P = [][2]string{{"GPU-0", "GPU-1"}} }),
+			src:   gpu0, dst: memory.CUDA(1), want: rdma.IPC,
+			reasons: map[string][]string{rdma.Local: {"different processes"}, rdma.Verbs: {"ipc preferred"}, rdma.Staging: {"ipc preferred"}},
 		},
 		{
 			name:  "same host, P2P reported by the fetcher only, reversed pair",
 			owner: node("a", "h1", "GPU-0", "GPU-1"),
-			fetch: with(node("b", "h1", "GPU-0", "GPU-1"), func(c *Caps) { c.P2P = [][2]string{{"GPU-0", "GPU-1"}} }),
-			src:   memory.CUDA(1), dst: gpu0, want: IPC,
+			fetch: with(node("b", "h1", "GPU-0", "GPU-1"), func(c *rdma.Caps) { c.P2P = [][2]string{{"GPU-0", "GPU-1"}} }),
+			src:   memory.CUDA(1), dst: gpu0, want: rdma.IPC,
 		},
 		{
 			name:  "same host, same GPU",
 			owner: node("a", "h1", "GPU-0"), fetch: node("b", "h1", "GPU-0"),
-			src: gpu0, dst: gpu0, want: IPC,
+			src: gpu0, dst: gpu0, want: rdma.IPC,
 		},
 		{
 			name:  "same host, no P2P",
 			owner: node("a", "h1", "GPU-0", "GPU-1"), fetch: node("b", "h1", "GPU-0", "GPU-1"),
-			src: gpu0, dst: memory.CUDA(1), want: Staging,
-			reasons: map[string][]string{IPC: {"no P2P", "GPU-0", "GPU-1"}, Verbs: {"no RDMA device"}},
+			src: gpu0, dst: memory.CUDA(1), want: rdma.Staging,
+			reasons: map[string][]string{rdma.IPC: {"no P2P", "GPU-0", "GPU-1"}, rdma.Verbs: {"no RDMA device"}},
 		},
 		{
 			name:  "same host, GPU not advertised",
 			owner: node("a", "h1"), fetch: node("b", "h1", "GPU-0"),
-			src: gpu0, dst: gpu0, want: Staging,
-			reasons: map[string][]string{IPC: {"UUID unknown"}},
+			src: gpu0, dst: gpu0, want: rdma.Staging,
+			reasons: map[string][]string{rdma.IPC: {"UUID unknown"}},
 		},
 		{
 			name:  "same host, host memory never ipc",
-			owner: with(node("a", "h1", "GPU-0"), func(c *Caps) { c.P2P = [][2]string{{"GPU-0", "GPU-0"}} }),
+			owner: with(node("a", "h1", "GPU-0"), func(c *rdma.Caps) { c.P2P = [][2]string{{"GPU-0", "GPU-0"}} }),
 			fetch: node("b", "h1", "GPU-0"),
-			src:   cpu, dst: gpu0, want: Staging,
-			reasons: map[string][]string{IPC: {"needs GPU memory", "cpu"}},
+			src:   cpu, dst: gpu0, want: rdma.Staging,
+			reasons: map[string][]string{rdma.IPC: {"needs GPU memory", "cpu"}},
 		},
 		{
 			name:  "same host, pinned memory never ipc",
 			owner: node("a", "h1", "GPU-0"), fetch: node("b", "h1", "GPU-0"),
-			src: gpu0, dst: memory.Pinned, want: Staging,
-			reasons: map[string][]string{IPC: {"needs GPU memory"}},
+			src: gpu0, dst: memory.Pinned, want: rdma.Staging,
+			reasons: map[string][]string{rdma.IPC: {"needs GPU memory"}},
 		},
 		{
 			name:  "empty host ids are not the same host",
 			owner: node("a", "", "GPU-0"), fetch: node("b", "", "GPU-0"),
-			src: gpu0, dst: gpu0, want: Staging,
-			reasons: map[string][]string{IPC: {"different hosts"}},
+			src: gpu0, dst: gpu0, want: rdma.Staging,
+			reasons: map[string][]string{rdma.IPC: {"different hosts"}},
 		},
 		{
 			name:  "different hosts, RDMA with dmabuf",
-			owner: with(node("a", "h1", "GPU-0"), func(c *Caps) { c.RDMA = nic }),
-			fetch: with(node("b", "h2", "GPU-9"), func(c *Caps) { c.RDMA = nic }),
-			src:   gpu0, dst: gpu0, want: Verbs,
-			reasons: map[string][]string{IPC: {"different hosts"}, Staging: {"verbs preferred"}},
+			owner: with(node("a", "h1", "GPU-0"), func(c *rdma.Caps) { verbs.SetDevices(c, nic) }),
+			fetch: with(node("b", "h2", "GPU-9"), func(c *rdma.Caps) { verbs.SetDevices(c, nic) }),
+			src:   gpu0, dst: gpu0, want: rdma.Verbs,
+			reasons: map[string][]string{rdma.IPC: {"different hosts"}, rdma.Staging: {"verbs preferred"}},
 		},
 		{
 			name:  "different hosts, RDMA with peer memory",
-			owner: with(node("a", "h1", "GPU-0"), func(c *Caps) { c.RDMA = nicPeer }),
-			fetch: with(node("b", "h2", "GPU-9"), func(c *Caps) { c.RDMA = nic }),
-			src:   gpu0, dst: gpu0, want: Verbs,
+			owner: with(node("a", "h1", "GPU-0"), func(c *rdma.Caps) { verbs.SetDevices(c, nicPeer) }),
+			fetch: with(node("b", "h2", "GPU-9"), func(c *rdma.Caps) { verbs.SetDevices(c, nic) }),
+			src:   gpu0, dst: gpu0, want: rdma.Verbs,
 		},
 		{
 			name:  "GPU source without dmabuf or peer memory",
-			owner: with(node("a", "h1", "GPU-0"), func(c *Caps) { c.RDMA = nicNoGPU }),
-			fetch: with(node("b", "h2", "GPU-9"), func(c *Caps) { c.RDMA = nic }),
-			src:   gpu0, dst: cpu, want: Staging,
-			reasons: map[string][]string{Verbs: {"a cannot register GPU memory"}},
+			owner: with(node("a", "h1", "GPU-0"), func(c *rdma.Caps) { verbs.SetDevices(c, nicNoGPU) }),
+			fetch: with(node("b", "h2", "GPU-9"), func(c *rdma.Caps) { verbs.SetDevices(c, nic) }),
+			src:   gpu0, dst: cpu, want: rdma.Staging,
+			reasons: map[string][]string{rdma.Verbs: {"a cannot register GPU memory"}},
 		},
 		{
 			name:  "GPU destination without dmabuf or peer memory",
-			owner: with(node("a", "h1", "GPU-0"), func(c *Caps) { c.RDMA = nic }),
-			fetch: with(node("b", "h2", "GPU-9"), func(c *Caps) { c.RDMA = nicNoGPU }),
-			src:   cpu, dst: gpu0, want: Staging,
-			reasons: map[string][]string{Verbs: {"b cannot register GPU memory"}},
+			owner: with(node("a", "h1", "GPU-0"), func(c *rdma.Caps) { verbs.SetDevices(c, nic) }),
+			fetch: with(node("b", "h2", "GPU-9"), func(c *rdma.Caps) { verbs.SetDevices(c, nicNoGPU) }),
+			src:   cpu, dst: gpu0, want: rdma.Staging,
+			reasons: map[string][]string{rdma.Verbs: {"b cannot register GPU memory"}},
 		},
 		{
 			name:  "host memory over RDMA needs no GPU registration",
-			owner: with(node("a", "h1"), func(c *Caps) { c.RDMA = nicNoGPU }),
-			fetch: with(node("b", "h2"), func(c *Caps) { c.RDMA = nicNoGPU }),
-			src:   cpu, dst: cpu, want: Verbs,
+			owner: with(node("a", "h1"), func(c *rdma.Caps) { verbs.SetDevices(c, nicNoGPU) }),
+			fetch: with(node("b", "h2"), func(c *rdma.Caps) { verbs.SetDevices(c, nicNoGPU) }),
+			src:   cpu, dst: cpu, want: rdma.Verbs,
 		},
 		{
 			name:  "RDMA at one end only",
-			owner: with(node("a", "h1"), func(c *Caps) { c.RDMA = nic }),
+			owner: with(node("a", "h1"), func(c *rdma.Caps) { verbs.SetDevices(c, nic) }),
 			fetch: node("b", "h2"),
-			src:   cpu, dst: cpu, want: Staging,
-			reasons: map[string][]string{Verbs: {"no RDMA device"}},
+			src:   cpu, dst: cpu, want: rdma.Staging,
+			reasons: map[string][]string{rdma.Verbs: {"no RDMA device"}},
 		},
 		{
 			name:  "ipc disabled at the fetcher",
-			owner: with(node("a", "h1", "GPU-0"), func(c *Caps) { c.P2P = [][2]string{{"GPU-0", "GPU-0"}} }),
-			fetch: with(node("b", "h1", "GPU-0"), disable(IPC, "disabled in config")),
-			src:   gpu0, dst: gpu0, want: Staging,
-			reasons: map[string][]string{IPC: {"b does not run it", "disabled in config"}},
+			owner: with(node("a", "h1", "GPU-0"), func(c *rdma.Caps) { c.P2P = [][2]string{{"GPU-0", "GPU-0"}} }),
+			fetch: with(node("b", "h1", "GPU-0"), disable(rdma.IPC, "disabled in config")),
+			src:   gpu0, dst: gpu0, want: rdma.Staging,
+			reasons: map[string][]string{rdma.IPC: {"b does not run it", "disabled in config"}},
 		},
 		{
 			name:  "verbs not viable at the owner",
-			owner: with(node("a", "h1"), func(c *Caps) { c.RDMA = nic; disable(Verbs, "no libibverbs.so.1")(c) }),
-			fetch: with(node("b", "h2"), func(c *Caps) { c.RDMA = nic }),
-			src:   cpu, dst: cpu, want: Staging,
-			reasons: map[string][]string{Verbs: {"a does not run it", "libibverbs"}},
+			owner: with(node("a", "h1"), func(c *rdma.Caps) { verbs.SetDevices(c, nic); disable(rdma.Verbs, "no libibverbs.so.1")(c) }),
+			fetch: with(node("b", "h2"), func(c *rdma.Caps) { verbs.SetDevices(c, nic) }),
+			src:   cpu, dst: cpu, want: rdma.Staging,
+			reasons: map[string][]string{rdma.Verbs: {"a does not run it", "libibverbs"}},
 		},
 		{
 			name:  "channel missing without a reason",
 			owner: node("a", "h1"),
-			fetch: with(node("b", "h2"), disable(Verbs, "")),
-			src:   cpu, dst: cpu, want: Staging,
-			reasons: map[string][]string{Verbs: {"b does not run it", "not enabled"}},
+			fetch: with(node("b", "h2"), disable(rdma.Verbs, "")),
+			src:   cpu, dst: cpu, want: rdma.Staging,
+			reasons: map[string][]string{rdma.Verbs: {"b does not run it", "not enabled"}},
+		},
+		{
+			name:  "local disabled: the next channel that reaches",
+			owner: with(node("a", "h1"), disable(rdma.Local, "disabled in the config")),
+			fetch: with(node("a", "h1"), disable(rdma.Local, "disabled in the config")),
+			src:   cpu, dst: cpu, want: rdma.Staging,
+			reasons: map[string][]string{rdma.Local: {"a does not run it", "disabled in the config"}, rdma.IPC: {"needs GPU memory"}},
+		},
+		{
+			name:  "malformed RDMA advertisement",
+			owner: with(node("a", "h1"), func(c *rdma.Caps) { c.Ads = map[string][]byte{rdma.Verbs: {0xc1}} }),
+			fetch: with(node("b", "h2"), func(c *rdma.Caps) { verbs.SetDevices(c, nic) }),
+			src:   cpu, dst: cpu, want: rdma.Staging,
+			reasons: map[string][]string{rdma.Verbs: {"a: verbs: malformed RDMA device list"}},
 		},
 		{
 			name:  "staging disabled too: nothing",
-			owner: with(node("a", "h1"), disable(Staging, "disabled in config")),
+			owner: with(node("a", "h1"), disable(rdma.Staging, "disabled in config")),
 			fetch: node("b", "h2"),
 			src:   cpu, dst: cpu, want: "",
-			reasons: map[string][]string{Staging: {"a does not run it"}, Local: {"different processes"}},
+			reasons: map[string][]string{rdma.Staging: {"a does not run it"}, rdma.Local: {"different processes"}},
 		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := Select(tc.owner, tc.fetch, tc.src, tc.dst)
+			got := rdma.Select(tc.owner, tc.fetch, tc.src, tc.dst)
 			if got.Channel != tc.want {
 				t.Fatalf("chose %q, want %q (rejected: %+v)", got.Channel, tc.want, got.Rejected)
 			}
@@ -207,8 +224,8 @@ func TestSelect(t *testing.T) {
 					t.Errorf("%s rejected without a reason", r.Channel)
 				}
 			}
-			for _, name := range Names {
-				if seen[name] != 1 {
+			for _, b := range rdma.Backends() {
+				if name := b.Name; seen[name] != 1 {
 					t.Errorf("%s appears %d times in %+v", name, seen[name], got)
 				}
 			}
@@ -224,12 +241,12 @@ func TestSelect(t *testing.T) {
 }
 
 func TestSelectIsSymmetricInWhatBothEndsSee(t *testing.T) {
-	// Both ends run Select on the same inputs and must agree: it is pure.
-	a := with(node("a", "h1", "GPU-0"), func(c *Caps) { c.RDMA = nic })
-	b := with(node("b", "h2", "GPU-1"), func(c *Caps) { c.RDMA = nic })
-	first := Select(a, b, gpu0, gpu0)
+	// Both ends run rdma.Select on the same inputs and must agree: it is pure.
+	a := with(node("a", "h1", "GPU-0"), func(c *rdma.Caps) { verbs.SetDevices(c, nic) })
+	b := with(node("b", "h2", "GPU-1"), func(c *rdma.Caps) { verbs.SetDevices(c, nic) })
+	first := rdma.Select(a, b, gpu0, gpu0)
 	for range 10 {
-		again := Select(a, b, gpu0, gpu0)
+		again := rdma.Select(a, b, gpu0, gpu0)
 		if again.Channel != first.Channel || len(again.Rejected) != len(first.Rejected) {
 			t.Fatalf("Select is not deterministic: %+v vs %+v", first, again)
 		}
@@ -243,7 +260,7 @@ func TestSelectIsSymmetricInWhatBothEndsSee(t *testing.T) {
 
 func TestCapsRuns(t *testing.T) {
 	c := node("a", "h")
-	if !c.Runs(Staging) || c.Runs("carrier-pigeon") {
+	if !c.Runs(rdma.Staging) || c.Runs("carrier-pigeon") {
 		t.Error("Runs")
 	}
 }

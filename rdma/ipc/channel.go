@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"time"
 
@@ -191,15 +190,8 @@ func New(env *rdma.Env) (*Channel, error) { return NewWithConfig(env, DefaultCon
 // NewWithConfig is New with a Config.
 func NewWithConfig(env *rdma.Env, cfg Config) (*Channel, error) {
 	cfg = cfg.withDefaults()
-	n, err := memory.CUDADeviceCount()
-	if err != nil {
-		return nil, fmt.Errorf("%w: ipc: no CUDA driver: %w", rdma.ErrNotViable, err)
-	}
-	if n == 0 {
-		return nil, fmt.Errorf("%w: ipc: no CUDA device", rdma.ErrNotViable)
-	}
-	if fi, err := os.Stat(cfg.ShmDir); err != nil || !fi.IsDir() {
-		return nil, fmt.Errorf("%w: ipc: no shared memory directory %s for the same-host proof: %v", rdma.ErrNotViable, cfg.ShmDir, err)
+	if err := viable(cfg); err != nil {
+		return nil, err
 	}
 	sweepStaleChallenges(cfg.ShmDir, 10*cfg.ChallengeTTL, time.Now())
 	return newChannel(env, cfg)

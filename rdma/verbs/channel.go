@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -110,32 +109,6 @@ type Channel struct {
 func Available() error {
 	_, _, err := pickPort(Config{})
 	return err
-}
-
-// Advertise lists the RDMA devices with a usable port, for rdma.Caps. GPU
-// registration is reported through dmabuf (libibverbs has
-// ibv_reg_dmabuf_mr) and peer memory (the nvidia-peermem module is loaded).
-func Advertise() []rdma.RDMADevice {
-	devs, err := ibverbs.Devices()
-	if err != nil {
-		return nil
-	}
-	peerMem := false
-	for _, p := range []string{"/sys/module/nvidia_peermem", "/sys/kernel/mm/memory_peers/nv_mem"} {
-		if _, err := os.Stat(p); err == nil {
-			peerMem = true
-		}
-	}
-	var out []rdma.RDMADevice
-	for _, d := range devs {
-		for _, p := range d.Ports {
-			if d.Err == nil && p.Usable() {
-				out = append(out, rdma.RDMADevice{Name: d.Name, DMABuf: ibverbs.DmabufSupported(), PeerMem: peerMem})
-				break
-			}
-		}
-	}
-	return out
 }
 
 func pickPort(cfg Config) (string, ibverbs.PortInfo, error) {

@@ -40,8 +40,8 @@ func TestNotViableWithoutDevice(t *testing.T) {
 	if _, err := New(env); !errors.Is(err, rdma.ErrNotViable) {
 		t.Fatalf("New() = %v, want ErrNotViable", err)
 	}
-	if devs := Advertise(); len(devs) != 0 {
-		t.Fatalf("Advertise() = %v without a device", devs)
+	if devs := LocalDevices(); len(devs) != 0 {
+		t.Fatalf("LocalDevices() = %v without a device", devs)
 	}
 	t.Logf("not viable (expected here): %v", err)
 }
