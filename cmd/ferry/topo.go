@@ -11,7 +11,7 @@ import (
 	"github.com/tensorferry/tensorferry/cluster"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
-	"github.com/tensorferry/tensorferry/rdma/verbs"
+	_ "github.com/tensorferry/tensorferry/rdma/builtin" // the channels a node runs
 )
 
 func runTopo(args []string, stdout io.Writer) error {
@@ -32,46 +32,17 @@ func runTopo(args []string, stdout io.Writer) error {
 
 // localProbe is what this machine can tell about nodes that run on it.
 type localProbe struct {
-	hostID   string
-	addrs    map[string]bool // IP addresses of this host
-	cudaErr  error           // why CUDA cannot be used, nil if it can
-	p2p      [][2]string
-	uuids    map[int]string // CUDA ordinal → UUID
-	verbsErr error
-	rdma     []rdma.RDMADevice
+	addrs map[string]bool // IP addresses of this host
 }
 
 func probeLocal() localProbe {
-	p := localProbe{hostID: memory.HostID(), addrs: map[string]bool{}, uuids: map[int]string{}}
+	p := localProbe{addrs: map[string]bool{}}
 	if ifs, err := net.InterfaceAddrs(); err == nil {
 		for _, a := range ifs {
 			if ipn, ok := a.(*net.IPNet); ok {
 				p.addrs[ipn.IP.String()] = true
 			}
 		}
-	}
-	if n, err := memory.CUDADeviceCount(); err != nil {
-		p.cudaErr = err
-	} else if n == 0 {
-		p.cudaErr = fmt.Errorf("no CUDA device")
-	} else {
-		for i := range n {
-			if u, _, err := memory.CUDADeviceIdentity(memory.CUDA(i)); err == nil {
-				p.uuids[i] = u
-			}
-		}
-		if topo, err := memory.Topology(); err == nil {
-			for i, row := range topo.P2P {
-				for j, l := range row {
-					if i != j && l.Read {
-						p.p2p = append(p.p2p, [2]string{topo.GPUs[i].UUID, topo.GPUs[j].UUID})
-					}
-				}
-			}
-		}
-	}
-	if p.verbsErr = verbs.Available(); p.verbsErr == nil {
-		p.rdma = verbs.Advertise()
 	}
 	return p
 }
@@ -90,39 +61,29 @@ func (p localProbe) isLocal(addr string) bool {
 }
 
 // predictCaps builds the capabilities a node of the config would advertise:
-// measured for nodes on this machine, from the config alone for the others.
+// measured (rdma.LocalCaps, as the node itself does) for nodes on this
+// machine; from the config alone for the others, where a channel whose
+// viability depends on hardware is assumed absent.
 func predictCaps(cfg *cluster.Config, nc cluster.NodeConfig, p localProbe) rdma.Caps {
-	c := rdma.Caps{Node: nc.Name, NotRunning: map[string]string{}}
-	local := p.isLocal(nc.Address)
-	if local {
-		c.HostID = p.hostID
-		c.P2P = p.p2p
-		c.RDMA = p.rdma
-	} else {
-		host, _, _ := net.SplitHostPort(nc.Address)
-		c.HostID = "host " + host
+	disabled := func(ch string) bool { return cfg.ChannelDisabled(nc.Name, ch) }
+	if p.isLocal(nc.Address) {
+		return rdma.LocalCaps(nc.Name, 0, nc.Devices, disabled, nil)
 	}
+	host, _, _ := net.SplitHostPort(nc.Address)
+	c := rdma.Caps{Node: nc.Name, HostID: "host " + host, NotRunning: map[string]string{}}
 	for _, d := range nc.Devices {
 		if d.Kind == memory.KindCUDA {
-			uuid := ""
-			if local {
-				uuid = p.uuids[d.Index]
-			}
-			c.Devices = append(c.Devices, rdma.DeviceInfo{Device: d.String(), UUID: uuid})
+			c.Devices = append(c.Devices, rdma.DeviceInfo{Device: d.String()})
 		}
 	}
-	for _, ch := range rdma.Names {
+	for _, b := range rdma.Backends() {
 		switch {
-		case cfg.ChannelDisabled(nc.Name, ch):
-			c.NotRunning[ch] = "disabled in the config"
-		case ch == rdma.IPC && local && p.cudaErr != nil:
-			c.NotRunning[ch] = p.cudaErr.Error()
-		case ch == rdma.Verbs && local && p.verbsErr != nil:
-			c.NotRunning[ch] = p.verbsErr.Error()
-		case ch == rdma.Verbs && !local:
-			c.NotRunning[ch] = "unknown from here (not this host): assumed absent"
+		case disabled(b.Name):
+			c.NotRunning[b.Name] = "disabled in the config"
+		case b.Hardware:
+			c.NotRunning[b.Name] = "unknown from here (not this host): assumed absent"
 		default:
-			c.Channels = append(c.Channels, ch)
+			c.Channels = append(c.Channels, b.Name)
 		}
 	}
 	return c
