@@ -42,5 +42,5 @@ func (n *Node) deviceOf(id string) memory.Device {
 	if d, ok := n.devices[id]; ok {
 		return d
 	}
-	return n.device
+	return n.eng.Device()
 }

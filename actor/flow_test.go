@@ -74,21 +74,15 @@ func testSendWaits(t *testing.T, limit actor.Option) {
 		}
 		xs = append(xs, x)
 	}
-	var sent atomic.Int32
-	go func() {
-		for i, x := range xs {
-			a.Root().Send(pid, &Grad{Step: i, W: x})
-			sent.Add(1)
-		}
-	}()
-	deadline := time.Now().Add(5 * time.Second)
-	for sent.Load() < 2 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
+	// Send never blocks: the messages beyond the credits wait in the
+	// node's outbox for the peer, so the loop ends with two sent.
+	for i, x := range xs {
+		a.Root().Send(pid, &Grad{Step: i, W: x})
 	}
-	time.Sleep(200 * time.Millisecond)
-	if s := sent.Load(); s != 2 {
+	if s := a.Stats().MessagesSent; s != 2 {
 		t.Fatalf("%d messages sent with 2 credits and nothing fetched", s)
 	}
+	waitUntil(t, func() bool { return gated.fetching.Load() >= 1 })
 	// The first message may be fetched alone (the peer fetches a lone
 	// message on its deliver loop, and the second waits behind it).
 	if f := gated.fetching.Load(); f < 1 || f > 2 {
@@ -211,5 +205,20 @@ func TestReaderNeverBlocks(t *testing.T) {
 	}
 	if n := got.Load(); n != plain+1 {
 		t.Fatalf("%d of %d messages arrived", n, plain+1)
+	}
+}
+
+// waitUntil polls cond, which another goroutine makes true, until the test
+// times out.
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-t.Context().Done():
+			t.Fatal("condition never held")
+		case <-tick.C:
+		}
 	}
 }

@@ -5,20 +5,10 @@ import (
 	"fmt"
 
 	pa "github.com/asynkron/protoactor-go/actor"
+	"github.com/tensorferry/tensorferry/transfer"
 	"github.com/tensorferry/tensorferry/wire"
 	"go.uber.org/zap"
 )
-
-// inbound is a decoded message waiting for its tensors.
-type inbound struct {
-	target *pa.PID
-	sender *pa.PID
-	header map[string]string
-	msg    any
-	sess   *decodeSession
-	// fetched receives the result of fetching sess's tensors (delivery.go).
-	fetched chan error
-}
 
 // procCache remembers the last actor a batch delivered to: consecutive
 // messages of a batch mostly go to the same actor. It lives for one frame.
@@ -74,7 +64,7 @@ func (c *procCache) noTensors(name string) bool {
 	}
 	if !c.plain || c.typeName != name {
 		typ, ok := registry.Lookup(name)
-		c.typeName, c.plain = name, ok && !carriesTensors(typ)
+		c.typeName, c.plain = name, ok && !transfer.HoldsTensors(typ)
 	}
 	return c.plain
 }
@@ -94,13 +84,13 @@ func (c *procCache) get(n *Node, id string) (pa.Process, bool) {
 // target's process across the messages of one batch.
 func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 	n.stats.MessagesReceived.Add(1)
+	if transfer.IsControl(m.Type) {
+		n.eng.HandleControl(ps.peer.Name, m)
+		return
+	}
 	var sender *pa.PID
 	if m.SenderID != "" {
 		sender = pa.NewPID(m.SenderNode, m.SenderID)
-	}
-	if m.Type == ctlRequestType || m.Type == ctlReplyType {
-		n.receiveControl(ps, m)
-		return
 	}
 	target := ps.target(n.self.Name, m.Target)
 	var proc pa.Process
@@ -115,22 +105,33 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 	}
 	if !ok {
 		n.replyDeadLetter(ps, sender, target, "no such actor")
+		if len(m.Tensors) > 0 {
+			n.eng.Refuse(ps.peer.Name, m.Tensors)
+		}
 		return
 	}
-	var sess *decodeSession
-	if !pc.noTensors(m.Type) {
-		sess = n.decodeSessionFor(m.Type, ps.peer.Name, m.Target)
-	}
-	msg, err := decodeMessage(m.Type, m.Ser, m.Body, sess)
+	msg, err := registry.Decode(m.Type, m.Ser, m.Body)
 	if err != nil {
-		sess.abort(n.ctx)
 		n.log.Warn("message not decoded", zap.String("peer", ps.peer.Name), zap.String("type", m.Type), zap.Error(err))
 		n.replyFailure(ps, sender, target, fmt.Sprintf("decoding %s: %v", m.Type, err))
+		if len(m.Tensors) > 0 {
+			n.eng.Refuse(ps.peer.Name, m.Tensors)
+		}
 		return
+	}
+	// The engine puts the tensors back: inline ones now, those to fetch
+	// when the budgets allow (in, nil when there are none).
+	var in *transfer.Incoming
+	if len(m.Tensors) > 0 || !pc.noTensors(m.Type) {
+		if in, err = n.eng.Import(ps.peer.Name, m.Tensors, msg, n.deviceOf(m.Target)); err != nil {
+			n.log.Warn("message refused", zap.String("peer", ps.peer.Name), zap.String("type", m.Type), zap.Error(err))
+			n.replyFailure(ps, sender, target, fmt.Sprintf("tensors of %s: %v", m.Type, err))
+			return
+		}
 	}
 	// Messages without tensors to fetch go straight to the mailbox unless
 	// earlier ones from the same peer still wait for theirs (order holds).
-	if sess.empty() && ps.queued.Load() == 0 {
+	if in == nil && !n.eng.Backlog(ps.peer.Name) {
 		if pc == nil { // a message alone in its frame
 			if mb := n.inlineFor(m.Target, proc); mb != nil {
 				mb.postInline(envelope(sender, m.Header, msg))
@@ -145,16 +146,37 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 		return
 	}
 	pc.flush()
-	in := &inbound{target: target, sender: sender, header: m.Header, msg: msg, sess: sess}
-	ps.queued.Add(1)
-	if !ps.push(in) {
-		ps.queued.Add(-1)
-		sess.abort(n.ctx)
+	header := m.Header
+	deliver := func(err error) { n.deliverFetched(ps, target, sender, header, msg, err) }
+	if err := n.eng.Enqueue(ps.peer.Name, in, int64(len(m.Body)+len(m.Tensors)), deliver); err != nil {
+		in.Abort()
+		n.replyFailure(ps, sender, target, err.Error())
 	}
 }
 
-func (n *Node) deliver(proc pa.Process, in *inbound) {
-	n.deliverTo(proc, in.target, in.sender, in.header, in.msg)
+// deliverFetched delivers a message whose tensors the engine fetched (err
+// nil) or reports why not.
+func (n *Node) deliverFetched(ps *peerState, target, sender *pa.PID, header map[string]string, msg any, err error) {
+	if isReply(target.Id) {
+		// A reply to Node.Request: it completes the request, whose caller
+		// learns of a failed fetch itself.
+		if err != nil {
+			n.log.Warn("tensor fetch of a reply failed", zap.String("peer", ps.peer.Name), zap.Error(err))
+			n.completeReply(target.Id, nil, fmt.Errorf("%w: %w", ErrReplyNotFetched, err))
+		} else {
+			n.deliverTo((*replyProcess)(n), target, sender, header, msg)
+		}
+		return
+	}
+	if err != nil {
+		n.log.Warn("tensor fetch failed", zap.String("peer", ps.peer.Name), zap.Stringer("target", target), zap.Error(err))
+		n.replyFailure(ps, sender, target, "fetching tensors: "+err.Error())
+	} else if proc, ok := n.system.ProcessRegistry.GetLocal(target.Id); ok {
+		n.deliverTo(proc, target, sender, header, msg)
+	} else {
+		transfer.Discard(msg)
+		n.replyDeadLetter(ps, sender, target, "actor stopped before delivery")
+	}
 }
 
 func (n *Node) deliverTo(proc pa.Process, target, sender *pa.PID, header map[string]string, msg any) {

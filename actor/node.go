@@ -12,11 +12,11 @@ import (
 	"time"
 
 	pa "github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/extensions"
 	"github.com/tensorferry/tensorferry/cluster"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
-	"github.com/tensorferry/tensorferry/tensor"
-	"github.com/tensorferry/tensorferry/wire"
+	"github.com/tensorferry/tensorferry/transfer"
 	"go.uber.org/zap"
 )
 
@@ -26,60 +26,93 @@ var (
 	ErrNodeDown = cluster.ErrNodeDown
 	// ErrStopped is returned after Stop.
 	ErrStopped = errors.New("actor: node stopped")
+	// ErrAttached: the ActorSystem has a node attached already.
+	ErrAttached = errors.New("actor: a tensorferry node is attached to this ActorSystem already")
 )
 
-// ChannelFactory makes one data channel for a node. A factory whose error
-// wraps rdma.ErrNotViable leaves the channel out with that reason.
-type ChannelFactory func(env *rdma.Env) (rdma.Channel, error)
+// ChannelFactory makes one data channel for a node, in place of the
+// constructor of the backend registered under its name (rdma.Register).
+type ChannelFactory = transfer.ChannelFactory
 
 // Option configures a Node.
 type Option func(*options)
 
 type options struct {
-	log              *zap.Logger
-	factories        map[string]ChannelFactory
-	refTTL           time.Duration
-	maxInFlight      int
-	maxInFlightBytes int64
-	system           []pa.ConfigOption
+	log      *zap.Logger
+	engine   transfer.Config // the fields options set
+	system   []pa.ConfigOption
+	lifetime bool // refuse Stop and Poison from other nodes (WithoutRemoteLifecycle)
 }
 
 // WithLogger sets the node's logger (default: none).
 func WithLogger(l *zap.Logger) Option { return func(o *options) { o.log = l } }
 
-// WithChannel adds or replaces the data channel made by f under name.
+// WithChannel makes the node build the channel registered under name (see
+// rdma.Register) with f instead of its backend's constructor; it still runs
+// only where that channel is viable and not disabled. Start fails with an
+// error wrapping rdma.ErrUnknownChannel when no backend registers name.
 func WithChannel(name string, f ChannelFactory) Option {
-	return func(o *options) { o.factories[name] = f }
+	return func(o *options) {
+		if o.engine.Channels == nil {
+			o.engine.Channels = map[string]transfer.ChannelFactory{}
+		}
+		o.engine.Channels[name] = f
+	}
 }
 
 // WithRefTTL sets how long a lease lent through a tensor.Ref lasts when it is
 // neither fetched nor released (default 10 minutes).
-func WithRefTTL(d time.Duration) Option { return func(o *options) { o.refTTL = d } }
+func WithRefTTL(d time.Duration) Option { return func(o *options) { o.engine.RefTTL = d } }
 
-// WithSystemConfig passes options to the protoactor-go ActorSystem.
+// Defaults of WithMaxInFlight.
+const (
+	DefaultMaxInFlight      = transfer.DefaultMaxInFlight
+	DefaultMaxInFlightBytes = transfer.DefaultMaxInFlightBytes
+)
+
+// WithMaxInFlight bounds what a node has sent to one peer in messages with
+// tensors to fetch that the peer has not fetched yet: at most msgs such
+// messages (default DefaultMaxInFlight) holding at most bytes of those
+// tensors (default DefaultMaxInFlightBytes; a larger message goes alone).
+// The window each receiver advertises lowers both. Messages beyond them
+// wait in the node's outbox for that peer (see Node's doc: a Send never
+// blocks). Values <= 0 keep the default.
+func WithMaxInFlight(msgs int, bytes int64) Option {
+	return func(o *options) {
+		o.engine.MaxInFlight, o.engine.MaxInFlightBytes = msgs, bytes
+	}
+}
+
+// WithSystemConfig passes options to the protoactor-go ActorSystem that
+// NewNode makes (NewRemote attaches to a system made by the caller).
 func WithSystemConfig(opts ...pa.ConfigOption) Option {
 	return func(o *options) { o.system = append(o.system, opts...) }
 }
 
-// Node is one member of a tensorferry cluster: a protoactor-go ActorSystem
-// whose remote PIDs (PIDs whose Address is another node's name) work with
-// protoactor's own API, over tensorferry's wire protocol, and whose messages
-// may carry tensors.
+// Node is one member of a tensorferry cluster attached to a protoactor-go
+// ActorSystem: PIDs whose Address is another node's name work with
+// protoactor's own API, over tensorferry's wire protocol, and messages may
+// carry tensors, which the node's transfer engine moves out of band.
+//
+// A Send never blocks the sending actor: a message with tensors for a peer
+// whose credits are out (it has not fetched earlier tensors) waits in the
+// node's outbox for that peer, in order with the later messages to it, at
+// most transfer_timeout and behind at most transfer.MaxOutbox others;
+// beyond that its sender gets *DeliveryFailed (a waiting Request or future
+// ErrDeadLetter).
 type Node struct {
 	cfg         *cluster.Config
 	self        cluster.NodeConfig
 	incarnation uint64
 	log         *zap.Logger
 	opts        options
+	ownSystem   bool // made by NewNode: Stop shuts it down
 
-	system   *pa.ActorSystem
-	members  *cluster.Membership
-	store    *tensor.Store
-	channels map[string]rdma.Channel
-	caps     rdma.Caps
-	device   memory.Device // default device of receiving actors
-	inline   inlineMailboxes
-	replies  replies // Request calls waiting for their reply
+	system  *pa.ActorSystem
+	members *cluster.Membership
+	eng     *transfer.Engine
+	inline  inlineMailboxes
+	replies replies // Request calls waiting for their reply
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -87,24 +120,62 @@ type Node struct {
 
 	mu       sync.Mutex
 	peers    map[string]*peerState
-	peerSnap atomic.Pointer[map[string]*peerState]    // copy of peers, see peer
-	remotes  map[string]*remoteProcess                // other node → its process; fixed at NewNode
-	watching map[string]map[string]map[string]*pa.PID // node → watchee id → watcher id → watcher
-	devices  map[string]memory.Device                 // local actor id → device
+	peerSnap atomic.Pointer[map[string]*peerState] // copy of peers, see peer
+	remotes  map[string]*remoteProcess             // other node → its process; fixed at attach
+	watching map[string]map[string]map[string]*pa.PID
+	devices  map[string]memory.Device // local actor id → device
 	stopped  bool
 
-	flowMu sync.Mutex
-	flow   map[uint64]*inFlight // export id → its message's credit (flow.go)
-
-	ctlSeq  atomic.Uint64
-	ctlMu   sync.Mutex
-	ctlWait map[uint64]ctlWaiter
-	stats   Stats
+	stats Stats
 }
 
-// NewNode makes the node named name of the cluster described by cfg (which
-// must be valid). Start brings it up.
+var extensionID = extensions.NextExtensionID()
+
+// ExtensionID implements protoactor's extensions.Extension: a node is
+// registered in its ActorSystem's Extensions (see GetNode).
+func (n *Node) ExtensionID() extensions.ExtensionID { return extensionID }
+
+// GetNode returns the node attached to system, or nil.
+func GetNode(system *pa.ActorSystem) *Node {
+	if system == nil || system.Extensions == nil {
+		return nil
+	}
+	n, _ := system.Extensions.Get(extensionID).(*Node)
+	return n
+}
+
+// NewRemote attaches the node named name of the cluster described by cfg
+// (which must be valid) to an ActorSystem the caller made, the way
+// protoactor's remote.NewRemote does: the system's address becomes the
+// node's name, an address resolver routes PIDs of other nodes to it, and
+// the node is registered in system.Extensions (GetNode finds it). Start
+// brings it up; Stop leaves the system running.
+func NewRemote(system *pa.ActorSystem, cfg *cluster.Config, name string, opts ...Option) (*Node, error) {
+	if GetNode(system) != nil {
+		return nil, ErrAttached
+	}
+	n, err := newNode(cfg, name, opts)
+	if err != nil {
+		return nil, err
+	}
+	n.attach(system)
+	return n, nil
+}
+
+// NewNode makes an ActorSystem (with the options of WithSystemConfig) and
+// attaches the node named name of the cluster described by cfg to it; Stop
+// shuts both down.
 func NewNode(cfg *cluster.Config, name string, opts ...Option) (*Node, error) {
+	n, err := newNode(cfg, name, opts)
+	if err != nil {
+		return nil, err
+	}
+	n.ownSystem = true
+	n.attach(pa.NewActorSystem(append([]pa.ConfigOption{systemLogger(n.log)}, n.opts.system...)...))
+	return n, nil
+}
+
+func newNode(cfg *cluster.Config, name string, opts []Option) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -112,7 +183,7 @@ func NewNode(cfg *cluster.Config, name string, opts ...Option) (*Node, error) {
 	if !ok {
 		return nil, fmt.Errorf("actor: %w: %q", cluster.ErrUnknownNode, name)
 	}
-	o := options{factories: defaultChannels(), refTTL: 10 * time.Minute, maxInFlight: DefaultMaxInFlight, maxInFlightBytes: DefaultMaxInFlightBytes}
+	var o options
 	for _, f := range opts {
 		f(&o)
 	}
@@ -125,30 +196,37 @@ func NewNode(cfg *cluster.Config, name string, opts ...Option) (*Node, error) {
 		incarnation: newIncarnation(),
 		log:         o.log.With(zap.String("node", name)),
 		opts:        o,
-		channels:    map[string]rdma.Channel{},
 		peers:       map[string]*peerState{},
 		watching:    map[string]map[string]map[string]*pa.PID{},
 		devices:     map[string]memory.Device{},
-		ctlWait:     map[uint64]ctlWaiter{},
-		flow:        map[uint64]*inFlight{},
-		device:      memory.CPU,
+		remotes:     map[string]*remoteProcess{},
 	}
-	if len(self.Devices) > 0 {
-		n.device = self.Devices[0]
-	}
-	n.remotes = map[string]*remoteProcess{}
 	for _, nc := range cfg.Nodes {
 		if nc.Name != name {
 			n.remotes[nc.Name] = &remoteProcess{n: n, node: nc.Name}
 		}
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
-	n.store = tensor.NewStore(name, n.incarnation)
-	n.store.OnEnd(n.exportEnded)
-	n.system = pa.NewActorSystem(append([]pa.ConfigOption{systemLogger(n.log)}, o.system...)...)
-	n.system.ProcessRegistry.Address = name
-	n.system.ProcessRegistry.RegisterAddressResolver(n.resolve)
+	ec := o.engine
+	ec.Node, ec.Incarnation = name, n.incarnation
+	ec.Devices = self.Devices
+	ec.Disabled = func(ch string) bool { return cfg.ChannelDisabled(name, ch) }
+	ec.InlineThreshold = int64(cfg.InlineThreshold)
+	ec.TransferTimeout = cfg.TransferTimeout
+	ec.ChunkSize, ec.ChunksInFlight = cfg.ChunkSize, cfg.ChunksInFlight
+	ec.Budget, ec.PeerBudget = int64(cfg.ReceiveBudget), int64(cfg.ReceiveBudgetPerPeer)
+	ec.Window, ec.InboxMessages = cfg.ReceiveWindow, cfg.InboxMessages
+	ec.Dial = n.dialData
+	ec.Log = n.log
+	n.eng = transfer.New(ec)
 	return n, nil
+}
+
+func (n *Node) attach(system *pa.ActorSystem) {
+	n.system = system
+	system.ProcessRegistry.Address = n.self.Name
+	system.ProcessRegistry.RegisterAddressResolver(n.resolve)
+	system.Extensions.Register(n)
 }
 
 func newIncarnation() uint64 {
@@ -162,62 +240,34 @@ func newIncarnation() uint64 {
 // Start opens the node's listeners, starts its data channels and begins
 // connecting to the other nodes of the cluster.
 func (n *Node) Start() error {
-	env := &rdma.Env{
-		Node:           n.self.Name,
-		Incarnation:    n.incarnation,
-		Store:          n.store,
-		Log:            n.log,
-		Dial:           n.dialData,
-		Control:        n.control,
-		ChunkSize:      n.cfg.ChunkSize,
-		ChunksInFlight: n.cfg.ChunksInFlight,
+	if err := n.eng.Start(); err != nil {
+		return err
 	}
-	n.caps = rdma.Caps{Node: n.self.Name, Incarnation: n.incarnation, HostID: hostID(), NotRunning: map[string]string{}}
-	n.caps.Devices, n.caps.P2P = gpuCaps(n.self.Devices, n.log)
-	for _, name := range rdma.Names {
-		f, ok := n.opts.factories[name]
-		switch {
-		case n.cfg.ChannelDisabled(n.self.Name, name):
-			n.caps.NotRunning[name] = "disabled in the config"
-			continue
-		case !ok:
-			n.caps.NotRunning[name] = "not built into this node"
-			continue
-		}
-		ch, err := f(env)
-		if err != nil {
-			n.caps.NotRunning[name] = err.Error()
-			n.log.Info("channel not running", zap.String("channel", name), zap.Error(err))
-			continue
-		}
-		n.channels[name] = ch
-		n.caps.Channels = append(n.caps.Channels, name)
-		if devs := rdmaDevices(name); devs != nil {
-			n.caps.RDMA = devs
-		}
-	}
-	body, err := wire.EncodeMsgpack(&n.caps)
+	body, err := n.eng.Advert()
 	if err != nil {
+		n.eng.Close()
 		return err
 	}
 	m, err := cluster.NewMembership(n.cfg, n.self.Name, n.incarnation, (*handler)(n), cluster.Options{Logger: n.log, Caps: body})
 	if err != nil {
+		n.eng.Close()
 		return err
 	}
 	n.members = m
 	if err := m.Start(); err != nil {
-		n.closeChannels()
+		n.eng.Close()
 		return err
 	}
 	if _, err := n.system.Root.SpawnNamed(pa.PropsFromFunc(pingReceive, n.WithInlineDelivery()), PingActor); err != nil {
 		_ = m.Close()
-		n.closeChannels()
+		n.eng.Close()
 		return fmt.Errorf("actor: spawning %s: %w", PingActor, err)
 	}
 	n.wg.Add(1)
 	go n.sweepLoop()
+	caps := n.eng.Caps()
 	n.log.Info("node started", zap.String("address", n.self.Address), zap.Uint64("incarnation", n.incarnation),
-		zap.Strings("channels", n.caps.Channels), zap.Stringer("device", n.device))
+		zap.Strings("channels", caps.Channels), zap.Stringer("device", n.eng.Device()))
 	return nil
 }
 
@@ -233,14 +283,8 @@ func (n *Node) System() *pa.ActorSystem { return n.system }
 // Root returns the ActorSystem's root context.
 func (n *Node) Root() *pa.RootContext { return n.system.Root }
 
-// Store returns the node's table of exported tensors.
-func (n *Node) Store() *tensor.Store { return n.store }
-
-// Caps returns what this node advertises to its peers.
-func (n *Node) Caps() rdma.Caps { return n.caps }
-
 // Device returns the default device of actors on this node.
-func (n *Node) Device() memory.Device { return n.device }
+func (n *Node) Device() memory.Device { return n.eng.Device() }
 
 // PID returns the PID of actor id on the named node.
 func (n *Node) PID(node, id string) *pa.PID { return pa.NewPID(node, id) }
@@ -255,17 +299,45 @@ func (n *Node) WaitPeer(ctx context.Context, node string) error {
 // failed (unreachable, handshake refused...), or nil.
 func (n *Node) PeerError(node string) error { return n.members.LastError(node) }
 
-// PeerCaps returns what the named peer advertised, if it is up.
-func (n *Node) PeerCaps(node string) (rdma.Caps, bool) {
-	ps := n.peer(node)
-	if ps == nil {
-		return rdma.Caps{}, false
-	}
-	return ps.caps, true
+// Topology is what a node knows of the data paths between itself and its
+// peers: the capabilities each advertised. It is a copy.
+type Topology struct {
+	Self  rdma.Caps
+	Peers map[string]rdma.Caps // peers that are up
 }
 
-// Stop says goodbye to the peers, stops every actor and releases every
-// resource of the node.
+// Topology returns what this node and the peers that are up advertise.
+func (n *Node) Topology() Topology {
+	t := Topology{Self: n.eng.Caps(), Peers: map[string]rdma.Caps{}}
+	if m := n.peerSnap.Load(); m != nil {
+		for name := range *m {
+			if c, ok := n.eng.PeerCaps(name); ok {
+				t.Peers[name] = c
+			}
+		}
+	}
+	return t
+}
+
+// Route returns the channel that would move a tensor of owner's device src
+// to the device dst of the node whose Topology this is, with the reasons
+// for the others.
+func (t Topology) Route(owner string, src, dst memory.Device) (rdma.Choice, error) {
+	oc := t.Self
+	if owner != t.Self.Node {
+		c, ok := t.Peers[owner]
+		if !ok {
+			return rdma.Choice{}, fmt.Errorf("%w: %s", ErrNodeDown, owner)
+		}
+		oc = c
+	}
+	self := t.Self
+	return rdma.Select(&oc, &self, src, dst), nil
+}
+
+// Stop says goodbye to the peers, stops the node's actors (the whole
+// ActorSystem when NewNode made it) and releases every resource of the
+// node.
 func (n *Node) Stop() error {
 	n.mu.Lock()
 	if n.stopped {
@@ -279,16 +351,13 @@ func (n *Node) Stop() error {
 		_ = n.members.Close()
 	}
 	n.wg.Wait()
-	n.system.Shutdown()
-	n.closeChannels()
-	n.store.Close()
-	return nil
-}
-
-func (n *Node) closeChannels() {
-	for _, ch := range n.channels {
-		_ = ch.Close()
+	if n.ownSystem {
+		n.system.Shutdown()
+	} else if pid := n.system.NewLocalPID(PingActor); pid != nil {
+		_ = n.system.Root.StopFuture(pid).Wait()
 	}
+	n.eng.Close()
+	return nil
 }
 
 func (n *Node) dialData(ctx context.Context, node, channel string) (net.Conn, error) {

@@ -5,35 +5,20 @@ import (
 	"maps"
 	"net"
 	"sync"
-	"sync/atomic"
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/cluster"
-	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/wire"
 	"go.uber.org/zap"
 )
 
-// peerState is what a node keeps for one peer that is up.
+// peerState is what a node's actor layer keeps for one peer that is up
+// (its transfer engine keeps the rest).
 type peerState struct {
 	peer *cluster.Peer
-	caps rdma.Caps
 
 	mu      sync.Mutex
 	pending map[string]*pa.PID // futures waiting on a reply from this peer
-
-	// Messages from the peer waiting for their tensors, in arrival order.
-	// The queue never blocks the connection's reader, which must go on
-	// reading the control replies the fetches wait for; the messages with
-	// tensors in it are bounded by the sender's credits (flow.go).
-	inMu     sync.Mutex
-	inbox    []*inbound
-	inClosed bool          // the peer is down: nothing more is queued
-	inWake   chan struct{} // one token: the inbox grew
-	queued   atomic.Int64  // messages in inbox or being delivered by the worker
-	done     chan struct{}
-
-	credits *credits // for tensor messages sent to the peer
 
 	// targets caches the PIDs of local actors this peer sends to; only the
 	// peer's reader goroutine (HandleFrame) uses it.
@@ -61,56 +46,6 @@ func (ps *peerState) target(self, id string) *pa.PID {
 	}
 	ps.targets[id] = pid
 	return pid
-}
-
-// push appends in to the inbox; false when the peer is down (nothing
-// will deliver it).
-func (ps *peerState) push(in *inbound) bool {
-	ps.inMu.Lock()
-	if ps.inClosed {
-		ps.inMu.Unlock()
-		return false
-	}
-	ps.inbox = append(ps.inbox, in)
-	ps.inMu.Unlock()
-	select {
-	case ps.inWake <- struct{}{}:
-	default:
-	}
-	return true
-}
-
-// inboxEmpty reports whether nothing waits in the inbox.
-func (ps *peerState) inboxEmpty() bool {
-	ps.inMu.Lock()
-	defer ps.inMu.Unlock()
-	return len(ps.inbox) == 0
-}
-
-// closeInbox empties the inbox for good and returns what it held.
-func (ps *peerState) closeInbox() []*inbound {
-	ps.inMu.Lock()
-	defer ps.inMu.Unlock()
-	ps.inClosed = true
-	out := ps.inbox
-	ps.inbox = nil
-	return out
-}
-
-// pop removes the oldest message of the inbox; nil when it is empty.
-func (ps *peerState) pop() *inbound {
-	ps.inMu.Lock()
-	defer ps.inMu.Unlock()
-	if len(ps.inbox) == 0 {
-		return nil
-	}
-	in := ps.inbox[0]
-	ps.inbox[0] = nil
-	ps.inbox = ps.inbox[1:]
-	if len(ps.inbox) == 0 {
-		ps.inbox = nil // let the array go
-	}
-	return in
 }
 
 func (ps *peerState) addPending(f *pa.PID) {
@@ -149,27 +84,21 @@ type handler Node
 
 func (h *handler) PeerUp(p *cluster.Peer) {
 	n := (*Node)(h)
-	var caps rdma.Caps
-	if err := wire.DecodeMsgpack(p.Caps, &caps); err != nil {
-		p.Close(fmt.Errorf("actor: bad capabilities from %s: %w", p.Name, err))
-		return
-	}
-	if caps.Node != p.Name || caps.Incarnation != p.Incarnation {
-		p.Close(fmt.Errorf("actor: capabilities of %s name %s#%d", p.Name, caps.Node, caps.Incarnation))
-		return
-	}
-	ps := &peerState{peer: p, caps: caps, pending: map[string]*pa.PID{}, inWake: make(chan struct{}, 1), done: make(chan struct{}),
-		credits: newCredits(n.opts.maxInFlight, n.opts.maxInFlightBytes)}
 	n.mu.Lock()
 	if n.stopped {
 		n.mu.Unlock()
 		return
 	}
+	n.mu.Unlock()
+	if err := n.eng.PeerUp(p.Name, p.Incarnation, p.Caps, p); err != nil {
+		p.Close(err)
+		return
+	}
+	ps := &peerState{peer: p, pending: map[string]*pa.PID{}}
+	n.mu.Lock()
 	n.peers[p.Name] = ps
 	n.publishPeers()
-	n.wg.Add(1)
 	n.mu.Unlock()
-	go n.deliverLoop(ps)
 	n.system.EventStream.Publish(&cluster.NodeUp{Node: p.Name, Incarnation: p.Incarnation})
 }
 
@@ -186,7 +115,6 @@ func (h *handler) PeerDown(p *cluster.Peer, cause error) {
 	watches := n.watching[p.Name]
 	delete(n.watching, p.Name)
 	n.mu.Unlock()
-	close(ps.done)
 
 	// Pending requests fail at once.
 	ps.mu.Lock()
@@ -205,11 +133,7 @@ func (h *handler) PeerDown(p *cluster.Peer, cause error) {
 		}
 	}
 	// Transfers from it fail; what it held is released.
-	for _, ch := range n.channels {
-		ch.PeerDown(p.Name)
-	}
-	released := n.store.ReleaseHolder(p.Name)
-	n.failControls(p.Name)
+	released := n.eng.PeerDown(p.Name)
 	n.log.Info("peer down", zap.String("peer", p.Name), zap.Int("pending_failed", len(pending)+failedReplies),
 		zap.Int("leases_released", released), zap.Error(cause))
 	n.system.EventStream.Publish(&cluster.NodeDown{Node: p.Name, Incarnation: p.Incarnation, Reason: errString(cause)})
@@ -242,16 +166,9 @@ func (h *handler) HandleFrame(p *cluster.Peer, f wire.Frame) {
 	case *wire.SystemFrame:
 		n.receiveSystem(ps, &f.System)
 	case *wire.ReleaseFrame:
-		r := f.Release
-		if r.Incarnation != n.incarnation {
-			n.log.Warn("release for another incarnation", zap.String("peer", p.Name), zap.Uint64("incarnation", r.Incarnation))
-			return
-		}
-		if err := n.store.Release(r.ExportID, r.Lease); err != nil {
-			n.log.Warn("release refused", zap.String("peer", p.Name), zap.Error(err))
-		}
+		n.eng.HandleRelease(p.Name, &f.Release)
 	case *wire.ErrorFrame:
-		n.controlError(p.Name, &f.Error)
+		n.eng.HandleError(p.Name, &f.Error)
 	default:
 		n.log.Warn("unexpected frame", zap.String("peer", p.Name), zap.Stringer("type", f.Header().Type))
 		p.Close(fmt.Errorf("actor: unexpected %v frame from %s", f.Header().Type, p.Name))
@@ -259,12 +176,5 @@ func (h *handler) HandleFrame(p *cluster.Peer, f wire.Frame) {
 }
 
 func (h *handler) HandleDataConn(peer, channel string, conn net.Conn) {
-	n := (*Node)(h)
-	ch, ok := n.channels[channel].(rdma.ConnServer)
-	if !ok {
-		n.log.Warn("data connection for a channel that takes none", zap.String("peer", peer), zap.String("channel", channel))
-		conn.Close()
-		return
-	}
-	ch.ServeConn(conn, peer)
+	(*Node)(h).eng.HandleDataConn(peer, channel, conn)
 }

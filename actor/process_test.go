@@ -182,7 +182,7 @@ func TestProcessKilledAndRestarted(t *testing.T) {
 	if _, err := a.Root().RequestFuture(remote, &Ping{}, 5*time.Second).Result(); err != nil {
 		t.Fatal(err)
 	}
-	oldCaps, _ := a.PeerCaps("node1")
+	oldCaps := a.Topology().Peers["node1"]
 	rec := newRecorder()
 	if _, err := a.Root().SpawnNamed(rec.props(remote), "watcher"); err != nil {
 		t.Fatal(err)

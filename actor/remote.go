@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 	"strings"
 	"sync"
 
@@ -79,17 +78,46 @@ func (n *Node) sendUser(target *pa.PID, header pa.ReadonlyMessageHeader, msg any
 	if header != nil && header.Length() > 0 {
 		m.Header = header.ToMap()
 	}
-	// A message that may carry tensors to fetch takes one of the peer's
-	// credits first, and waits for one when all are out (flow.go).
-	flowed := msg != nil && carriesTensors(reflect.TypeOf(msg))
-	var flowBytes int64
-	if flowed {
-		flowBytes = tensorBytes(msg, int64(n.cfg.InlineThreshold))
-		if err := ps.credits.acquire(n.ctx, ps.done, flowBytes); err != nil {
-			n.failDelivery(target, sender, fmt.Errorf("waiting for %s to fetch earlier tensors: %w", target.Address, err))
-			return
-		}
+	// The engine takes the tensors out of the message (one walk, known
+	// per type) into the table that travels beside the body.
+	out, err := n.eng.Export(target.Address, msg)
+	if err != nil {
+		n.failDelivery(target, sender, fmt.Errorf("sending %T: %w", msg, err))
+		return
 	}
+	pending := isFuture(sender) && sender.Address == n.self.Name && !isReply(sender.Id)
+	if out == nil && !n.eng.Backlogged(target.Address) {
+		n.sendPlain(ps, &m, msg, target, sender, pending)
+		return
+	}
+	// A message with tensors, or one behind such messages: the engine
+	// sends it when the peer's credits allow, in order, never blocking
+	// the sender (the body is encoded now, into its own buffer).
+	m.Type, m.Ser, m.Body, err = registry.AppendEncode(nil, msg)
+	if err != nil {
+		out.Abort()
+		n.failDelivery(target, sender, fmt.Errorf("encoding %T: %w", msg, err))
+		return
+	}
+	if out != nil {
+		m.Tensors = out.Table
+	}
+	n.eng.Send(target.Address, out, func() error {
+		if pending {
+			ps.addPending(sender)
+		}
+		if err := ps.peer.SendMessage(n.ctx, &m); err != nil {
+			ps.removePending(sender)
+			return err
+		}
+		n.stats.MessagesSent.Add(1)
+		return nil
+	}, func(err error) { n.failDelivery(target, sender, err) })
+}
+
+// sendPlain sends a message without tensors, encoding its body into a
+// pooled buffer (the connection copies it before SendMessage returns).
+func (n *Node) sendPlain(ps *peerState, m *wire.Message, msg any, target, sender *pa.PID, pending bool) {
 	buf := bodyBuffers.Get().(*[]byte)
 	defer func() {
 		if cap(m.Body) <= maxPooledBody {
@@ -97,32 +125,19 @@ func (n *Node) sendUser(target *pa.PID, header pa.ReadonlyMessageHeader, msg any
 		}
 		bodyBuffers.Put(buf)
 	}()
-	var sess *encodeSession
 	var err error
-	m.Type, m.Ser, m.Body, sess, err = n.encodeMessage((*buf)[:0], msg, target.Address)
+	m.Type, m.Ser, m.Body, err = registry.AppendEncode((*buf)[:0], msg)
 	if err != nil {
-		if sess != nil {
-			sess.rollback()
-		}
 		m.Body = (*buf)[:0]
-		if flowed {
-			ps.credits.release(flowBytes)
-		}
 		n.failDelivery(target, sender, fmt.Errorf("encoding %T: %w", msg, err))
 		return
 	}
-	if flowed {
-		n.track(ps.credits, flowBytes, sess.fetched)
-	}
-	if isFuture(sender) && sender.Address == n.self.Name && !isReply(sender.Id) {
+	if pending {
 		ps.addPending(sender)
 	}
 	// SendMessage blocks only while the connection's queue is full:
 	// backpressure until the peer drains it or is declared down.
-	if err := ps.peer.SendMessage(n.ctx, &m); err != nil {
-		if sess != nil {
-			sess.rollback()
-		}
+	if err := ps.peer.SendMessage(n.ctx, m); err != nil {
 		ps.removePending(sender)
 		n.failDelivery(target, sender, err)
 		return

@@ -1,47 +1,26 @@
 package actor
 
 import (
-	"sync"
 	"sync/atomic"
-	"time"
+
+	"github.com/tensorferry/tensorferry/transfer"
 )
 
-// Stats counts what a node did. Read it with Node.Stats.
+// Stats counts what a node's actor layer did.
 type Stats struct {
 	MessagesSent     atomic.Int64
 	MessagesReceived atomic.Int64
 	DeliveryFailures atomic.Int64
-	TensorsExported  atomic.Int64
 	// MessagesBatched counts received messages that came in a batch frame
 	// (the rest came alone in their frame).
 	MessagesBatched atomic.Int64
 	// MessagesInline counts received messages whose handler ran on the
 	// connection's reader (Node.WithInlineDelivery).
 	MessagesInline atomic.Int64
-
-	mu       sync.Mutex
-	channels map[string]ChannelStats
 }
 
 // ChannelStats is what one data channel moved into this node.
-type ChannelStats struct {
-	Transfers int64
-	Bytes     int64
-	Time      time.Duration
-}
-
-func (s *Stats) addBytes(channel string, n int64, d time.Duration) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.channels == nil {
-		s.channels = map[string]ChannelStats{}
-	}
-	c := s.channels[channel]
-	c.Transfers++
-	c.Bytes += n
-	c.Time += d
-	s.channels[channel] = c
-}
+type ChannelStats = transfer.ChannelStats
 
 // StatsSnapshot is a copy of a node's counters.
 type StatsSnapshot struct {
@@ -51,6 +30,18 @@ type StatsSnapshot struct {
 	TensorsExported  int64
 	MessagesBatched  int64
 	MessagesInline   int64
+	// Exports is the number of tensors this node has lent that are not
+	// released yet.
+	Exports int
+	// InboxRefused counts messages refused because their sender's inbox
+	// was full; BudgetInUse is what the node has allocated for tensors
+	// being fetched, Budget its limit.
+	InboxRefused int64
+	BudgetInUse  int64
+	Budget       int64
+	// LendViolations counts owners that wrote a tensor while it was lent
+	// (only with WithLendCheck).
+	LendViolations uint64
 	// Channels maps a channel name to what it fetched into this node.
 	Channels map[string]ChannelStats
 }
@@ -58,19 +49,19 @@ type StatsSnapshot struct {
 // Stats returns a snapshot of the node's counters.
 func (n *Node) Stats() StatsSnapshot {
 	s := &n.stats
-	out := StatsSnapshot{
+	e := n.eng.Stats()
+	return StatsSnapshot{
 		MessagesSent:     s.MessagesSent.Load(),
 		MessagesReceived: s.MessagesReceived.Load(),
 		DeliveryFailures: s.DeliveryFailures.Load(),
-		TensorsExported:  s.TensorsExported.Load(),
+		TensorsExported:  e.TensorsExported,
 		MessagesBatched:  s.MessagesBatched.Load(),
 		MessagesInline:   s.MessagesInline.Load(),
-		Channels:         map[string]ChannelStats{},
+		Exports:          n.eng.Store().Len(),
+		InboxRefused:     e.InboxRefused,
+		BudgetInUse:      e.BudgetInUse,
+		Budget:           e.Budget,
+		LendViolations:   n.eng.Store().LendViolations(),
+		Channels:         e.Channels,
 	}
-	s.mu.Lock()
-	for k, v := range s.channels {
-		out.Channels[k] = v
-	}
-	s.mu.Unlock()
-	return out
 }

@@ -170,7 +170,7 @@ func sendTensors(t *testing.T, a *actor.Node, peer string) {
 			cancel()
 		}
 	}
-	if n := a.Store().Len(); n != 0 {
+	if n := a.Stats().Exports; n != 0 {
 		t.Fatalf("%d exports left on the sender", n)
 	}
 }

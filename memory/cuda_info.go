@@ -31,3 +31,19 @@ func CUDADeviceIdentity(dev Device) (uuid, pciBusID string, err error) {
 	}
 	return uuid, pciBusID, nil
 }
+
+// CUDATotalMemory returns the memory of a CUDA device in bytes, or an error
+// wrapping ErrNotSupported.
+func CUDATotalMemory(dev Device) (int64, error) {
+	if dev.Kind != KindCUDA {
+		return 0, fmt.Errorf("memory: %s is not a CUDA device", dev)
+	}
+	n, err := cuda.TotalMem(dev.Index)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrNotSupported, err)
+	}
+	return n, nil
+}
+
+// HostMemory returns the host's physical memory in bytes.
+func HostMemory() int64 { return hostMemory() }

@@ -102,6 +102,24 @@ func (r Ref) Fetch(ctx context.Context, dev memory.Device) (*Tensor, error) {
 	return t, nil
 }
 
+// Forward returns the descriptor of a received Ref, to send it on to
+// another node (which then fetches from the owner): ErrRefSpent once it was
+// fetched or released.
+func (r Ref) Forward() (*Descriptor, error) {
+	if r.st == nil || r.st.local != nil {
+		return nil, errors.New("tensor: only a received Ref is forwarded")
+	}
+	r.st.mu.Lock()
+	defer r.st.mu.Unlock()
+	if r.st.spent {
+		return nil, fmt.Errorf("%w: cannot forward", ErrRefSpent)
+	}
+	if r.st.desc == nil {
+		return nil, errors.New("tensor: an unfilled Ref cannot be forwarded")
+	}
+	return r.st.desc, nil
+}
+
 // Release gives the lease back without fetching.
 func (r Ref) Release(ctx context.Context) error {
 	if r.st == nil || r.st.local != nil {

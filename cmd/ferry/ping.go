@@ -152,8 +152,8 @@ func runBench(args []string, stdout io.Writer) error {
 	if nc, ok := cfg.Node(*to); ok && len(nc.Devices) > 0 {
 		dst = nc.Devices[0]
 	}
-	mine := node.Caps()
-	theirs, _ := node.PeerCaps(*to)
+	topo := node.Topology()
+	mine, theirs := topo.Self, topo.Peers[*to]
 	choice := rdma.Select(&mine, &theirs, dev, dst)
 	fmt.Fprintf(stdout, "%d transfers of %s from %s (%s) to %s (%s) over %s: median %v, %.2f GB/s\n",
 		len(times), cluster.FormatSize(size), *from, dev, *to, dst, choice.Channel, med, float64(size)/med.Seconds()/1e9)

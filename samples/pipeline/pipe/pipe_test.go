@@ -99,7 +99,7 @@ func TestPipeline(t *testing.T) {
 		}
 	}
 	for _, n := range nodes {
-		if l := n.Store().Len(); l != 0 {
+		if l := n.Stats().Exports; l != 0 {
 			t.Errorf("%s: %d exports left", n.Name(), l)
 		}
 	}
@@ -136,7 +136,7 @@ func TestPipelineGPU(t *testing.T) {
 		}
 	}
 	for _, n := range nodes {
-		if l := n.Store().Len(); l != 0 {
+		if l := n.Stats().Exports; l != 0 {
 			t.Errorf("%s: %d exports left", n.Name(), l)
 		}
 	}

@@ -1,0 +1,433 @@
+package transfer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/rdma"
+	"github.com/tensorferry/tensorferry/tensor"
+	"github.com/tensorferry/tensorferry/wire"
+	"go.uber.org/zap"
+)
+
+// Errors of the engine.
+var (
+	// ErrPeerDown fails what waits on a peer that went down.
+	ErrPeerDown = errors.New("transfer: peer down")
+	// ErrClosed is returned after Close.
+	ErrClosed = errors.New("transfer: engine closed")
+	// ErrNoChannel: no data channel can move a tensor between the owner's
+	// and the receiver's devices.
+	ErrNoChannel = errors.New("transfer: no data channel for this transfer")
+	// ErrOverBudget: a message's tensors exceed what the receiver allows
+	// one peer to have allocated at once (Config.PeerBudget).
+	ErrOverBudget = errors.New("transfer: tensors exceed the receiver's budget")
+	// ErrInboxFull: the receiver's inbox for the sending peer is full (the
+	// sender ignored the window the receiver advertised).
+	ErrInboxFull = errors.New("transfer: receiver's inbox for this peer is full")
+	// ErrControl wraps errors reported by a peer's channel to a control
+	// request.
+	ErrControl = errors.New("transfer: channel control request failed")
+)
+
+// Link is the engine's view of a peer's control connection
+// (*cluster.Peer implements it).
+type Link interface {
+	// Send queues a frame to the peer; it blocks while the connection's
+	// queue is full, until ctx is done.
+	Send(ctx context.Context, t wire.FrameType, flags wire.Flags, stream uint32, body any) error
+	// Close starts closing the connection with the given cause.
+	Close(cause error)
+}
+
+// ChannelFactory makes one data channel for a node, replacing the
+// registered backend's constructor of the same name.
+type ChannelFactory func(env *rdma.Env) (rdma.Channel, error)
+
+// Config is what an engine needs from its node. Zero values take the
+// documented defaults.
+type Config struct {
+	Node        string
+	Incarnation uint64
+	// Devices are the node's configured devices; the first is the default
+	// destination of received tensors (cpu when empty).
+	Devices []memory.Device
+	// Disabled reports the channels the node must not run.
+	Disabled func(channel string) bool
+	// Channels replaces the constructors of registered channels.
+	Channels map[string]ChannelFactory
+	// InlineThreshold: tensors of at most this many bytes are copied into
+	// the message's table instead of exported (default 64 KiB).
+	InlineThreshold int64
+	// TransferTimeout bounds every fetch and the lease of every export
+	// sent in a message (default 60 s); RefTTL the lease of an export
+	// sent as a tensor.Ref (default 10 min).
+	TransferTimeout time.Duration
+	RefTTL          time.Duration
+	// ChunkSize and ChunksInFlight configure the staging channel.
+	ChunkSize      int
+	ChunksInFlight int
+	// MaxInFlight and MaxInFlightBytes bound, per peer, the messages with
+	// tensors to fetch that were sent and not fetched yet, and their
+	// bytes (defaults DefaultMaxInFlight, DefaultMaxInFlightBytes). The
+	// peer's advertised window lowers them.
+	MaxInFlight      int
+	MaxInFlightBytes int64
+	// Budget bounds the bytes this node allocates at once for tensors
+	// being fetched, all peers together; PeerBudget what one peer's
+	// messages may hold of it (defaults: DefaultBudget, half of it).
+	Budget     int64
+	PeerBudget int64
+	// Window bounds the messages with tensors to fetch that one peer may
+	// have sent and this node not fetched yet; it is advertised to the
+	// peer, whose credits respect it (default DefaultMaxInFlight).
+	Window int
+	// InboxMessages and InboxBytes bound the messages of one peer waiting
+	// for their tensors or behind them, and the encoded bytes they hold
+	// (defaults DefaultInboxMessages, DefaultInboxBytes).
+	InboxMessages int
+	InboxBytes    int64
+	// Dial opens an authenticated data connection to a peer's channel.
+	Dial func(ctx context.Context, node, channel string) (net.Conn, error)
+	Log  *zap.Logger
+}
+
+// Defaults of Config.
+const (
+	DefaultInlineThreshold  = 64 << 10
+	DefaultTransferTimeout  = 60 * time.Second
+	DefaultRefTTL           = 10 * time.Minute
+	DefaultMaxInFlight      = 64
+	DefaultMaxInFlightBytes = 4 << 30
+	DefaultInboxMessages    = 4096
+	DefaultInboxBytes       = 256 << 20
+	// maxStrikes is how many messages beyond its window a peer may send
+	// before its connection is closed.
+	maxStrikes = 64
+)
+
+// DefaultBudget returns the default receive budget of a node with the
+// given devices: half the memory of its smallest GPU, or a quarter of the
+// host's memory for a node without GPUs, and at least 256 MiB.
+func DefaultBudget(devs []memory.Device) int64 {
+	var b int64
+	for _, d := range devs {
+		if d.Kind != memory.KindCUDA {
+			continue
+		}
+		if total, err := memory.CUDATotalMemory(d); err == nil && (b == 0 || total/2 < b) {
+			b = total / 2
+		}
+	}
+	if b == 0 {
+		b = memory.HostMemory() / 4
+	}
+	return max(b, 256<<20)
+}
+
+func (c *Config) setDefaults() {
+	if c.InlineThreshold <= 0 {
+		c.InlineThreshold = DefaultInlineThreshold
+	}
+	if c.TransferTimeout <= 0 {
+		c.TransferTimeout = DefaultTransferTimeout
+	}
+	if c.RefTTL <= 0 {
+		c.RefTTL = DefaultRefTTL
+	}
+	if c.MaxInFlight <= 0 {
+		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.MaxInFlightBytes <= 0 {
+		c.MaxInFlightBytes = DefaultMaxInFlightBytes
+	}
+	if c.Budget <= 0 {
+		c.Budget = DefaultBudget(c.Devices)
+	}
+	if c.PeerBudget <= 0 {
+		c.PeerBudget = c.Budget / 2
+	}
+	c.PeerBudget = min(c.PeerBudget, c.Budget)
+	if c.Window <= 0 {
+		c.Window = DefaultMaxInFlight
+	}
+	if c.InboxMessages <= 0 {
+		c.InboxMessages = DefaultInboxMessages
+	}
+	if c.InboxBytes <= 0 {
+		c.InboxBytes = DefaultInboxBytes
+	}
+	if c.Log == nil {
+		c.Log = zap.NewNop()
+	}
+}
+
+// Engine is a node's tensor path: it takes the tensors out of outgoing
+// messages (Export), puts them back into incoming ones (Import, Enqueue),
+// moves their bytes through the data channels, and bounds what both ends
+// hold. It imports nothing of the actor system; the node reaches it
+// through the methods below and it reaches the node's peers through Link.
+type Engine struct {
+	cfg      Config
+	log      *zap.Logger
+	store    *tensor.Store
+	channels map[string]rdma.Channel
+	caps     rdma.Caps
+	device   memory.Device // default destination
+
+	budget *budget // all peers together
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu       sync.Mutex
+	peers    map[string]*peer
+	peerSnap atomic.Pointer[map[string]*peer]
+	closed   bool
+
+	flowMu sync.Mutex
+	flow   map[uint64]*inFlight // export id → its message's credit
+
+	ctlSeq  atomic.Uint64
+	ctlMu   sync.Mutex
+	ctlWait map[uint64]ctlWaiter
+
+	stats Stats
+}
+
+// New makes the engine of a node; Start opens its channels.
+func New(cfg Config) *Engine {
+	cfg.setDefaults()
+	e := &Engine{
+		cfg:     cfg,
+		log:     cfg.Log,
+		store:   tensor.NewStore(cfg.Node, cfg.Incarnation),
+		peers:   map[string]*peer{},
+		flow:    map[uint64]*inFlight{},
+		ctlWait: map[uint64]ctlWaiter{},
+		device:  memory.CPU,
+	}
+	if len(cfg.Devices) > 0 {
+		e.device = cfg.Devices[0]
+	}
+	e.budget = newBudget(cfg.Budget)
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.store.OnEnd(e.exportEnded)
+	return e
+}
+
+// Start opens the node's data channels and builds the capabilities it
+// advertises (Advert).
+func (e *Engine) Start() error {
+	env := &rdma.Env{
+		Node:           e.cfg.Node,
+		Incarnation:    e.cfg.Incarnation,
+		Store:          e.store,
+		Log:            e.log,
+		Dial:           e.cfg.Dial,
+		Control:        e.control,
+		ChunkSize:      e.cfg.ChunkSize,
+		ChunksInFlight: e.cfg.ChunksInFlight,
+	}
+	channels, caps, err := openChannels(env, &e.cfg)
+	if err != nil {
+		return err
+	}
+	e.channels, e.caps = channels, caps
+	return nil
+}
+
+// Close fails what is in flight and releases every resource.
+func (e *Engine) Close() {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return
+	}
+	e.closed = true
+	peers := make([]*peer, 0, len(e.peers))
+	for _, p := range e.peers {
+		peers = append(peers, p)
+	}
+	e.mu.Unlock()
+	e.cancel()
+	for _, p := range peers {
+		p.shutdown()
+	}
+	e.wg.Wait()
+	for _, ch := range e.channels {
+		_ = ch.Close()
+	}
+	e.store.Close()
+}
+
+// Store returns the node's table of exported tensors.
+func (e *Engine) Store() *tensor.Store { return e.store }
+
+// Caps returns what this node advertises.
+func (e *Engine) Caps() rdma.Caps { return e.caps }
+
+// Device returns the default destination of received tensors.
+func (e *Engine) Device() memory.Device { return e.device }
+
+// advert is what a node sends its peers after the handshake: its
+// capabilities and the window of its inbox, which a sender's credits
+// respect.
+type advert struct {
+	Caps        rdma.Caps `msgpack:"c"`
+	WindowMsgs  int       `msgpack:"w"`
+	WindowBytes int64     `msgpack:"wb"`
+}
+
+// Advert returns the body a node sends its peers after the handshake.
+func (e *Engine) Advert() ([]byte, error) {
+	return wire.EncodeMsgpack(&advert{Caps: e.caps, WindowMsgs: e.cfg.Window, WindowBytes: e.cfg.PeerBudget})
+}
+
+// peer is what the engine keeps for one peer that is up.
+type peer struct {
+	name string
+	link Link
+	caps rdma.Caps
+
+	credits *credits // for tensor messages sent to it
+	inbox   inbox    // its messages waiting for their tensors
+	out     outbox   // messages to it waiting for credits
+	budget  *budget  // what its messages hold allocated
+	done    chan struct{}
+	strikes atomic.Int64
+}
+
+func (p *peer) shutdown() {
+	select {
+	case <-p.done:
+	default:
+		close(p.done)
+	}
+}
+
+// PeerUp starts the engine's state for a peer whose advert (the body its
+// node sent after the handshake) is given; an error means the advert is
+// not acceptable and the connection should be closed.
+func (e *Engine) PeerUp(name string, incarnation uint64, body []byte, link Link) error {
+	var a advert
+	if err := wire.DecodeMsgpack(body, &a); err != nil {
+		return fmt.Errorf("transfer: bad capabilities from %s: %w", name, err)
+	}
+	if a.Caps.Node != name || a.Caps.Incarnation != incarnation {
+		return fmt.Errorf("transfer: capabilities of %s name %s#%d", name, a.Caps.Node, a.Caps.Incarnation)
+	}
+	msgs, bytes := e.cfg.MaxInFlight, e.cfg.MaxInFlightBytes
+	if a.WindowMsgs > 0 {
+		msgs = min(msgs, a.WindowMsgs)
+	}
+	if a.WindowBytes > 0 {
+		bytes = min(bytes, a.WindowBytes)
+	}
+	p := &peer{name: name, link: link, caps: a.Caps, credits: newCredits(msgs, bytes),
+		budget: newBudget(e.cfg.PeerBudget), done: make(chan struct{})}
+	p.inbox.init(e.cfg.InboxMessages, e.cfg.InboxBytes, e.cfg.Window)
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return ErrClosed
+	}
+	if old := e.peers[name]; old != nil {
+		old.shutdown()
+	}
+	e.peers[name] = p
+	e.publishPeers()
+	e.wg.Add(1)
+	e.mu.Unlock()
+	go e.deliverLoop(p)
+	return nil
+}
+
+// PeerDown fails everything that waits on the named peer: its queued
+// messages are aborted, its transfers fail, the leases it held are
+// released, its channels' state is dropped. It returns the leases
+// released.
+func (e *Engine) PeerDown(name string) int {
+	e.mu.Lock()
+	p := e.peers[name]
+	if p != nil {
+		delete(e.peers, name)
+		e.publishPeers()
+	}
+	e.mu.Unlock()
+	if p != nil {
+		p.shutdown()
+	}
+	for _, ch := range e.channels {
+		ch.PeerDown(name)
+	}
+	released := e.store.ReleaseHolder(name)
+	e.failControls(name)
+	return released
+}
+
+// peer returns the state of the named peer if it is up, without locking.
+func (e *Engine) peer(name string) *peer {
+	if m := e.peerSnap.Load(); m != nil {
+		return (*m)[name]
+	}
+	return nil
+}
+
+// publishPeers copies e.peers into the snapshot peer reads; e.mu is held.
+func (e *Engine) publishPeers() {
+	m := maps.Clone(e.peers)
+	e.peerSnap.Store(&m)
+}
+
+// PeerCaps returns what the named peer advertised, if it is up.
+func (e *Engine) PeerCaps(name string) (rdma.Caps, bool) {
+	if p := e.peer(name); p != nil {
+		return p.caps, true
+	}
+	return rdma.Caps{}, false
+}
+
+// HandleRelease ends the lease a peer gives back.
+func (e *Engine) HandleRelease(peer string, r *wire.Release) {
+	if r.Incarnation != e.cfg.Incarnation {
+		e.log.Warn("release for another incarnation", zap.String("peer", peer), zap.Uint64("incarnation", r.Incarnation))
+		return
+	}
+	if err := e.store.Release(r.ExportID, r.Lease); err != nil {
+		e.log.Warn("release refused", zap.String("peer", peer), zap.Error(err))
+	}
+}
+
+// HandleDataConn hands an authenticated data connection to its channel.
+func (e *Engine) HandleDataConn(peer, channel string, conn net.Conn) {
+	ch, ok := e.channels[channel].(rdma.ConnServer)
+	if !ok {
+		e.log.Warn("data connection for a channel that takes none", zap.String("peer", peer), zap.String("channel", channel))
+		conn.Close()
+		return
+	}
+	ch.ServeConn(conn, peer)
+}
+
+// Route returns the channel that would move a tensor of owner's device src
+// to this node's device dst, with the reasons for the others.
+func (e *Engine) Route(owner string, src, dst memory.Device) (rdma.Choice, error) {
+	oc := &e.caps
+	if owner != e.cfg.Node {
+		p := e.peer(owner)
+		if p == nil {
+			return rdma.Choice{}, fmt.Errorf("%w: %s", ErrPeerDown, owner)
+		}
+		oc = &p.caps
+	}
+	return rdma.Select(oc, &e.caps, src, dst), nil
+}

@@ -1,0 +1,301 @@
+package transfer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/tensor"
+	"go.uber.org/zap"
+)
+
+// ErrOutboxFull: a message could not wait for the peer's credits: too many
+// messages wait already (MaxOutbox) or it waited TransferTimeout.
+var ErrOutboxFull = errors.New("transfer: the peer has not fetched earlier tensors")
+
+// MaxOutbox bounds the messages of one sender node waiting for a peer's
+// credits.
+const MaxOutbox = 4096
+
+// Outgoing is a message's tensors, taken out for sending to one peer: the
+// table that travels beside its body, and the exports it lends.
+type Outgoing struct {
+	// Table is the message's tensor table (wire.Message.Tensors).
+	Table []byte
+
+	e       *Engine
+	peer    string
+	exports []*tensor.Export
+	fetched []*tensor.Export // those the peer fetches before delivery (not Refs)
+	bytes   int64            // of fetched: what the credit takes
+}
+
+// Export takes the tensors out of msg for sending to peer, walking msg
+// once: tensors of at most InlineThreshold bytes are copied into the table,
+// larger ones are exported (lent until the peer releases them) with each
+// running channel's offer, Refs are exported as Refs (or forwarded with
+// their descriptor). It returns nil when msg holds no tensor.
+func (e *Engine) Export(peer string, msg any) (*Outgoing, error) {
+	if msg == nil || !HoldsTensors(reflect.TypeOf(msg)) {
+		return nil, nil
+	}
+	o := &Outgoing{e: e, peer: peer}
+	var entries []entry
+	seen := func(id uint64) error {
+		if find(entries, id) != nil {
+			return fmt.Errorf("transfer: the same tensor or Ref appears twice in one %T", msg)
+		}
+		return nil
+	}
+	w := &walker{
+		tensor: func(t *tensor.Tensor) error {
+			if err := seen(t.WireID()); err != nil {
+				return err
+			}
+			if _, ok := tensor.Placeholder(t); ok {
+				return errors.New("transfer: an unfilled tensor placeholder cannot be sent")
+			}
+			if t.ByteSize() <= e.cfg.InlineThreshold {
+				data, err := hostBytes(t)
+				if err != nil {
+					return err
+				}
+				entries = append(entries, entry{ID: t.WireID(), Kind: entryInline, DType: t.DType(), Shape: t.Shape(), Data: data})
+				return nil
+			}
+			d, err := o.export(t, false)
+			if err != nil {
+				return err
+			}
+			entries = append(entries, entry{ID: t.WireID(), Kind: entryFetch, Desc: d})
+			return nil
+		},
+		ref: func(r tensor.Ref) error {
+			if err := seen(r.WireID()); err != nil {
+				return err
+			}
+			if t := r.Local(); t != nil {
+				d, err := o.export(t, true)
+				if err != nil {
+					return err
+				}
+				entries = append(entries, entry{ID: r.WireID(), Kind: entryRef, Desc: d})
+				return nil
+			}
+			if _, ok := tensor.RefPlaceholder(r); ok {
+				return errors.New("transfer: an unfilled Ref placeholder cannot be sent")
+			}
+			d, err := r.Forward()
+			if err != nil {
+				return err
+			}
+			entries = append(entries, entry{ID: r.WireID(), Kind: entryRef, Desc: d})
+			return nil
+		},
+	}
+	err := walk(msg, w)
+	if err == nil && len(entries) > 0 {
+		o.Table, err = encodeTable(entries)
+	}
+	if err != nil {
+		o.Abort()
+		return nil, err
+	}
+	if len(entries) == 0 {
+		return nil, nil
+	}
+	return o, nil
+}
+
+// exportLeaseFactor: an export sent in a message lives TransferTimeout
+// twice: once waiting in the outbox at most, once for the fetch.
+const exportLeaseFactor = 2
+
+func (o *Outgoing) export(t *tensor.Tensor, asRef bool) (*tensor.Descriptor, error) {
+	e := o.e
+	ttl := exportLeaseFactor * e.cfg.TransferTimeout
+	if asRef {
+		ttl = e.cfg.RefTTL
+	}
+	x, d, err := e.store.Export(t, o.peer, ttl)
+	if err != nil {
+		return nil, err
+	}
+	o.exports = append(o.exports, x)
+	if !asRef {
+		o.fetched = append(o.fetched, x)
+		o.bytes += d.Bytes
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.TransferTimeout)
+	defer cancel()
+	for name, ch := range e.channels {
+		offer, err := ch.Offer(ctx, x, o.peer)
+		if err != nil {
+			e.log.Debug("channel makes no offer", zap.String("channel", name), zap.Error(err))
+			continue
+		}
+		if offer != nil {
+			if d.Offers == nil {
+				d.Offers = map[string][]byte{}
+			}
+			d.Offers[name] = offer
+		}
+	}
+	e.stats.TensorsExported.Add(1)
+	return d, nil
+}
+
+// Abort ends the leases of a message that was not sent.
+func (o *Outgoing) Abort() {
+	if o == nil {
+		return
+	}
+	for _, x := range o.exports {
+		_ = o.e.store.Release(x.ID, x.Lease)
+	}
+	o.exports, o.fetched = nil, nil
+}
+
+// hostBytes returns a copy of t's bytes in host memory.
+func hostBytes(t *tensor.Tensor) ([]byte, error) {
+	if b := t.Host(); b != nil || t.ByteSize() == 0 {
+		return append([]byte(nil), b...), nil
+	}
+	host, err := t.To(context.Background(), memory.CPU)
+	if err != nil {
+		return nil, fmt.Errorf("transfer: inline copy of %v: %w", t, err)
+	}
+	defer host.Free()
+	return append([]byte(nil), host.Host()...), nil
+}
+
+// outbox holds, in order, the messages to one peer that wait for its
+// credits, and the messages sent after them.
+type outbox struct {
+	mu      sync.Mutex
+	q       []*posted
+	running bool
+	busy    bool // q not empty or being sent: later messages must queue
+}
+
+type posted struct {
+	o        *Outgoing // nil for a message without tensors
+	send     func() error
+	fail     func(error)
+	deadline time.Time
+}
+
+// Backlogged reports whether messages to peer wait in its outbox, so that
+// a message without tensors must go through Send to keep its place.
+func (e *Engine) Backlogged(peer string) bool {
+	p := e.peer(peer)
+	if p == nil {
+		return false
+	}
+	p.out.mu.Lock()
+	defer p.out.mu.Unlock()
+	return p.out.busy
+}
+
+// Send sends a message to peer through send once the peer's credits allow
+// its tensors (o, nil for none), in order with the other messages Send
+// queued for that peer. It never blocks: when credits are out, the message
+// waits in the peer's outbox, at most TransferTimeout and behind at most
+// MaxOutbox others, and send is then called on another goroutine. A
+// message that cannot be sent has its exports aborted and fail called with
+// the reason (ErrOutboxFull, ErrPeerDown, send's error).
+func (e *Engine) Send(peer string, o *Outgoing, send func() error, fail func(error)) {
+	p := e.peer(peer)
+	if p == nil {
+		o.Abort()
+		fail(fmt.Errorf("%w: %s", ErrPeerDown, peer))
+		return
+	}
+	p.out.mu.Lock()
+	if !p.out.busy {
+		var bytes int64
+		if o != nil {
+			bytes = o.bytes
+		}
+		if ok, _ := p.credits.tryAcquire(bytes); ok || o == nil {
+			p.out.mu.Unlock()
+			e.sendNow(p, o, send, fail)
+			return
+		}
+	}
+	if len(p.out.q) >= MaxOutbox {
+		p.out.mu.Unlock()
+		o.Abort()
+		fail(fmt.Errorf("%w: %d messages wait for %s already", ErrOutboxFull, MaxOutbox, peer))
+		return
+	}
+	p.out.q = append(p.out.q, &posted{o: o, send: send, fail: fail, deadline: time.Now().Add(e.cfg.TransferTimeout)})
+	p.out.busy = true
+	start := !p.out.running
+	p.out.running = true
+	p.out.mu.Unlock()
+	if start {
+		e.wg.Add(1)
+		go e.pump(p)
+	}
+}
+
+// sendNow sends a message whose credit (if it has tensors) is taken.
+func (e *Engine) sendNow(p *peer, o *Outgoing, send func() error, fail func(error)) {
+	if err := send(); err != nil {
+		if o != nil {
+			p.credits.release(o.bytes)
+			o.Abort()
+		}
+		fail(err)
+		return
+	}
+	if o != nil {
+		e.track(p.credits, o.bytes, o.fetched)
+	}
+}
+
+// pump sends the messages of p's outbox in order as credits come back.
+func (e *Engine) pump(p *peer) {
+	defer e.wg.Done()
+	for {
+		p.out.mu.Lock()
+		if len(p.out.q) == 0 {
+			p.out.running, p.out.busy = false, false
+			p.out.mu.Unlock()
+			return
+		}
+		m := p.out.q[0]
+		p.out.mu.Unlock()
+		if err := e.waitCredit(p, m); err != nil {
+			m.o.Abort()
+			m.fail(err)
+		} else {
+			e.sendNow(p, m.o, m.send, m.fail)
+		}
+		p.out.mu.Lock()
+		p.out.q[0] = nil
+		p.out.q = p.out.q[1:]
+		p.out.mu.Unlock()
+	}
+}
+
+// waitCredit takes the credit of m's tensors, waiting until m's deadline.
+func (e *Engine) waitCredit(p *peer, m *posted) error {
+	if m.o == nil {
+		return nil
+	}
+	ctx, cancel := context.WithDeadline(e.ctx, m.deadline)
+	defer cancel()
+	if err := p.credits.acquire(ctx, p.done, m.o.bytes); err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("%w: waited %v for %s to release earlier tensors", ErrOutboxFull, e.cfg.TransferTimeout, p.name)
+		}
+		return err
+	}
+	return nil
+}

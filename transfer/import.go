@@ -1,0 +1,327 @@
+package transfer
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"time"
+
+	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/rdma"
+	"github.com/tensorferry/tensorferry/tensor"
+	"github.com/tensorferry/tensorferry/wire"
+	"go.uber.org/zap"
+)
+
+// Incoming is a received message whose tensors are not all there yet: the
+// descriptors to fetch, each with the placeholder field it fills. Nothing
+// is allocated for them until their fetch starts (within the receiver's
+// budgets).
+type Incoming struct {
+	e      *Engine
+	peer   string
+	device memory.Device
+	jobs   []job
+	refs   []tensor.Ref
+	made   []*tensor.Tensor // filled (inline or fetched): freed if the message fails
+	bytes  int64            // of jobs
+}
+
+type job struct {
+	d *tensor.Descriptor
+	t *tensor.Tensor // the placeholder it fills
+}
+
+// Bytes returns the bytes the message's fetches allocate.
+func (in *Incoming) Bytes() int64 {
+	if in == nil {
+		return 0
+	}
+	return in.bytes
+}
+
+// Import puts the tensors of a message received from peer back into msg,
+// from the table that came beside its body: inline tensors at once on dev,
+// Refs as lazy Refs fetched through this engine; descriptors to fetch are
+// kept in the returned Incoming (nil when there are none) for Enqueue.
+// Every tensor and Ref field must refer to one entry, and every entry be
+// referred to once. A message whose fetches exceed the per-peer budget is
+// refused (ErrOverBudget). On error, what the table lent is released.
+func (e *Engine) Import(peer string, table []byte, msg any, dev memory.Device) (*Incoming, error) {
+	if len(table) == 0 && (msg == nil || !HoldsTensors(reflect.TypeOf(msg))) {
+		return nil, nil
+	}
+	entries, err := decodeTable(table)
+	if err != nil {
+		return nil, err
+	}
+	in := &Incoming{e: e, peer: peer, device: dev}
+	w := &walker{
+		tensor: func(t *tensor.Tensor) error {
+			id, ok := tensor.Placeholder(t)
+			if !ok {
+				return fmt.Errorf("%w: a decoded tensor field is not a placeholder", ErrBadTable)
+			}
+			x, err := use(entries, id)
+			if err != nil {
+				return err
+			}
+			switch x.Kind {
+			case entryInline:
+				src, err := tensor.New(dev, x.DType, x.Shape)
+				if err != nil {
+					return err
+				}
+				if err := memory.Copy(e.ctx, src.Buffer(), memory.WrapHost(x.Data)); err != nil {
+					_ = src.Free()
+					return err
+				}
+				if err := tensor.Fill(t, src); err != nil {
+					_ = src.Free()
+					return err
+				}
+				in.made = append(in.made, t)
+			case entryFetch:
+				in.jobs = append(in.jobs, job{d: x.Desc, t: t})
+				in.bytes += x.Desc.Bytes
+			default:
+				return fmt.Errorf("%w: tensor field refers to entry %d of kind %d", ErrBadTable, id, x.Kind)
+			}
+			return nil
+		},
+		ref: func(r tensor.Ref) error {
+			id, ok := tensor.RefPlaceholder(r)
+			if !ok {
+				return fmt.Errorf("%w: a decoded Ref field is not a placeholder", ErrBadTable)
+			}
+			x, err := use(entries, id)
+			if err != nil {
+				return err
+			}
+			if x.Kind != entryRef {
+				return fmt.Errorf("%w: Ref field refers to entry %d of kind %d", ErrBadTable, id, x.Kind)
+			}
+			if err := tensor.FillRef(r, x.Desc, (*refFetcher)(e)); err != nil {
+				return err
+			}
+			in.refs = append(in.refs, r)
+			return nil
+		},
+	}
+	if err = walk(msg, w); err == nil {
+		for i := range entries {
+			if !entries[i].used {
+				err = fmt.Errorf("%w: entry %d (id %d) is not referred to by any field of %T", ErrBadTable, i, entries[i].ID, msg)
+				break
+			}
+		}
+	}
+	if err == nil && in.bytes > e.cfg.PeerBudget {
+		err = fmt.Errorf("%w: %d bytes to fetch, the receive budget per peer is %d", ErrOverBudget, in.bytes, e.cfg.PeerBudget)
+	}
+	if err != nil {
+		in.free()
+		e.releaseEntries(entries)
+		return nil, err
+	}
+	if len(in.jobs) == 0 {
+		return nil, nil
+	}
+	return in, nil
+}
+
+// use marks the entry with id used, once.
+func use(entries []entry, id uint64) (*entry, error) {
+	x := find(entries, id)
+	if x == nil {
+		return nil, fmt.Errorf("%w: a field refers to id %d, absent from the table", ErrBadTable, id)
+	}
+	if x.used {
+		return nil, fmt.Errorf("%w: two fields refer to id %d", ErrBadTable, id)
+	}
+	x.used = true
+	return x, nil
+}
+
+// releaseEntries gives back the leases of a table whose message is refused.
+func (e *Engine) releaseEntries(entries []entry) {
+	ctx, cancel := context.WithTimeout(e.ctx, time.Second)
+	defer cancel()
+	for _, x := range entries {
+		if x.Desc != nil {
+			_ = e.release(ctx, x.Desc)
+		}
+	}
+}
+
+// fetch allocates the destinations of in's descriptors on its device and
+// fetches them, calls fetched, then releases their leases. On failure what
+// was allocated is freed and every lease, including the Refs', released.
+func (in *Incoming) fetch(ctx context.Context, fetched func()) error {
+	e := in.e
+	var first error
+	for _, j := range in.jobs {
+		if first = in.fetchOne(ctx, j); first != nil {
+			break
+		}
+	}
+	fetched()
+	for _, j := range in.jobs {
+		if err := e.release(ctx, j.d); err != nil && first == nil {
+			first = err
+		}
+	}
+	in.jobs = nil
+	if first != nil {
+		in.abort(ctx)
+	}
+	return first
+}
+
+func (in *Incoming) fetchOne(ctx context.Context, j job) error {
+	dst, err := tensor.NewUninit(in.device, j.d.DType, j.d.Shape)
+	if err != nil {
+		return err
+	}
+	if err := in.e.fetchInto(ctx, j.d, dst); err != nil {
+		_ = dst.Free()
+		return err
+	}
+	if err := tensor.Fill(j.t, dst); err != nil {
+		_ = dst.Free()
+		return err
+	}
+	in.made = append(in.made, j.t)
+	return nil
+}
+
+// Abort releases every lease of a message that will not be delivered and
+// frees what was allocated for it.
+func (in *Incoming) Abort() {
+	if in == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(in.e.ctx), time.Second)
+	defer cancel()
+	in.abort(ctx)
+}
+
+func (in *Incoming) abort(ctx context.Context) {
+	for _, j := range in.jobs {
+		_ = in.e.release(ctx, j.d)
+	}
+	in.jobs = nil
+	for _, r := range in.refs {
+		_ = r.Release(ctx)
+	}
+	in.refs = nil
+	in.free()
+}
+
+// free frees the tensors filled for the message.
+func (in *Incoming) free() {
+	for _, t := range in.made {
+		_ = t.Free()
+	}
+	in.made = nil
+}
+
+// refFetcher is the tensor.Fetcher of the Refs an engine delivers.
+type refFetcher Engine
+
+func (f *refFetcher) FetchDescriptor(ctx context.Context, d *tensor.Descriptor, dev memory.Device) (*tensor.Tensor, error) {
+	e := (*Engine)(f)
+	if d.Bytes > e.cfg.Budget {
+		return nil, fmt.Errorf("%w: a Ref of %d bytes, the node's receive budget is %d", ErrOverBudget, d.Bytes, e.cfg.Budget)
+	}
+	t, err := tensor.NewUninit(dev, d.DType, d.Shape)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.fetchInto(ctx, d, t); err != nil {
+		_ = t.Free()
+		return nil, err
+	}
+	return t, nil
+}
+
+func (f *refFetcher) ReleaseDescriptor(ctx context.Context, d *tensor.Descriptor) error {
+	return (*Engine)(f).release(ctx, d)
+}
+
+// ownerCaps returns the capabilities of a descriptor's owner, checking that
+// the descriptor comes from the owner's current incarnation.
+func (e *Engine) ownerCaps(d *tensor.Descriptor) (*rdma.Caps, error) {
+	if d.Owner == e.cfg.Node {
+		if d.Incarnation != e.cfg.Incarnation {
+			return nil, fmt.Errorf("%w: %s", tensor.ErrStale, d)
+		}
+		return &e.caps, nil
+	}
+	p := e.peer(d.Owner)
+	if p == nil {
+		return nil, fmt.Errorf("%w: owner %s of %v", ErrPeerDown, d.Owner, d)
+	}
+	if p.caps.Incarnation != d.Incarnation {
+		return nil, fmt.Errorf("%w: %s is now incarnation %d", tensor.ErrStale, d, p.caps.Incarnation)
+	}
+	return &p.caps, nil
+}
+
+func (e *Engine) fetchInto(ctx context.Context, d *tensor.Descriptor, dst *tensor.Tensor) error {
+	oc, err := e.ownerCaps(d)
+	if err != nil {
+		return err
+	}
+	src, err := memory.ParseDevice(d.Device)
+	if err != nil {
+		return err
+	}
+	choice := rdma.Select(oc, e.fetcherCaps(d), src, dst.Device())
+	ch := e.channels[choice.Channel]
+	if ch == nil {
+		return fmt.Errorf("%w: %s -> %s: %v", ErrNoChannel, src, dst.Device(), choice.Rejected)
+	}
+	start := time.Now()
+	if err := ch.Fetch(ctx, d, dst.Buffer()); err != nil {
+		return fmt.Errorf("transfer: fetch %v over %s: %w", d, choice.Channel, err)
+	}
+	e.stats.addBytes(choice.Channel, d.Bytes, time.Since(start))
+	return nil
+}
+
+// release ends a descriptor's lease on its owner.
+func (e *Engine) release(ctx context.Context, d *tensor.Descriptor) error {
+	if d.Owner == e.cfg.Node {
+		if d.Incarnation != e.cfg.Incarnation {
+			return nil // that life's leases died with it
+		}
+		return e.store.Release(d.ExportID, d.Lease)
+	}
+	p := e.peer(d.Owner)
+	if p == nil {
+		return nil // the owner is down: its leases died with it
+	}
+	return p.link.Send(ctx, wire.FrameRelease, 0, 0, &wire.Release{ExportID: d.ExportID, Lease: d.Lease, Incarnation: d.Incarnation})
+}
+
+
+// Refuse gives back what the table of a message that will not be decoded
+// lends (its sender's node learns why from the caller).
+func (e *Engine) Refuse(peer string, table []byte) {
+	entries, err := decodeTable(table)
+	if err != nil {
+		e.log.Debug("refused message with a bad tensor table", zap.String("peer", peer), zap.Error(err))
+		return
+	}
+	e.releaseEntries(entries)
+}
+
+// Discard frees the tensors of a delivered-to-nobody message and releases
+// its Refs.
+func Discard(msg any) {
+	_ = walk(msg, &walker{
+		tensor: func(t *tensor.Tensor) error { _ = t.Free(); return nil },
+		ref:    func(r tensor.Ref) error { _ = r.Release(context.Background()); return nil },
+	})
+}

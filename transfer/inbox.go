@@ -1,0 +1,257 @@
+package transfer
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+)
+
+// fetchWindow bounds how many queued messages of one peer have their
+// tensors fetched at once: fetching several overlaps the CPU work of one
+// message with the copies of the others; delivery stays in arrival order.
+const fetchWindow = 4
+
+// queued is one message in a peer's inbox: its tensors to fetch (nil for a
+// message without any that waits behind others) and how to deliver it.
+type queued struct {
+	in      *Incoming
+	size    int64
+	deliver func(error)
+	fetched chan error
+	held    int64 // budget taken for it
+}
+
+// inbox is a peer's queue of received messages waiting for their tensors,
+// or behind messages that do. The connection's reader only appends to it
+// (it must go on reading the control replies the fetches wait for); what
+// it holds is bounded: messages with tensors by the window advertised to
+// the peer, all messages by count and encoded bytes.
+type inbox struct {
+	mu        sync.Mutex
+	q         []*queued
+	closed    bool
+	wake      chan struct{} // one token: the inbox grew
+	maxMsgs   int
+	maxBytes  int64
+	bytes     int64
+	window    int          // messages with tensors not yet fetched, at most
+	inWindow  int          // such messages now
+	pending   atomic.Int64 // messages in q or being delivered
+	windowMax int
+}
+
+func (b *inbox) init(maxMsgs int, maxBytes int64, window int) {
+	b.maxMsgs, b.maxBytes, b.windowMax = maxMsgs, maxBytes, window
+	b.wake = make(chan struct{}, 1)
+}
+
+// Backlog reports whether messages of peer wait in its inbox (or are being
+// delivered), so that a message that needs no fetch must be enqueued behind
+// them to keep the order.
+func (e *Engine) Backlog(peer string) bool {
+	p := e.peer(peer)
+	return p != nil && p.inbox.pending.Load() > 0
+}
+
+// Enqueue queues a message of peer (in: its fetches, nil for none; size:
+// its encoded bytes) for delivery in arrival order: deliver is called once
+// its tensors are fetched, with nil, or with the reason they are not (the
+// message is then dropped: the caller reports it). A message beyond the
+// inbox's bounds is refused with ErrInboxFull, and a peer that keeps
+// sending messages with tensors beyond the window it was given has its
+// connection closed. ErrPeerDown when the peer is not up.
+func (e *Engine) Enqueue(peer string, in *Incoming, size int64, deliver func(error)) error {
+	p := e.peer(peer)
+	if p == nil {
+		return fmt.Errorf("%w: %s", ErrPeerDown, peer)
+	}
+	b := &p.inbox
+	b.mu.Lock()
+	switch {
+	case b.closed:
+		b.mu.Unlock()
+		return fmt.Errorf("%w: %s", ErrPeerDown, peer)
+	case in != nil && b.inWindow >= b.windowMax:
+		b.mu.Unlock()
+		e.stats.InboxRefused.Add(1)
+		if n := p.strikes.Add(1); n == maxStrikes {
+			err := fmt.Errorf("transfer: %s sent %d messages with tensors beyond the window of %d it was given", peer, n, b.windowMax)
+			e.log.Warn("closing the connection of a peer that ignores its window", zap.String("peer", peer), zap.Error(err))
+			p.link.Close(err)
+		}
+		return fmt.Errorf("%w: %d messages with tensors wait already (window %d)", ErrInboxFull, b.inWindow, b.windowMax)
+	case len(b.q) >= b.maxMsgs || b.bytes+size > b.maxBytes:
+		b.mu.Unlock()
+		e.stats.InboxRefused.Add(1)
+		return fmt.Errorf("%w: %d messages of %d bytes wait already", ErrInboxFull, len(b.q), b.bytes)
+	}
+	b.q = append(b.q, &queued{in: in, size: size, deliver: deliver})
+	b.bytes += size
+	if in != nil {
+		b.inWindow++
+	}
+	b.pending.Add(1)
+	b.mu.Unlock()
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// pop removes the oldest message; nil when the inbox is empty.
+func (b *inbox) pop() *queued {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.q) == 0 {
+		return nil
+	}
+	q := b.q[0]
+	b.q[0] = nil
+	b.q = b.q[1:]
+	if len(b.q) == 0 {
+		b.q = nil // let the array go
+	}
+	b.bytes -= q.size
+	return q
+}
+
+func (b *inbox) empty() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.q) == 0
+}
+
+// fetchedOne frees a window place: called once a message's tensors are
+// fetched, before their leases are released (the sender's credit comes
+// back with the release, and may send the next message at once).
+func (b *inbox) fetchedOne() {
+	b.mu.Lock()
+	b.inWindow--
+	b.mu.Unlock()
+}
+
+// close empties the inbox for good and returns what it held.
+func (b *inbox) close() []*queued {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed = true
+	out := b.q
+	b.q, b.bytes = nil, 0
+	return out
+}
+
+// deliverLoop fetches the tensors of p's queued messages, up to fetchWindow
+// at once, each once the budgets allow, and hands them to deliverInOrder.
+// When the peer goes down, messages not started are aborted; those started
+// are delivered once fetched, or reported failed.
+func (e *Engine) deliverLoop(p *peer) {
+	defer e.wg.Done()
+	order := make(chan *queued, fetchWindow-1)
+	var handed atomic.Int64 // messages in order or being delivered
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for q := range order {
+			e.deliverFetched(p, q, <-q.fetched)
+			handed.Add(-1)
+		}
+	}()
+	defer func() {
+		close(order)
+		wg.Wait()
+	}()
+	for {
+		if q := p.inbox.pop(); q != nil {
+			if err := e.take(p, q); err != nil {
+				// The peer went down (or the engine closed) while it
+				// waited for the budget: aborted with the rest.
+				e.abortQueued(p, q, err)
+				e.abortInbox(p)
+				return
+			}
+			if handed.Load() == 0 && p.inbox.empty() {
+				// A lone message: fetched and delivered on this goroutine.
+				e.deliverFetched(p, q, e.fetchNow(p, q))
+				continue
+			}
+			q.fetched = make(chan error, 1)
+			if q.in == nil {
+				q.fetched <- nil
+			} else {
+				go func() { q.fetched <- e.fetchNow(p, q) }()
+			}
+			handed.Add(1)
+			order <- q
+			continue
+		}
+		select {
+		case <-p.inbox.wake:
+		case <-p.done:
+			e.abortInbox(p)
+			return
+		}
+	}
+}
+
+// take waits until the budgets of p and of the node have room for q's
+// tensors, and takes it.
+func (e *Engine) take(p *peer, q *queued) error {
+	n := q.in.Bytes()
+	if n == 0 {
+		return nil
+	}
+	if err := p.budget.acquire(e.ctx, p.done, n); err != nil {
+		return err
+	}
+	if err := e.budget.acquire(e.ctx, p.done, n); err != nil {
+		p.budget.release(n)
+		return err
+	}
+	q.held = n
+	return nil
+}
+
+// fetchNow fetches q's tensors within the transfer timeout.
+func (e *Engine) fetchNow(p *peer, q *queued) error {
+	if q.in == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.TransferTimeout)
+	defer cancel()
+	return q.in.fetch(ctx, p.inbox.fetchedOne)
+}
+
+// deliverFetched delivers q, whose fetch ended with err, and gives its
+// budget back.
+func (e *Engine) deliverFetched(p *peer, q *queued, err error) {
+	if q.held > 0 {
+		p.budget.release(q.held)
+		e.budget.release(q.held)
+		q.held = 0
+	}
+	q.deliver(err)
+	p.inbox.pending.Add(-1)
+}
+
+// abortQueued reports q failed without fetching it.
+func (e *Engine) abortQueued(p *peer, q *queued, err error) {
+	if q.in != nil {
+		p.inbox.fetchedOne()
+		q.in.Abort()
+	}
+	q.deliver(err)
+	p.inbox.pending.Add(-1)
+}
+
+// abortInbox fails the messages still in p's inbox, and any queued later.
+func (e *Engine) abortInbox(p *peer) {
+	err := fmt.Errorf("%w: %s", ErrPeerDown, p.name)
+	for _, q := range p.inbox.close() {
+		e.abortQueued(p, q, err)
+	}
+}

@@ -1,0 +1,118 @@
+package transfer
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+
+	"github.com/tensorferry/tensorferry/tensor"
+	"github.com/tensorferry/tensorferry/wire"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// The tensor table travels beside a message's body (wire.Message.Tensors):
+// a msgpack array with one entry per tensor or Ref the body refers to, each
+// a map {i: WireID, k: kind, ...}: an inline tensor's dtype, shape and
+// bytes, or the descriptor of an export.
+const (
+	entryInline = 1 // t, s, b: the bytes follow
+	entryFetch  = 2 // d: fetched before delivery
+	entryRef    = 3 // d: delivered as a lazy tensor.Ref
+)
+
+// MaxTableEntries bounds the tensors and Refs of one message.
+const MaxTableEntries = 1024
+
+// ErrBadTable is wrapped by the errors of a tensor table that cannot be
+// decoded or does not match its message's body.
+var ErrBadTable = errors.New("transfer: bad tensor table")
+
+type entry struct {
+	ID    uint64             `msgpack:"i"`
+	Kind  uint8              `msgpack:"k"`
+	DType tensor.DType       `msgpack:"t,omitempty"`
+	Shape tensor.Shape       `msgpack:"s,omitempty"`
+	Data  []byte             `msgpack:"b,omitempty"`
+	Desc  *tensor.Descriptor `msgpack:"d,omitempty"`
+
+	used bool // a field of the body referred to it (decoding side)
+}
+
+func encodeTable(entries []entry) ([]byte, error) {
+	return wire.EncodeMsgpack(entries)
+}
+
+// decodeTable decodes and validates a tensor table. The input is checked
+// first (declared lengths within the input, bounded nesting), the count is
+// bounded before anything is allocated for it, and every entry must be
+// complete and consistent: a known kind, an inline size equal to shape ×
+// dtype, a valid descriptor, distinct ids.
+func decodeTable(b []byte) ([]entry, error) {
+	if len(b) == 0 {
+		return nil, nil
+	}
+	if err := wire.CheckMsgpack(b); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadTable, err)
+	}
+	dec := msgpack.NewDecoder(bytes.NewReader(b))
+	n, err := dec.DecodeArrayLen()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadTable, err)
+	}
+	if n < 0 || n > MaxTableEntries {
+		return nil, fmt.Errorf("%w: %d entries (at most %d)", ErrBadTable, n, MaxTableEntries)
+	}
+	var out []entry // grows with the entries actually decoded
+	for i := range n {
+		var e entry
+		if err := dec.Decode(&e); err != nil {
+			return nil, fmt.Errorf("%w: entry %d: %w", ErrBadTable, i, err)
+		}
+		if err := e.validate(); err != nil {
+			return nil, fmt.Errorf("%w: entry %d: %w", ErrBadTable, i, err)
+		}
+		for j := range out {
+			if out[j].ID == e.ID {
+				return nil, fmt.Errorf("%w: id %d appears twice", ErrBadTable, e.ID)
+			}
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+func (e *entry) validate() error {
+	switch e.Kind {
+	case entryInline:
+		n, err := e.Shape.ByteSize(e.DType)
+		if err != nil {
+			return err
+		}
+		if int64(len(e.Data)) != n {
+			return fmt.Errorf("%w: inline %v of %v has %d bytes, want %d", tensor.ErrBadSize, e.Shape, e.DType, len(e.Data), n)
+		}
+		if e.Desc != nil {
+			return errors.New("inline entry with a descriptor")
+		}
+	case entryFetch, entryRef:
+		if e.Desc == nil {
+			return errors.New("no descriptor")
+		}
+		if err := e.Desc.Validate(); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("unknown kind %d", e.Kind)
+	}
+	return nil
+}
+
+// find returns the entry with id, or nil.
+func find(entries []entry, id uint64) *entry {
+	for i := range entries {
+		if entries[i].ID == id {
+			return &entries[i]
+		}
+	}
+	return nil
+}
