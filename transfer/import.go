@@ -305,7 +305,6 @@ func (e *Engine) release(ctx context.Context, d *tensor.Descriptor) error {
 	return p.link.Send(ctx, wire.FrameRelease, 0, 0, &wire.Release{ExportID: d.ExportID, Lease: d.Lease, Incarnation: d.Incarnation})
 }
 
-
 // Refuse gives back what the table of a message that will not be decoded
 // lends (its sender's node learns why from the caller).
 func (e *Engine) Refuse(peer string, table []byte) {

@@ -123,7 +123,11 @@ func TestBudgetInOrder(t *testing.T) {
 				granted <- n
 			}
 		}()
-		waitFor(t, func() bool { b.mu.Lock(); defer b.mu.Unlock(); return len(b.waiters) > 0 && b.waiters[len(b.waiters)-1].n == n })
+		waitFor(t, func() bool {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			return len(b.waiters) > 0 && b.waiters[len(b.waiters)-1].n == n
+		})
 	}
 	// 10 would fit, but 50 came first: nothing is granted out of order.
 	select {
