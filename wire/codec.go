@@ -8,7 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/vmihailenco/msgpack/v5"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -68,48 +67,13 @@ func (MsgpackSerializer) AppendMarshal(dst []byte, v any) ([]byte, error) {
 	return appendMsgpack(dst, v)
 }
 
-// MarshalWith is Marshal with hook, if not nil, called on a fresh encoder
-// before encoding (to attach state that CustomEncoder methods look up by
-// the encoder's pointer).
-//
-// A type encoded by a compiled codec (see MsgpackSerializer) has no
-// CustomEncoder anywhere, so hook is not called for it.
-func (s MsgpackSerializer) MarshalWith(v any, hook func(*msgpack.Encoder)) ([]byte, error) {
-	if hook == nil {
-		return s.AppendMarshal(nil, v)
-	}
-	if c := structCodecOf(v); c != nil {
-		if out, ok := c.appendValue(nil, v); ok {
-			return out, nil
-		}
-	}
-	var w sliceWriter
-	enc := msgpack.NewEncoder(&w)
-	enc.UseCompactInts(true)
-	enc.SetSortMapKeys(true)
-	hook(enc)
-	if err := enc.Encode(v); err != nil {
-		return nil, fmt.Errorf("wire: msgpack encode %T: %w", v, err)
-	}
-	return w.b, nil
-}
-
 // Unmarshal decodes b into a new value of typ.
-func (s MsgpackSerializer) Unmarshal(b []byte, typ reflect.Type) (any, error) {
-	return s.UnmarshalWith(b, typ, nil)
-}
-
-// UnmarshalWith is Unmarshal with hook, if not nil, called on the decoder
-// before decoding (to set a custom struct tag or attach state). A type
-// decoded by a compiled codec (see MsgpackSerializer) calls hook only when
-// the input is unusual enough to need msgpack's own decoder, so a hook must
-// not change how such types decode.
-func (MsgpackSerializer) UnmarshalWith(b []byte, typ reflect.Type, hook func(*msgpack.Decoder)) (any, error) {
+func (MsgpackSerializer) Unmarshal(b []byte, typ reflect.Type) (any, error) {
 	if c := structCodecFor(typ); c != nil {
-		return c.unmarshal(b, hook)
+		return c.unmarshal(b)
 	}
 	p := reflect.New(typ)
-	if err := decodeMsgpackWith(b, p.Interface(), hook); err != nil {
+	if err := DecodeMsgpack(b, p.Interface()); err != nil {
 		return nil, err
 	}
 	return p.Interface(), nil
@@ -274,30 +238,7 @@ func (r *Registry) Lookup(name string) (reflect.Type, bool) {
 // its type name and serializer id. An unregistered type gives
 // ErrUnknownType.
 func (r *Registry) Encode(msg any) (typeName string, ser uint8, body []byte, err error) {
-	return r.EncodeWith(msg, nil)
-}
-
-// EncodeWith is Encode with hook, if not nil, called on the msgpack encoder
-// before encoding. hook is not called for other serializers.
-func (r *Registry) EncodeWith(msg any, hook func(*msgpack.Encoder)) (typeName string, ser uint8, body []byte, err error) {
-	rt, err := r.lookupValue(msg)
-	if err != nil {
-		return "", 0, nil, err
-	}
-	if rt.sc != nil {
-		if body, ok := rt.sc.appendValue(nil, msg); ok {
-			return rt.name, SerMsgpack, body, nil
-		}
-	}
-	if ms, ok := rt.ser.(MsgpackSerializer); ok && hook != nil {
-		body, err = ms.MarshalWith(msg, hook)
-	} else {
-		body, err = rt.ser.Marshal(msg)
-	}
-	if err != nil {
-		return "", 0, nil, err
-	}
-	return rt.name, rt.ser.ID(), body, nil
+	return r.AppendEncode(nil, msg)
 }
 
 // AppendEncode is Encode that appends the body to dst (which may be a
@@ -354,29 +295,12 @@ func (r *Registry) lookupValue(msg any) (*registeredType, error) {
 // pointer to a new value. An unknown name, or a serializer id other than
 // the registered one, gives ErrUnknownType.
 func (r *Registry) Decode(typeName string, ser uint8, body []byte) (any, error) {
-	return r.DecodeWith(typeName, ser, body, nil)
-}
-
-// DecodeWith is Decode with hook, if not nil, called on the msgpack
-// decoder before decoding (for example to attach state that the types'
-// DecodeMsgpack methods use). hook is not called for other serializers.
-func (r *Registry) DecodeWith(typeName string, ser uint8, body []byte, hook func(*msgpack.Decoder)) (any, error) {
 	rt, ok := r.tables.Load().byName[typeName]
 	if !ok {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownType, typeName)
 	}
 	if rt.ser.ID() != ser {
 		return nil, fmt.Errorf("%w: %q arrived with serializer %d, registered with %d (%s)", ErrUnknownType, typeName, ser, rt.ser.ID(), rt.ser.Name())
-	}
-	if rt.sc != nil {
-		v, err := rt.sc.unmarshal(body, hook)
-		if err != nil && hook == nil {
-			return nil, fmt.Errorf("wire: decode %q: %w", typeName, err)
-		}
-		return v, err
-	}
-	if ms, ok := rt.ser.(MsgpackSerializer); ok && hook != nil {
-		return ms.UnmarshalWith(body, rt.typ, hook)
 	}
 	v, err := rt.ser.Unmarshal(body, rt.typ)
 	if err != nil {

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/vmihailenco/msgpack/v5"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -118,60 +117,7 @@ func TestRegistryErrors(t *testing.T) {
 	}
 }
 
-// hooked records the decoder it was decoded with.
-type hooked struct{ V int }
 
-var hookState sync.Map // *msgpack.Decoder or *msgpack.Encoder -> string
-
-func (h *hooked) DecodeMsgpack(dec *msgpack.Decoder) error {
-	v, err := dec.DecodeInt()
-	if err != nil {
-		return err
-	}
-	tag, _ := hookState.Load(dec)
-	if tag != "ctx" {
-		return fmt.Errorf("no state attached to the decoder")
-	}
-	h.V = v
-	return nil
-}
-
-func (h *hooked) EncodeMsgpack(enc *msgpack.Encoder) error {
-	tag, _ := hookState.Load(enc)
-	if tag == "double" {
-		return enc.EncodeInt(int64(2 * h.V))
-	}
-	return enc.EncodeInt(int64(h.V))
-}
-
-func TestRegistryHooks(t *testing.T) {
-	r := NewRegistry()
-	r.MustRegister("h", &hooked{})
-	var enc *msgpack.Encoder
-	name, ser, body, err := r.EncodeWith(&hooked{V: 21}, func(e *msgpack.Encoder) {
-		enc = e
-		hookState.Store(e, "double")
-	})
-	hookState.Delete(enc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := r.Decode(name, ser, body); err == nil {
-		t.Fatal("decoded without the state the type needs")
-	}
-	var dec *msgpack.Decoder
-	out, err := r.DecodeWith(name, ser, body, func(d *msgpack.Decoder) {
-		dec = d
-		hookState.Store(d, "ctx")
-	})
-	hookState.Delete(dec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if out.(*hooked).V != 42 {
-		t.Fatalf("got %d", out.(*hooked).V)
-	}
-}
 
 func TestRegistryConcurrent(t *testing.T) {
 	r := NewRegistry()

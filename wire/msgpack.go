@@ -238,31 +238,19 @@ var decoderPool = sync.Pool{New: func() any {
 // nesting is at most MaxMsgpackDepth and no bytes may follow the value. v
 // does not alias b.
 func DecodeMsgpack(b []byte, v any) error {
-	return decodeMsgpackWith(b, v, nil)
-}
-
-func decodeMsgpackWith(b []byte, v any, hook func(*msgpack.Decoder)) error {
 	if err := checkMsgpack(b, MaxMsgpackDepth); err != nil {
 		return fmt.Errorf("%w: %w", ErrBadBody, err)
 	}
-	return decodeMsgpackChecked(b, v, hook)
+	return decodeMsgpackChecked(b, v)
 }
 
-// decodeMsgpackChecked is decodeMsgpackWith for b that checkMsgpack has
+// decodeMsgpackChecked is DecodeMsgpack for b that checkMsgpack has
 // accepted.
-func decodeMsgpackChecked(b []byte, v any, hook func(*msgpack.Decoder)) error {
-	var d *msgpackDecoder
-	if hook == nil {
-		d = decoderPool.Get().(*msgpackDecoder)
-		defer decoderPool.Put(d)
-		d.r.Reset(b)
-		d.dec.ResetReader(&d.r)
-	} else {
-		d = &msgpackDecoder{}
-		d.r.Reset(b)
-		d.dec = msgpack.NewDecoder(&d.r)
-		hook(d.dec)
-	}
+func decodeMsgpackChecked(b []byte, v any) error {
+	d := decoderPool.Get().(*msgpackDecoder)
+	defer decoderPool.Put(d)
+	d.r.Reset(b)
+	d.dec.ResetReader(&d.r)
 	if err := d.dec.Decode(v); err != nil {
 		return fmt.Errorf("%w: decode %T: %w", ErrBadBody, v, err)
 	}

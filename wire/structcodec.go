@@ -43,10 +43,6 @@ import (
 // it notices an encoder registered for a plain type with msgpack.Register
 // or RegisterExtEncoder, but only one registered before the type is
 // compiled (at Registry registration or first use).
-//
-// A compiled codec ignores the encoder and decoder hooks of EncodeWith and
-// DecodeWith (they bind state for CustomEncoder types, and a compiled type
-// has none); the fallback decoder still gets the hook.
 type structCodec struct {
 	typ    reflect.Type
 	fields []scField
@@ -396,7 +392,7 @@ func probeStructCodec(c *structCodec) (ok bool) {
 			return false
 		}
 		slow := reflect.New(c.typ)
-		if err := decodeMsgpackChecked(want, slow.Interface(), nil); err != nil {
+		if err := decodeMsgpackChecked(want, slow.Interface()); err != nil {
 			return false
 		}
 		if !reflect.DeepEqual(fast.Interface(), slow.Interface()) {
@@ -792,9 +788,9 @@ func appendMapLen(dst []byte, n int) []byte {
 
 // unmarshal validates b (as DecodeMsgpack does) and decodes it into a new
 // c.typ, returning a pointer to it. The fast path handles what the encoder
-// produces; anything else is decoded from scratch by vmihailenco, with
-// hook, so the result is always vmihailenco's.
-func (c *structCodec) unmarshal(b []byte, hook func(*msgpack.Decoder)) (any, error) {
+// produces; anything else is decoded from scratch by vmihailenco, so the
+// result is always vmihailenco's.
+func (c *structCodec) unmarshal(b []byte) (any, error) {
 	if err := checkMsgpack(b, MaxMsgpackDepth); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadBody, err)
 	}
@@ -804,7 +800,7 @@ func (c *structCodec) unmarshal(b []byte, hook func(*msgpack.Decoder)) (any, err
 	}
 	p = reflect.New(c.typ)
 	v := p.Interface()
-	if err := decodeMsgpackChecked(b, v, hook); err != nil {
+	if err := decodeMsgpackChecked(b, v); err != nil {
 		return nil, err
 	}
 	return v, nil

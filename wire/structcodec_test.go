@@ -521,7 +521,7 @@ func checkDecode(t testing.TB, typ reflect.Type, b []byte) (fast bool) {
 	c := structCodecFor(typ)
 	ref := reflect.New(typ)
 	refErr := DecodeMsgpack(b, ref.Interface())
-	got, err := c.unmarshal(b, nil)
+	got, err := c.unmarshal(b)
 	if (err != nil) != (refErr != nil) {
 		t.Fatalf("%v from %x: compiled error %v, vmihailenco error %v", typ, b, err, refErr)
 	}
@@ -743,7 +743,7 @@ func TestStructCodecDecodeVariants(t *testing.T) {
 func TestStructCodecNoAliasing(t *testing.T) {
 	in := &scAll{S: "string value", B: []byte("bytes value"), Strs: []string{"a string"}, Named: "named", Blob: scBlob("blob"), In: scInner{B: "inner"}}
 	b := checkEncode(t, reflect.ValueOf(in))
-	out, err := structCodecOf(in).unmarshal(b, nil)
+	out, err := structCodecOf(in).unmarshal(b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -773,21 +773,16 @@ func TestStructCodecRegistry(t *testing.T) {
 		if _, _, body, err = r.Encode(m); err != nil || !bytes.Equal(body, want) {
 			t.Fatalf("Encode(%T): %x %v", m, body, err)
 		}
-		hooked := false
-		if _, _, body, err = r.EncodeWith(m, func(*msgpack.Encoder) { hooked = true }); err != nil || !bytes.Equal(body, want) || hooked {
-			t.Fatalf("EncodeWith(%T): %x %v, hook called %v", m, body, err, hooked)
-		}
 	}
 	got, err := r.Decode("payload", SerMsgpack, want)
 	if err != nil || !reflect.DeepEqual(got, msg) {
 		t.Fatalf("Decode: %+v %v", got, err)
 	}
-	// Unusual input goes to vmihailenco, with the hook.
-	hooked := false
+	// Unusual input goes to vmihailenco.
 	odd := unhexBytes(t, "82 a75061796c6f6164 c0 a15a 01")
-	got, err = r.DecodeWith("payload", SerMsgpack, odd, func(*msgpack.Decoder) { hooked = true })
-	if err != nil || !reflect.DeepEqual(got, &scPayload{}) || !hooked {
-		t.Fatalf("DecodeWith unusual input: %+v %v, hook called %v", got, err, hooked)
+	got, err = r.Decode("payload", SerMsgpack, odd)
+	if err != nil || !reflect.DeepEqual(got, &scPayload{}) {
+		t.Fatalf("Decode unusual input: %+v %v", got, err)
 	}
 	if _, err = r.Decode("payload", SerMsgpack, unhexBytes(t, "81 a75061796c6f6164 c6ffffffff 00")); !errors.Is(err, ErrBadBody) || !strings.HasPrefix(err.Error(), `wire: decode "payload": `) {
 		t.Fatalf("hostile body: %v", err)
@@ -799,9 +794,6 @@ func TestStructCodecRegistry(t *testing.T) {
 	s := MsgpackSerializer{}
 	if b, err := s.Marshal(msg); err != nil || !bytes.Equal(b, want) {
 		t.Fatalf("Marshal: %x %v", b, err)
-	}
-	if b, err := s.MarshalWith(msg, func(*msgpack.Encoder) {}); err != nil || !bytes.Equal(b, want) {
-		t.Fatalf("MarshalWith: %x %v", b, err)
 	}
 	if v, err := s.Unmarshal(want, reflect.TypeFor[scPayload]()); err != nil || !reflect.DeepEqual(v, msg) {
 		t.Fatalf("Unmarshal: %+v %v", v, err)
@@ -827,7 +819,7 @@ func TestStructCodecAllocs(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { buf, _ = c.appendValue(buf[:0], boxed) }); n != 0 {
 		t.Errorf("encode a value into a buffer: %v allocations, want 0", n)
 	}
-	if n := testing.AllocsPerRun(100, func() { _, _ = c.unmarshal(buf, nil) }); n > 2 {
+	if n := testing.AllocsPerRun(100, func() { _, _ = c.unmarshal(buf) }); n > 2 {
 		t.Errorf("decode: %v allocations, want at most 2 (the struct and the payload)", n)
 	}
 }
@@ -925,7 +917,7 @@ func benchStructCodecDecode(b *testing.B, msg any) {
 	b.Run("compiled", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := c.unmarshal(body, nil); err != nil {
+			if _, err := c.unmarshal(body); err != nil {
 				b.Fatal(err)
 			}
 		}
