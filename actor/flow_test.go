@@ -36,8 +36,9 @@ func (g *gatedChannel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memo
 }
 
 // TestSendWaitsForCredits: a sender allowed two messages (or 600 KiB of
-// 256 KiB tensors) unfetched at its peer sends two; the third Send waits
-// until the peer fetches, then everything arrives in order.
+// 256 KiB tensors) unfetched at its peer sends two; the others wait in its
+// outbox (Send returns at once) until the peer fetches, then everything
+// arrives in order.
 func TestSendWaitsForCredits(t *testing.T) {
 	t.Run("messages", func(t *testing.T) { testSendWaits(t, actor.WithMaxInFlight(2, 0)) })
 	t.Run("bytes", func(t *testing.T) { testSendWaits(t, actor.WithMaxInFlight(0, 600<<10)) })
@@ -219,6 +220,68 @@ func waitUntil(t *testing.T, cond func() bool) {
 		case <-t.Context().Done():
 			t.Fatal("condition never held")
 		case <-tick.C:
+		}
+	}
+}
+
+// TestSendFromReceiveNeverBlocks: an actor that sends tensor messages from
+// its Receive to a peer whose credits are out (nothing fetched) finishes
+// its Receive at once and goes on handling messages; the messages arrive,
+// in order, once the peer fetches.
+func TestSendFromReceiveNeverBlocks(t *testing.T) {
+	a, b, _, open := startGatedPair(t, actor.WithMaxInFlight(1, 0))
+	const n = 6
+	var mu sync.Mutex
+	var got []int
+	all := make(chan struct{})
+	if _, err := b.Root().SpawnNamed(pa.PropsFromFunc(func(c pa.Context) {
+		if g, ok := c.Message().(*Grad); ok {
+			_ = g.W.Free()
+			mu.Lock()
+			got = append(got, g.Step)
+			if len(got) == n {
+				close(all)
+			}
+			mu.Unlock()
+		}
+	}), "sink"); err != nil {
+		t.Fatal(err)
+	}
+	sink := a.PID(b.Name(), "sink")
+	sentAll, handledNext := make(chan struct{}), make(chan struct{})
+	sender, err := a.Root().SpawnNamed(pa.PropsFromFunc(func(c pa.Context) {
+		switch c.Message().(type) {
+		case string:
+			for i := range n {
+				x, err := tensor.New(memory.CPU, tensor.Uint8, tensor.Shape{256 << 10})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				c.Send(sink, &Grad{Step: i, W: x})
+			}
+			close(sentAll)
+		case *Ping:
+			close(handledNext)
+		}
+	}), "sender")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Root().Send(sender, "go")
+	a.Root().Send(sender, &Ping{})
+	<-sentAll     // Receive returned with 5 messages waiting for credit
+	<-handledNext // and the actor handles its next message
+	if s := a.Stats().MessagesSent; s != 1 {
+		t.Fatalf("%d messages sent with 1 credit and nothing fetched", s)
+	}
+	open()
+	<-all
+	mu.Lock()
+	defer mu.Unlock()
+	for i, v := range got {
+		if v != i {
+			t.Fatalf("arrival order %v", got)
 		}
 	}
 }
