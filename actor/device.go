@@ -5,11 +5,13 @@ import (
 	"github.com/tensorferry/tensorferry/memory"
 )
 
-// WithDevice is a props option: tensors sent to actors spawned with it are
-// materialized on dev (default: the node's first device in the config).
+// WithDevice is a props option for actors spawned on n: tensors sent to
+// them are materialized on dev (default: the node's first device in the
+// config). Like WithInlineDelivery, it is a method of the node the actor
+// runs on.
 //
-//	props := actor.PropsFromProducer(newWorker, tfactor.WithDevice(node, memory.CUDA(1)))
-func WithDevice(n *Node, dev memory.Device) pa.PropsOption {
+//	props := pa.PropsFromProducer(newWorker, node.WithDevice(memory.CUDA(1)))
+func (n *Node) WithDevice(dev memory.Device) pa.PropsOption {
 	return func(p *pa.Props) {
 		pa.WithOnInit(func(ctx pa.Context) { n.setDevice(ctx.Self().Id, dev) })(p)
 		pa.WithReceiverMiddleware(func(next pa.ReceiverFunc) pa.ReceiverFunc {

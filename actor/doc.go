@@ -1,7 +1,11 @@
-// Package actor runs protoactor-go actors as nodes of a tensorferry cluster.
+// Package actor runs protoactor-go actors as nodes of a tensorferry cluster:
+// it is the protoactor integration only (remote process and resolver,
+// Request, the inline mailbox, watches, props options); the tensor path is
+// package transfer.
 //
-// A Node wraps a protoactor-go ActorSystem and registers an address
-// resolver, so PIDs of actors on other nodes (a PID's Address is the node's
+// A Node attaches to a protoactor-go ActorSystem (NewRemote, like
+// protoactor's remote.NewRemote; NewNode makes the system too) and
+// registers an address resolver, so PIDs of actors on other nodes (a PID's Address is the node's
 // name from the cluster config) work with protoactor's own API: Send,
 // Request and Respond, RequestFuture, Watch and Unwatch with Terminated,
 // Stop and Poison. Messages travel over tensorferry's own wire protocol; no
@@ -13,7 +17,8 @@
 // is delivered; fields of type tensor.Ref are delivered lazily.
 //
 //	cfg, _ := cluster.Load("cluster.yaml")
-//	node, _ := actor.NewNode(cfg, "a")
+//	system := pa.NewActorSystem()                  // pa: protoactor-go/actor
+//	node, _ := actor.NewRemote(system, cfg, "a")   // or actor.NewNode(cfg, "a")
 //	_ = node.Start()
 //	defer node.Stop()
 //	actor.MustRegisterMessage("demo.Ping", &Ping{})

@@ -45,7 +45,7 @@ func TestUndeliverableTensorIsReported(t *testing.T) {
 	_, nodes := startCluster(t, 2)
 	a, b := nodes[0], nodes[1]
 	bad := memory.CUDA(999) // no machine has it
-	if _, err := b.Root().SpawnNamed(tensorProps(b).Configure(actor.WithDevice(b, bad)), "gpu-only"); err != nil {
+	if _, err := b.Root().SpawnNamed(tensorProps(b).Configure(b.WithDevice(bad)), "gpu-only"); err != nil {
 		t.Fatal(err)
 	}
 	x := randomTensor(t, rand.New(rand.NewPCG(1, 1)), tensor.Float32, tensor.Shape{1 << 18})

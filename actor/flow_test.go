@@ -2,6 +2,7 @@ package actor_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -283,5 +284,64 @@ func TestSendFromReceiveNeverBlocks(t *testing.T) {
 		if v != i {
 			t.Fatalf("arrival order %v", got)
 		}
+	}
+}
+
+// TestLendCheckReportsAWritingOwner: with WithLendCheck, an owner that
+// writes a tensor (through the raw read path) while the peer has not
+// fetched it yet is reported; Write itself refuses while lent.
+func TestLendCheckReportsAWritingOwner(t *testing.T) {
+	a, b, gated, open := startGatedPair(t, actor.WithLendCheck())
+	arrived := make(chan struct{})
+	if _, err := b.Root().SpawnNamed(pa.PropsFromFunc(func(c pa.Context) {
+		if g, ok := c.Message().(*Grad); ok {
+			_ = g.W.Free()
+			close(arrived)
+		}
+	}), "sink"); err != nil {
+		t.Fatal(err)
+	}
+	x, err := tensor.New(memory.CPU, tensor.Uint8, tensor.Shape{256 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Root().Send(a.PID(b.Name(), "sink"), &Grad{W: x})
+	waitUntil(t, func() bool { return gated.fetching.Load() >= 1 })
+	if err := x.Write(func(memory.Buffer) error { return nil }); !errors.Is(err, tensor.ErrLeased) {
+		t.Fatalf("Write while lent: %v", err)
+	}
+	x.Host()[0] = 1 // a write the API cannot stop
+	open()
+	<-arrived
+	if err := x.WaitReleased(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if v := a.Stats().LendViolations; v != 1 {
+		t.Fatalf("%d lend violations reported, want 1", v)
+	}
+}
+
+// TestLocalSendPassesThePointer: a send to an actor of the same node is
+// protoactor's local send: the receiver gets the sender's *Tensor itself,
+// not lent (no lease) and not copied (see the Node documentation).
+func TestLocalSendPassesThePointer(t *testing.T) {
+	a, _, _, _ := startGatedPair(t)
+	got := make(chan *tensor.Tensor, 1)
+	pid, err := a.Root().SpawnNamed(pa.PropsFromFunc(func(c pa.Context) {
+		if g, ok := c.Message().(*Grad); ok {
+			got <- g.W
+		}
+	}), "local-sink")
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := tensor.New(memory.CPU, tensor.Uint8, tensor.Shape{1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Free()
+	a.Root().Send(pid, &Grad{W: x})
+	if w := <-got; w != x || x.Leases() != 0 {
+		t.Fatalf("local delivery gave %p (sent %p), %d leases", w, x, x.Leases())
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/tensorferry/tensorferry/cluster"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
+	"github.com/tensorferry/tensorferry/tensor"
 	"github.com/tensorferry/tensorferry/transfer"
 	"go.uber.org/zap"
 )
@@ -41,8 +42,16 @@ type options struct {
 	log      *zap.Logger
 	engine   transfer.Config // the fields options set
 	system   []pa.ConfigOption
-	lifetime bool // refuse Stop and Poison from other nodes (WithoutRemoteLifecycle)
+	lendCheck bool
 }
+
+// WithLendCheck turns on a debug check of lending: each tensor this node
+// lends is checksummed when it is exported and again when its lease ends,
+// and an owner that wrote it in between is reported (a warning in the log
+// naming the export and the tensor, and StatsSnapshot.LendViolations). It
+// costs a full read of every lent tensor (a device-to-host copy for GPU
+// memory), twice: for debugging, not for production.
+func WithLendCheck() Option { return func(o *options) { o.lendCheck = true } }
 
 // WithLogger sets the node's logger (default: none).
 func WithLogger(l *zap.Logger) Option { return func(o *options) { o.log = l } }
@@ -100,6 +109,12 @@ func WithSystemConfig(opts ...pa.ConfigOption) Option {
 // most transfer_timeout and behind at most transfer.MaxOutbox others;
 // beyond that its sender gets *DeliveryFailed (a waiting Request or future
 // ErrDeadLetter).
+//
+// A send to an actor of the same node is protoactor's own local send: the
+// receiver gets the message itself, and the sender's *Tensor with it — not
+// lent (no lease: WaitReleased returns at once) and not placed on the
+// receiving actor's device. Share it, or send a copy (Tensor.To) when the
+// sender goes on writing.
 type Node struct {
 	cfg         *cluster.Config
 	self        cluster.NodeConfig
@@ -219,6 +234,11 @@ func newNode(cfg *cluster.Config, name string, opts []Option) (*Node, error) {
 	ec.Dial = n.dialData
 	ec.Log = n.log
 	n.eng = transfer.New(ec)
+	if o.lendCheck {
+		n.eng.Store().SetLendCheck(func(v tensor.LendViolation) {
+			n.log.Warn("a lent tensor was written by its owner during the lease", zap.String("violation", v.String()))
+		})
+	}
 	return n, nil
 }
 

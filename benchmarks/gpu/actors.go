@@ -168,7 +168,7 @@ func sinkProps(node *tfactor.Node, dev memory.Device, inline int) *pa.Props {
 		}
 		_ = m.T.Free()
 		c.Respond(ack)
-	}, tfactor.WithDevice(node, dev))
+	}, node.WithDevice(dev))
 }
 
 // checksum returns the CRC-32 of t's bytes, copying them to the host first

@@ -131,7 +131,7 @@ func (a *Agent) setup(c pa.Context, m *Setup) *Ready {
 		if err != nil {
 			return fail(err)
 		}
-		pid, err := a.node.Root().SpawnNamed(pa.PropsFromProducer(func() pa.Actor { return s }, actor.WithDevice(a.node, dev)), shardID(i))
+		pid, err := a.node.Root().SpawnNamed(pa.PropsFromProducer(func() pa.Actor { return s }, a.node.WithDevice(dev)), shardID(i))
 		if err != nil {
 			s.free()
 			return fail(fmt.Errorf("ps: spawn shard %d: %w", i, err))
@@ -152,7 +152,7 @@ func (a *Agent) setup(c pa.Context, m *Setup) *Ready {
 		if err != nil {
 			return fail(err)
 		}
-		pid, err := a.node.Root().SpawnNamed(pa.PropsFromProducer(func() pa.Actor { return wk }, actor.WithDevice(a.node, memory.CPU)), workerID(j))
+		pid, err := a.node.Root().SpawnNamed(pa.PropsFromProducer(func() pa.Actor { return wk }, a.node.WithDevice(memory.CPU)), workerID(j))
 		if err != nil {
 			wk.free()
 			return fail(fmt.Errorf("ps: spawn worker %d: %w", j, err))

@@ -172,12 +172,15 @@ func (s *shard) push(c pa.Context, m *Push) {
 }
 
 // update applies w -= lr·g. The weights may still be lent to workers whose
-// nodes are fetching them, so it first waits until every lease is released.
+// nodes are fetching them, so it first waits until every lease is released;
+// it writes through Write, which fails while the tensor is lent.
 func (s *shard) update(ctx context.Context, g *tensor.Tensor, lr float32) error {
-	if err := s.w.WaitReleased(ctx); err != nil {
-		return fmt.Errorf("ps: shard %d: %w", s.id, err)
+	select {
+	case <-s.w.Released():
+	case <-ctx.Done():
+		return fmt.Errorf("ps: shard %d: waiting for leases: %w", s.id, ctx.Err())
 	}
-	if err := memory.SGD(ctx, s.w.Buffer(), g.Buffer(), lr); err != nil {
+	if err := s.w.Write(func(w memory.Buffer) error { return memory.SGD(ctx, w, g.Buffer(), lr) }); err != nil {
 		return fmt.Errorf("ps: shard %d: %w", s.id, err)
 	}
 	return nil

@@ -54,7 +54,7 @@ func Run(ctx context.Context, nodes []*actor.Node, cfg Config, progress func(Bat
 		// when the config gives one) and travel GPU to GPU; its arithmetic
 		// runs on the host (see stage.hostValues).
 		s := &stage{node: nodes[i], cfg: cfg, w: Weights(&cfg, i+1), next: next, dev: nodes[i].Device()}
-		props := pa.PropsFromProducer(func() pa.Actor { return s }, actor.WithDevice(nodes[i], s.dev))
+		props := pa.PropsFromProducer(func() pa.Actor { return s }, nodes[i].WithDevice(s.dev))
 		pid, err := nodes[i].Root().SpawnNamed(props, fmt.Sprintf("pipe-stage%d", i+1))
 		if err != nil {
 			return nil, fmt.Errorf("pipe: spawn stage %d: %w", i+1, err)

@@ -1,0 +1,37 @@
+// Package transfer is tensorferry's tensor path: how a tensor in an actor
+// message becomes an out-of-band transfer and a tensor again. It imports
+// nothing of the actor system; a node drives it through Engine's methods
+// and it reaches the node's peers through Link (a control connection) and
+// Config.Dial (data connections).
+//
+// The path of a tensor, file by file:
+//
+//  1. plan.go: the tensor fields of a message type (*tensor.Tensor,
+//     tensor.Ref, nested) are found once per type; a walk visits only them.
+//  2. export.go: Export walks an outgoing message once: small tensors are
+//     copied, larger ones exported to the node's tensor.Store (lent) with
+//     each channel's offer; the result is the tensor table.
+//  3. table.go: the table travels beside the body (wire.Message.Tensors);
+//     in the body each field is only a reference [kind, id] (tensor/field.go).
+//  4. export.go: Send sends when the peer's credits allow (credits.go), in
+//     order, never blocking: the rest waits in the peer's outbox.
+//  5. import.go: Import fills the fields of a decoded message from its
+//     table: inline tensors and Refs at once; descriptors to fetch are kept.
+//  6. inbox.go: Enqueue queues the message in the peer's bounded inbox;
+//     deliverLoop takes the per-peer and per-node budgets (credits.go),
+//     allocates the destinations, fetches (channels.go: rdma.Select picks
+//     the channel), releases the leases and delivers in arrival order.
+//
+// A peer that ignores the window this node advertised has its messages
+// refused (ErrInboxFull) and, if it goes on, its connection closed; a
+// message whose tensors exceed the per-peer budget is refused
+// (ErrOverBudget). Whatever a peer sends, what the receiver allocates for
+// it stays within Config.PeerBudget and all peers' within Config.Budget.
+//
+//	e := transfer.New(transfer.Config{Node: "a", Incarnation: inc, Dial: dial})
+//	_ = e.Start()
+//	out, _ := e.Export("b", msg)            // nil: no tensors
+//	e.Send("b", out, send, fail)            // send writes body + out.Table
+//	in, _ := e.Import("a", table, msg, dev) // on the receiving node
+//	_ = e.Enqueue("a", in, size, deliver)   // deliver(nil) once fetched
+package transfer
