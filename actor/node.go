@@ -39,9 +39,9 @@ type ChannelFactory = transfer.ChannelFactory
 type Option func(*options)
 
 type options struct {
-	log      *zap.Logger
-	engine   transfer.Config // the fields options set
-	system   []pa.ConfigOption
+	log       *zap.Logger
+	engine    transfer.Config // the fields options set
+	system    []pa.ConfigOption
 	lendCheck bool
 }
 

@@ -117,8 +117,6 @@ func TestRegistryErrors(t *testing.T) {
 	}
 }
 
-
-
 func TestRegistryConcurrent(t *testing.T) {
 	r := NewRegistry()
 	var wg sync.WaitGroup
