@@ -119,6 +119,10 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 		}
 		return
 	}
+	if _, poison := msg.(*pa.PoisonPill); poison && n.refuseLifecycle(ps, m.Target, "PoisonPill") {
+		n.replyFailure(ps, sender, target, "remote PoisonPill refused by "+n.self.Name)
+		return
+	}
 	// The engine puts the tensors back: inline ones now, those to fetch
 	// when the budgets allow (in, nil when there are none).
 	var in *transfer.Incoming
@@ -242,10 +246,16 @@ func (n *Node) receiveSystem(ps *peerState, s *wire.System) {
 		n.removeWatch(who, local)
 		n.terminated(local, who, pa.TerminatedReason(s.Why))
 	case wire.SystemStop:
+		if n.refuseLifecycle(ps, s.Target, "Stop") {
+			return
+		}
 		if proc, ok := n.system.ProcessRegistry.GetLocal(s.Target); ok {
 			proc.Stop(local)
 		}
 	case wire.SystemPoison:
+		if n.refuseLifecycle(ps, s.Target, "Poison") {
+			return
+		}
 		if proc, ok := n.system.ProcessRegistry.GetLocal(s.Target); ok {
 			proc.SendUserMessage(local, &pa.PoisonPill{})
 		}
@@ -265,4 +275,15 @@ func (n *Node) receiveSystem(ps *peerState, s *wire.System) {
 	default:
 		n.log.Warn("unknown system message kind", zap.String("peer", ps.peer.Name), zap.Stringer("kind", s.Kind))
 	}
+}
+
+// refuseLifecycle reports whether a Stop or Poison from another node for
+// local actor id is refused (logged): always for the node's own actors,
+// for every actor with WithoutRemoteLifecycle.
+func (n *Node) refuseLifecycle(ps *peerState, id, what string) bool {
+	if id != pingActor && !n.opts.noRemoteLifecycle {
+		return false
+	}
+	n.log.Warn("remote lifecycle message refused", zap.String("peer", ps.peer.Name), zap.String("actor", id), zap.String("message", what))
+	return true
 }

@@ -39,11 +39,19 @@ type ChannelFactory = transfer.ChannelFactory
 type Option func(*options)
 
 type options struct {
-	log       *zap.Logger
-	engine    transfer.Config // the fields options set
-	system    []pa.ConfigOption
-	lendCheck bool
+	log               *zap.Logger
+	engine            transfer.Config // the fields options set
+	system            []pa.ConfigOption
+	lendCheck         bool
+	noRemoteLifecycle bool
 }
+
+// WithoutRemoteLifecycle makes the node refuse Stop, Poison and PoisonPill
+// sent by other nodes to any of its actors (they are logged, and a sender
+// waiting on a PoisonPill gets a failure). By default, as in protoactor,
+// any node of the cluster may stop any actor; the node's own actors (the
+// ping actor) always refuse.
+func WithoutRemoteLifecycle() Option { return func(o *options) { o.noRemoteLifecycle = true } }
 
 // WithLendCheck turns on a debug check of lending: each tensor this node
 // lends is checksummed when it is exported and again when its lease ends,
@@ -141,7 +149,8 @@ type Node struct {
 	devices  map[string]memory.Device // local actor id → device
 	stopped  bool
 
-	stats Stats
+	stats   Stats
+	pingSeq atomic.Uint64
 }
 
 var extensionID = extensions.NextExtensionID()
@@ -278,10 +287,10 @@ func (n *Node) Start() error {
 		n.eng.Close()
 		return err
 	}
-	if _, err := n.system.Root.SpawnNamed(pa.PropsFromFunc(pingReceive, n.WithInlineDelivery()), PingActor); err != nil {
+	if _, err := n.system.Root.SpawnNamed(pa.PropsFromFunc(pingReceive, n.WithInlineDelivery()), pingActor); err != nil {
 		_ = m.Close()
 		n.eng.Close()
-		return fmt.Errorf("actor: spawning %s: %w", PingActor, err)
+		return fmt.Errorf("actor: spawning %s: %w", pingActor, err)
 	}
 	n.wg.Add(1)
 	go n.sweepLoop()
@@ -373,7 +382,7 @@ func (n *Node) Stop() error {
 	n.wg.Wait()
 	if n.ownSystem {
 		n.system.Shutdown()
-	} else if pid := n.system.NewLocalPID(PingActor); pid != nil {
+	} else if pid := n.system.NewLocalPID(pingActor); pid != nil {
 		_ = n.system.Root.StopFuture(pid).Wait()
 	}
 	n.eng.Close()

@@ -160,10 +160,11 @@ func (o *Outgoing) Abort() {
 	o.exports, o.fetched = nil, nil
 }
 
-// hostBytes returns a copy of t's bytes in host memory.
+// hostBytes returns t's bytes in host memory: t's own for a host tensor
+// (valid while the table is encoded, within Export), else a copy.
 func hostBytes(t *tensor.Tensor) ([]byte, error) {
 	if b := t.Host(); b != nil || t.ByteSize() == 0 {
-		return append([]byte(nil), b...), nil
+		return b, nil
 	}
 	host, err := t.To(context.Background(), memory.CPU)
 	if err != nil {

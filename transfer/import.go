@@ -68,7 +68,7 @@ func (e *Engine) Import(peer string, table []byte, msg any, dev memory.Device) (
 			}
 			switch x.Kind {
 			case entryInline:
-				src, err := tensor.New(dev, x.DType, x.Shape)
+				src, err := tensor.NewUninit(dev, x.DType, x.Shape)
 				if err != nil {
 					return err
 				}

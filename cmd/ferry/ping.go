@@ -66,19 +66,15 @@ func runPing(args []string, stdout io.Writer) error {
 		return err
 	}
 	defer node.Stop()
-	pid := node.PID(*to, actor.PingActor)
 	payload := make([]byte, *size)
 	rtts := make([]time.Duration, 0, *count)
 	for i := range *count {
 		start := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), *wait)
-		res, err := node.Request(ctx, pid, &actor.Ping{Seq: uint64(i), Payload: payload})
+		err := node.Ping(ctx, *to, payload)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("round trip %d to %s: %w", i, *to, err)
-		}
-		if p, ok := res.(*actor.Pong); !ok || p.Seq != uint64(i) {
-			return fmt.Errorf("round trip %d: unexpected reply %T", i, res)
 		}
 		rtts = append(rtts, time.Since(start))
 	}
@@ -127,19 +123,20 @@ func runBench(args []string, stdout io.Writer) error {
 		return err
 	}
 	defer t.Free()
-	pid := node.PID(*to, actor.PingActor)
 	var times []time.Duration
 	for i := range *count {
 		start := time.Now()
-		res, err := node.Root().RequestFuture(pid, &actor.TensorPing{Seq: uint64(i), T: t}, *wait).Result()
+		ctx, cancel := context.WithTimeout(context.Background(), *wait)
+		got, err := node.PingTensor(ctx, *to, t)
+		cancel()
 		if err != nil {
 			return fmt.Errorf("transfer %d: %w", i, err)
 		}
-		if p, ok := res.(*actor.Pong); !ok || p.Bytes != int64(size) {
-			return fmt.Errorf("transfer %d: unexpected reply %v", i, res)
+		if got != int64(size) {
+			return fmt.Errorf("transfer %d: %s received %d bytes, want %d", i, *to, got, size)
 		}
 		times = append(times, time.Since(start))
-		ctx, cancel := context.WithTimeout(context.Background(), *wait)
+		ctx, cancel = context.WithTimeout(context.Background(), *wait)
 		err = t.WaitReleased(ctx)
 		cancel()
 		if err != nil {
