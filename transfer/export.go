@@ -245,18 +245,16 @@ func (e *Engine) Send(peer string, o *Outgoing, send func() error, fail func(err
 	}
 }
 
-// sendNow sends a message whose credit (if it has tensors) is taken.
+// sendNow sends a message whose credit (if it has tensors) is taken. The
+// credit is tied to the message's exports before the message leaves: the
+// peer may fetch and release them before send returns.
 func (e *Engine) sendNow(p *peer, o *Outgoing, send func() error, fail func(error)) {
-	if err := send(); err != nil {
-		if o != nil {
-			p.credits.release(o.bytes)
-			o.Abort()
-		}
-		fail(err)
-		return
-	}
 	if o != nil {
 		e.track(p.credits, o.bytes, o.fetched)
+	}
+	if err := send(); err != nil {
+		o.Abort() // ending the exports gives the credit back
+		fail(err)
 	}
 }
 
