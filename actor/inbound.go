@@ -3,6 +3,7 @@ package actor
 import (
 	"context"
 	"fmt"
+	"reflect"
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/transfer"
@@ -126,7 +127,7 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 	// The engine puts the tensors back: inline ones now, those to fetch
 	// when the budgets allow (in, nil when there are none).
 	var in *transfer.Incoming
-	if len(m.Tensors) > 0 || !pc.noTensors(m.Type) {
+	if len(m.Tensors) > 0 || holdsTensors(pc, m.Type, msg) {
 		if in, err = n.eng.Import(ps.peer.Name, m.Tensors, msg, n.deviceOf(m.Target)); err != nil {
 			n.log.Warn("message refused", zap.String("peer", ps.peer.Name), zap.String("type", m.Type), zap.Error(err))
 			n.replyFailure(ps, sender, target, fmt.Sprintf("tensors of %s: %v", m.Type, err))
@@ -150,12 +151,41 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 		return
 	}
 	pc.flush()
-	header := m.Header
-	deliver := func(err error) { n.deliverFetched(ps, target, sender, header, msg, err) }
-	if err := n.eng.Enqueue(ps.peer.Name, in, int64(len(m.Body)+len(m.Tensors)), deliver); err != nil {
+	n.enqueue(ps, in, m, target, sender, msg)
+}
+
+// holdsTensors reports whether messages of the named type (msg is one) may
+// hold tensors, through the batch's cache when there is one.
+func holdsTensors(pc *procCache, typeName string, msg any) bool {
+	if pc != nil {
+		return !pc.noTensors(typeName)
+	}
+	return msg != nil && transfer.HoldsTensors(reflect.TypeOf(msg))
+}
+
+// inMessage is a received message the engine delivers once its tensors
+// are fetched (transfer.Delivery).
+type inMessage struct {
+	n              *Node
+	ps             *peerState
+	target, sender *pa.PID
+	header         map[string]string
+	msg            any
+}
+
+// enqueue queues a message with tensors to fetch, or behind such messages,
+// in the engine's inbox for its peer.
+func (n *Node) enqueue(ps *peerState, in *transfer.Incoming, m *wire.Message, target, sender *pa.PID, msg any) {
+	im := &inMessage{n: n, ps: ps, target: target, sender: sender, header: m.Header, msg: msg}
+	if err := n.eng.Enqueue(ps.peer.Name, in, int64(len(m.Body)+len(m.Tensors)), im); err != nil {
 		in.Abort()
 		n.replyFailure(ps, sender, target, err.Error())
 	}
+}
+
+// Deliver implements transfer.Delivery.
+func (im *inMessage) Deliver(err error) {
+	im.n.deliverFetched(im.ps, im.target, im.sender, im.header, im.msg, err)
 }
 
 // deliverFetched delivers a message whose tensors the engine fetched (err

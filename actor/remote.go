@@ -9,6 +9,7 @@ import (
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/transfer"
 	"github.com/tensorferry/tensorferry/wire"
 	"go.uber.org/zap"
 )
@@ -71,13 +72,6 @@ func (n *Node) sendUser(target *pa.PID, header pa.ReadonlyMessageHeader, msg any
 		n.failDelivery(target, sender, fmt.Errorf("%w: %s", ErrNodeDown, target.Address))
 		return
 	}
-	m := wire.Message{Target: target.Id}
-	if sender != nil {
-		m.SenderNode, m.SenderID = sender.Address, sender.Id
-	}
-	if header != nil && header.Length() > 0 {
-		m.Header = header.ToMap()
-	}
 	// The engine takes the tensors out of the message (one walk, known
 	// per type) into the table that travels beside the body.
 	out, err := n.eng.Export(target.Address, msg)
@@ -87,33 +81,68 @@ func (n *Node) sendUser(target *pa.PID, header pa.ReadonlyMessageHeader, msg any
 	}
 	pending := isFuture(sender) && sender.Address == n.self.Name && !isReply(sender.Id)
 	if out == nil && !n.eng.Backlogged(target.Address) {
+		var m wire.Message
+		fillMessage(&m, target, header, sender)
 		n.sendPlain(ps, &m, msg, target, sender, pending)
 		return
 	}
-	// A message with tensors, or one behind such messages: the engine
-	// sends it when the peer's credits allow, in order, never blocking
-	// the sender (the body is encoded now, into its own buffer).
-	m.Type, m.Ser, m.Body, err = registry.AppendEncode(nil, msg)
+	n.sendQueued(ps, out, msg, target, header, sender, pending)
+}
+
+func fillMessage(m *wire.Message, target *pa.PID, header pa.ReadonlyMessageHeader, sender *pa.PID) {
+	m.Target = target.Id
+	if sender != nil {
+		m.SenderNode, m.SenderID = sender.Address, sender.Id
+	}
+	if header != nil && header.Length() > 0 {
+		m.Header = header.ToMap()
+	}
+}
+
+// outMessage is a message with tensors (or behind such messages) that the
+// engine sends when the peer's credits allow (transfer.Message).
+type outMessage struct {
+	n              *Node
+	ps             *peerState
+	target, sender *pa.PID
+	pending        bool
+	m              wire.Message
+}
+
+// sendQueued hands a message with tensors, or one behind such messages, to
+// the engine, which sends it in order and never blocks the sender (the
+// body is encoded now, into its own buffer).
+func (n *Node) sendQueued(ps *peerState, out *transfer.Outgoing, msg any, target *pa.PID, header pa.ReadonlyMessageHeader, sender *pa.PID, pending bool) {
+	om := &outMessage{n: n, ps: ps, target: target, sender: sender, pending: pending}
+	fillMessage(&om.m, target, header, sender)
+	var err error
+	om.m.Type, om.m.Ser, om.m.Body, err = registry.AppendEncode(nil, msg)
 	if err != nil {
 		out.Abort()
 		n.failDelivery(target, sender, fmt.Errorf("encoding %T: %w", msg, err))
 		return
 	}
 	if out != nil {
-		m.Tensors = out.Table
+		om.m.Tensors = out.Table
 	}
-	n.eng.Send(target.Address, out, func() error {
-		if pending {
-			ps.addPending(sender)
-		}
-		if err := ps.peer.SendMessage(n.ctx, &m); err != nil {
-			ps.removePending(sender)
-			return err
-		}
-		n.stats.MessagesSent.Add(1)
-		return nil
-	}, func(err error) { n.failDelivery(target, sender, err) })
+	n.eng.Send(target.Address, out, om)
 }
+
+// Send implements transfer.Message.
+func (o *outMessage) Send() error {
+	if o.pending {
+		o.ps.addPending(o.sender)
+	}
+	if err := o.ps.peer.SendMessage(o.n.ctx, &o.m); err != nil {
+		o.ps.removePending(o.sender)
+		return err
+	}
+	o.n.stats.MessagesSent.Add(1)
+	return nil
+}
+
+// Fail implements transfer.Message.
+func (o *outMessage) Fail(err error) { o.n.failDelivery(o.target, o.sender, err) }
 
 // sendPlain sends a message without tensors, encoding its body into a
 // pooled buffer (the connection copies it before SendMessage returns).

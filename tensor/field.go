@@ -63,8 +63,7 @@ func Fill(t, src *Tensor) error {
 	defer t.mu.Unlock()
 	t.dtype, t.shape, t.buf = src.dtype, src.shape, src.buf
 	t.id, t.placeholder = newWireID(), false
-	t.idle = make(chan struct{})
-	close(t.idle)
+	t.idle = closedIdle
 	return nil
 }
 

@@ -79,6 +79,10 @@ func NewUninit(dev memory.Device, dt DType, shape Shape) (*Tensor, error) {
 	return FromBuffer(buf, dt, shape)
 }
 
+// closedIdle is the idle channel of every tensor that was never lent: a
+// lease replaces it with a fresh channel, which the last release closes.
+var closedIdle = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
 // FromBuffer makes a tensor over buf, which must hold exactly shape × dtype
 // bytes. The tensor takes ownership: Free frees buf.
 func FromBuffer(buf memory.Buffer, dt DType, shape Shape) (*Tensor, error) {
@@ -89,8 +93,7 @@ func FromBuffer(buf memory.Buffer, dt DType, shape Shape) (*Tensor, error) {
 	if int64(buf.Len()) != n {
 		return nil, fmt.Errorf("%w: buffer has %d bytes, %v of %v needs %d", ErrBadSize, buf.Len(), shape, dt, n)
 	}
-	t := &Tensor{dtype: dt, shape: shape.Clone(), buf: buf, idle: make(chan struct{}), id: newWireID()}
-	close(t.idle)
+	t := &Tensor{dtype: dt, shape: shape.Clone(), buf: buf, idle: closedIdle, id: newWireID()}
 	return t, nil
 }
 

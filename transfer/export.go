@@ -29,9 +29,16 @@ type Outgoing struct {
 
 	e       *Engine
 	peer    string
+	msgType reflect.Type
+	entries []entry
 	exports []*tensor.Export
 	fetched []*tensor.Export // those the peer fetches before delivery (not Refs)
 	bytes   int64            // of fetched: what the credit takes
+	w       walker
+	// Room for the common message's few tensors, without allocating.
+	entriesBuf [2]entry
+	exportsBuf [2]*tensor.Export
+	fetchedBuf [2]*tensor.Export
 }
 
 // Export takes the tensors out of msg for sending to peer, walking msg
@@ -40,75 +47,83 @@ type Outgoing struct {
 // running channel's offer, Refs are exported as Refs (or forwarded with
 // their descriptor). It returns nil when msg holds no tensor.
 func (e *Engine) Export(peer string, msg any) (*Outgoing, error) {
-	if msg == nil || !HoldsTensors(reflect.TypeOf(msg)) {
+	if msg == nil {
 		return nil, nil
 	}
-	o := &Outgoing{e: e, peer: peer}
-	var entries []entry
-	seen := func(id uint64) error {
-		if find(entries, id) != nil {
-			return fmt.Errorf("transfer: the same tensor or Ref appears twice in one %T", msg)
-		}
-		return nil
+	typ := reflect.TypeOf(msg)
+	if !HoldsTensors(typ) {
+		return nil, nil
 	}
-	w := &walker{
-		tensor: func(t *tensor.Tensor) error {
-			if err := seen(t.WireID()); err != nil {
-				return err
-			}
-			if _, ok := tensor.Placeholder(t); ok {
-				return errors.New("transfer: an unfilled tensor placeholder cannot be sent")
-			}
-			if t.ByteSize() <= e.cfg.InlineThreshold {
-				data, err := hostBytes(t)
-				if err != nil {
-					return err
-				}
-				entries = append(entries, entry{ID: t.WireID(), Kind: entryInline, DType: t.DType(), Shape: t.Shape(), Data: data})
-				return nil
-			}
-			d, err := o.export(t, false)
-			if err != nil {
-				return err
-			}
-			entries = append(entries, entry{ID: t.WireID(), Kind: entryFetch, Desc: d})
-			return nil
-		},
-		ref: func(r tensor.Ref) error {
-			if err := seen(r.WireID()); err != nil {
-				return err
-			}
-			if t := r.Local(); t != nil {
-				d, err := o.export(t, true)
-				if err != nil {
-					return err
-				}
-				entries = append(entries, entry{ID: r.WireID(), Kind: entryRef, Desc: d})
-				return nil
-			}
-			if _, ok := tensor.RefPlaceholder(r); ok {
-				return errors.New("transfer: an unfilled Ref placeholder cannot be sent")
-			}
-			d, err := r.Forward()
-			if err != nil {
-				return err
-			}
-			entries = append(entries, entry{ID: r.WireID(), Kind: entryRef, Desc: d})
-			return nil
-		},
+	o := &Outgoing{e: e, peer: peer, msgType: typ}
+	o.w.v = o
+	o.entries, o.exports, o.fetched = o.entriesBuf[:0], o.exportsBuf[:0], o.fetchedBuf[:0]
+	err := o.w.walk(msg)
+	if err == nil && len(o.entries) > 0 {
+		o.Table, err = encodeTable(o.entries)
 	}
-	err := walk(msg, w)
-	if err == nil && len(entries) > 0 {
-		o.Table, err = encodeTable(entries)
-	}
+	o.entries = nil // inline entries alias the tensors' memory
 	if err != nil {
 		o.Abort()
 		return nil, err
 	}
-	if len(entries) == 0 {
+	if len(o.Table) == 0 {
 		return nil, nil
 	}
 	return o, nil
+}
+
+// seen fails for a tensor or Ref met twice in one message.
+func (o *Outgoing) seen(id uint64) error {
+	if find(o.entries, id) != nil {
+		return fmt.Errorf("transfer: the same tensor or Ref appears twice in one %v", o.msgType)
+	}
+	return nil
+}
+
+func (o *Outgoing) visitTensor(t *tensor.Tensor) error {
+	if err := o.seen(t.WireID()); err != nil {
+		return err
+	}
+	if _, ok := tensor.Placeholder(t); ok {
+		return errors.New("transfer: an unfilled tensor placeholder cannot be sent")
+	}
+	if t.ByteSize() <= o.e.cfg.InlineThreshold {
+		data, err := hostBytes(t)
+		if err != nil {
+			return err
+		}
+		o.entries = append(o.entries, entry{ID: t.WireID(), Kind: entryInline, DType: t.DType(), Shape: t.Shape(), Data: data})
+		return nil
+	}
+	d, err := o.export(t, false)
+	if err != nil {
+		return err
+	}
+	o.entries = append(o.entries, entry{ID: t.WireID(), Kind: entryFetch, Desc: d})
+	return nil
+}
+
+func (o *Outgoing) visitRef(r tensor.Ref) error {
+	if err := o.seen(r.WireID()); err != nil {
+		return err
+	}
+	if t := r.Local(); t != nil {
+		d, err := o.export(t, true)
+		if err != nil {
+			return err
+		}
+		o.entries = append(o.entries, entry{ID: r.WireID(), Kind: entryRef, Desc: d})
+		return nil
+	}
+	if _, ok := tensor.RefPlaceholder(r); ok {
+		return errors.New("transfer: an unfilled Ref placeholder cannot be sent")
+	}
+	d, err := r.Forward()
+	if err != nil {
+		return err
+	}
+	o.entries = append(o.entries, entry{ID: r.WireID(), Kind: entryRef, Desc: d})
+	return nil
 }
 
 // exportLeaseFactor: an export sent in a message lives TransferTimeout
@@ -185,9 +200,17 @@ type outbox struct {
 
 type posted struct {
 	o        *Outgoing // nil for a message without tensors
-	send     func() error
-	fail     func(error)
+	m        Message
 	deadline time.Time
+}
+
+// Message is a message Send sends: the node's side of it.
+type Message interface {
+	// Send writes the message (its body and its tensor table) to the
+	// peer's connection.
+	Send() error
+	// Fail reports to the message's sender that it was not sent.
+	Fail(err error)
 }
 
 // Backlogged reports whether messages to peer wait in its outbox, so that
@@ -202,18 +225,18 @@ func (e *Engine) Backlogged(peer string) bool {
 	return p.out.busy
 }
 
-// Send sends a message to peer through send once the peer's credits allow
-// its tensors (o, nil for none), in order with the other messages Send
-// queued for that peer. It never blocks: when credits are out, the message
-// waits in the peer's outbox, at most TransferTimeout and behind at most
-// MaxOutbox others, and send is then called on another goroutine. A
-// message that cannot be sent has its exports aborted and fail called with
-// the reason (ErrOutboxFull, ErrPeerDown, send's error).
-func (e *Engine) Send(peer string, o *Outgoing, send func() error, fail func(error)) {
+// Send sends m to peer once the peer's credits allow its tensors (o, nil
+// for none), in order with the other messages Send queued for that peer. It
+// never blocks: when credits are out, the message waits in the peer's
+// outbox, at most TransferTimeout and behind at most MaxOutbox others, and
+// m.Send is then called on another goroutine. A message that cannot be
+// sent has its exports aborted and m.Fail called with the reason
+// (ErrOutboxFull, ErrPeerDown, m.Send's error).
+func (e *Engine) Send(peer string, o *Outgoing, m Message) {
 	p := e.peer(peer)
 	if p == nil {
 		o.Abort()
-		fail(fmt.Errorf("%w: %s", ErrPeerDown, peer))
+		m.Fail(fmt.Errorf("%w: %s", ErrPeerDown, peer))
 		return
 	}
 	p.out.mu.Lock()
@@ -224,17 +247,17 @@ func (e *Engine) Send(peer string, o *Outgoing, send func() error, fail func(err
 		}
 		if ok, _ := p.credits.tryAcquire(bytes); ok || o == nil {
 			p.out.mu.Unlock()
-			e.sendNow(p, o, send, fail)
+			e.sendNow(p, o, m)
 			return
 		}
 	}
 	if len(p.out.q) >= MaxOutbox {
 		p.out.mu.Unlock()
 		o.Abort()
-		fail(fmt.Errorf("%w: %d messages wait for %s already", ErrOutboxFull, MaxOutbox, peer))
+		m.Fail(fmt.Errorf("%w: %d messages wait for %s already", ErrOutboxFull, MaxOutbox, peer))
 		return
 	}
-	p.out.q = append(p.out.q, &posted{o: o, send: send, fail: fail, deadline: time.Now().Add(e.cfg.TransferTimeout)})
+	p.out.q = append(p.out.q, &posted{o: o, m: m, deadline: time.Now().Add(e.cfg.TransferTimeout)})
 	p.out.busy = true
 	start := !p.out.running
 	p.out.running = true
@@ -248,13 +271,13 @@ func (e *Engine) Send(peer string, o *Outgoing, send func() error, fail func(err
 // sendNow sends a message whose credit (if it has tensors) is taken. The
 // credit is tied to the message's exports before the message leaves: the
 // peer may fetch and release them before send returns.
-func (e *Engine) sendNow(p *peer, o *Outgoing, send func() error, fail func(error)) {
+func (e *Engine) sendNow(p *peer, o *Outgoing, m Message) {
 	if o != nil {
 		e.track(p.credits, o.bytes, o.fetched)
 	}
-	if err := send(); err != nil {
+	if err := m.Send(); err != nil {
 		o.Abort() // ending the exports gives the credit back
-		fail(err)
+		m.Fail(err)
 	}
 }
 
@@ -272,9 +295,9 @@ func (e *Engine) pump(p *peer) {
 		p.out.mu.Unlock()
 		if err := e.waitCredit(p, m); err != nil {
 			m.o.Abort()
-			m.fail(err)
+			m.m.Fail(err)
 		} else {
-			e.sendNow(p, m.o, m.send, m.fail)
+			e.sendNow(p, m.o, m.m)
 		}
 		p.out.mu.Lock()
 		p.out.q[0] = nil

@@ -18,13 +18,18 @@ import (
 // is allocated for them until their fetch starts (within the receiver's
 // budgets).
 type Incoming struct {
-	e      *Engine
-	peer   string
-	device memory.Device
-	jobs   []job
-	refs   []tensor.Ref
-	made   []*tensor.Tensor // filled (inline or fetched): freed if the message fails
-	bytes  int64            // of jobs
+	e       *Engine
+	peer    string
+	device  memory.Device
+	entries []entry
+	jobs    []job
+	refs    []tensor.Ref
+	made    []*tensor.Tensor // filled (inline or fetched): freed if the message fails
+	bytes   int64            // of jobs
+	w       walker
+	// Room for the common message's few tensors, without allocating.
+	jobsBuf [2]job
+	madeBuf [2]*tensor.Tensor
 }
 
 type job struct {
@@ -55,60 +60,10 @@ func (e *Engine) Import(peer string, table []byte, msg any, dev memory.Device) (
 	if err != nil {
 		return nil, err
 	}
-	in := &Incoming{e: e, peer: peer, device: dev}
-	w := &walker{
-		tensor: func(t *tensor.Tensor) error {
-			id, ok := tensor.Placeholder(t)
-			if !ok {
-				return fmt.Errorf("%w: a decoded tensor field is not a placeholder", ErrBadTable)
-			}
-			x, err := use(entries, id)
-			if err != nil {
-				return err
-			}
-			switch x.Kind {
-			case entryInline:
-				src, err := tensor.NewUninit(dev, x.DType, x.Shape)
-				if err != nil {
-					return err
-				}
-				if err := memory.Copy(e.ctx, src.Buffer(), memory.WrapHost(x.Data)); err != nil {
-					_ = src.Free()
-					return err
-				}
-				if err := tensor.Fill(t, src); err != nil {
-					_ = src.Free()
-					return err
-				}
-				in.made = append(in.made, t)
-			case entryFetch:
-				in.jobs = append(in.jobs, job{d: x.Desc, t: t})
-				in.bytes += x.Desc.Bytes
-			default:
-				return fmt.Errorf("%w: tensor field refers to entry %d of kind %d", ErrBadTable, id, x.Kind)
-			}
-			return nil
-		},
-		ref: func(r tensor.Ref) error {
-			id, ok := tensor.RefPlaceholder(r)
-			if !ok {
-				return fmt.Errorf("%w: a decoded Ref field is not a placeholder", ErrBadTable)
-			}
-			x, err := use(entries, id)
-			if err != nil {
-				return err
-			}
-			if x.Kind != entryRef {
-				return fmt.Errorf("%w: Ref field refers to entry %d of kind %d", ErrBadTable, id, x.Kind)
-			}
-			if err := tensor.FillRef(r, x.Desc, (*refFetcher)(e)); err != nil {
-				return err
-			}
-			in.refs = append(in.refs, r)
-			return nil
-		},
-	}
-	if err = walk(msg, w); err == nil {
+	in := &Incoming{e: e, peer: peer, device: dev, entries: entries}
+	in.w.v = in
+	in.jobs, in.made = in.jobsBuf[:0], in.madeBuf[:0]
+	if err = in.w.walk(msg); err == nil {
 		for i := range entries {
 			if !entries[i].used {
 				err = fmt.Errorf("%w: entry %d (id %d) is not referred to by any field of %T", ErrBadTable, i, entries[i].ID, msg)
@@ -119,6 +74,7 @@ func (e *Engine) Import(peer string, table []byte, msg any, dev memory.Device) (
 	if err == nil && in.bytes > e.cfg.PeerBudget {
 		err = fmt.Errorf("%w: %d bytes to fetch, the receive budget per peer is %d", ErrOverBudget, in.bytes, e.cfg.PeerBudget)
 	}
+	in.entries = nil
 	if err != nil {
 		in.free()
 		e.releaseEntries(entries)
@@ -128,6 +84,60 @@ func (e *Engine) Import(peer string, table []byte, msg any, dev memory.Device) (
 		return nil, nil
 	}
 	return in, nil
+}
+
+func (in *Incoming) visitTensor(t *tensor.Tensor) error {
+	id, ok := tensor.Placeholder(t)
+	if !ok {
+		return fmt.Errorf("%w: a decoded tensor field is not a placeholder", ErrBadTable)
+	}
+	x, err := use(in.entries, id)
+	if err != nil {
+		return err
+	}
+	switch x.Kind {
+	case entryInline:
+		src, err := tensor.NewUninit(in.device, x.DType, x.Shape)
+		if err != nil {
+			return err
+		}
+		if h := src.Host(); h != nil {
+			copy(h, x.Data)
+		} else if err := memory.Copy(in.e.ctx, src.Buffer(), memory.WrapHost(x.Data)); err != nil {
+			_ = src.Free()
+			return err
+		}
+		if err := tensor.Fill(t, src); err != nil {
+			_ = src.Free()
+			return err
+		}
+		in.made = append(in.made, t)
+	case entryFetch:
+		in.jobs = append(in.jobs, job{d: x.Desc, t: t})
+		in.bytes += x.Desc.Bytes
+	default:
+		return fmt.Errorf("%w: tensor field refers to entry %d of kind %d", ErrBadTable, id, x.Kind)
+	}
+	return nil
+}
+
+func (in *Incoming) visitRef(r tensor.Ref) error {
+	id, ok := tensor.RefPlaceholder(r)
+	if !ok {
+		return fmt.Errorf("%w: a decoded Ref field is not a placeholder", ErrBadTable)
+	}
+	x, err := use(in.entries, id)
+	if err != nil {
+		return err
+	}
+	if x.Kind != entryRef {
+		return fmt.Errorf("%w: Ref field refers to entry %d of kind %d", ErrBadTable, id, x.Kind)
+	}
+	if err := tensor.FillRef(r, x.Desc, (*refFetcher)(in.e)); err != nil {
+		return err
+	}
+	in.refs = append(in.refs, r)
+	return nil
 }
 
 // use marks the entry with id used, once.
@@ -318,9 +328,10 @@ func (e *Engine) Refuse(peer string, table []byte) {
 
 // Discard frees the tensors of a delivered-to-nobody message and releases
 // its Refs.
-func Discard(msg any) {
-	_ = walk(msg, &walker{
-		tensor: func(t *tensor.Tensor) error { _ = t.Free(); return nil },
-		ref:    func(r tensor.Ref) error { _ = r.Release(context.Background()); return nil },
-	})
-}
+func Discard(msg any) { _ = walk(msg, discarder{}) }
+
+type discarder struct{}
+
+func (discarder) visitTensor(t *tensor.Tensor) error { _ = t.Free(); return nil }
+
+func (discarder) visitRef(r tensor.Ref) error { _ = r.Release(context.Background()); return nil }

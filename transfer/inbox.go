@@ -19,7 +19,7 @@ const fetchWindow = 4
 type queued struct {
 	in      *Incoming
 	size    int64
-	deliver func(error)
+	deliver Delivery
 	fetched chan error
 	held    int64 // budget taken for it
 }
@@ -56,14 +56,19 @@ func (e *Engine) Backlog(peer string) bool {
 	return p != nil && p.inbox.pending.Load() > 0
 }
 
+// Delivery is a received message's node side: Deliver is called once its
+// tensors are fetched (err nil) or with the reason they are not (the
+// message is then dropped: Deliver reports it to its sender).
+type Delivery interface {
+	Deliver(err error)
+}
+
 // Enqueue queues a message of peer (in: its fetches, nil for none; size:
-// its encoded bytes) for delivery in arrival order: deliver is called once
-// its tensors are fetched, with nil, or with the reason they are not (the
-// message is then dropped: the caller reports it). A message beyond the
+// its encoded bytes) for delivery in arrival order (d.Deliver). A message beyond the
 // inbox's bounds is refused with ErrInboxFull, and a peer that keeps
 // sending messages with tensors beyond the window it was given has its
 // connection closed. ErrPeerDown when the peer is not up.
-func (e *Engine) Enqueue(peer string, in *Incoming, size int64, deliver func(error)) error {
+func (e *Engine) Enqueue(peer string, in *Incoming, size int64, d Delivery) error {
 	p := e.peer(peer)
 	if p == nil {
 		return fmt.Errorf("%w: %s", ErrPeerDown, peer)
@@ -88,7 +93,7 @@ func (e *Engine) Enqueue(peer string, in *Incoming, size int64, deliver func(err
 		e.stats.InboxRefused.Add(1)
 		return fmt.Errorf("%w: %d messages of %d bytes wait already", ErrInboxFull, len(b.q), b.bytes)
 	}
-	b.q = append(b.q, &queued{in: in, size: size, deliver: deliver})
+	b.q = append(b.q, &queued{in: in, size: size, deliver: d})
 	b.bytes += size
 	if in != nil {
 		b.inWindow++
@@ -234,7 +239,7 @@ func (e *Engine) deliverFetched(p *peer, q *queued, err error) {
 		e.budget.release(q.held)
 		q.held = 0
 	}
-	q.deliver(err)
+	q.deliver.Deliver(err)
 	p.inbox.pending.Add(-1)
 }
 
@@ -244,7 +249,7 @@ func (e *Engine) abortQueued(p *peer, q *queued, err error) {
 		p.inbox.fetchedOne()
 		q.in.Abort()
 	}
-	q.deliver(err)
+	q.deliver.Deliver(err)
 	p.inbox.pending.Add(-1)
 }
 

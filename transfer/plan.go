@@ -20,12 +20,16 @@ type plan struct {
 	visit func(v reflect.Value, w *walker) error // nil: the type holds no tensors
 }
 
-// walker is one walk over a message: the functions called for each tensor
-// and non-empty Ref found, and the nesting depth.
+// visitor is what a walk calls for each tensor and non-empty Ref found.
+type visitor interface {
+	visitTensor(t *tensor.Tensor) error
+	visitRef(r tensor.Ref) error
+}
+
+// walker is one walk over a message: its visitor and the nesting depth.
 type walker struct {
-	tensor func(t *tensor.Tensor) error
-	ref    func(r tensor.Ref) error
-	depth  int
+	v     visitor
+	depth int
 }
 
 // maxDepth bounds the nesting a walk follows (cyclic values end there).
@@ -121,7 +125,7 @@ func compile(typ reflect.Type, memo map[reflect.Type]*plan) *plan {
 			if v.IsNil() {
 				return nil
 			}
-			return w.tensor(v.Interface().(*tensor.Tensor))
+			return w.v.visitTensor(v.Interface().(*tensor.Tensor))
 		}
 		return p
 	case typ == tensorType:
@@ -129,7 +133,7 @@ func compile(typ reflect.Type, memo map[reflect.Type]*plan) *plan {
 			if !v.CanAddr() {
 				return errors.New("transfer: a tensor.Tensor value that is not addressable: send a pointer to the message")
 			}
-			return w.tensor(v.Addr().Interface().(*tensor.Tensor))
+			return w.v.visitTensor(v.Addr().Interface().(*tensor.Tensor))
 		}
 		return p
 	case typ == refType:
@@ -138,7 +142,7 @@ func compile(typ reflect.Type, memo map[reflect.Type]*plan) *plan {
 			if r.IsZero() {
 				return nil
 			}
-			return w.ref(r)
+			return w.v.visitRef(r)
 		}
 		return p
 	}
@@ -219,11 +223,17 @@ func (w *walker) nested(p *plan, v reflect.Value) error {
 	return err
 }
 
-// walk calls w's functions for every tensor and non-empty Ref of msg.
-func walk(msg any, w *walker) error {
+// walk calls v for every tensor and non-empty Ref of msg.
+func walk(msg any, v visitor) error {
+	w := walker{v: v}
+	return w.walk(msg)
+}
+
+// walk calls w.v for every tensor and non-empty Ref of msg.
+func (w *walker) walk(msg any) error {
 	if msg == nil {
 		return nil
 	}
-	v := reflect.ValueOf(msg)
-	return w.nested(planFor(v.Type()), v)
+	rv := reflect.ValueOf(msg)
+	return w.nested(planFor(rv.Type()), rv)
 }

@@ -38,6 +38,19 @@ func mk(t *testing.T, n int64) *tensor.Tensor {
 	return x
 }
 
+// counter records the sizes of the tensors and the number of Refs visited.
+type counter struct {
+	sizes []int64
+	refs  int
+}
+
+func (c *counter) visitTensor(t *tensor.Tensor) error {
+	c.sizes = append(c.sizes, t.ByteSize())
+	return nil
+}
+
+func (c *counter) visitRef(tensor.Ref) error { c.refs++; return nil }
+
 func TestPlanFindsTensorFields(t *testing.T) {
 	if HoldsTensors(reflect.TypeFor[*plain]()) || HoldsTensors(reflect.TypeFor[int]()) {
 		t.Fatal("a type without tensors holds tensors")
@@ -51,22 +64,17 @@ func TestPlanFindsTensorFields(t *testing.T) {
 	a, b, c, d, e := mk(t, 1), mk(t, 2), mk(t, 3), mk(t, 4), mk(t, 5)
 	m := &nested{A: a, List: []*tensor.Tensor{b, nil}, ByID: map[string]*tensor.Tensor{"c": c}, Arr: [2]*tensor.Tensor{nil, d},
 		R: tensor.NewRef(e), Next: &nested{A: mk(t, 6)}, hide: mk(t, 7)}
-	var sizes []int64
-	var refs int
-	err := walk(m, &walker{
-		tensor: func(t *tensor.Tensor) error { sizes = append(sizes, t.ByteSize()); return nil },
-		ref:    func(tensor.Ref) error { refs++; return nil },
-	})
-	if err != nil {
+	var got counter
+	if err := walk(m, &got); err != nil {
 		t.Fatal(err)
 	}
-	if want := []int64{1, 2, 3, 4, 6}; !reflect.DeepEqual(sizes, want) || refs != 1 {
-		t.Fatalf("visited %v and %d refs, want %v and 1", sizes, refs, want)
+	if want := []int64{1, 2, 3, 4, 6}; !reflect.DeepEqual(got.sizes, want) || got.refs != 1 {
+		t.Fatalf("visited %v and %d refs, want %v and 1", got.sizes, got.refs, want)
 	}
 }
 
 func TestPlanErrors(t *testing.T) {
-	noop := &walker{tensor: func(*tensor.Tensor) error { return nil }, ref: func(tensor.Ref) error { return nil }}
+	noop := &counter{}
 	cyc := &nested{}
 	cyc.Next = cyc
 	if err := walk(cyc, noop); !errors.Is(err, errTooDeep) {

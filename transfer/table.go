@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/tensorferry/tensorferry/tensor"
 	"github.com/tensorferry/tensorferry/wire"
@@ -30,10 +31,10 @@ var ErrBadTable = errors.New("transfer: bad tensor table")
 type entry struct {
 	ID    uint64             `msgpack:"i"`
 	Kind  uint8              `msgpack:"k"`
-	DType tensor.DType       `msgpack:"t,omitempty"`
-	Shape tensor.Shape       `msgpack:"s,omitempty"`
-	Data  []byte             `msgpack:"b,omitempty"`
-	Desc  *tensor.Descriptor `msgpack:"d,omitempty"`
+	DType tensor.DType       `msgpack:"t"`
+	Shape tensor.Shape       `msgpack:"s"`
+	Data  []byte             `msgpack:"b"`
+	Desc  *tensor.Descriptor `msgpack:"d"`
 
 	used bool // a field of the body referred to it (decoding side)
 }
@@ -54,7 +55,11 @@ func decodeTable(b []byte) ([]entry, error) {
 	if err := wire.CheckMsgpack(b); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadTable, err)
 	}
-	dec := msgpack.NewDecoder(bytes.NewReader(b))
+	td := tableDecoders.Get().(*tableDecoder)
+	defer tableDecoders.Put(td)
+	td.r.Reset(b)
+	td.dec.ResetReader(&td.r)
+	dec := td.dec
 	n, err := dec.DecodeArrayLen()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadTable, err)
@@ -62,7 +67,9 @@ func decodeTable(b []byte) ([]entry, error) {
 	if n < 0 || n > MaxTableEntries {
 		return nil, fmt.Errorf("%w: %d entries (at most %d)", ErrBadTable, n, MaxTableEntries)
 	}
-	var out []entry // grows with the entries actually decoded
+	// Sized for the common message (bounded, whatever n says); grows
+	// with the entries actually decoded.
+	out := make([]entry, 0, min(n, 4))
 	for i := range n {
 		var e entry
 		if err := dec.Decode(&e); err != nil {
@@ -80,6 +87,18 @@ func decodeTable(b []byte) ([]entry, error) {
 	}
 	return out, nil
 }
+
+// tableDecoder is a reusable msgpack decoder over a byte slice.
+type tableDecoder struct {
+	r   bytes.Reader
+	dec *msgpack.Decoder
+}
+
+var tableDecoders = sync.Pool{New: func() any {
+	td := &tableDecoder{}
+	td.dec = msgpack.NewDecoder(&td.r)
+	return td
+}}
 
 func (e *entry) validate() error {
 	switch e.Kind {
