@@ -136,7 +136,7 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 	}
 	// Messages without tensors to fetch go straight to the mailbox unless
 	// earlier ones from the same peer still wait for theirs (order holds).
-	if in == nil && !n.eng.Backlog(ps.peer.Name) {
+	if in == nil && !ps.ep.Backlog() {
 		if pc == nil { // a message alone in its frame
 			if mb := n.inlineFor(m.Target, proc); mb != nil {
 				mb.postInline(envelope(sender, m.Header, msg))

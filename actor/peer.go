@@ -8,6 +8,7 @@ import (
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/transfer"
 	"github.com/tensorferry/tensorferry/wire"
 	"go.uber.org/zap"
 )
@@ -16,6 +17,7 @@ import (
 // (its transfer engine keeps the rest).
 type peerState struct {
 	peer *cluster.Peer
+	ep   *transfer.Peer // the engine's state for it
 
 	mu      sync.Mutex
 	pending map[string]*pa.PID // futures waiting on a reply from this peer
@@ -90,11 +92,12 @@ func (h *handler) PeerUp(p *cluster.Peer) {
 		return
 	}
 	n.mu.Unlock()
-	if err := n.eng.PeerUp(p.Name, p.Incarnation, p.Caps, p); err != nil {
+	ep, err := n.eng.PeerUp(p.Name, p.Incarnation, p.Caps, p)
+	if err != nil {
 		p.Close(err)
 		return
 	}
-	ps := &peerState{peer: p, pending: map[string]*pa.PID{}}
+	ps := &peerState{peer: p, ep: ep, pending: map[string]*pa.PID{}}
 	n.mu.Lock()
 	n.peers[p.Name] = ps
 	n.publishPeers()

@@ -80,7 +80,7 @@ func (n *Node) sendUser(target *pa.PID, header pa.ReadonlyMessageHeader, msg any
 		return
 	}
 	pending := isFuture(sender) && sender.Address == n.self.Name && !isReply(sender.Id)
-	if out == nil && !n.eng.Backlogged(target.Address) {
+	if out == nil && !ps.ep.Backlogged() {
 		var m wire.Message
 		fillMessage(&m, target, header, sender)
 		n.sendPlain(ps, &m, msg, target, sender, pending)

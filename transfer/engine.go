@@ -189,8 +189,8 @@ type Engine struct {
 	wg     sync.WaitGroup
 
 	mu       sync.Mutex
-	peers    map[string]*peer
-	peerSnap atomic.Pointer[map[string]*peer]
+	peers    map[string]*Peer
+	peerSnap atomic.Pointer[map[string]*Peer]
 	closed   bool
 
 	flowMu sync.Mutex
@@ -210,7 +210,7 @@ func New(cfg Config) *Engine {
 		cfg:     cfg,
 		log:     cfg.Log,
 		store:   tensor.NewStore(cfg.Node, cfg.Incarnation),
-		peers:   map[string]*peer{},
+		peers:   map[string]*Peer{},
 		flow:    map[uint64]*inFlight{},
 		ctlWait: map[uint64]ctlWaiter{},
 		device:  memory.CPU,
@@ -253,7 +253,7 @@ func (e *Engine) Close() {
 		return
 	}
 	e.closed = true
-	peers := make([]*peer, 0, len(e.peers))
+	peers := make([]*Peer, 0, len(e.peers))
 	for _, p := range e.peers {
 		peers = append(peers, p)
 	}
@@ -292,8 +292,8 @@ func (e *Engine) Advert() ([]byte, error) {
 	return wire.EncodeMsgpack(&advert{Caps: e.caps, WindowMsgs: e.cfg.Window, WindowBytes: e.cfg.PeerBudget})
 }
 
-// peer is what the engine keeps for one peer that is up.
-type peer struct {
+// Peer is what the engine keeps for one peer that is up.
+type Peer struct {
 	name string
 	link Link
 	caps rdma.Caps
@@ -306,7 +306,7 @@ type peer struct {
 	strikes atomic.Int64
 }
 
-func (p *peer) shutdown() {
+func (p *Peer) shutdown() {
 	select {
 	case <-p.done:
 	default:
@@ -315,15 +315,16 @@ func (p *peer) shutdown() {
 }
 
 // PeerUp starts the engine's state for a peer whose advert (the body its
-// node sent after the handshake) is given; an error means the advert is
-// not acceptable and the connection should be closed.
-func (e *Engine) PeerUp(name string, incarnation uint64, body []byte, link Link) error {
+// node sent after the handshake) is given, and returns it (the node keeps
+// it for the per-message checks, Backlogged and Backlog); an error means
+// the advert is not acceptable and the connection should be closed.
+func (e *Engine) PeerUp(name string, incarnation uint64, body []byte, link Link) (*Peer, error) {
 	var a advert
 	if err := wire.DecodeMsgpack(body, &a); err != nil {
-		return fmt.Errorf("transfer: bad capabilities from %s: %w", name, err)
+		return nil, fmt.Errorf("transfer: bad capabilities from %s: %w", name, err)
 	}
 	if a.Caps.Node != name || a.Caps.Incarnation != incarnation {
-		return fmt.Errorf("transfer: capabilities of %s name %s#%d", name, a.Caps.Node, a.Caps.Incarnation)
+		return nil, fmt.Errorf("transfer: capabilities of %s name %s#%d", name, a.Caps.Node, a.Caps.Incarnation)
 	}
 	msgs, bytes := e.cfg.MaxInFlight, e.cfg.MaxInFlightBytes
 	if a.WindowMsgs > 0 {
@@ -332,13 +333,13 @@ func (e *Engine) PeerUp(name string, incarnation uint64, body []byte, link Link)
 	if a.WindowBytes > 0 {
 		bytes = min(bytes, a.WindowBytes)
 	}
-	p := &peer{name: name, link: link, caps: a.Caps, credits: newCredits(msgs, bytes),
+	p := &Peer{name: name, link: link, caps: a.Caps, credits: newCredits(msgs, bytes),
 		budget: newBudget(e.cfg.PeerBudget), done: make(chan struct{})}
 	p.inbox.init(e.cfg.InboxMessages, e.cfg.InboxBytes, e.cfg.Window)
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
-		return ErrClosed
+		return nil, ErrClosed
 	}
 	if old := e.peers[name]; old != nil {
 		old.shutdown()
@@ -348,7 +349,7 @@ func (e *Engine) PeerUp(name string, incarnation uint64, body []byte, link Link)
 	e.wg.Add(1)
 	e.mu.Unlock()
 	go e.deliverLoop(p)
-	return nil
+	return p, nil
 }
 
 // PeerDown fails everything that waits on the named peer: its queued
@@ -375,7 +376,7 @@ func (e *Engine) PeerDown(name string) int {
 }
 
 // peer returns the state of the named peer if it is up, without locking.
-func (e *Engine) peer(name string) *peer {
+func (e *Engine) peer(name string) *Peer {
 	if m := e.peerSnap.Load(); m != nil {
 		return (*m)[name]
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tensorferry/tensorferry/memory"
@@ -195,7 +196,7 @@ type outbox struct {
 	mu      sync.Mutex
 	q       []*posted
 	running bool
-	busy    bool // q not empty or being sent: later messages must queue
+	busy    atomic.Bool // q not empty or being sent: later messages must queue (written under mu)
 }
 
 type posted struct {
@@ -213,17 +214,9 @@ type Message interface {
 	Fail(err error)
 }
 
-// Backlogged reports whether messages to peer wait in its outbox, so that
-// a message without tensors must go through Send to keep its place.
-func (e *Engine) Backlogged(peer string) bool {
-	p := e.peer(peer)
-	if p == nil {
-		return false
-	}
-	p.out.mu.Lock()
-	defer p.out.mu.Unlock()
-	return p.out.busy
-}
+// Backlogged reports whether messages to the peer wait in its outbox, so
+// that a message without tensors must go through Send to keep its place.
+func (p *Peer) Backlogged() bool { return p.out.busy.Load() }
 
 // Send sends m to peer once the peer's credits allow its tensors (o, nil
 // for none), in order with the other messages Send queued for that peer. It
@@ -240,7 +233,7 @@ func (e *Engine) Send(peer string, o *Outgoing, m Message) {
 		return
 	}
 	p.out.mu.Lock()
-	if !p.out.busy {
+	if !p.out.busy.Load() {
 		var bytes int64
 		if o != nil {
 			bytes = o.bytes
@@ -258,7 +251,7 @@ func (e *Engine) Send(peer string, o *Outgoing, m Message) {
 		return
 	}
 	p.out.q = append(p.out.q, &posted{o: o, m: m, deadline: time.Now().Add(e.cfg.TransferTimeout)})
-	p.out.busy = true
+	p.out.busy.Store(true)
 	start := !p.out.running
 	p.out.running = true
 	p.out.mu.Unlock()
@@ -271,7 +264,7 @@ func (e *Engine) Send(peer string, o *Outgoing, m Message) {
 // sendNow sends a message whose credit (if it has tensors) is taken. The
 // credit is tied to the message's exports before the message leaves: the
 // peer may fetch and release them before send returns.
-func (e *Engine) sendNow(p *peer, o *Outgoing, m Message) {
+func (e *Engine) sendNow(p *Peer, o *Outgoing, m Message) {
 	if o != nil {
 		e.track(p.credits, o.bytes, o.fetched)
 	}
@@ -282,12 +275,13 @@ func (e *Engine) sendNow(p *peer, o *Outgoing, m Message) {
 }
 
 // pump sends the messages of p's outbox in order as credits come back.
-func (e *Engine) pump(p *peer) {
+func (e *Engine) pump(p *Peer) {
 	defer e.wg.Done()
 	for {
 		p.out.mu.Lock()
 		if len(p.out.q) == 0 {
-			p.out.running, p.out.busy = false, false
+			p.out.running = false
+			p.out.busy.Store(false)
 			p.out.mu.Unlock()
 			return
 		}
@@ -307,7 +301,7 @@ func (e *Engine) pump(p *peer) {
 }
 
 // waitCredit takes the credit of m's tensors, waiting until m's deadline.
-func (e *Engine) waitCredit(p *peer, m *posted) error {
+func (e *Engine) waitCredit(p *Peer, m *posted) error {
 	if m.o == nil {
 		return nil
 	}

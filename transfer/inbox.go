@@ -48,13 +48,10 @@ func (b *inbox) init(maxMsgs int, maxBytes int64, window int) {
 	b.wake = make(chan struct{}, 1)
 }
 
-// Backlog reports whether messages of peer wait in its inbox (or are being
-// delivered), so that a message that needs no fetch must be enqueued behind
-// them to keep the order.
-func (e *Engine) Backlog(peer string) bool {
-	p := e.peer(peer)
-	return p != nil && p.inbox.pending.Load() > 0
-}
+// Backlog reports whether messages of the peer wait in its inbox (or are
+// being delivered), so that a message that needs no fetch must be enqueued
+// behind them to keep the order.
+func (p *Peer) Backlog() bool { return p.inbox.pending.Load() > 0 }
 
 // Delivery is a received message's node side: Deliver is called once its
 // tensors are fetched (err nil) or with the reason they are not (the
@@ -153,7 +150,7 @@ func (b *inbox) close() []*queued {
 // at once, each once the budgets allow, and hands them to deliverInOrder.
 // When the peer goes down, messages not started are aborted; those started
 // are delivered once fetched, or reported failed.
-func (e *Engine) deliverLoop(p *peer) {
+func (e *Engine) deliverLoop(p *Peer) {
 	defer e.wg.Done()
 	order := make(chan *queued, fetchWindow-1)
 	var handed atomic.Int64 // messages in order or being delivered
@@ -205,7 +202,7 @@ func (e *Engine) deliverLoop(p *peer) {
 
 // take waits until the budgets of p and of the node have room for q's
 // tensors, and takes it.
-func (e *Engine) take(p *peer, q *queued) error {
+func (e *Engine) take(p *Peer, q *queued) error {
 	n := q.in.Bytes()
 	if n == 0 {
 		return nil
@@ -222,7 +219,7 @@ func (e *Engine) take(p *peer, q *queued) error {
 }
 
 // fetchNow fetches q's tensors within the transfer timeout.
-func (e *Engine) fetchNow(p *peer, q *queued) error {
+func (e *Engine) fetchNow(p *Peer, q *queued) error {
 	if q.in == nil {
 		return nil
 	}
@@ -233,7 +230,7 @@ func (e *Engine) fetchNow(p *peer, q *queued) error {
 
 // deliverFetched delivers q, whose fetch ended with err, and gives its
 // budget back.
-func (e *Engine) deliverFetched(p *peer, q *queued, err error) {
+func (e *Engine) deliverFetched(p *Peer, q *queued, err error) {
 	if q.held > 0 {
 		p.budget.release(q.held)
 		e.budget.release(q.held)
@@ -244,7 +241,7 @@ func (e *Engine) deliverFetched(p *peer, q *queued, err error) {
 }
 
 // abortQueued reports q failed without fetching it.
-func (e *Engine) abortQueued(p *peer, q *queued, err error) {
+func (e *Engine) abortQueued(p *Peer, q *queued, err error) {
 	if q.in != nil {
 		p.inbox.fetchedOne()
 		q.in.Abort()
@@ -254,7 +251,7 @@ func (e *Engine) abortQueued(p *peer, q *queued, err error) {
 }
 
 // abortInbox fails the messages still in p's inbox, and any queued later.
-func (e *Engine) abortInbox(p *peer) {
+func (e *Engine) abortInbox(p *Peer) {
 	err := fmt.Errorf("%w: %s", ErrPeerDown, p.name)
 	for _, q := range p.inbox.close() {
 		e.abortQueued(p, q, err)
