@@ -1,6 +1,7 @@
 package ps
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -115,6 +116,18 @@ func (a *Agent) setup(c pa.Context, m *Setup) *Ready {
 			len(m.Layout.ShardNodes), len(m.Layout.WorkerNodes), cfg.Shards, cfg.Workers)}
 	}
 	self := a.node.Name()
+	// Workers here watch the shards, and shards answer workers, as soon as
+	// training starts: this node must see every node of the layout up
+	// first (the driver saw them, but this node connects on its own).
+	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
+	defer cancel()
+	for _, n := range append(slices.Clone(m.Layout.ShardNodes), m.Layout.WorkerNodes...) {
+		if n != self {
+			if err := a.node.WaitPeer(ctx, n); err != nil {
+				return &Ready{Err: fmt.Sprintf("ps: %s waiting for node %s: %v", self, n, err)}
+			}
+		}
+	}
 	ready := &Ready{}
 	fail := func(err error) *Ready {
 		a.stopAll()

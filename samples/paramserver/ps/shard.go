@@ -2,6 +2,7 @@ package ps
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -32,7 +33,24 @@ type shard struct {
 	acks   []*pa.PID      // pushers waiting for this step's update (sync)
 	pulls  []pendingPull
 	err    error // first failure; every later request gets it
+	// Updates that wait until w is no longer lent (see apply); waiting is
+	// set while a goroutine pipes w.Released() to the actor.
+	deferred []deferredUpdate
+	waiting  bool
 }
+
+// deferredUpdate is an update of w that waits for w's leases to end.
+type deferredUpdate struct {
+	g    *tensor.Tensor // the gradient; freed once applied when own
+	own  bool
+	lr   float32
+	done func(c pa.Context) // after the update (acks, weights to pulls)
+	fail func(c pa.Context, err error)
+}
+
+// weightsReleased tells the shard that w is no longer lent (a local
+// message, sent by the goroutine apply starts).
+type weightsReleased struct{}
 
 func newShard(node *actor.Node, cfg Config, id int, dev memory.Device) (*shard, error) {
 	lo, hi := cfg.shardRange(id)
@@ -70,6 +88,9 @@ func (s *shard) Receive(c pa.Context) {
 		// fetch the tensor, or went down): tell it, without a tensor, so it
 		// fails at once instead of waiting.
 		c.Send(m.Target, &Weights{Shard: s.id, Err: m.Error()})
+	case weightsReleased:
+		s.waiting = false
+		s.applyDeferred(c)
 	case *pa.Stopped:
 		s.free()
 	}
@@ -118,20 +139,21 @@ func (s *shard) push(c pa.Context, m *Push) {
 		s.fail(c, c.Sender(), m.Step, err)
 		return
 	}
-	defer g.Free()
-	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-	defer cancel()
+	sender, step := c.Sender(), m.Step
 	if s.cfg.Mode == Async {
 		// Each worker's gradient averages over its own rows only: scale by
 		// 1/Workers so that one round of pushes moves as far as one sync step.
-		if err := s.update(ctx, g, float32(s.cfg.LR/float64(s.cfg.Workers))); err != nil {
-			s.fail(c, c.Sender(), m.Step, err)
-			return
-		}
-		s.step++
-		c.Send(c.Sender(), &Ack{Shard: s.id, Step: m.Step})
+		s.apply(c, deferredUpdate{g: g, own: true, lr: float32(s.cfg.LR / float64(s.cfg.Workers)),
+			done: func(c pa.Context) {
+				s.step++
+				c.Send(sender, &Ack{Shard: s.id, Step: step})
+			},
+			fail: func(c pa.Context, err error) { s.fail(c, sender, step, err) }})
 		return
 	}
+	defer g.Free()
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
 	if m.Step != s.step {
 		s.fail(c, c.Sender(), m.Step, fmt.Errorf("ps: shard %d: gradient of step %d from worker %d at step %d", s.id, m.Step, m.Worker, s.step))
 		return
@@ -150,11 +172,14 @@ func (s *shard) push(c pa.Context, m *Push) {
 	if s.got < s.cfg.Workers {
 		return
 	}
-	// Every worker's gradient is in: apply the average.
-	if err := s.update(ctx, s.sum, float32(s.cfg.LR/float64(s.cfg.Workers))); err != nil {
-		s.fail(c, nil, m.Step, err)
-		return
-	}
+	// Every worker's gradient is in: apply the average (once w is not lent).
+	s.apply(c, deferredUpdate{g: s.sum, lr: float32(s.cfg.LR / float64(s.cfg.Workers)), done: s.endStep,
+		fail: func(c pa.Context, err error) { s.fail(c, nil, step, err) }})
+}
+
+// endStep answers the step's pushers and the pulls of the next step once
+// the sync update is applied.
+func (s *shard) endStep(c pa.Context) {
 	for _, to := range s.acks {
 		c.Send(to, &Ack{Shard: s.id, Step: s.step})
 	}
@@ -171,19 +196,39 @@ func (s *shard) push(c pa.Context, m *Push) {
 	s.pulls = keep
 }
 
-// update applies w -= lr·g. The weights may still be lent to workers whose
-// nodes are fetching them, so it first waits until every lease is released;
-// it writes through Write, which fails while the tensor is lent.
-func (s *shard) update(ctx context.Context, g *tensor.Tensor, lr float32) error {
-	select {
-	case <-s.w.Released():
-	case <-ctx.Done():
-		return fmt.Errorf("ps: shard %d: waiting for leases: %w", s.id, ctx.Err())
+// apply applies w -= lr·g now if w is not lent, else once its leases end
+// (the weights may be lent to workers whose nodes are fetching them). It
+// never blocks the actor: a goroutine waits on w.Released() and tells the
+// actor, which applies the deferred updates in order (weightsReleased).
+func (s *shard) apply(c pa.Context, u deferredUpdate) {
+	s.deferred = append(s.deferred, u)
+	s.applyDeferred(c)
+}
+
+// applyDeferred applies the deferred updates while w is not lent; if it is
+// lent again, it waits for the next release.
+func (s *shard) applyDeferred(c pa.Context) {
+	for len(s.deferred) > 0 && !s.waiting {
+		u := s.deferred[0]
+		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+		err := s.w.Write(func(w memory.Buffer) error { return memory.SGD(ctx, w, u.g.Buffer(), u.lr) })
+		cancel()
+		if errors.Is(err, tensor.ErrLeased) {
+			s.waiting = true
+			self, root, released := c.Self(), c.ActorSystem().Root, s.w.Released()
+			go func() { <-released; root.Send(self, weightsReleased{}) }()
+			return
+		}
+		s.deferred = s.deferred[1:]
+		if u.own {
+			_ = u.g.Free()
+		}
+		if err != nil {
+			u.fail(c, fmt.Errorf("ps: shard %d: %w", s.id, err))
+			continue
+		}
+		u.done(c)
 	}
-	if err := s.w.Write(func(w memory.Buffer) error { return memory.SGD(ctx, w, g.Buffer(), lr) }); err != nil {
-		return fmt.Errorf("ps: shard %d: %w", s.id, err)
-	}
-	return nil
 }
 
 // onDevice returns the gradient on the shard's device (a copy when it
@@ -225,6 +270,12 @@ func (s *shard) fail(c pa.Context, to *pa.PID, step int, err error) {
 func (s *shard) free() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	for _, u := range s.deferred {
+		if u.own {
+			_ = u.g.Free()
+		}
+	}
+	s.deferred = nil
 	_ = s.w.WaitReleased(ctx)
 	_ = s.w.Free()
 	if s.sum != nil {
