@@ -292,6 +292,21 @@ func (e *Engine) Advert() ([]byte, error) {
 	return wire.EncodeMsgpack(&advert{Caps: e.caps, WindowMsgs: e.cfg.Window, WindowBytes: e.cfg.PeerBudget})
 }
 
+// decodeAdvert decodes the advert of the named peer's incarnation.
+func decodeAdvert(body []byte, name string, incarnation uint64) (advert, error) {
+	var a advert
+	if err := wire.DecodeMsgpack(body, &a); err != nil {
+		return advert{}, fmt.Errorf("transfer: bad capabilities from %s: %w", name, err)
+	}
+	if a.Caps.Node != name || a.Caps.Incarnation != incarnation {
+		return advert{}, fmt.Errorf("transfer: capabilities of %s name %s#%d", name, a.Caps.Node, a.Caps.Incarnation)
+	}
+	if a.WindowMsgs < 0 || a.WindowBytes < 0 {
+		return advert{}, fmt.Errorf("transfer: capabilities of %s: negative window", name)
+	}
+	return a, nil
+}
+
 // Peer is what the engine keeps for one peer that is up.
 type Peer struct {
 	name string
@@ -319,12 +334,9 @@ func (p *Peer) shutdown() {
 // it for the per-message checks, Backlogged and Backlog); an error means
 // the advert is not acceptable and the connection should be closed.
 func (e *Engine) PeerUp(name string, incarnation uint64, body []byte, link Link) (*Peer, error) {
-	var a advert
-	if err := wire.DecodeMsgpack(body, &a); err != nil {
-		return nil, fmt.Errorf("transfer: bad capabilities from %s: %w", name, err)
-	}
-	if a.Caps.Node != name || a.Caps.Incarnation != incarnation {
-		return nil, fmt.Errorf("transfer: capabilities of %s name %s#%d", name, a.Caps.Node, a.Caps.Incarnation)
+	a, err := decodeAdvert(body, name, incarnation)
+	if err != nil {
+		return nil, err
 	}
 	msgs, bytes := e.cfg.MaxInFlight, e.cfg.MaxInFlightBytes
 	if a.WindowMsgs > 0 {

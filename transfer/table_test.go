@@ -103,3 +103,32 @@ func FuzzTableDecode(f *testing.F) {
 		}
 	})
 }
+
+// FuzzAdvertDecode: a peer's advert (capabilities and window) never makes
+// the decoder panic or allocate beyond its input's proportion, and what it
+// accepts names the peer it came from.
+func FuzzAdvertDecode(f *testing.F) {
+	e := New(Config{Node: "a", Incarnation: 7})
+	defer e.Close()
+	if err := e.Start(); err != nil {
+		f.Fatal(err)
+	}
+	b, err := e.Advert()
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(b)
+	f.Add([]byte{0x81, 0xa1, 'c', 0x80})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		a, err := decodeAdvert(in, "a", 7)
+		runtime.ReadMemStats(&after)
+		if n := after.TotalAlloc - before.TotalAlloc; n > uint64(64<<10+64*len(in)) {
+			t.Fatalf("%d bytes allocated for %d bytes of input", n, len(in))
+		}
+		if err == nil && (a.Caps.Node != "a" || a.Caps.Incarnation != 7 || a.WindowMsgs < 0) {
+			t.Fatalf("accepted %+v", a)
+		}
+	})
+}
