@@ -9,3 +9,7 @@ func WaitingRequests(n *Node) int {
 	defer n.replies.mu.Unlock()
 	return len(n.replies.m)
 }
+
+// RemoteWatches returns how many watches the named peer's actors hold on
+// n's actors.
+func RemoteWatches(n *Node, peer string) int { return n.remoteWatches(peer) }

@@ -266,8 +266,17 @@ func (n *Node) receiveSystem(ps *peerState, s *wire.System) {
 			n.sendSystemFrame(ps, &wire.System{Kind: wire.SystemTerminated, Target: watcher.Id, WatcherNode: n.self.Name, WatcherID: s.Target, Why: int32(pa.TerminatedReason_NotFound)})
 			return
 		}
+		if err := n.addWatcher(ps, s.Target, s.WatcherNode, s.WatcherID); err != nil {
+			n.log.Warn("watch refused", zap.String("peer", ps.peer.Name), zap.String("actor", s.Target), zap.Error(err))
+			n.sendSystemFrame(ps, &wire.System{Kind: wire.SystemDeadLetter, Target: s.WatcherID, WatcherNode: n.self.Name, WatcherID: s.Target, Detail: err.Error(), Why: 1})
+			return
+		}
 		proc.SendSystemMessage(local, &pa.Watch{Watcher: watcher})
 	case wire.SystemUnwatch:
+		if s.WatcherNode != ps.peer.Name {
+			return // only the peer's own watchers are its to remove
+		}
+		n.removeWatcher(ps.peer.Name, s.Target, s.WatcherID)
 		if proc, ok := n.system.ProcessRegistry.GetLocal(s.Target); ok {
 			proc.SendSystemMessage(local, &pa.Unwatch{Watcher: pa.NewPID(s.WatcherNode, s.WatcherID)})
 		}

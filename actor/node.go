@@ -147,7 +147,10 @@ type Node struct {
 	remotes  map[string]*remoteProcess             // other node → its process; fixed at attach
 	watching map[string]map[string]map[string]*pa.PID
 	devices  map[string]memory.Device // local actor id → device
-	stopped  bool
+	// remoteWatchers are the watches other nodes' actors hold on this
+	// node's actors (watch.go).
+	remoteWatchers watchers
+	stopped        bool
 
 	stats   Stats
 	pingSeq atomic.Uint64

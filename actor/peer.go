@@ -135,6 +135,8 @@ func (h *handler) PeerDown(p *cluster.Peer, cause error) {
 			n.terminated(w, who, pa.TerminatedReason_AddressTerminated)
 		}
 	}
+	// Its actors' watches on ours end.
+	n.dropWatchers(p.Name)
 	// Transfers from it fail; what it held is released.
 	released := n.eng.PeerDown(p.Name)
 	n.log.Info("peer down", zap.String("peer", p.Name), zap.Int("pending_failed", len(pending)+failedReplies),

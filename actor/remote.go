@@ -203,6 +203,7 @@ func (n *Node) sendSystem(target *pa.PID, message any) {
 		s.Kind, s.WatcherNode, s.WatcherID = wire.SystemUnwatch, m.Watcher.Address, m.Watcher.Id
 	case *pa.Terminated:
 		// target is the remote watcher; Who is the local actor that ended.
+		n.removeWatcher(target.Address, m.Who.Id, target.Id)
 		s.Kind, s.WatcherNode, s.WatcherID, s.Why = wire.SystemTerminated, m.Who.Address, m.Who.Id, int32(m.Why)
 	case *pa.Stop:
 		s.Kind = wire.SystemStop
