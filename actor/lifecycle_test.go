@@ -7,6 +7,8 @@ import (
 
 	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/cluster"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // TestRemoteLifecycleRefused: the node's own ping actor refuses Stop and
@@ -69,5 +71,52 @@ func TestRemoteLifecycleRefused(t *testing.T) {
 	defer watcher.mu.Unlock()
 	if len(watcher.terms) != 1 || watcher.terms[0].Who.Id != "echo" {
 		t.Fatalf("the watcher got %v, want Terminated of echo", watcher.terms)
+	}
+}
+
+// TestLogsNameTheNodeOnce: every log line of a node carries its name
+// once, whichever layer (actor, engine, membership, connection) logs it,
+// and a normal stop logs no warning.
+func TestLogsNameTheNodeOnce(t *testing.T) {
+	cfg, err := cluster.LocalConfig("test", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.DebugLevel)
+	var nodes []*actor.Node
+	for _, nc := range cfg.Nodes {
+		n, err := actor.NewNode(cfg, nc.Name, actor.WithLogger(zap.New(core)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.Start(); err != nil {
+			t.Fatal(err)
+		}
+		nodes = append(nodes, n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := nodes[0].WaitPeer(ctx, nodes[1].Name()); err != nil {
+		t.Fatal(err)
+	}
+	if err := nodes[0].Ping(ctx, nodes[1].Name(), []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		_ = n.Stop()
+	}
+	for _, e := range logs.All() {
+		c := 0
+		for _, f := range e.Context {
+			if f.Key == "node" {
+				c++
+			}
+		}
+		if c != 1 {
+			t.Errorf("%q names the node %d times: %v", e.Message, c, e.Context)
+		}
+		if e.Level >= zap.WarnLevel {
+			t.Errorf("warning on a normal run and stop: %q %v", e.Message, e.Context)
+		}
 	}
 }

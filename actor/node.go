@@ -280,7 +280,7 @@ func (n *Node) Start() error {
 		n.eng.Close()
 		return err
 	}
-	m, err := cluster.NewMembership(n.cfg, n.self.Name, n.incarnation, (*handler)(n), cluster.Options{Logger: n.log, Caps: body})
+	m, err := cluster.NewMembership(n.cfg, n.self.Name, n.incarnation, (*handler)(n), cluster.Options{Logger: n.opts.log, Caps: body})
 	if err != nil {
 		n.eng.Close()
 		return err

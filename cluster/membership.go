@@ -692,7 +692,7 @@ func (m *Membership) frame(p *Peer, f wire.Frame) {
 	case *wire.PongFrame:
 	case *wire.GoAwayFrame:
 		m.log.Info("peer goes away", zap.String("peer", p.Name), zap.String("reason", f.GoAway.Reason))
-		p.conn.Fail(fmt.Errorf("%w: peer goes away: %s", ErrNodeDown, f.GoAway.Reason))
+		p.conn.End(fmt.Errorf("%w: peer goes away: %s", ErrNodeDown, f.GoAway.Reason))
 	default:
 		select {
 		case <-p.up:

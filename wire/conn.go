@@ -237,18 +237,26 @@ func (c *Conn) Start() {
 // is idempotent and returns nil; it must not be called from Handler or
 // OnClose (use Fail).
 func (c *Conn) Close(err error) error {
-	c.fail(err)
+	c.end(err, true)
 	<-c.closed
 	return nil
 }
 
 // Fail starts closing the connection with cause err and returns at once.
-// It is safe to call from Handler.
+// It is safe to call from Handler. The cause is logged as a warning.
 func (c *Conn) Fail(err error) {
-	c.fail(err)
+	c.end(err, false)
 }
 
-func (c *Conn) fail(err error) {
+// End is Fail for an expected end (the peer said goodbye, the node
+// stops): the cause is logged at debug level only.
+func (c *Conn) End(err error) {
+	c.end(err, true)
+}
+
+func (c *Conn) fail(err error) { c.end(err, false) }
+
+func (c *Conn) end(err error, expected bool) {
 	c.mu.Lock()
 	if c.closing {
 		c.mu.Unlock()
@@ -262,7 +270,7 @@ func (c *Conn) fail(err error) {
 	started := c.started
 	c.mu.Unlock()
 
-	if !errors.Is(err, ErrClosed) {
+	if !expected && !errors.Is(err, ErrClosed) {
 		c.log.Warn("wire: closing connection", zap.Error(err))
 	} else {
 		c.log.Debug("wire: closing connection", zap.Error(err))

@@ -595,3 +595,29 @@ func TestConnDirectWrite(t *testing.T) {
 		t.Fatalf("pending = %d", c.pending.Load())
 	}
 }
+
+// TestConnEndLogsNoWarning: a connection ended for an expected reason (End,
+// Close) logs no warning; Fail does.
+func TestConnEndLogsNoWarning(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func(c *Conn, err error)
+		warn bool
+	}{
+		{"End", func(c *Conn, err error) { c.End(err) }, false},
+		{"Close", func(c *Conn, err error) { _ = c.Close(err) }, false},
+		{"Fail", func(c *Conn, err error) { c.Fail(err) }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := tcpPair(t)
+			defer b.Close()
+			core, logs := observer.New(zap.DebugLevel)
+			c := NewConn(a, Peer{Node: "b"}, ConnOptions{Logger: zap.New(core)})
+			tc.end(c, errors.New("peer goes away"))
+			<-c.Done()
+			if got := logs.FilterLevelExact(zap.WarnLevel).Len() > 0; got != tc.warn {
+				t.Fatalf("warning logged: %v, want %v (%v)", got, tc.warn, logs.All())
+			}
+		})
+	}
+}
