@@ -391,9 +391,12 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 		if reserved != "" {
 			m.releaseData(reserved)
 		}
-		if admitErr != nil {
+		switch {
+		case admitErr != nil:
 			m.log.Warn("connection refused", zap.String("purpose", purpose), zap.String("remote", remote), zap.String("reason", admitErr.Error()))
-		} else {
+		case m.ctx.Err() != nil: // the node is stopping
+			m.log.Debug("handshake ended by the node's stop", zap.String("remote", remote), zap.Error(err))
+		default:
 			m.log.Warn("handshake refused", zap.String("remote", remote), zap.Error(err))
 		}
 		return

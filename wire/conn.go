@@ -118,6 +118,9 @@ type Conn struct {
 	mu      sync.Mutex
 	started bool
 	closing bool
+	// saidGoodbye: this end sent a GOAWAY, so the peer closing the
+	// connection (EOF) is the expected answer, not an error.
+	saidGoodbye atomic.Bool
 	err     error
 
 	done       chan struct{} // closed when the Conn starts closing
@@ -270,6 +273,9 @@ func (c *Conn) end(err error, expected bool) {
 	started := c.started
 	c.mu.Unlock()
 
+	if !expected && c.saidGoodbye.Load() && errors.Is(err, io.EOF) {
+		expected = true
+	}
 	if !expected && !errors.Is(err, ErrClosed) {
 		c.log.Warn("wire: closing connection", zap.Error(err))
 	} else {
@@ -318,6 +324,9 @@ func (c *Conn) checkType(t FrameType) error {
 func (c *Conn) Send(ctx context.Context, t FrameType, flags Flags, stream uint32, body any) error {
 	if err := c.checkType(t); err != nil {
 		return err
+	}
+	if t == FrameGoAway {
+		c.saidGoodbye.Store(true)
 	}
 	if _, raw := body.(rawPayload); t == FrameData && !raw {
 		return errors.New("wire: send: DATA payloads are raw: use SendData or SendRaw")
