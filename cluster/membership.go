@@ -92,9 +92,14 @@ func (p *Peer) Close(cause error) { p.conn.Fail(cause) }
 type slot struct {
 	cfg       NodeConfig
 	cur       *Peer
-	dataConns int           // open data connections the peer dialed to this node
-	lastErr   error         // why the last dial failed; nil after a success
-	dialing   bool          // a dial to this peer is in flight
+	dataConns int   // open data connections the peer dialed to this node
+	lastErr   error // why the last dial failed; nil after a success
+	dialing   bool  // a dial to this peer is in flight
+	// accepting: a connection from this peer passed the tie-break and is
+	// being attached; no dial starts meanwhile (it could otherwise replace
+	// a connection on which this node already sent its capabilities, and
+	// which the peer may already use).
+	accepting bool
 	changed   chan struct{} // closed and replaced whenever cur changes
 }
 
@@ -411,7 +416,11 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 	// by the node with the smaller name wins, so the larger one's is
 	// refused here.
 	m.mu.Lock()
-	refuse := m.slots[peer.Node].dialing && m.self.Name < peer.Node
+	s := m.slots[peer.Node]
+	refuse := s.dialing && m.self.Name < peer.Node
+	if !refuse {
+		s.accepting = true // until attach decided
+	}
 	m.mu.Unlock()
 	if refuse {
 		m.log.Info("inbound connection refused: own dial to it in flight", zap.String("peer", peer.Node))
@@ -545,9 +554,9 @@ func (m *Membership) dialLoop(name string) {
 		m.mu.Lock()
 		s := m.slots[name]
 		cur, changed := s.cur, s.changed
-		s.dialing = cur == nil
+		s.dialing = cur == nil && !s.accepting
 		m.mu.Unlock()
-		if cur != nil {
+		if cur != nil || !s.dialing {
 			select {
 			case <-changed:
 				backoff = m.cfg.ReconnectMin
@@ -621,12 +630,16 @@ func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
 		OnClose:         func(err error) { m.connClosed(p, err) },
 	})
 	m.mu.Lock()
+	s := m.slots[wp.Node]
+	if initiator != m.self.Name {
+		s.accepting = false
+		defer m.wakeDialer(s)
+	}
 	if m.closed {
 		m.mu.Unlock()
 		_ = p.conn.Close(ErrClosed)
 		return
 	}
-	s := m.slots[wp.Node]
 	old := s.cur
 	if old != nil && old.Incarnation == wp.Incarnation {
 		preferred := min(m.self.Name, wp.Node)
@@ -663,6 +676,15 @@ func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
 		p.conn.Fail(err)
 	}
 	p.conn.Start()
+}
+
+// wakeDialer wakes the dial loop of s, which may wait for an accepted
+// connection to be attached (accepting).
+func (m *Membership) wakeDialer(s *slot) {
+	m.mu.Lock()
+	close(s.changed)
+	s.changed = make(chan struct{})
+	m.mu.Unlock()
 }
 
 func (m *Membership) frame(p *Peer, f wire.Frame) {
