@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/cluster"
@@ -95,9 +96,15 @@ func TestPingUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out, errOut bytes.Buffer
-	code := run([]string{"ping", "--config", path, "--from", "node1", "--to", "node0", "--timeout", "1s"}, &out, &errOut)
+	// A node that refuses connections is reported after a short grace,
+	// not after the whole --timeout.
+	start := time.Now()
+	code := run([]string{"ping", "--config", path, "--from", "node1", "--to", "node0", "--timeout", "1m"}, &out, &errOut)
 	if code != 3 || !strings.Contains(errOut.String(), "node0 unreachable") || !strings.Contains(errOut.String(), "connection refused") {
 		t.Fatalf("code %d, stderr %q", code, errOut.String())
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Fatalf("connection refused reported after %v (timeout 1m)", d)
 	}
 }
 
@@ -108,8 +115,12 @@ func TestPingWrongSecret(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out, errOut bytes.Buffer
-	code := run([]string{"ping", "--config", path, "--from", "node1", "--to", "node0", "--timeout", "2s"}, &out, &errOut)
+	start := time.Now()
+	code := run([]string{"ping", "--config", path, "--from", "node1", "--to", "node0", "--timeout", "1m"}, &out, &errOut)
 	if code != 3 || !strings.Contains(errOut.String(), "unreachable") || !strings.Contains(strings.ToLower(errOut.String()), "auth") {
 		t.Fatalf("code %d, stderr %q", code, errOut.String())
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Fatalf("a refused handshake reported after %v (timeout 1m)", d)
 	}
 }

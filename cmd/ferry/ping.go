@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/tensorferry/tensorferry/actor"
@@ -13,6 +15,7 @@ import (
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
+	"github.com/tensorferry/tensorferry/wire"
 )
 
 // joinAndWait starts node from and waits until to is up, turning a timeout
@@ -30,17 +33,69 @@ func joinAndWait(config, from, to string, wait time.Duration, level string) (*ac
 		_ = node.Stop()
 		return nil, nil, &exitError{code: 2, err: fmt.Errorf("node %q is not in the config", to)}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
-	defer cancel()
-	if err := node.WaitPeer(ctx, to); err != nil {
-		why := node.PeerError(to)
+	if err := waitReachable(node, to, wait); err != nil {
 		_ = node.Stop()
-		if why == nil {
-			why = fmt.Errorf("no connection within %v", wait)
-		}
-		return nil, nil, &exitError{code: 3, err: fmt.Errorf("node %s unreachable: %w", to, why)}
+		return nil, nil, &exitError{code: 3, err: fmt.Errorf("node %s unreachable: %w", to, err)}
 	}
 	return node, cfg, nil
+}
+
+// refusedGrace is how long a node may refuse connections before ping and
+// bench give up: long enough for a node that is starting to listen, much
+// shorter than --timeout.
+const refusedGrace = time.Second
+
+// waitReachable waits until node sees to up, for at most wait. It fails
+// as soon as the cause is clear: a handshake the peer refused (wrong
+// secret or cluster, a node it does not know) at once, connections
+// refused after refusedGrace; a node that accepts but has not answered yet
+// gets the whole wait.
+func waitReachable(node *actor.Node, to string, wait time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	up := make(chan error, 1)
+	go func() { up <- node.WaitPeer(ctx, to) }()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	var refusedSince time.Time
+	for {
+		select {
+		case err := <-up:
+			if err == nil {
+				return nil
+			}
+			if why := node.PeerError(to); why != nil {
+				return why
+			}
+			return fmt.Errorf("no connection within %v", wait)
+		case <-tick.C:
+			why := node.PeerError(to)
+			switch {
+			case why == nil:
+				refusedSince = time.Time{}
+			case handshakeRefused(why):
+				cancel()
+				<-up
+				return why
+			case errors.Is(why, syscall.ECONNREFUSED):
+				if refusedSince.IsZero() {
+					refusedSince = time.Now()
+				} else if time.Since(refusedSince) >= refusedGrace {
+					cancel()
+					<-up
+					return why
+				}
+			}
+		}
+	}
+}
+
+// handshakeRefused reports whether err is a peer's refusal of the
+// handshake (a wrong secret or cluster, a node it does not know), which
+// waiting does not cure.
+func handshakeRefused(err error) bool {
+	var ce *wire.ConnError
+	return errors.Is(err, wire.ErrAuthFailed) || (errors.As(err, &ce) && (ce.Code == wire.CodeAuth || ce.Code == wire.CodeVersion || ce.Code == wire.CodeNotFound))
 }
 
 func runPing(args []string, stdout io.Writer) error {
