@@ -152,7 +152,7 @@ type Node struct {
 	remoteWatchers watchers
 	stopped        bool
 
-	stats   Stats
+	stats   stats
 	pingSeq atomic.Uint64
 }
 

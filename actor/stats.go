@@ -6,8 +6,8 @@ import (
 	"github.com/tensorferry/tensorferry/transfer"
 )
 
-// Stats counts what a node's actor layer did.
-type Stats struct {
+// stats counts what a node's actor layer did; Node.Stats returns a snapshot.
+type stats struct {
 	MessagesSent     atomic.Int64
 	MessagesReceived atomic.Int64
 	DeliveryFailures atomic.Int64
