@@ -12,7 +12,6 @@ import (
 	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/cluster"
 	"github.com/tensorferry/tensorferry/memory"
-	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
 	"github.com/tensorferry/tensorferry/wire"
 )
@@ -102,28 +101,9 @@ func TestReceiverBudgetsHoldAgainstAStallingOwner(t *testing.T) {
 
 	// The attacker: node1, with the secret, speaking the protocol itself.
 	const inc = 77
-	caps := rdma.Caps{Node: "node1", Incarnation: inc, HostID: "elsewhere", Channels: []string{rdma.Staging}}
-	advert, err := wire.EncodeMsgpack(&struct {
-		C rdma.Caps `msgpack:"c"`
-	}{caps})
-	if err != nil {
-		t.Fatal(err)
-	}
-	owner := &stallingOwner{}
-	m, err := cluster.NewMembership(cfg, "node1", inc, owner, cluster.Options{Caps: advert})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { owner.close(); _ = m.Close() })
+	_, p := joinRaw(t, cfg, "node1", "node0", inc)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	p, err := m.WaitUp(ctx, "node0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := recv.WaitPeer(ctx, "node1"); err != nil {
 		t.Fatal(err)
 	}

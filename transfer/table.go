@@ -1,10 +1,8 @@
 package transfer
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/tensorferry/tensorferry/tensor"
 	"github.com/tensorferry/tensorferry/wire"
@@ -44,28 +42,36 @@ func encodeTable(entries []entry) ([]byte, error) {
 }
 
 // decodeTable decodes and validates a tensor table. The input is checked
-// first (declared lengths within the input, bounded nesting), the count is
-// bounded before anything is allocated for it, and every entry must be
-// complete and consistent: a known kind, an inline size equal to shape ×
-// dtype, a valid descriptor, distinct ids.
+// first (declared lengths within the input, bounded nesting: wire's
+// DecodeMsgpack), the count is bounded before anything is allocated for
+// it, and every entry must be complete and consistent: a known kind, an
+// inline size equal to shape × dtype, a valid descriptor, distinct ids.
 func decodeTable(b []byte) ([]entry, error) {
 	if len(b) == 0 {
 		return nil, nil
 	}
-	if err := wire.CheckMsgpack(b); err != nil {
+	var t table
+	if err := wire.DecodeMsgpack(b, &t); err != nil {
+		if errors.Is(err, ErrBadTable) {
+			return nil, err
+		}
 		return nil, fmt.Errorf("%w: %w", ErrBadTable, err)
 	}
-	td := tableDecoders.Get().(*tableDecoder)
-	defer tableDecoders.Put(td)
-	td.r.Reset(b)
-	td.dec.ResetReader(&td.r)
-	dec := td.dec
+	return t, nil
+}
+
+// table is the decoding side of a tensor table.
+type table []entry
+
+// DecodeMsgpack implements msgpack.CustomDecoder with the bounds of
+// decodeTable.
+func (t *table) DecodeMsgpack(dec *msgpack.Decoder) error {
 	n, err := dec.DecodeArrayLen()
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrBadTable, err)
+		return err
 	}
 	if n < 0 || n > MaxTableEntries {
-		return nil, fmt.Errorf("%w: %d entries (at most %d)", ErrBadTable, n, MaxTableEntries)
+		return fmt.Errorf("%w: %d entries (at most %d)", ErrBadTable, n, MaxTableEntries)
 	}
 	// Sized for the common message (bounded, whatever n says); grows
 	// with the entries actually decoded.
@@ -73,32 +79,19 @@ func decodeTable(b []byte) ([]entry, error) {
 	for i := range n {
 		var e entry
 		if err := dec.Decode(&e); err != nil {
-			return nil, fmt.Errorf("%w: entry %d: %w", ErrBadTable, i, err)
+			return fmt.Errorf("%w: entry %d: %w", ErrBadTable, i, err)
 		}
 		if err := e.validate(); err != nil {
-			return nil, fmt.Errorf("%w: entry %d: %w", ErrBadTable, i, err)
+			return fmt.Errorf("%w: entry %d: %w", ErrBadTable, i, err)
 		}
-		for j := range out {
-			if out[j].ID == e.ID {
-				return nil, fmt.Errorf("%w: id %d appears twice", ErrBadTable, e.ID)
-			}
+		if find(out, e.ID) != nil {
+			return fmt.Errorf("%w: id %d appears twice", ErrBadTable, e.ID)
 		}
 		out = append(out, e)
 	}
-	return out, nil
+	*t = out
+	return nil
 }
-
-// tableDecoder is a reusable msgpack decoder over a byte slice.
-type tableDecoder struct {
-	r   bytes.Reader
-	dec *msgpack.Decoder
-}
-
-var tableDecoders = sync.Pool{New: func() any {
-	td := &tableDecoder{}
-	td.dec = msgpack.NewDecoder(&td.r)
-	return td
-}}
 
 func (e *entry) validate() error {
 	switch e.Kind {

@@ -257,13 +257,3 @@ func decodeMsgpackChecked(b []byte, v any) error {
 	return nil
 }
 
-// CheckMsgpack reports whether b is one msgpack value that the decoders of
-// this package accept before decoding (see DecodeMsgpack): declared lengths
-// within b, nesting at most MaxMsgpackDepth, no trailing bytes. The error
-// wraps ErrBadBody.
-func CheckMsgpack(b []byte) error {
-	if err := checkMsgpack(b, MaxMsgpackDepth); err != nil {
-		return fmt.Errorf("%w: %w", ErrBadBody, err)
-	}
-	return nil
-}
