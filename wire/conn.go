@@ -121,7 +121,7 @@ type Conn struct {
 	// saidGoodbye: this end sent a GOAWAY, so the peer closing the
 	// connection (EOF) is the expected answer, not an error.
 	saidGoodbye atomic.Bool
-	err     error
+	err         error
 
 	done       chan struct{} // closed when the Conn starts closing
 	writerDone chan struct{} // closed when the writer goroutine has exited

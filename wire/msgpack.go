@@ -256,4 +256,3 @@ func decodeMsgpackChecked(b []byte, v any) error {
 	}
 	return nil
 }
-
