@@ -117,6 +117,7 @@ type Membership struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	net    Network
 
 	maxDataPerPeer int
 	maxData        int
@@ -157,6 +158,28 @@ type Options struct {
 	// connection may wait before naming its channel; it is closed then,
 	// before any handler sees it. 0 means the config's DialTimeout.
 	DataIdleTimeout time.Duration
+	// Network is where the node listens and dials; nil means TCP. Tests
+	// pass an in-memory network to inject faults.
+	Network Network
+}
+
+// Network listens and dials by address: TCP by default, or an in-memory
+// network in tests. Its methods are called from several goroutines.
+type Network interface {
+	// Listen listens on address (host:port for TCP).
+	Listen(address string) (net.Listener, error)
+	// DialContext connects to address; ctx bounds the dial only.
+	DialContext(ctx context.Context, address string) (net.Conn, error)
+}
+
+// tcpNetwork is the default Network.
+type tcpNetwork struct{}
+
+func (tcpNetwork) Listen(address string) (net.Listener, error) { return net.Listen("tcp", address) }
+
+func (tcpNetwork) DialContext(ctx context.Context, address string) (net.Conn, error) {
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp", address)
 }
 
 // NewMembership prepares membership for the node named self with the given
@@ -174,7 +197,11 @@ func NewMembership(cfg *Config, self string, incarnation uint64, h Handler, opts
 		log: log.With(zap.String("node", self)), slots: map[string]*slot{},
 		maxDataPerPeer: cmp.Or(opts.MaxDataConnsPerPeer, DefaultMaxDataConnsPerPeer),
 		maxData:        cmp.Or(opts.MaxDataConns, DefaultMaxDataConns),
-		dataIdle:       cmp.Or(opts.DataIdleTimeout, cfg.DialTimeout)}
+		dataIdle:       cmp.Or(opts.DataIdleTimeout, cfg.DialTimeout),
+		net:            opts.Network}
+	if m.net == nil {
+		m.net = tcpNetwork{}
+	}
 	if m.maxDataPerPeer < 0 || m.maxData < 0 || m.dataIdle < 0 {
 		return nil, fmt.Errorf("cluster: negative Options: MaxDataConnsPerPeer %d, MaxDataConns %d, DataIdleTimeout %v",
 			opts.MaxDataConnsPerPeer, opts.MaxDataConns, opts.DataIdleTimeout)
@@ -190,11 +217,11 @@ func NewMembership(cfg *Config, self string, incarnation uint64, h Handler, opts
 
 // Start opens the control and data listeners and starts dialing every peer.
 func (m *Membership) Start() error {
-	cl, err := net.Listen("tcp", m.self.Address)
+	cl, err := m.net.Listen(m.self.Address)
 	if err != nil {
 		return fmt.Errorf("cluster: control listener: %w", err)
 	}
-	dl, err := net.Listen("tcp", m.self.DataAddress)
+	dl, err := m.net.Listen(m.self.DataAddress)
 	if err != nil {
 		cl.Close()
 		return fmt.Errorf("cluster: data listener: %w", err)
@@ -528,8 +555,9 @@ func (m *Membership) DialData(ctx context.Context, node, channel string) (net.Co
 	if err := checkChannelName(channel); err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
-	d := net.Dialer{Timeout: m.cfg.DialTimeout}
-	nc, err := d.DialContext(ctx, "tcp", s.cfg.DataAddress)
+	dctx, cancel := context.WithTimeout(ctx, m.cfg.DialTimeout)
+	nc, err := m.net.DialContext(dctx, s.cfg.DataAddress)
+	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("cluster: dial data %s: %w", node, err)
 	}
@@ -587,8 +615,7 @@ func (m *Membership) dialLoop(name string) {
 func (m *Membership) dial(nc NodeConfig) error {
 	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.DialTimeout)
 	defer cancel()
-	d := net.Dialer{}
-	c, err := d.DialContext(ctx, "tcp", nc.Address)
+	c, err := m.net.DialContext(ctx, nc.Address)
 	if err != nil {
 		return err
 	}
