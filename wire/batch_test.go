@@ -257,7 +257,7 @@ func TestConnSendMessageBackpressure(t *testing.T) {
 	}
 	blocked := make(chan error, 1)
 	go func() { blocked <- c.SendMessage(context.Background(), m) }()
-	time.Sleep(10 * time.Millisecond)
+	waitBlocked(t, "wire.(*Conn).SendMessage(")
 	c.Close(nil)
 	if err := <-blocked; !errors.Is(err, ErrClosed) {
 		t.Fatalf("blocked SendMessage after Close: %v", err)
@@ -349,7 +349,7 @@ func TestSendMessageBoundedInBytes(t *testing.T) {
 	}
 	blocked := make(chan error, 1)
 	go func() { blocked <- c.SendMessage(context.Background(), m) }()
-	time.Sleep(10 * time.Millisecond)
+	waitBlocked(t, "wire.(*Conn).SendMessage(")
 	c.Close(nil)
 	if err := <-blocked; !errors.Is(err, ErrClosed) {
 		t.Fatalf("blocked SendMessage after Close: %v", err)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,6 +17,45 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 )
+
+// waitUntil polls cond every millisecond until it holds: the last resort
+// for a condition that no channel or callback reports. The deadline only
+// fails a test whose condition never comes.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	deadline := time.NewTimer(10 * time.Second)
+	defer deadline.Stop()
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			t.Fatalf("%s: not reached in 10 s", what)
+		}
+	}
+}
+
+// waitBlocked waits until a goroutine whose stack holds fn (such as
+// "wire.(*Conn).SendMessage(") is parked in a select, a channel operation
+// or a lock: the moment a test that releases blocked callers needs, which
+// nothing else reports.
+func waitBlocked(t *testing.T, fn string) {
+	t.Helper()
+	buf := make([]byte, 1<<20)
+	waitUntil(t, fn+" blocked", func() bool {
+		all := buf[:runtime.Stack(buf, true)]
+		for _, g := range bytes.Split(all, []byte("\n\n")) {
+			header, _, _ := bytes.Cut(g, []byte("\n"))
+			parked := bytes.Contains(header, []byte("[select")) || bytes.Contains(header, []byte("[chan")) ||
+				bytes.Contains(header, []byte("[sync")) || bytes.Contains(header, []byte("[IO wait"))
+			if parked && bytes.Contains(g, []byte(fn)) {
+				return true
+			}
+		}
+		return false
+	})
+}
 
 // countingConn counts Write calls on a net.Conn.
 type countingConn struct {
@@ -232,7 +272,7 @@ func TestConnBackpressure(t *testing.T) {
 	// Closing unblocks the writer and every sender.
 	blocked := make(chan error, 1)
 	go func() { blocked <- c.Send(context.Background(), FrameMessage, 0, 1, body) }()
-	time.Sleep(10 * time.Millisecond)
+	waitBlocked(t, "wire.(*Conn).Send(")
 	c.Close(nil)
 	if err := <-blocked; !errors.Is(err, ErrClosed) {
 		t.Fatalf("blocked Send after Close: %v", err)
@@ -250,7 +290,7 @@ func TestConnSendDataCancelledWhileQueued(t *testing.T) {
 	if err := c.Send(ctx, FrameMessage, 0, 1, &Message{Request: 1, Body: make([]byte, 100<<10)}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(10 * time.Millisecond)
+	waitBlocked(t, "net.(*pipe).write(") // the writer holds the large frame
 	tctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
 	err := c.SendData(tctx, 9, 0, []byte("must not be sent"))
 	cancel()

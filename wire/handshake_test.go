@@ -122,6 +122,44 @@ func TestHandshakeSuccess(t *testing.T) {
 	}
 }
 
+// deadlineConn records the deadlines set on a net.Conn.
+type deadlineConn struct {
+	net.Conn
+	mu  sync.Mutex
+	set []time.Time
+}
+
+func (c *deadlineConn) SetDeadline(t time.Time) error {
+	c.mu.Lock()
+	c.set = append(c.set, t)
+	c.mu.Unlock()
+	return c.Conn.SetDeadline(t)
+}
+
+func (c *deadlineConn) SetReadDeadline(t time.Time) error {
+	c.mu.Lock()
+	c.set = append(c.set, t)
+	c.mu.Unlock()
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c *deadlineConn) SetWriteDeadline(t time.Time) error {
+	c.mu.Lock()
+	c.set = append(c.set, t)
+	c.mu.Unlock()
+	return c.Conn.SetWriteDeadline(t)
+}
+
+// last returns the last deadline set, if any was.
+func (c *deadlineConn) last() (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.set) == 0 {
+		return time.Time{}, false
+	}
+	return c.set[len(c.set)-1], true
+}
+
 func TestHandshakeTCPAndDeadlineCleared(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -138,8 +176,9 @@ func TestHandshakeTCPAndDeadlineCleared(t *testing.T) {
 			done <- result{err: err}
 			return
 		}
-		server = c
-		p, err := Handshake(context.Background(), c, ac, false)
+		dc := &deadlineConn{Conn: c}
+		server = dc
+		p, err := Handshake(context.Background(), dc, ac, false)
 		done <- result{p, err}
 	}()
 	c, err := net.Dial("tcp", ln.Addr().String())
@@ -149,7 +188,8 @@ func TestHandshakeTCPAndDeadlineCleared(t *testing.T) {
 	defer c.Close()
 	ic := testConfig("ini")
 	ic.Timeout = 50 * time.Millisecond
-	if _, err := Handshake(context.Background(), c, ic, true); err != nil {
+	rc := &deadlineConn{Conn: c}
+	if _, err := Handshake(context.Background(), rc, ic, true); err != nil {
 		t.Fatal(err)
 	}
 	r := <-done
@@ -157,7 +197,13 @@ func TestHandshakeTCPAndDeadlineCleared(t *testing.T) {
 		t.Fatal(r.err)
 	}
 	defer server.Close()
-	time.Sleep(100 * time.Millisecond) // past the handshake timeout
+	// No waiting past the handshake timeout to see that its deadline is
+	// gone: the last deadline each end set is the zero time.
+	for _, d := range []*deadlineConn{rc, server.(*deadlineConn)} {
+		if last, ok := d.last(); !ok || !last.IsZero() {
+			t.Fatalf("last deadline set %v (set: %v), want the zero time", last, ok)
+		}
+	}
 	if _, err := c.Write([]byte("late")); err != nil {
 		t.Fatalf("write after the handshake timeout: %v", err)
 	}

@@ -31,6 +31,7 @@ func TestConnHandlerTakeover(t *testing.T) {
 	release := make(chan struct{})
 	var mu sync.Mutex
 	var order []uint64
+	handled := make(chan struct{}, 3) // one per frame handled
 	firstDone := make(chan struct{})
 	ca, cb := takeoverPair(t, 2*time.Millisecond, func(f Frame) {
 		m, ok := f.(*MessageFrame)
@@ -40,6 +41,7 @@ func TestConnHandlerTakeover(t *testing.T) {
 		mu.Lock()
 		order = append(order, m.Message.Request)
 		mu.Unlock()
+		handled <- struct{}{}
 		switch m.Message.Request {
 		case 1:
 			<-release // blocks until frame 2 is handled
@@ -59,15 +61,13 @@ func TestConnHandlerTakeover(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the blocked handler was never released: no take-over")
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		mu.Lock()
-		n := len(order)
-		mu.Unlock()
-		if n == 3 || time.Now().After(deadline) {
-			break
+	timeout := time.After(10 * time.Second)
+	for range 3 {
+		select {
+		case <-handled:
+		case <-timeout:
+			t.Fatal("not every frame was handled")
 		}
-		time.Sleep(time.Millisecond)
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -168,30 +168,38 @@ func BenchmarkConnHandlerGuard(b *testing.B) {
 // call wakes it, and a call that blocks is still taken over.
 func TestTakeoverWatchdogParksWhenIdle(t *testing.T) {
 	release := make(chan struct{})
+	third := make(chan struct{})
 	ca, cb := takeoverPair(t, 2*time.Millisecond, func(f Frame) {
-		if m, ok := f.(*MessageFrame); ok && m.Message.Request == 2 {
-			<-release
+		if m, ok := f.(*MessageFrame); ok {
+			switch m.Message.Request {
+			case 2:
+				<-release
+			case 3:
+				close(third)
+			}
 		}
 	})
 	ctx := context.Background()
 	if err := ca.Send(ctx, FrameMessage, 0, 0, &Message{Target: "x", Request: 1}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for !takeoverWatch.parked.Load() {
-		if time.Now().After(deadline) {
-			t.Fatal("the watchdog never parked while idle")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	// Nothing reports the parking but the flag.
+	waitUntil(t, "the watchdog parked while idle", takeoverWatch.parked.Load)
 	if err := ca.Send(ctx, FrameMessage, 0, 0, &Message{Target: "x", Request: 2}); err != nil {
 		t.Fatal(err)
 	}
-	for cb.Takeovers() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("a blocked call after parking was not taken over")
-		}
-		time.Sleep(time.Millisecond)
+	// Frame 3 is handled while the call for frame 2 blocks: only by a new
+	// reader, after a take-over.
+	if err := ca.Send(ctx, FrameMessage, 0, 0, &Message{Target: "x", Request: 3}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-third:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a blocked call after parking was not taken over")
+	}
+	if cb.Takeovers() == 0 {
+		t.Fatal("frame 3 handled without a take-over")
 	}
 	close(release)
 }
