@@ -253,6 +253,31 @@ func (f *peerFake) Unregister(r Registration) error {
 	return nil
 }
 
+// gets returns how many Gets c has counted (hits and misses).
+func gets(c *RegCache) int64 {
+	st := c.Stats()
+	return st.Hits + st.Misses
+}
+
+// awaitGets waits until c has counted n Gets since it counted from: each
+// has then either started the registration (held at the fake's gate) or
+// waits for the pending one. Nothing reports that but the stats, so they
+// are polled; the deadline only fails a test that never gets there.
+func awaitGets(t *testing.T, c *RegCache, from int64, n int) {
+	t.Helper()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	deadline := time.NewTimer(10 * time.Second)
+	defer deadline.Stop()
+	for gets(c) < from+int64(n) {
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			t.Fatalf("%d of %d Gets started", gets(c)-from, n)
+		}
+	}
+}
+
 func TestRegCacheErrors(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	f := newFake()
@@ -273,6 +298,7 @@ func TestRegCacheErrors(t *testing.T) {
 	f.gate = make(chan struct{})
 	f.fail = boom
 	b := alloc(10)
+	gets0 := gets(c)
 	var wg sync.WaitGroup
 	errs := make([]error, 4)
 	for i := range errs {
@@ -286,7 +312,7 @@ func TestRegCacheErrors(t *testing.T) {
 			errs[i] = err
 		}()
 	}
-	time.Sleep(20 * time.Millisecond)
+	awaitGets(t, c, gets0, len(errs))
 	close(f.gate)
 	wg.Wait()
 	failed := 0
@@ -320,6 +346,7 @@ func TestRegCacheConcurrentSingleRegistration(t *testing.T) {
 	c := NewRegCache("t-single", f, RegBudget{})
 	defer c.Close()
 	a := alloc(1 << 20)
+	gets0 := gets(c)
 	var wg sync.WaitGroup
 	regs := make([]Registration, 8)
 	for i := range regs {
@@ -335,7 +362,7 @@ func TestRegCacheConcurrentSingleRegistration(t *testing.T) {
 			rel()
 		}()
 	}
-	time.Sleep(20 * time.Millisecond)
+	awaitGets(t, c, gets0, len(regs))
 	close(f.gate)
 	wg.Wait()
 	for _, r := range regs {

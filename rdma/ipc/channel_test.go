@@ -376,28 +376,39 @@ func TestMappingEviction(t *testing.T) {
 // ends its hold in the background) and returns its stats.
 func waitIdle(t *testing.T, owner *Channel) Stats {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	deadline := time.NewTimer(5 * time.Second)
+	defer deadline.Stop()
 	for {
 		st := owner.Stats()
-		if st.Acquisitions == 0 || time.Now().After(deadline) {
+		if st.Acquisitions == 0 {
 			return st
 		}
-		time.Sleep(time.Millisecond)
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			return owner.Stats()
+		}
 	}
 }
 
 // waitStats waits up to 5 s until c's stats satisfy ok and returns them.
 func waitStats(t *testing.T, c *Channel, ok func(Stats) bool) Stats {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	deadline := time.NewTimer(5 * time.Second)
+	defer deadline.Stop()
 	for {
 		st := c.Stats()
 		if ok(st) {
 			return st
 		}
-		if time.Now().After(deadline) {
+		select {
+		case <-tick.C:
+		case <-deadline.C:
 			t.Fatalf("stats %+v: condition not reached in 5 s", st)
 		}
-		time.Sleep(time.Millisecond)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -199,12 +200,40 @@ func TestOwnerClosesConnectionOnProtocolError(t *testing.T) {
 	}
 }
 
-// slowConn delays every read, so that a transfer is surely in flight.
-type slowConn struct{ net.Conn }
+// slowConn delays every read, so that a transfer is surely in flight,
+// and counts the reads that got bytes.
+type slowConn struct {
+	net.Conn
+	reads *atomic.Int64
+}
 
 func (c slowConn) Read(p []byte) (int, error) {
+	// A delay on purpose, not a synchronization: the transfer under test
+	// must last long enough to be stopped in the middle.
 	time.Sleep(time.Millisecond)
-	return c.Conn.Read(p[:min(len(p), 64<<10)])
+	n, err := c.Conn.Read(p[:min(len(p), 64<<10)])
+	if n > 0 {
+		c.reads.Add(1)
+	}
+	return n, err
+}
+
+// waitUntil polls cond every millisecond until it holds: the last resort
+// for a condition that no channel or callback reports. The deadline only
+// fails a test whose condition never comes.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	deadline := time.NewTimer(10 * time.Second)
+	defer deadline.Stop()
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			t.Fatalf("%s: not reached in 10 s", what)
+		}
+	}
 }
 
 // pair is an owner and a fetcher staging channel over loopback.
@@ -213,6 +242,7 @@ type pair struct {
 	o              *ownerNode
 	dials          int
 	mu             sync.Mutex
+	reads          atomic.Int64 // reads that got bytes on slow connections
 }
 
 func newPair(t *testing.T, n int, slow bool) *pair {
@@ -247,7 +277,7 @@ func newPair(t *testing.T, n int, slow bool) *pair {
 			var d net.Dialer
 			c, err := d.DialContext(ctx, "tcp", ln.Addr().String())
 			if err == nil && slow {
-				c = slowConn{c}
+				c = slowConn{c, &p.reads}
 			}
 			return c, err
 		},
@@ -282,13 +312,10 @@ func inFlight(t *testing.T, p *pair, stop func()) error {
 		_, err := p.fetch(context.Background())
 		res <- err
 	}()
-	for deadline := time.Now().Add(10 * time.Second); p.owner.InFlight() == 0; {
-		if time.Now().After(deadline) {
-			t.Fatal("the owner never started serving")
-		}
-		time.Sleep(time.Millisecond)
-	}
-	time.Sleep(10 * time.Millisecond)
+	waitUntil(t, "the owner serves the transfer", func() bool { return p.owner.InFlight() != 0 })
+	// Bytes of the transfer arrive at the fetcher: it is under way.
+	reads := p.reads.Load()
+	waitUntil(t, "the fetcher reads the transfer's bytes", func() bool { return p.reads.Load() > reads })
 	stopped := time.Now()
 	stop()
 	select {
@@ -323,13 +350,9 @@ func TestInFlightTransfersFail(t *testing.T) {
 					t.Fatalf("fetch: %v, want %v", err, tc.want)
 				}
 				// Neither end holds anything for the failed transfer.
-				deadline := time.Now().Add(5 * time.Second)
-				for p.owner.InFlight()+p.fetcher.InFlight() != 0 {
-					if time.Now().After(deadline) {
-						t.Fatalf("in flight after the failure: owner %d, fetcher %d", p.owner.InFlight(), p.fetcher.InFlight())
-					}
-					time.Sleep(5 * time.Millisecond)
-				}
+				waitUntil(t, "nothing in flight after the failure", func() bool {
+					return p.owner.InFlight()+p.fetcher.InFlight() == 0
+				})
 			})
 		}
 	}
