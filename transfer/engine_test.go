@@ -1,0 +1,437 @@
+package transfer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+
+	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/rdma"
+	"github.com/tensorferry/tensorferry/tensor"
+	"github.com/tensorferry/tensorferry/wire"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// The engine is tested here on its own: two engines of one process joined
+// by fake links (the release and control frames one sends reach the
+// other's handlers) and a fake channel ("memtest") that copies from the
+// owner engine's store, with a gate that holds fetches.
+
+var (
+	testEnginesMu sync.Mutex
+	testEngines   = map[string]*Engine{}
+	memtestGate   = struct {
+		sync.Mutex
+		ch chan struct{} // nil: fetches go through
+	}{}
+)
+
+func init() {
+	rdma.MustRegister(rdma.Backend{
+		Name:     "memtest",
+		Priority: 1,
+		Reach:    func(owner, fetcher *rdma.Caps, src, dst memory.Device) error { return nil },
+		New:      func(env *rdma.Env) (rdma.Channel, error) { return memtest{}, nil },
+	})
+}
+
+type memtest struct{}
+
+func (memtest) Name() string { return "memtest" }
+func (memtest) Offer(context.Context, *tensor.Export, string) ([]byte, error) {
+	return nil, nil
+}
+func (memtest) PeerDown(string) {}
+func (memtest) Close() error    { return nil }
+func (memtest) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer) error {
+	memtestGate.Lock()
+	gate := memtestGate.ch
+	memtestGate.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	testEnginesMu.Lock()
+	owner := testEngines[d.Owner]
+	testEnginesMu.Unlock()
+	if owner == nil {
+		return fmt.Errorf("memtest: no engine %s", d.Owner)
+	}
+	x, done, err := owner.store.Acquire(d.Incarnation, d.ExportID, d.Lease)
+	if err != nil {
+		return err
+	}
+	defer done()
+	return memory.Copy(ctx, dst, x.Tensor.Buffer())
+}
+
+// link is one engine's fake connection to another.
+type link struct {
+	from string
+	to   *Engine
+	mu   sync.Mutex
+	err  error // Close's cause
+}
+
+func (l *link) Send(_ context.Context, t wire.FrameType, _ wire.Flags, _ uint32, body any) error {
+	switch t {
+	case wire.FrameRelease:
+		go l.to.HandleRelease(l.from, body.(*wire.Release))
+	case wire.FrameMessage:
+		m := *body.(*wire.Message)
+		go l.to.HandleControl(l.from, &m)
+	}
+	return nil
+}
+
+func (l *link) Close(cause error) {
+	l.mu.Lock()
+	l.err = cause
+	l.mu.Unlock()
+}
+
+func (l *link) closed() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// enginePair starts engines a and b with cfg's limits, each up for the
+// other; ab is a's link to b, ba b's to a.
+func enginePair(t *testing.T, cfg Config) (a, b *Engine, ab, ba *link) {
+	t.Helper()
+	mk := func(name string, inc uint64) *Engine {
+		c := cfg
+		c.Node, c.Incarnation = name, inc
+		c.Disabled = func(ch string) bool { return ch != "memtest" }
+		c.Dial = func(context.Context, string, string) (net.Conn, error) { return nil, errors.New("no data connections here") }
+		e := New(c)
+		if err := e.Start(); err != nil {
+			t.Fatal(err)
+		}
+		testEnginesMu.Lock()
+		testEngines[name] = e
+		testEnginesMu.Unlock()
+		return e
+	}
+	a, b = mk(t.Name()+"-a", 1), mk(t.Name()+"-b", 2)
+	ab, ba = &link{from: a.cfg.Node, to: b}, &link{from: b.cfg.Node, to: a}
+	advA, _ := a.Advert()
+	advB, _ := b.Advert()
+	if _, err := a.PeerUp(b.cfg.Node, 2, advB, ab); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.PeerUp(a.cfg.Node, 1, advA, ba); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		a.Close()
+		b.Close()
+		testEnginesMu.Lock()
+		delete(testEngines, a.cfg.Node)
+		delete(testEngines, b.cfg.Node)
+		testEnginesMu.Unlock()
+	})
+	return a, b, ab, ba
+}
+
+type grad struct {
+	Step int
+	W    *tensor.Tensor
+	R    tensor.Ref
+}
+
+// carry sends msg from a to b as a node would: a's Export, the body
+// encoded and decoded, b's Import.
+func carry(t *testing.T, a, b *Engine, msg *grad) (*Outgoing, *grad, *Incoming, error) {
+	t.Helper()
+	out, err := a.Export(b.cfg.Node, msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := msgpack.Marshal(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got grad
+	if err := msgpack.Unmarshal(body, &got); err != nil {
+		t.Fatal(err)
+	}
+	var table []byte
+	if out != nil {
+		table = out.Table
+	}
+	in, err := b.Import(a.cfg.Node, table, &got, memory.CPU)
+	return out, &got, in, err
+}
+
+// delivery records Deliver calls in order.
+type delivery struct {
+	ch chan error
+}
+
+func (d *delivery) Deliver(err error) { d.ch <- err }
+
+func newTensor(t *testing.T, n int64, fill byte) *tensor.Tensor {
+	x, err := tensor.New(memory.CPU, tensor.Uint8, tensor.Shape{n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range x.Host() {
+		x.Host()[i] = fill
+	}
+	t.Cleanup(func() { _ = x.Free() })
+	return x
+}
+
+func TestEngineMovesTensorsInOrder(t *testing.T) {
+	a, b, _, _ := enginePair(t, Config{InlineThreshold: 16})
+	d := &delivery{ch: make(chan error, 8)}
+	var msgs []*grad
+	for i := range 6 {
+		out, got, in, err := carry(t, a, b, &grad{Step: i, W: newTensor(t, 1000, byte(i))})
+		if err != nil || out == nil || in == nil {
+			t.Fatalf("message %d: out %v in %v err %v", i, out, in, err)
+		}
+		if err := b.Enqueue(a.cfg.Node, in, 100, d); err != nil {
+			t.Fatal(err)
+		}
+		msgs = append(msgs, got)
+	}
+	for i, m := range msgs {
+		if err := <-d.ch; err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+		if m.Step != i || m.W.ByteSize() != 1000 || m.W.Host()[999] != byte(i) {
+			t.Fatalf("message %d: step %d, %v", i, m.Step, m.W)
+		}
+		_ = m.W.Free()
+	}
+	waitFor(t, func() bool { return a.Store().Len() == 0 })
+	if s := b.Stats(); s.Channels["memtest"].Transfers != 6 || s.BudgetInUse != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+func TestEngineInlineAndRefs(t *testing.T) {
+	a, b, _, _ := enginePair(t, Config{InlineThreshold: 64})
+	small, big := newTensor(t, 8, 7), newTensor(t, 1000, 9)
+	_, got, in, err := carry(t, a, b, &grad{W: small, R: tensor.NewRef(big)})
+	if err != nil || in != nil {
+		t.Fatalf("in %v err %v", in, err)
+	}
+	if got.W.Host()[7] != 7 {
+		t.Fatalf("inline tensor %v", got.W.Host())
+	}
+	r, err := got.R.Fetch(t.Context(), memory.CPU)
+	if err != nil || r.Host()[999] != 9 {
+		t.Fatalf("ref fetch %v %v", r, err)
+	}
+	_ = r.Free()
+	_ = got.W.Free()
+	waitFor(t, func() bool { return a.Store().Len() == 0 })
+}
+
+func TestEngineRefusesBadTables(t *testing.T) {
+	a, b, _, _ := enginePair(t, Config{InlineThreshold: 16, PeerBudget: 1 << 20, Budget: 2 << 20})
+	// Beyond the per-peer budget.
+	if _, _, _, err := carry(t, a, b, &grad{W: newTensor(t, 2<<20, 1)}); !errors.Is(err, ErrOverBudget) {
+		t.Fatalf("over budget: %v", err)
+	}
+	waitFor(t, func() bool { return a.Store().Len() == 0 }) // its lease was released
+	// A field with no entry, an entry with no field.
+	out, err := a.Export(b.cfg.Node, &grad{W: newTensor(t, 100, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, msg := range []any{&grad{}, &struct{ N int }{}} {
+		if _, err := b.Import(a.cfg.Node, out.Table, msg, memory.CPU); !errors.Is(err, ErrBadTable) {
+			t.Fatalf("%T: %v", msg, err)
+		}
+	}
+	var orphan grad
+	if err := msgpack.Unmarshal([]byte{0x81, 0xa1, 'W', 0x92, 0x01, 0x09}, &orphan); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Import(a.cfg.Node, nil, &orphan, memory.CPU); !errors.Is(err, ErrBadTable) {
+		t.Fatalf("field without a table: %v", err)
+	}
+}
+
+// TestEngineWindow: a peer that sends messages with tensors beyond the
+// window it was given gets them refused, and its connection closed once it
+// keeps doing so.
+func TestEngineWindow(t *testing.T) {
+	memtestGate.Lock()
+	memtestGate.ch = make(chan struct{})
+	memtestGate.Unlock()
+	defer func() {
+		memtestGate.Lock()
+		close(memtestGate.ch)
+		memtestGate.ch = nil
+		memtestGate.Unlock()
+	}()
+	a, b, _, ba := enginePair(t, Config{InlineThreshold: 16, Window: 2})
+	d := &delivery{ch: make(chan error, 128)}
+	refused := 0
+	for i := range 2 + maxStrikes {
+		_, _, in, err := carry(t, a, b, &grad{Step: i, W: newTensor(t, 100, 1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Enqueue(a.cfg.Node, in, 10, d); errors.Is(err, ErrInboxFull) {
+			refused++
+			in.Abort()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The first is being fetched (gated), the second waits: 2 in the
+	// window, the rest refused.
+	if refused != maxStrikes || ba.closed() == nil {
+		t.Fatalf("%d refused, connection closed: %v", refused, ba.closed())
+	}
+}
+
+// TestEngineBudgetWaits: a message whose tensors do not fit in what is
+// left of the node's budget waits for it, and is fetched once it is free.
+func TestEngineBudgetWaits(t *testing.T) {
+	memtestGate.Lock()
+	gate := make(chan struct{})
+	memtestGate.ch = gate
+	memtestGate.Unlock()
+	defer func() {
+		memtestGate.Lock()
+		memtestGate.ch = nil
+		memtestGate.Unlock()
+	}()
+	a, b, _, _ := enginePair(t, Config{InlineThreshold: 16, Budget: 1500, PeerBudget: 1500})
+	d := &delivery{ch: make(chan error, 4)}
+	var got []*grad
+	for i := range 2 {
+		_, g, in, err := carry(t, a, b, &grad{Step: i, W: newTensor(t, 1000, byte(i))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Enqueue(a.cfg.Node, in, 10, d); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, g)
+	}
+	// The first holds 1000 of 1500 bytes while its fetch is held; the
+	// second needs 1000: it waits.
+	waitFor(t, func() bool { return b.Stats().BudgetInUse == 1000 })
+	close(gate)
+	for i := range 2 {
+		if err := <-d.ch; err != nil {
+			t.Fatal(err)
+		}
+		_ = got[i].W.Free()
+	}
+	if u := b.Stats().BudgetInUse; u != 0 {
+		t.Fatalf("%d bytes of budget still taken", u)
+	}
+}
+
+// TestEnginePeerDownAborts: messages waiting when their peer goes down are
+// reported failed and their leases released.
+func TestEnginePeerDownAborts(t *testing.T) {
+	memtestGate.Lock()
+	memtestGate.ch = make(chan struct{})
+	memtestGate.Unlock()
+	defer func() {
+		memtestGate.Lock()
+		close(memtestGate.ch)
+		memtestGate.ch = nil
+		memtestGate.Unlock()
+	}()
+	a, b, _, _ := enginePair(t, Config{InlineThreshold: 16})
+	d := &delivery{ch: make(chan error, 8)}
+	for i := range 3 {
+		_, _, in, err := carry(t, a, b, &grad{Step: i, W: newTensor(t, 100, 1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Enqueue(a.cfg.Node, in, 10, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.PeerDown(a.cfg.Node)
+	for range 3 {
+		if err := <-d.ch; err == nil {
+			t.Fatal("a message of a peer that went down was delivered")
+		}
+	}
+	if err := b.Enqueue(a.cfg.Node, nil, 10, d); !errors.Is(err, ErrPeerDown) {
+		t.Fatalf("enqueue after peer down: %v", err)
+	}
+}
+
+// sent records a Message's Send and Fail calls.
+type sent struct {
+	mu     sync.Mutex
+	sends  int
+	failed error
+}
+
+func (s *sent) Send() error { s.mu.Lock(); s.sends++; s.mu.Unlock(); return nil }
+func (s *sent) Fail(err error) {
+	s.mu.Lock()
+	s.failed = err
+	s.mu.Unlock()
+}
+func (s *sent) count() (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.sends, s.failed }
+
+// TestEngineOutbox: with the peer's credits out, Send queues (never
+// blocks), keeps later messages behind, and sends them as releases come.
+func TestEngineOutbox(t *testing.T) {
+	a, b, _, _ := enginePair(t, Config{InlineThreshold: 16, MaxInFlight: 1})
+	p := a.peer(b.cfg.Node)
+	var ms []*sent
+	var outs []*Outgoing
+	for i := range 3 {
+		out, err := a.Export(b.cfg.Node, &grad{Step: i, W: newTensor(t, 100, 1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := &sent{}
+		a.Send(b.cfg.Node, out, m)
+		ms, outs = append(ms, m), append(outs, out)
+	}
+	plain := &sent{}
+	if !p.Backlogged() {
+		t.Fatal("messages wait but the outbox is not backlogged")
+	}
+	a.Send(b.cfg.Node, nil, plain) // behind them
+	if n, _ := ms[0].count(); n != 1 {
+		t.Fatalf("first message sent %d times", n)
+	}
+	for i := 1; i < 3; i++ {
+		if n, _ := ms[i].count(); n != 0 {
+			t.Fatalf("message %d sent without a credit", i)
+		}
+	}
+	if n, _ := plain.count(); n != 0 {
+		t.Fatal("a message without tensors overtook the messages waiting for credits")
+	}
+	// The peer releases each message's export: the next goes.
+	for i := range 3 {
+		for _, x := range outs[i].fetched {
+			if err := a.store.Release(x.ID, x.Lease); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if i < 2 {
+			waitFor(t, func() bool { n, _ := ms[i+1].count(); return n == 1 })
+		}
+	}
+	waitFor(t, func() bool { n, _ := plain.count(); return n == 1 })
+	waitFor(t, func() bool { return !p.Backlogged() })
+}
+
