@@ -110,7 +110,9 @@ func enginePair(t *testing.T, cfg Config) (a, b *Engine, ab, ba *link) {
 		c := cfg
 		c.Node, c.Incarnation = name, inc
 		c.Disabled = func(ch string) bool { return ch != "memtest" }
-		c.Dial = func(context.Context, string, string) (net.Conn, error) { return nil, errors.New("no data connections here") }
+		c.Dial = func(context.Context, string, string) (net.Conn, error) {
+			return nil, errors.New("no data connections here")
+		}
 		e := New(c)
 		if err := e.Start(); err != nil {
 			t.Fatal(err)
@@ -434,4 +436,3 @@ func TestEngineOutbox(t *testing.T) {
 	waitFor(t, func() bool { n, _ := plain.count(); return n == 1 })
 	waitFor(t, func() bool { return !p.Backlogged() })
 }
-
