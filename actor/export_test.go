@@ -13,3 +13,7 @@ func WaitingRequests(n *Node) int {
 // RemoteWatches returns how many watches the named peer's actors hold on
 // n's actors.
 func RemoteWatches(n *Node, peer string) int { return n.remoteWatches(peer) }
+
+// WatchCount returns how many watches n's actors hold on other nodes'
+// actors.
+func WatchCount(n *Node) int { return n.watchCount() }
