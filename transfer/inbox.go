@@ -77,6 +77,7 @@ func (e *Engine) Enqueue(peer string, in *Incoming, size int64, d Delivery) erro
 		b.mu.Unlock()
 		return fmt.Errorf("%w: %s", ErrPeerDown, peer)
 	case in != nil && b.inWindow >= b.windowMax:
+		waiting := b.inWindow
 		b.mu.Unlock()
 		e.stats.InboxRefused.Add(1)
 		if n := p.strikes.Add(1); n == maxStrikes {
@@ -84,11 +85,12 @@ func (e *Engine) Enqueue(peer string, in *Incoming, size int64, d Delivery) erro
 			e.log.Warn("closing the connection of a peer that ignores its window", zap.String("peer", peer), zap.Error(err))
 			p.link.Close(err)
 		}
-		return fmt.Errorf("%w: %d messages with tensors wait already (window %d)", ErrInboxFull, b.inWindow, b.windowMax)
+		return fmt.Errorf("%w: %d messages with tensors wait already (window %d)", ErrInboxFull, waiting, b.windowMax)
 	case len(b.q) >= b.maxMsgs || b.bytes+size > b.maxBytes:
+		msgs, bytes := len(b.q), b.bytes
 		b.mu.Unlock()
 		e.stats.InboxRefused.Add(1)
-		return fmt.Errorf("%w: %d messages of %d bytes wait already", ErrInboxFull, len(b.q), b.bytes)
+		return fmt.Errorf("%w: %d messages of %d bytes wait already", ErrInboxFull, msgs, bytes)
 	}
 	b.q = append(b.q, &queued{in: in, size: size, deliver: d})
 	b.bytes += size
