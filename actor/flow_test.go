@@ -51,22 +51,7 @@ func testSendWaits(t *testing.T, limit actor.Option) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	const n = 5
-	var mu sync.Mutex
-	var got []int
-	done := make(chan struct{})
-	if _, err := b.Root().SpawnNamed(pa.PropsFromFunc(func(c pa.Context) {
-		if g, ok := c.Message().(*Grad); ok {
-			_ = g.W.Free()
-			mu.Lock()
-			got = append(got, g.Step)
-			if len(got) == n {
-				close(done)
-			}
-			mu.Unlock()
-		}
-	}), "sink"); err != nil {
-		t.Fatal(err)
-	}
+	sk := spawnSink(t, b, n)
 	pid := a.PID(b.Name(), "sink")
 	var xs []*tensor.Tensor
 	for range n {
@@ -92,17 +77,11 @@ func testSendWaits(t *testing.T, limit actor.Option) {
 	}
 	open()
 	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("only %v arrived", got)
+	case <-sk.done:
+	case <-ctx.Done():
+		t.Fatal("not every message arrived")
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	for i, v := range got {
-		if v != i {
-			t.Fatalf("arrival order %v", got)
-		}
-	}
+	sk.inOrder(t)
 	for _, x := range xs {
 		if err := x.WaitReleased(ctx); err != nil {
 			t.Fatal(err)
@@ -232,22 +211,7 @@ func waitUntil(t *testing.T, cond func() bool) {
 func TestSendFromReceiveNeverBlocks(t *testing.T) {
 	a, b, _, open := startGatedPair(t, actor.WithMaxInFlight(1, 0))
 	const n = 6
-	var mu sync.Mutex
-	var got []int
-	all := make(chan struct{})
-	if _, err := b.Root().SpawnNamed(pa.PropsFromFunc(func(c pa.Context) {
-		if g, ok := c.Message().(*Grad); ok {
-			_ = g.W.Free()
-			mu.Lock()
-			got = append(got, g.Step)
-			if len(got) == n {
-				close(all)
-			}
-			mu.Unlock()
-		}
-	}), "sink"); err != nil {
-		t.Fatal(err)
-	}
+	sk := spawnSink(t, b, n)
 	sink := a.PID(b.Name(), "sink")
 	sentAll, handledNext := make(chan struct{}), make(chan struct{})
 	sender, err := a.Root().SpawnNamed(pa.PropsFromFunc(func(c pa.Context) {
@@ -277,14 +241,8 @@ func TestSendFromReceiveNeverBlocks(t *testing.T) {
 		t.Fatalf("%d messages sent with 1 credit and nothing fetched", s)
 	}
 	open()
-	<-all
-	mu.Lock()
-	defer mu.Unlock()
-	for i, v := range got {
-		if v != i {
-			t.Fatalf("arrival order %v", got)
-		}
-	}
+	<-sk.done
+	sk.inOrder(t)
 }
 
 // TestLendCheckReportsAWritingOwner: with WithLendCheck, an owner that
@@ -383,6 +341,46 @@ func TestCreditsComeBack(t *testing.T) {
 			}
 		case <-ctx.Done():
 			t.Fatalf("%d of %d messages arrived: credits lost", i, n)
+		}
+	}
+}
+
+// sink records the steps of the Grads it gets (freeing their tensors);
+// done is closed at the n-th.
+type sink struct {
+	mu   sync.Mutex
+	got  []int
+	done chan struct{}
+}
+
+// spawnSink spawns a sink as "sink" on node.
+func spawnSink(t *testing.T, node *actor.Node, n int) *sink {
+	t.Helper()
+	sk := &sink{done: make(chan struct{})}
+	if _, err := node.Root().SpawnNamed(pa.PropsFromFunc(func(c pa.Context) {
+		if g, ok := c.Message().(*Grad); ok {
+			_ = g.W.Free()
+			sk.mu.Lock()
+			sk.got = append(sk.got, g.Step)
+			if len(sk.got) == n {
+				close(sk.done)
+			}
+			sk.mu.Unlock()
+		}
+	}), "sink"); err != nil {
+		t.Fatal(err)
+	}
+	return sk
+}
+
+// inOrder fails unless the steps arrived as 0, 1, 2...
+func (sk *sink) inOrder(t *testing.T) {
+	t.Helper()
+	sk.mu.Lock()
+	defer sk.mu.Unlock()
+	for i, v := range sk.got {
+		if v != i {
+			t.Fatalf("arrival order %v", sk.got)
 		}
 	}
 }

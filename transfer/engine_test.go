@@ -71,6 +71,24 @@ func (memtest) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Buffe
 	return memory.Copy(ctx, dst, x.Tensor.Buffer())
 }
 
+// holdFetches holds every memtest fetch until open is called (at the
+// latest when the test ends).
+func holdFetches(t *testing.T) (open func()) {
+	gate := make(chan struct{})
+	memtestGate.Lock()
+	memtestGate.ch = gate
+	memtestGate.Unlock()
+	var once sync.Once
+	open = func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(func() {
+		open()
+		memtestGate.Lock()
+		memtestGate.ch = nil
+		memtestGate.Unlock()
+	})
+	return open
+}
+
 // link is one engine's fake connection to another.
 type link struct {
 	from string
@@ -270,15 +288,7 @@ func TestEngineRefusesBadTables(t *testing.T) {
 // window it was given gets them refused, and its connection closed once it
 // keeps doing so.
 func TestEngineWindow(t *testing.T) {
-	memtestGate.Lock()
-	memtestGate.ch = make(chan struct{})
-	memtestGate.Unlock()
-	defer func() {
-		memtestGate.Lock()
-		close(memtestGate.ch)
-		memtestGate.ch = nil
-		memtestGate.Unlock()
-	}()
+	holdFetches(t)
 	a, b, _, ba := enginePair(t, Config{InlineThreshold: 16, Window: 2})
 	d := &delivery{ch: make(chan error, 128)}
 	refused := 0
@@ -304,15 +314,7 @@ func TestEngineWindow(t *testing.T) {
 // TestEngineBudgetWaits: a message whose tensors do not fit in what is
 // left of the node's budget waits for it, and is fetched once it is free.
 func TestEngineBudgetWaits(t *testing.T) {
-	memtestGate.Lock()
-	gate := make(chan struct{})
-	memtestGate.ch = gate
-	memtestGate.Unlock()
-	defer func() {
-		memtestGate.Lock()
-		memtestGate.ch = nil
-		memtestGate.Unlock()
-	}()
+	open := holdFetches(t)
 	a, b, _, _ := enginePair(t, Config{InlineThreshold: 16, Budget: 1500, PeerBudget: 1500})
 	d := &delivery{ch: make(chan error, 4)}
 	var got []*grad
@@ -329,7 +331,7 @@ func TestEngineBudgetWaits(t *testing.T) {
 	// The first holds 1000 of 1500 bytes while its fetch is held; the
 	// second needs 1000: it waits.
 	waitFor(t, func() bool { return b.Stats().BudgetInUse == 1000 })
-	close(gate)
+	open()
 	for i := range 2 {
 		if err := <-d.ch; err != nil {
 			t.Fatal(err)
@@ -344,15 +346,7 @@ func TestEngineBudgetWaits(t *testing.T) {
 // TestEnginePeerDownAborts: messages waiting when their peer goes down are
 // reported failed and their leases released.
 func TestEnginePeerDownAborts(t *testing.T) {
-	memtestGate.Lock()
-	memtestGate.ch = make(chan struct{})
-	memtestGate.Unlock()
-	defer func() {
-		memtestGate.Lock()
-		close(memtestGate.ch)
-		memtestGate.ch = nil
-		memtestGate.Unlock()
-	}()
+	holdFetches(t)
 	a, b, _, _ := enginePair(t, Config{InlineThreshold: 16})
 	d := &delivery{ch: make(chan error, 8)}
 	for i := range 3 {
