@@ -2,6 +2,15 @@
 // the Descriptor a message carries instead of a tensor's bytes, the owner's
 // Store of exports and leases, and Ref, a lazily fetched tensor field.
 //
+// # In messages
+//
+// In a message body a *Tensor or Ref field is encoded only as a reference,
+// [kind, WireID], to an entry of the message's tensor table, which the
+// transfer engine (package transfer) builds beside the body: inline bytes,
+// or the Descriptor of an export. Decoding a body yields placeholders that
+// the engine fills (Fill, FillRef) from the table; outside a node a message
+// with tensor fields cannot be decoded into usable tensors (field.go).
+//
 // # Lending
 //
 // Sending a tensor lends it: Store.Export takes a lease, and the receiver
