@@ -41,23 +41,6 @@ func BenchmarkReadFrame(b *testing.B) {
 	}
 }
 
-func BenchmarkReadData(b *testing.B) {
-	var one bytes.Buffer
-	if err := NewFramer(&one, nil).WriteData(1, 0, make([]byte, 1<<20)); err != nil {
-		b.Fatal(err)
-	}
-	r := bytes.NewReader(nil)
-	fr := NewFramer(nil, r)
-	b.SetBytes(int64(one.Len()))
-	b.ReportAllocs()
-	for b.Loop() {
-		r.Reset(one.Bytes())
-		if _, err := fr.ReadFrame(); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
 // BenchmarkConnSend measures one-way small messages through two Conns on
 // loopback TCP.
 func BenchmarkConnSend(b *testing.B) {

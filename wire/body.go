@@ -122,27 +122,6 @@ type Error struct {
 	Msg    string  `msgpack:"m,omitempty"`
 }
 
-// Fetch asks the owner of an exported tensor to send bytes of it. The stream
-// id of the frame header identifies the transfer; the owner answers with
-// Data frames on that stream and a FetchEnd.
-type Fetch struct {
-	ExportID    uint64 `msgpack:"e,omitempty"`
-	Lease       uint64 `msgpack:"l,omitempty"`
-	Incarnation uint64 `msgpack:"i,omitempty"`
-	Offset      uint64 `msgpack:"o,omitempty"`
-	Length      uint64 `msgpack:"n,omitempty"`
-	Chunk       uint32 `msgpack:"c,omitempty"` // bytes per Data frame
-	Window      uint32 `msgpack:"w,omitempty"` // Data frames in flight
-}
-
-// FetchEnd ends a transfer: Code NoError and the number of bytes sent, or
-// the reason it failed.
-type FetchEnd struct {
-	Code  ErrCode `msgpack:"c,omitempty"`
-	Msg   string  `msgpack:"m,omitempty"`
-	Bytes uint64  `msgpack:"b,omitempty"`
-}
-
 // Release returns a lease on an exported tensor to its owner.
 type Release struct {
 	ExportID    uint64 `msgpack:"e,omitempty"`

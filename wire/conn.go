@@ -36,8 +36,7 @@ type ConnOptions struct {
 	Logger *zap.Logger
 	// Handler is called for every frame received, in order, from the single
 	// reader goroutine. Frame bodies are decoded before the call and own
-	// their memory, except DataFrame.Data, UnknownFrame.Payload and the
-	// whole of a *MessagesFrame (the frame, its Messages and their Bodies),
+	// their memory, except UnknownFrame.Payload and the whole of a *MessagesFrame (the frame, its Messages and their Bodies),
 	// which are valid only until Handler returns: copy what must outlive
 	// the call.
 	// Handler must not block for long (it stalls all reading, unless
@@ -60,7 +59,7 @@ type ConnOptions struct {
 	// OnClose is called once, with the cause, after the Conn's goroutines
 	// have exited. It must not call Close.
 	OnClose func(error)
-	// DirectWrite lets Send, SendRaw and SendData write on the caller's
+	// DirectWrite lets Send and SendMessage write on the caller's
 	// goroutine when nothing is queued or being written, saving the hand-off
 	// to the writer goroutine (lower latency for request/response traffic).
 	// Order is kept. The cost: such a write is not bounded by ctx, so on a
@@ -73,8 +72,8 @@ type ConnOptions struct {
 	// YieldAfterHandler makes the reader yield its processor once after
 	// Handler returns, when no further frame is buffered (the reader would
 	// otherwise go on to a read that finds nothing and park) and the frame
-	// was a single one (not a FrameMessages batch nor Data: under a stream
-	// the receiver and its consumers run best side by side). Goroutines
+	// was a single one (not a FrameMessages batch: under a stream the
+	// receiver and its consumers run best side by side). Goroutines
 	// that Handler woke (an actor's mailbox, a waiting caller) then run at
 	// once on this processor, instead of on another one that the runtime
 	// wakes for them and that takes them away: on virtual machines such a
@@ -147,13 +146,11 @@ type Conn struct {
 // response traffic (a read between two writes) keeps writing directly.
 const burstWindow = 200 * time.Microsecond
 
-// outFrame is one queued frame. Control frames carry header and payload in
-// buf. Data frames and flush markers have written, which the writer closes
-// once it no longer needs data; a Data frame's payload stays in the
-// caller's slice until then.
+// outFrame is one queued frame: header and payload in buf. A flush marker
+// has no buf and has written, which the writer closes once everything
+// queued before it is written.
 type outFrame struct {
 	buf     []byte
-	data    []byte
 	written chan struct{}
 	state   atomic.Int32 // frameQueued, frameTaken, frameCancelled
 	err     error
@@ -328,9 +325,6 @@ func (c *Conn) Send(ctx context.Context, t FrameType, flags Flags, stream uint32
 	if t == FrameGoAway {
 		c.saidGoodbye.Store(true)
 	}
-	if _, raw := body.(rawPayload); t == FrameData && !raw {
-		return errors.New("wire: send: DATA payloads are raw: use SendData or SendRaw")
-	}
 	of := outFramePool.Get().(*outFrame)
 	var err error
 	of.buf, err = appendFrame(of.buf[:0], t, flags, stream, body, c.max)
@@ -344,31 +338,6 @@ func (c *Conn) Send(ctx context.Context, t FrameType, flags Flags, stream uint32
 	return c.enqueue(ctx, of)
 }
 
-// SendRaw is Send with a payload that is sent as it is. payload is copied
-// before SendRaw returns.
-func (c *Conn) SendRaw(ctx context.Context, t FrameType, flags Flags, stream uint32, payload []byte) error {
-	return c.Send(ctx, t, flags, stream, rawPayload(payload))
-}
-
-// SendData sends a Data frame carrying p at offset off of transfer stream,
-// ordered with the Conn's other sends. p is written from the caller's slice
-// without an extra copy (except what fits the write buffer), so SendData
-// returns only once the writer is done with p: p may be reused then. ctx
-// bounds the wait until the writer takes the frame; once taken, the write
-// completes or the Conn fails.
-func (c *Conn) SendData(ctx context.Context, stream uint32, off uint64, p []byte) error {
-	n := uint64(DataOffsetSize) + uint64(len(p))
-	if n > uint64(c.max) {
-		return fmt.Errorf("%w: DATA payload of %d bytes exceeds %d", ErrFrameTooLarge, n, c.max)
-	}
-	of := &outFrame{
-		buf:     appendDataHeader(make([]byte, 0, HeaderSize+DataOffsetSize), stream, off, uint32(n), 0),
-		data:    p,
-		written: make(chan struct{}),
-	}
-	return c.sendAndWait(ctx, of)
-}
-
 // Flush waits until every frame queued before it has been written to the
 // connection (handed to the kernel). Flush then Close closes gracefully.
 func (c *Conn) Flush(ctx context.Context) error {
@@ -376,11 +345,6 @@ func (c *Conn) Flush(ctx context.Context) error {
 }
 
 func (c *Conn) sendAndWait(ctx context.Context, of *outFrame) error {
-	if of.buf != nil {
-		if done, err := c.tryDirect(of); done {
-			return err
-		}
-	}
 	if err := c.enqueue(ctx, of); err != nil {
 		return err
 	}
@@ -557,16 +521,10 @@ func (c *Conn) writeFrameLocked(of *outFrame) error {
 		}
 		return err
 	}
-	var err error
-	if of.buf == nil {
-		err = c.bw.Flush()
-	} else if _, err = c.bw.Write(of.buf); err == nil {
-		_, err = c.bw.Write(of.data)
-	}
+	err := c.bw.Flush()
 	if err != nil {
 		of.err = fmt.Errorf("%w: write: %w", ErrClosed, err)
 	}
-	of.data = nil
 	close(of.written)
 	return err
 }
@@ -617,7 +575,7 @@ func (c *Conn) readFrames() bool {
 			} else {
 				c.opts.Handler(f)
 			}
-			if c.opts.YieldAfterHandler && h.Type != FrameMessages && h.Type != FrameData && c.br.Buffered() == 0 {
+			if c.opts.YieldAfterHandler && h.Type != FrameMessages && c.br.Buffered() == 0 {
 				runtime.Gosched()
 			}
 		}

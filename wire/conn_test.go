@@ -147,9 +147,7 @@ func testConnOrderingAndData(t *testing.T, direct bool) {
 	cb := NewConn(b, Peer{Node: "a"}, ConnOptions{Handler: func(f Frame) {
 		switch f := f.(type) {
 		case *MessageFrame:
-			got = append(got, received{kind: FrameMessage, stream: f.Stream, seq: f.Message.Request})
-		case *DataFrame:
-			got = append(got, received{kind: FrameData, stream: f.Stream, seq: f.Offset, data: bytes.Clone(f.Data)})
+			got = append(got, received{kind: FrameMessage, stream: f.Stream, seq: f.Message.Request, data: f.Message.Body})
 		}
 		if len(got) == n+n/100 {
 			close(all)
@@ -171,7 +169,7 @@ func testConnOrderingAndData(t *testing.T, direct bool) {
 			if i%200 == 0 {
 				p = big[:100]
 			}
-			if err := ca.SendData(ctx, uint32(i), uint64(i), p); err != nil {
+			if err := ca.Send(ctx, FrameMessage, 0, uint32(i), &Message{Target: "big", Request: uint64(i), Body: p}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -183,7 +181,7 @@ func testConnOrderingAndData(t *testing.T, direct bool) {
 	}
 	k := 0
 	for i := range n {
-		if r := got[k]; r.kind != FrameMessage || r.seq != uint64(i) || r.stream != uint32(i) {
+		if r := got[k]; r.kind != FrameMessage || r.seq != uint64(i) || r.stream != uint32(i) || len(r.data) != 0 {
 			t.Fatalf("frame %d: %+v, want message %d", k, r, i)
 		}
 		k++
@@ -193,8 +191,8 @@ func testConnOrderingAndData(t *testing.T, direct bool) {
 			if i%200 == 0 {
 				want = big[:100]
 			}
-			if r.kind != FrameData || r.seq != uint64(i) || !bytes.Equal(r.data, want) {
-				t.Fatalf("frame %d: data at %d with %d bytes, want %d", k, r.seq, len(r.data), len(want))
+			if r.kind != FrameMessage || r.seq != uint64(i) || !bytes.Equal(r.data, want) {
+				t.Fatalf("frame %d: message %d with %d bytes, want %d", k, r.seq, len(r.data), len(want))
 			}
 			k++
 		}
@@ -279,7 +277,9 @@ func TestConnBackpressure(t *testing.T) {
 	}
 }
 
-func TestConnSendDataCancelledWhileQueued(t *testing.T) {
+// TestConnFlushCancelledWhileQueued: a Flush whose ctx ends while the
+// writer is stalled returns ctx's error, and the Conn goes on writing.
+func TestConnFlushCancelledWhileQueued(t *testing.T) {
 	a, b := net.Pipe()
 	c := NewConn(a, Peer{Node: "slow"}, ConnOptions{SendQueue: 4})
 	c.Start()
@@ -292,12 +292,12 @@ func TestConnSendDataCancelledWhileQueued(t *testing.T) {
 	}
 	waitBlocked(t, "net.(*pipe).write(") // the writer holds the large frame
 	tctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
-	err := c.SendData(tctx, 9, 0, []byte("must not be sent"))
+	err := c.Flush(tctx)
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("SendData: %v", err)
+		t.Fatalf("Flush: %v", err)
 	}
-	// Now read everything: the cancelled Data frame is skipped.
+	// Now read everything: the cancelled flush marker is skipped.
 	flushed := make(chan error, 1)
 	go func() {
 		if err := c.Send(ctx, FrameMessage, 0, 1, &Message{Request: 2}); err != nil {
@@ -311,9 +311,6 @@ func TestConnSendDataCancelledWhileQueued(t *testing.T) {
 		f, err := fr.ReadFrame()
 		if err != nil {
 			t.Fatal(err)
-		}
-		if _, ok := f.(*DataFrame); ok {
-			t.Fatal("a cancelled Data frame was sent")
 		}
 		if m, ok := f.(*MessageFrame); ok && m.Message.Request == 2 {
 			break
@@ -358,9 +355,6 @@ func testConnCloseSemantics(t *testing.T, direct bool) {
 	ctx := context.Background()
 	if err := ca.Send(ctx, FrameMessage, 0, 0, &Message{}); !errors.Is(err, ErrClosed) || !errors.Is(err, cause) {
 		t.Fatalf("Send after Close: %v", err)
-	}
-	if err := ca.SendData(ctx, 1, 0, []byte("x")); !errors.Is(err, ErrClosed) {
-		t.Fatalf("SendData after Close: %v", err)
 	}
 	if err := ca.Flush(ctx); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Flush after Close: %v", err)
@@ -492,45 +486,34 @@ func TestConnSendErrors(t *testing.T) {
 	if err := c.Send(ctx, FrameMessage, 0, 0, &Message{Body: make([]byte, 100)}); !errors.Is(err, ErrFrameTooLarge) {
 		t.Fatalf("large Send: %v", err)
 	}
-	if err := c.SendData(ctx, 1, 0, make([]byte, 93)); !errors.Is(err, ErrFrameTooLarge) {
-		t.Fatalf("large SendData: %v", err)
-	}
-	if err := c.SendRaw(ctx, FrameMessage, 0, 0, make([]byte, 101)); !errors.Is(err, ErrFrameTooLarge) {
-		t.Fatalf("large SendRaw: %v", err)
-	}
 	if err := c.Send(ctx, FrameAuth, 0, 0, &Auth{}); err == nil {
 		t.Fatal("Send of a handshake frame accepted")
-	}
-	if err := c.Send(ctx, FrameData, 0, 0, &Message{}); err == nil {
-		t.Fatal("Send of a msgpack DATA frame accepted")
 	}
 	if err := c.Send(ctx, FrameMessage, 0, 0, func() {}); err == nil {
 		t.Fatal("Send of an unencodable body accepted")
 	}
 }
 
-func TestConnSendRaw(t *testing.T) {
+// TestConnReservedFrameIsUnknown: a frame of a reserved type (12, once
+// DATA) reaches Handler as an *UnknownFrame.
+func TestConnReservedFrameIsUnknown(t *testing.T) {
 	a, b := tcpPair(t)
-	got := make(chan []byte, 1)
+	got := make(chan *UnknownFrame, 1)
 	cb := NewConn(b, Peer{}, ConnOptions{Handler: func(f Frame) {
 		if u, ok := f.(*UnknownFrame); ok {
-			got <- bytes.Clone(u.Payload)
+			got <- &UnknownFrame{FrameHeader: u.FrameHeader, Payload: bytes.Clone(u.Payload)}
 		}
 	}})
-	ca := NewConn(a, Peer{}, ConnOptions{})
-	ca.Start()
 	cb.Start()
 	defer cb.Close(nil)
-	defer ca.Close(nil)
-	p := []byte("raw payload")
-	if err := ca.SendRaw(context.Background(), 100, 0, 0, p); err != nil {
+	defer a.Close()
+	if err := NewFramer(a, nil).WriteFrame(12, 0, 3, []byte("raw payload")); err != nil {
 		t.Fatal(err)
 	}
-	copy(p, "XXX") // SendRaw copied it
 	select {
-	case g := <-got:
-		if string(g) != "raw payload" {
-			t.Fatalf("got %q", g)
+	case u := <-got:
+		if u.Type != 12 || u.Stream != 3 || string(u.Payload) != "raw payload" {
+			t.Fatalf("got %v %q", u.FrameHeader, u.Payload)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("timeout")
@@ -621,15 +604,6 @@ func TestConnDirectWrite(t *testing.T) {
 		if p := f.(*PingFrame); p.Ping.Seq != seq {
 			t.Fatalf("got ping %d, want %d", p.Ping.Seq, seq)
 		}
-	}
-	data := []byte("direct data")
-	go c.SendData(ctx, 5, 9, data)
-	f, err := fr.ReadFrame()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d := f.(*DataFrame); d.Offset != 9 || string(d.Data) != "direct data" {
-		t.Fatalf("got %+v", d)
 	}
 	if c.pending.Load() != 0 {
 		t.Fatalf("pending = %d", c.pending.Load())

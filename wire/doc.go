@@ -3,11 +3,12 @@
 // registry that serializes user messages. It uses no gRPC.
 //
 // A frame is a 12-byte header (length, type, flags, reserved, stream id, big
-// endian) and a payload: a msgpack map for every type except FrameData,
-// whose payload is an 8-byte offset followed by raw bytes. Framer reads and
-// writes frames without connection state; every msgpack body is validated
-// (declared lengths, nesting) before it is decoded, and a frame's length is
-// checked against the maximum before anything is allocated.
+// endian) and a msgpack payload. Tensors do not ride here: their bytes go
+// over an rdma channel (frame types 11 to 13 are reserved and read as
+// *UnknownFrame). Framer reads and writes frames without connection state;
+// every msgpack body is validated (declared lengths, nesting) before it is
+// decoded, and a frame's length is checked against the maximum before
+// anything is allocated.
 //
 // A connection starts with Handshake (version, cluster, mutual HMAC-SHA256
 // challenge–response over the cluster secret); only then is it wrapped in a

@@ -5,8 +5,8 @@ import (
 	"fmt"
 )
 
-// ErrCode is a protocol error code carried by GoAway, Error and FetchEnd
-// frames and by ConnError and StreamError.
+// ErrCode is a protocol error code carried by GoAway and Error frames and
+// by ConnError and StreamError.
 type ErrCode uint32
 
 // Error codes.
@@ -134,13 +134,4 @@ func (e *remoteError) Error() string { return "peer says: " + e.msg }
 // names.
 func (f *ErrorFrame) StreamError() *StreamError {
 	return &StreamError{Stream: f.Error.Stream, Code: f.Error.Code, Cause: &remoteError{f.Error.Msg}}
-}
-
-// Err returns nil if the transfer ended well (CodeNoError), and otherwise
-// a *StreamError for the frame's stream.
-func (f *FetchEndFrame) Err() error {
-	if f.FetchEnd.Code == CodeNoError {
-		return nil
-	}
-	return &StreamError{Stream: f.Stream, Code: f.FetchEnd.Code, Cause: &remoteError{f.FetchEnd.Msg}}
 }

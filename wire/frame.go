@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
-	"net"
 	"strings"
 )
 
@@ -12,10 +11,6 @@ import (
 // uint8, flags uint8, reserved uint16 (zero), stream id uint32, big endian.
 // Length counts the payload only.
 const HeaderSize = 12
-
-// DataOffsetSize is the size of the big-endian offset that starts the payload
-// of a FrameData.
-const DataOffsetSize = 8
 
 const (
 	// DefaultMaxFrameSize is the default largest payload accepted: 16 MiB of
@@ -40,12 +35,12 @@ const (
 	FramePong      FrameType = 8
 	FrameGoAway    FrameType = 9
 	FrameError     FrameType = 10
-	FrameFetch     FrameType = 11
-	FrameData      FrameType = 12
-	FrameFetchEnd  FrameType = 13
-	FrameRelease   FrameType = 14
-	FrameCaps      FrameType = 15
-	FrameMessages  FrameType = 16
+	// 11, 12 and 13 are reserved: they were FETCH, DATA and FETCH_END, a
+	// control-plane data path that tensors no longer take (they ride an
+	// rdma channel). Frames of those types are read as *UnknownFrame.
+	FrameRelease  FrameType = 14
+	FrameCaps     FrameType = 15
+	FrameMessages FrameType = 16
 )
 
 var frameTypeNames = [...]string{
@@ -59,9 +54,6 @@ var frameTypeNames = [...]string{
 	FramePong:      "PONG",
 	FrameGoAway:    "GOAWAY",
 	FrameError:     "ERROR",
-	FrameFetch:     "FETCH",
-	FrameData:      "DATA",
-	FrameFetchEnd:  "FETCH_END",
 	FrameRelease:   "RELEASE",
 	FrameCaps:      "CAPS",
 	FrameMessages:  "MESSAGES",
@@ -85,8 +77,8 @@ type Flags uint8
 
 // Frame flags.
 const (
-	// FlagEndStream marks the last frame of a stream (a transfer's last
-	// Data frame, a FetchEnd, a final response).
+	// FlagEndStream marks the last frame of a stream (an Error, a final
+	// response).
 	FlagEndStream Flags = 0x1
 )
 
@@ -136,15 +128,14 @@ func putHeader(b []byte, t FrameType, flags Flags, stream uint32, length uint32)
 
 // Frame is a decoded frame: one of *HelloFrame, *ChallengeFrame, *AuthFrame,
 // *WelcomeFrame, *MessageFrame, *SystemFrame, *PingFrame, *PongFrame,
-// *GoAwayFrame, *ErrorFrame, *FetchFrame, *DataFrame, *FetchEndFrame,
-// *ReleaseFrame, *CapsFrame, *MessagesFrame or *UnknownFrame.
+// *GoAwayFrame, *ErrorFrame, *ReleaseFrame, *CapsFrame, *MessagesFrame or
+// *UnknownFrame.
 type Frame interface {
 	Header() FrameHeader
 }
 
 // Typed frames. Their decoded bodies own their memory, except
-// DataFrame.Data, UnknownFrame.Payload and MessagesFrame, which alias the
-// Framer's buffers.
+// UnknownFrame.Payload and MessagesFrame, which alias the Framer's buffers.
 type (
 	// HelloFrame is a FrameHello.
 	HelloFrame struct {
@@ -204,16 +195,6 @@ type (
 		FrameHeader
 		Error Error
 	}
-	// FetchFrame is a FrameFetch.
-	FetchFrame struct {
-		FrameHeader
-		Fetch Fetch
-	}
-	// FetchEndFrame is a FrameFetchEnd.
-	FetchEndFrame struct {
-		FrameHeader
-		FetchEnd FetchEnd
-	}
 	// ReleaseFrame is a FrameRelease.
 	ReleaseFrame struct {
 		FrameHeader
@@ -223,14 +204,6 @@ type (
 	CapsFrame struct {
 		FrameHeader
 		Caps Caps
-	}
-	// DataFrame is a FrameData: raw bytes at Offset of the transfer named by
-	// the stream id. Data aliases the Framer's read buffer: it is valid only
-	// until the next ReadFrame (in a Conn Handler: until the Handler returns).
-	DataFrame struct {
-		FrameHeader
-		Offset uint64
-		Data   []byte
 	}
 	// UnknownFrame is a frame of a type this package does not know. Payload
 	// aliases the Framer's read buffer: it is valid only until the next
@@ -281,15 +254,6 @@ var frameParsers = [...]frameParser{
 		f := &ErrorFrame{FrameHeader: h}
 		return f, decodeBody(h, p, &f.Error)
 	},
-	FrameFetch: func(h FrameHeader, p []byte) (Frame, error) {
-		f := &FetchFrame{FrameHeader: h}
-		return f, decodeBody(h, p, &f.Fetch)
-	},
-	FrameData: parseData,
-	FrameFetchEnd: func(h FrameHeader, p []byte) (Frame, error) {
-		f := &FetchEndFrame{FrameHeader: h}
-		return f, decodeBody(h, p, &f.FetchEnd)
-	},
 	FrameRelease: func(h FrameHeader, p []byte) (Frame, error) {
 		f := &ReleaseFrame{FrameHeader: h}
 		return f, decodeBody(h, p, &f.Release)
@@ -298,13 +262,6 @@ var frameParsers = [...]frameParser{
 		f := &CapsFrame{FrameHeader: h}
 		return f, decodeBody(h, p, &f.Caps)
 	},
-}
-
-func parseData(h FrameHeader, p []byte) (Frame, error) {
-	if len(p) < DataOffsetSize {
-		return nil, connErr(CodeFrameSize, ErrShortFrame, "%s payload of %d bytes has no offset", h.Type, len(p))
-	}
-	return &DataFrame{FrameHeader: h, Offset: binary.BigEndian.Uint64(p), Data: p[DataOffsetSize:]}, nil
 }
 
 func decodeBody(h FrameHeader, p []byte, v any) error {
@@ -373,8 +330,8 @@ const readChunk = 32 << 10
 // unknown type is returned as *UnknownFrame, not an error. I/O errors are
 // returned as they are.
 //
-// Decoded bodies own their memory. DataFrame.Data, UnknownFrame.Payload
-// and a *MessagesFrame alias buffers that the next ReadFrame overwrites.
+// Decoded bodies own their memory. UnknownFrame.Payload and a
+// *MessagesFrame alias buffers that the next ReadFrame overwrites.
 func (fr *Framer) ReadFrame() (Frame, error) {
 	if n, err := io.ReadFull(fr.r, fr.hdr[:]); err != nil {
 		if err == io.ErrUnexpectedEOF {
@@ -449,29 +406,22 @@ func (fr *Framer) readPayload(n int) ([]byte, error) {
 	return fr.rbuf, nil
 }
 
-// AppendFrame appends a complete frame (header and msgpack-encoded body) to
-// dst. A nil body gives an empty payload.
-func AppendFrame(dst []byte, t FrameType, flags Flags, stream uint32, body any) ([]byte, error) {
-	return appendFrame(dst, t, flags, stream, body, MaxFrameSizeLimit)
-}
-
-// rawPayload is a payload appendFrame copies as it is.
-type rawPayload []byte
-
 func appendFrame(dst []byte, t FrameType, flags Flags, stream uint32, body any, maxSize uint32) ([]byte, error) {
 	start := len(dst)
 	dst = append(dst, make([]byte, HeaderSize)...)
-	var err error
-	switch b := body.(type) {
-	case nil:
-	case rawPayload:
-		dst = append(dst, b...)
-	default:
+	if body != nil {
+		var err error
 		dst, err = appendMsgpack(dst, body)
 		if err != nil {
 			return dst[:start], err
 		}
 	}
+	return sealFrame(dst, start, t, flags, stream, maxSize)
+}
+
+// sealFrame writes the header of the frame that starts at dst[start] and
+// whose payload runs to the end of dst.
+func sealFrame(dst []byte, start int, t FrameType, flags Flags, stream uint32, maxSize uint32) ([]byte, error) {
 	n := len(dst) - start - HeaderSize
 	if n > int(maxSize) {
 		return dst[:start], fmt.Errorf("%w: %s payload of %d bytes exceeds %d", ErrFrameTooLarge, t, n, maxSize)
@@ -483,6 +433,11 @@ func appendFrame(dst []byte, t FrameType, flags Flags, stream uint32, body any, 
 func (fr *Framer) writeBody(t FrameType, flags Flags, stream uint32, body any) error {
 	var err error
 	fr.wbuf, err = appendFrame(fr.wbuf[:0], t, flags, stream, body, fr.maxWrite)
+	return fr.flushWriteBuf(err)
+}
+
+// flushWriteBuf writes the frame in the write buffer unless err is set.
+func (fr *Framer) flushWriteBuf(err error) error {
 	if err != nil {
 		return err
 	}
@@ -502,7 +457,10 @@ func (fr *Framer) shrinkWriteBuf() {
 // returns ErrFrameTooLarge (wrapped) if the payload exceeds the maximum
 // write size.
 func (fr *Framer) WriteFrame(t FrameType, flags Flags, stream uint32, payload []byte) error {
-	return fr.writeBody(t, flags, stream, rawPayload(payload))
+	var err error
+	fr.wbuf = append(append(fr.wbuf[:0], make([]byte, HeaderSize)...), payload...)
+	fr.wbuf, err = sealFrame(fr.wbuf, 0, t, flags, stream, fr.maxWrite)
+	return fr.flushWriteBuf(err)
 }
 
 // WriteBody writes a frame whose payload is the msgpack encoding of body,
@@ -551,62 +509,5 @@ func (fr *Framer) WriteError(b *Error) error {
 	return fr.writeBody(FrameError, FlagEndStream, b.Stream, b)
 }
 
-// WriteFetch writes a Fetch frame opening transfer stream.
-func (fr *Framer) WriteFetch(stream uint32, b *Fetch) error {
-	return fr.writeBody(FrameFetch, 0, stream, b)
-}
-
-// WriteFetchEnd writes a FetchEnd frame ending transfer stream, with
-// FlagEndStream.
-func (fr *Framer) WriteFetchEnd(stream uint32, b *FetchEnd) error {
-	return fr.writeBody(FrameFetchEnd, FlagEndStream, stream, b)
-}
-
 // WriteRelease writes a Release frame (stream 0).
 func (fr *Framer) WriteRelease(b *Release) error { return fr.writeBody(FrameRelease, 0, 0, b) }
-
-// dataCopyMax is the largest Data payload copied into the write buffer; a
-// larger one is written from the caller's slice with net.Buffers (writev on
-// TCP connections).
-const dataCopyMax = 32 << 10
-
-// WriteData writes a Data frame carrying p at offset off of transfer
-// stream. Small payloads are copied and written in one Write call; larger
-// ones are written from p without copying, with net.Buffers (one writev on
-// a TCP connection). p is not retained.
-func (fr *Framer) WriteData(stream uint32, off uint64, p []byte) error {
-	n := uint64(DataOffsetSize) + uint64(len(p))
-	if n > uint64(fr.maxWrite) {
-		return fmt.Errorf("%w: DATA payload of %d bytes exceeds %d", ErrFrameTooLarge, n, fr.maxWrite)
-	}
-	fr.wbuf = appendDataHeader(fr.wbuf[:0], stream, off, uint32(n), 0)
-	if len(p) <= dataCopyMax {
-		fr.wbuf = append(fr.wbuf, p...)
-		_, err := fr.w.Write(fr.wbuf)
-		return err
-	}
-	bufs := net.Buffers{fr.wbuf, p}
-	_, err := bufs.WriteTo(fr.w)
-	return err
-}
-
-// WriteDataHeader writes the header and offset of a Data frame whose n
-// payload bytes the caller then writes to the same writer itself (for
-// example streamed from a staging ring). Nothing else may be written in
-// between.
-func (fr *Framer) WriteDataHeader(stream uint32, off uint64, n uint32, flags Flags) error {
-	total := uint64(DataOffsetSize) + uint64(n)
-	if total > uint64(fr.maxWrite) {
-		return fmt.Errorf("%w: DATA payload of %d bytes exceeds %d", ErrFrameTooLarge, total, fr.maxWrite)
-	}
-	fr.wbuf = appendDataHeader(fr.wbuf[:0], stream, off, uint32(total), flags)
-	_, err := fr.w.Write(fr.wbuf)
-	return err
-}
-
-func appendDataHeader(dst []byte, stream uint32, off uint64, length uint32, flags Flags) []byte {
-	var h [HeaderSize + DataOffsetSize]byte
-	putHeader(h[:], FrameData, flags, stream, length)
-	binary.BigEndian.PutUint64(h[HeaderSize:], off)
-	return append(dst, h[:]...)
-}

@@ -132,26 +132,11 @@ func frameCases() []frameCase {
 			want:  &ErrorFrame{FrameHeader{12, FrameError, FlagEndStream, 9}, Error{CodeNotFound, 9, "no"}},
 		},
 		{
-			name: "fetch",
-			write: func(fr *Framer) error {
-				return fr.WriteFetch(3, &Fetch{ExportID: 1, Lease: 2, Incarnation: 3, Length: 65536, Chunk: 4 << 20, Window: 4})
-			},
-			// Offset omitted; 65536 and 4 MiB are uint32s: ce ...
-			hex: hdr(27, FrameFetch, 0, 3) + "86 a165 01 a16c 02 a169 03 a16e ce00010000 a163 ce00400000 a177 04",
-			want: &FetchFrame{FrameHeader{27, FrameFetch, 0, 3}, Fetch{ExportID: 1, Lease: 2, Incarnation: 3,
-				Length: 65536, Chunk: 4 << 20, Window: 4}},
-		},
-		{
-			name:  "data",
-			write: func(fr *Framer) error { return fr.WriteData(3, 0x0102, []byte("abc")) },
-			hex:   hdr(11, FrameData, 0, 3) + "0000000000000102 616263",
-			want:  &DataFrame{FrameHeader{11, FrameData, 0, 3}, 0x0102, []byte("abc")},
-		},
-		{
-			name:  "fetch end",
-			write: func(fr *Framer) error { return fr.WriteFetchEnd(3, &FetchEnd{Bytes: 65536}) },
-			hex:   hdr(8, FrameFetchEnd, FlagEndStream, 3) + "81 a162 ce00010000",
-			want:  &FetchEndFrame{FrameHeader{8, FrameFetchEnd, FlagEndStream, 3}, FetchEnd{Bytes: 65536}},
+			// 11, 12 and 13 are reserved (once FETCH, DATA, FETCH_END).
+			name:  "reserved type",
+			write: func(fr *Framer) error { return fr.WriteFrame(12, 0, 3, []byte("abc")) },
+			hex:   hdr(3, 12, 0, 3) + "616263",
+			want:  &UnknownFrame{FrameHeader{3, 12, 0, 3}, []byte("abc")},
 		},
 		{
 			name:  "release",
@@ -240,35 +225,20 @@ func TestReadFrameSequence(t *testing.T) {
 	}
 }
 
-func TestWriteDataLarge(t *testing.T) {
+func TestWriteFrameLarge(t *testing.T) {
 	p := bytes.Repeat([]byte{7}, 1<<20)
 	var w bytes.Buffer
 	fr := NewFramer(&w, &w)
-	if err := fr.WriteData(1, 42, p); err != nil {
+	if err := fr.WriteFrame(200, FlagEndStream, 1, p); err != nil {
 		t.Fatal(err)
 	}
 	f, err := fr.ReadFrame()
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := f.(*DataFrame)
-	if d.Offset != 42 || !bytes.Equal(d.Data, p) || d.Length != 8+1<<20 {
-		t.Fatalf("got offset %d, %d bytes", d.Offset, len(d.Data))
-	}
-
-	// Header first, payload streamed by the caller.
-	w.Reset()
-	if err := fr.WriteDataHeader(2, 7, 5, FlagEndStream); err != nil {
-		t.Fatal(err)
-	}
-	w.WriteString("hello")
-	f, err = fr.ReadFrame()
-	if err != nil {
-		t.Fatal(err)
-	}
-	d = f.(*DataFrame)
-	if d.Stream != 2 || d.Offset != 7 || string(d.Data) != "hello" || !d.Flags.Has(FlagEndStream) {
-		t.Fatalf("got %v %d %q", d.FrameHeader, d.Offset, d.Data)
+	u := f.(*UnknownFrame)
+	if u.Stream != 1 || !bytes.Equal(u.Payload, p) || u.Length != 1<<20 || !u.Flags.Has(FlagEndStream) {
+		t.Fatalf("got %v, %d bytes", u.FrameHeader, len(u.Payload))
 	}
 }
 
@@ -279,16 +249,13 @@ func TestWriteTooLarge(t *testing.T) {
 	if err := fr.WriteFrame(FrameMessage, 0, 0, make([]byte, 17)); !errors.Is(err, ErrFrameTooLarge) {
 		t.Fatalf("WriteFrame: %v", err)
 	}
-	if err := fr.WriteData(1, 0, make([]byte, 9)); !errors.Is(err, ErrFrameTooLarge) {
-		t.Fatalf("WriteData: %v", err)
-	}
 	if err := fr.WriteMessage(1, &Message{Body: make([]byte, 32)}); !errors.Is(err, ErrFrameTooLarge) {
 		t.Fatalf("WriteMessage: %v", err)
 	}
 	if w.Len() != 0 {
 		t.Fatalf("%d bytes written for rejected frames", w.Len())
 	}
-	if err := fr.WriteData(1, 0, make([]byte, 8)); err != nil {
+	if err := fr.WriteFrame(200, 0, 1, make([]byte, 16)); err != nil {
 		t.Fatalf("frame of exactly the maximum: %v", err)
 	}
 }
@@ -327,9 +294,8 @@ func TestReadFrameBadInput(t *testing.T) {
 		{"truncated header", "00000000 05", ErrShortFrame, CodeFrameSize},
 		{"truncated payload", hdr(4, FramePing, 0, 0) + "81a173", ErrShortFrame, CodeFrameSize},
 		{"4 GiB length", "ffffffff 05 00 0000 00000000", ErrFrameTooLarge, CodeFrameSize},
-		{"just over the maximum", hdr(DefaultMaxFrameSize+1, FrameData, 0, 1), ErrFrameTooLarge, CodeFrameSize},
+		{"just over the maximum", hdr(DefaultMaxFrameSize+1, FramePing, 0, 1), ErrFrameTooLarge, CodeFrameSize},
 		{"reserved bits", "00000001 07 00 0001 00000000 80", ErrBadHeader, CodeProtocol},
-		{"data without offset", hdr(3, FrameData, 0, 1) + "010203", ErrShortFrame, CodeFrameSize},
 		{"empty message body", hdr(0, FrameMessage, 0, 0), ErrBadBody, CodeProtocol},
 	}
 	for _, hb := range hostileBodies {
@@ -382,7 +348,7 @@ func TestReadFrameUnknownType(t *testing.T) {
 }
 
 func TestSetMaxReadFrameSize(t *testing.T) {
-	in := unhex(t, hdr(100, FrameData, 0, 1)+strings.Repeat("00", 100))
+	in := unhex(t, hdr(100, 200, 0, 1)+strings.Repeat("00", 100))
 	fr := NewFramer(nil, bytes.NewReader(in))
 	fr.SetMaxReadFrameSize(99)
 	if _, err := fr.ReadFrame(); !errors.Is(err, ErrFrameTooLarge) {
@@ -424,7 +390,7 @@ func TestReadFrameHugeLengthDoesNotAllocate(t *testing.T) {
 
 func TestReadFrameAllocationBoundedByInput(t *testing.T) {
 	// A 1 GiB frame is allowed, but only 100 bytes of it arrive.
-	in := unhex(t, hdr(MaxFrameSizeLimit, FrameData, 0, 1)+strings.Repeat("00", 100))
+	in := unhex(t, hdr(MaxFrameSizeLimit, 200, 0, 1)+strings.Repeat("00", 100))
 	fr := NewFramer(nil, bytes.NewReader(in))
 	fr.SetMaxReadFrameSize(MaxFrameSizeLimit)
 	var err error
@@ -441,7 +407,7 @@ func TestReadBufferReused(t *testing.T) {
 	var buf bytes.Buffer
 	fr := NewFramer(&buf, &buf)
 	for i := range 3 {
-		if err := fr.WriteData(1, uint64(i), bytes.Repeat([]byte{byte(i)}, 100<<10)); err != nil {
+		if err := fr.WriteFrame(200, 0, 1, bytes.Repeat([]byte{byte(i)}, 100<<10)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -449,25 +415,26 @@ func TestReadBufferReused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	first := f.(*DataFrame).Data
+	first := f.(*UnknownFrame).Payload
 	allocs := testing.AllocsPerRun(1, func() {
 		if _, err := fr.ReadFrame(); err != nil {
 			t.Fatal(err)
 		}
 	})
-	if allocs > 1 { // the *DataFrame itself
-		t.Fatalf("%v allocations per Data frame, want the buffer reused", allocs)
+	if allocs > 1 { // the *UnknownFrame itself
+		t.Fatalf("%v allocations per frame, want the buffer reused", allocs)
 	}
 	// AllocsPerRun reads twice (warm-up and run): frames 1 and 2.
 	if first[0] != 2 {
-		t.Fatalf("Data of an earlier frame was not overwritten; is the buffer reused?")
+		t.Fatalf("the payload of an earlier frame was not overwritten; is the buffer reused?")
 	}
 }
 
 func TestStrings(t *testing.T) {
 	tests := []struct{ got, want string }{
 		{FrameMessage.String(), "MESSAGE"},
-		{FrameFetchEnd.String(), "FETCH_END"},
+		{FrameRelease.String(), "RELEASE"},
+		{FrameType(12).String(), "UNKNOWN_FRAME_TYPE_12"}, // reserved
 		{Flags(0).String(), "0"},
 		{FlagEndStream.String(), "END_STREAM"},
 		{Flags(0x81).String(), "END_STREAM|0x80"},
@@ -484,9 +451,10 @@ func TestStrings(t *testing.T) {
 			t.Errorf("got %q, want %q", tc.got, tc.want)
 		}
 	}
-	for ft := FrameHello; ft <= FrameCaps; ft++ {
-		if strings.HasPrefix(ft.String(), "UNKNOWN") {
-			t.Errorf("frame type %d has no name", ft)
+	for ft := FrameHello; ft <= FrameMessages; ft++ {
+		reserved := ft >= 11 && ft <= 13
+		if strings.HasPrefix(ft.String(), "UNKNOWN") != reserved {
+			t.Errorf("frame type %d: name %s", ft, ft)
 		}
 	}
 	for c := CodeNoError; c <= CodeShutdown; c++ {
@@ -513,14 +481,5 @@ func TestFrameErrors(t *testing.T) {
 	se := ef.StreamError()
 	if se.Stream != 3 || se.Code != CodeNotFound || se.Error() != "wire: stream 3 error NotFound: peer says: no export 9" {
 		t.Fatalf("got %v", se)
-	}
-	ok := &FetchEndFrame{FrameHeader{Stream: 4}, FetchEnd{Bytes: 10}}
-	if ok.Err() != nil {
-		t.Fatal(ok.Err())
-	}
-	bad := &FetchEndFrame{FrameHeader{Stream: 4}, FetchEnd{Code: CodeReleased, Msg: "lease gone"}}
-	var got *StreamError
-	if err := bad.Err(); !errors.As(err, &got) || got.Stream != 4 || got.Code != CodeReleased {
-		t.Fatalf("got %v", err)
 	}
 }

@@ -3,7 +3,6 @@ package wire
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"io"
 	"net"
@@ -25,7 +24,7 @@ func FuzzReadFrame(f *testing.F) {
 		f.Add(unhex(f, hdr(uint32(len(body)), FrameMessage, 0, 1)+hb.hex))
 	}
 	f.Add(unhex(f, "ffffffff 0c 00 0000 00000001"))
-	f.Add(unhex(f, hdr(1<<24, FrameData, 0, 1)+"00000000"))
+	f.Add(unhex(f, hdr(1<<24, 12, 0, 1)+"00000000")) // reserved type
 	f.Fuzz(func(t *testing.T, in []byte) {
 		fr := NewFramer(nil, bytes.NewReader(in))
 		for range 4 {
@@ -76,19 +75,12 @@ func rewrite(fr *Framer, f Frame) error {
 		body = &f.GoAway
 	case *ErrorFrame:
 		body = &f.Error
-	case *FetchFrame:
-		body = &f.Fetch
-	case *FetchEndFrame:
-		body = &f.FetchEnd
 	case *ReleaseFrame:
 		body = &f.Release
 	case *CapsFrame:
 		body = &f.Caps
 	case *MessagesFrame:
 		return fr.WriteFrame(h.Type, h.Flags, h.Stream, AppendMessagesPayload(nil, f.Messages))
-	case *DataFrame:
-		p := binary.BigEndian.AppendUint64(nil, f.Offset)
-		return fr.WriteFrame(h.Type, h.Flags, h.Stream, append(p, f.Data...))
 	case *UnknownFrame:
 		return fr.WriteFrame(h.Type, h.Flags, h.Stream, f.Payload)
 	}

@@ -95,7 +95,7 @@ func TestConnHandlerTakeoverSparesBatches(t *testing.T) {
 		}
 	})
 	ctx := context.Background()
-	if err := ca.SendRaw(ctx, FrameMessages, 0, 0, AppendMessagesPayload(nil, []Message{{Target: "x", Request: 1}})); err != nil {
+	if err := ca.Send(ctx, FrameMessages, 0, 0, []Message{{Target: "x", Request: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := ca.Send(ctx, FrameMessage, 0, 0, &Message{Target: "x", Request: 2}); err != nil {
