@@ -17,7 +17,7 @@ const (
 	SerProtobuf uint8 = 2
 )
 
-// ErrUnknownType: a message type is not registered (Encode, Decode) or
+// ErrUnknownType: a message type is not registered (AppendEncode, Decode) or
 // arrived with a serializer other than the one registered for it.
 var ErrUnknownType = errors.New("wire: unknown message type")
 
@@ -234,15 +234,10 @@ func (r *Registry) Lookup(name string) (reflect.Type, bool) {
 	return rt.typ, true
 }
 
-// Encode serializes msg (a registered type or a pointer to one) and returns
-// its type name and serializer id. An unregistered type gives
-// ErrUnknownType.
-func (r *Registry) Encode(msg any) (typeName string, ser uint8, body []byte, err error) {
-	return r.AppendEncode(nil, msg)
-}
-
-// AppendEncode is Encode that appends the body to dst (which may be a
-// reused buffer) and returns the extended slice.
+// AppendEncode serializes msg (a registered type or a pointer to one),
+// appending the body to dst (which may be nil or a reused buffer), and
+// returns its type name, serializer id and the extended slice. An
+// unregistered type gives ErrUnknownType.
 func (r *Registry) AppendEncode(dst []byte, msg any) (typeName string, ser uint8, body []byte, err error) {
 	rt, err := r.lookupValue(msg)
 	if err != nil {

@@ -24,7 +24,7 @@ func TestRegistryMsgpackRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	in := &testGrad{Step: 3, Name: "w", Value: []float32{1, 2.5}}
-	name, ser, body, err := r.Encode(in)
+	name, ser, body, err := r.AppendEncode(nil, in)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +32,7 @@ func TestRegistryMsgpackRoundTrip(t *testing.T) {
 		t.Fatalf("Encode: %q %d", name, ser)
 	}
 	// A value (not a pointer) encodes the same way.
-	_, _, body2, err := r.Encode(*in)
+	_, _, body2, err := r.AppendEncode(nil, *in)
 	if err != nil || string(body2) != string(body) {
 		t.Fatalf("value encoding: %v", err)
 	}
@@ -53,7 +53,7 @@ func TestRegistryProtobuf(t *testing.T) {
 	if err := r.Register("google.protobuf.StringValue", &wrapperspb.StringValue{}); err != nil {
 		t.Fatal(err)
 	}
-	name, ser, body, err := r.Encode(wrapperspb.String("hello"))
+	name, ser, body, err := r.AppendEncode(nil, wrapperspb.String("hello"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,13 +87,13 @@ func TestRegistryErrors(t *testing.T) {
 	if err := r.Register("", testOther{}); err == nil {
 		t.Fatal("empty name accepted")
 	}
-	if _, _, _, err := r.Encode(testOther{}); !errors.Is(err, ErrUnknownType) {
+	if _, _, _, err := r.AppendEncode(nil, testOther{}); !errors.Is(err, ErrUnknownType) {
 		t.Fatalf("Encode of unregistered type: %v", err)
 	}
-	if _, _, _, err := r.Encode(nil); !errors.Is(err, ErrUnknownType) {
+	if _, _, _, err := r.AppendEncode(nil, nil); !errors.Is(err, ErrUnknownType) {
 		t.Fatalf("Encode(nil): %v", err)
 	}
-	if _, _, _, err := r.Encode((*testGrad)(nil)); err == nil {
+	if _, _, _, err := r.AppendEncode(nil, (*testGrad)(nil)); err == nil {
 		t.Fatal("Encode of a nil pointer accepted")
 	}
 	if _, err := r.Decode("nope", SerMsgpack, []byte{0x80}); !errors.Is(err, ErrUnknownType) {
@@ -127,7 +127,7 @@ func TestRegistryConcurrent(t *testing.T) {
 			r.Register(fmt.Sprintf("other%d", i), testOther{}) // one name wins
 			r.Register("grad", testGrad{})
 			for j := range 100 {
-				name, ser, body, err := r.Encode(&testGrad{Step: int64(j)})
+				name, ser, body, err := r.AppendEncode(nil, &testGrad{Step: int64(j)})
 				if err != nil {
 					t.Error(err)
 					return
@@ -148,7 +148,7 @@ func FuzzRegistryDecode(f *testing.F) {
 	r.MustRegister("grad", testGrad{})
 	r.MustRegister("msg", Message{})
 	r.MustRegister("sv", &wrapperspb.StringValue{})
-	_, _, body, _ := r.Encode(&testGrad{Step: 1, Name: "x", Value: []float32{1}})
+	_, _, body, _ := r.AppendEncode(nil, &testGrad{Step: 1, Name: "x", Value: []float32{1}})
 	f.Add("grad", SerMsgpack, body)
 	f.Add("sv", SerProtobuf, []byte{0x0a, 0x01, 'a'})
 	for _, hb := range hostileBodies {

@@ -26,7 +26,7 @@
 //		OnClose: func(err error) { /* once */ },
 //	})
 //	c.Start()
-//	name, ser, body, _ := registry.Encode(&Grad{Step: 1})
+//	name, ser, body, _ := registry.AppendEncode(nil, &Grad{Step: 1})
 //	err = c.Send(ctx, wire.FrameMessage, 0, 0, &wire.Message{Target: "ps", Type: name, Ser: ser, Body: body})
 //
 // Frames are written in the order Send was called. Under load the writer

@@ -60,7 +60,7 @@ func Example() {
 	server.Start()
 	client.Start()
 
-	name, ser, body, err := registry.Encode(&Grad{Step: 7, Norm: 0.5})
+	name, ser, body, err := registry.AppendEncode(nil, &Grad{Step: 7, Norm: 0.5})
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -28,10 +28,8 @@ typedef struct { char bytes[16]; } CUuuid;
 #define TF_SYMBOLS(X) \
 	X(cuInit, "cuInit", 1, (unsigned int)) \
 	X(cuGetErrorName, "cuGetErrorName", 1, (CUresult, const char **)) \
-	X(cuDriverGetVersion, "cuDriverGetVersion", 1, (int *)) \
 	X(cuDeviceGetCount, "cuDeviceGetCount", 1, (int *)) \
 	X(cuDeviceGet, "cuDeviceGet", 1, (CUdevice *, int)) \
-	X(cuDeviceGetName, "cuDeviceGetName", 1, (char *, int, CUdevice)) \
 	X(cuDeviceGetUuid, "cuDeviceGetUuid_v2", 0, (CUuuid *, CUdevice)) \
 	X(cuDeviceGetUuidV1, "cuDeviceGetUuid", 0, (CUuuid *, CUdevice)) \
 	X(cuDeviceGetPCIBusId, "cuDeviceGetPCIBusId", 1, (char *, int, CUdevice)) \
@@ -129,10 +127,8 @@ static const char *tf_error_name(int code) {
 } while (0)
 
 static int tf_init(void) { NEED(cuInit); return p_cuInit(0); }
-static int tf_driver_version(int *v) { NEED(cuDriverGetVersion); return p_cuDriverGetVersion(v); }
 static int tf_device_count(int *n) { NEED(cuDeviceGetCount); return p_cuDeviceGetCount(n); }
 static int tf_device_get(CUdevice *d, int ordinal) { NEED(cuDeviceGet); return p_cuDeviceGet(d, ordinal); }
-static int tf_device_name(char *buf, int n, CUdevice d) { NEED(cuDeviceGetName); return p_cuDeviceGetName(buf, n, d); }
 static int tf_device_uuid(unsigned char *out, CUdevice d) {
 	CUuuid u;
 	CUresult r;
@@ -299,18 +295,6 @@ func check(call string, r C.int) error {
 // only needed to probe.
 func Init() error { return load() }
 
-// DriverVersion returns the driver's CUDA version (for example 12040).
-func DriverVersion() (int, error) {
-	if err := load(); err != nil {
-		return 0, err
-	}
-	var v C.int
-	if err := check("cuDriverGetVersion", C.tf_driver_version(&v)); err != nil {
-		return 0, err
-	}
-	return int(v), nil
-}
-
 // DeviceCount returns the number of CUDA devices (0 with an ErrNoDevice
 // error when there is no driver).
 func DeviceCount() (int, error) {
@@ -341,19 +325,6 @@ func device(ordinal int) (C.CUdevice, error) {
 		return 0, err
 	}
 	return d, nil
-}
-
-// DeviceName returns the product name of a device.
-func DeviceName(ordinal int) (string, error) {
-	d, err := device(ordinal)
-	if err != nil {
-		return "", err
-	}
-	var buf [256]C.char
-	if err := check("cuDeviceGetName", C.tf_device_name(&buf[0], C.int(len(buf)), d)); err != nil {
-		return "", err
-	}
-	return C.GoString(&buf[0]), nil
 }
 
 // DeviceUUID returns the device's UUID as "GPU-xxxxxxxx-xxxx-xxxx-xxxx-

@@ -17,14 +17,8 @@ var errUnsupported = fmt.Errorf("%w: not supported in this build (needs linux an
 // Init reports that CUDA is not supported by this build.
 func Init() error { return errUnsupported }
 
-// DriverVersion reports that CUDA is not supported by this build.
-func DriverVersion() (int, error) { return 0, errUnsupported }
-
 // DeviceCount reports that CUDA is not supported by this build.
 func DeviceCount() (int, error) { return 0, errUnsupported }
-
-// DeviceName reports that CUDA is not supported by this build.
-func DeviceName(int) (string, error) { return "", errUnsupported }
 
 // DeviceUUID reports that CUDA is not supported by this build.
 func DeviceUUID(int) (string, error) { return "", errUnsupported }

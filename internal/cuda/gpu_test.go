@@ -43,14 +43,6 @@ func TestGPUDeviceQueries(t *testing.T) {
 	if err != nil || n < 1 {
 		t.Fatalf("DeviceCount = %d, %v", n, err)
 	}
-	v, err := DriverVersion()
-	if err != nil || v < 11000 {
-		t.Errorf("DriverVersion = %d, %v", v, err)
-	}
-	name, err := DeviceName(0)
-	if err != nil || name == "" {
-		t.Errorf("DeviceName = %q, %v", name, err)
-	}
 	uuid, err := DeviceUUID(0)
 	if err != nil || len(uuid) != 40 || uuid[:4] != "GPU-" {
 		t.Errorf("DeviceUUID = %q, %v", uuid, err)
@@ -63,14 +55,14 @@ func TestGPUDeviceQueries(t *testing.T) {
 	if err != nil || total < 1<<30 {
 		t.Errorf("TotalMem = %d, %v", total, err)
 	}
-	if _, err := DeviceName(n); !errors.Is(err, ErrNoDevice) {
-		t.Errorf("DeviceName(%d) = %v, want ErrNoDevice", n, err)
+	if _, err := DeviceUUID(n); !errors.Is(err, ErrNoDevice) {
+		t.Errorf("DeviceUUID(%d) = %v, want ErrNoDevice", n, err)
 	}
 	major, err := DeviceGetAttribute(AttrComputeCapabilityMajor, 0)
 	if err != nil || major < 3 {
 		t.Errorf("compute capability major = %d, %v", major, err)
 	}
-	t.Logf("%d device(s); 0: %s %s %s, %d MiB, driver %d, sm_%d", n, name, uuid, pci, total>>20, v, major)
+	t.Logf("%d device(s); 0: %s %s, %d MiB, sm_%d", n, uuid, pci, total>>20, major)
 	c, _ := Primary(0)
 	free, tot, err := c.MemGetInfo()
 	if err != nil || free <= 0 || tot != total {
