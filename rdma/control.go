@@ -1,10 +1,11 @@
 package rdma
 
 import (
-	"errors"
 	"fmt"
 
+	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/tensor"
+	"github.com/tensorferry/tensorferry/wire"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -22,69 +23,77 @@ func DecodeControl(b []byte, max int, v any, bad error, what string) error {
 	return nil
 }
 
-// Reply codes shared by the channels' control protocols; a channel numbers
-// its own codes from CodeChannel on.
-const (
-	CodeOK uint8 = iota
-	CodeUnknownExport
-	CodeBadLease
-	CodeStale
-	CodeStoreClosed
-	CodeClosed
-	CodeBadRequest
-	CodeChannel
-)
+// CodeOK is the code of a successful control reply (wire.CodeNoError).
+// Channels' replies and statuses carry wire.ErrCode: the codes are wire's.
+const CodeOK = wire.CodeNoError
 
-// ControlCode pairs a reply code with the sentinel the owner met and the
-// one the fetcher's error wraps.
-type ControlCode struct {
-	Code           uint8
-	Owner, Fetcher error
-}
-
-// ControlCodes translates an owner's errors into reply codes, and reply
-// codes back into errors wrapping the same sentinels on the fetcher.
-type ControlCodes struct {
-	codes  []ControlCode
-	failed uint8
-}
-
-// NewControlCodes returns the shared codes (bad is the channel's sentinel
-// for malformed control messages; an owner closed is rdma.ErrPeerDown to
-// its fetcher) followed by the channel's own; failed is the code of any
-// other error.
-func NewControlCodes(bad error, failed uint8, own ...ControlCode) *ControlCodes {
-	codes := []ControlCode{
-		{CodeUnknownExport, tensor.ErrUnknownExport, tensor.ErrUnknownExport},
-		{CodeBadLease, tensor.ErrBadLease, tensor.ErrBadLease},
-		{CodeStale, tensor.ErrStale, tensor.ErrStale},
-		{CodeStoreClosed, tensor.ErrStoreClosed, tensor.ErrStoreClosed},
-		{CodeClosed, ErrClosed, ErrPeerDown},
-		{CodeBadRequest, bad, bad},
+// ControlErrors returns the error table of a channel's control replies
+// and statuses: the tensor store's sentinels (ErrUnknownExport as
+// wire.CodeNotFound, ErrBadLease as CodeReleased, ErrStale as CodeStale,
+// ErrStoreClosed as CodeShutdown), memory.ErrOutOfRange as CodeOutOfRange,
+// an owner whose channel is closed (ErrClosed, CodeClosed) as ErrPeerDown
+// to its fetcher, and bad (the channel's sentinel for malformed control
+// messages; nil if it has none) as CodeProtocol, followed by the channel's
+// own entries. Any other error is wire.CodeInternal.
+func ControlErrors(bad error, own ...wire.CodeError) *wire.ErrorTable {
+	entries := []wire.CodeError{
+		{Code: wire.CodeNotFound, Sent: tensor.ErrUnknownExport},
+		{Code: wire.CodeReleased, Sent: tensor.ErrBadLease},
+		{Code: wire.CodeStale, Sent: tensor.ErrStale},
+		{Code: wire.CodeShutdown, Sent: tensor.ErrStoreClosed},
+		{Code: wire.CodeOutOfRange, Sent: memory.ErrOutOfRange},
+		{Code: wire.CodeClosed, Sent: ErrClosed, Received: ErrPeerDown},
+		{Code: wire.CodeProtocol, Sent: bad},
 	}
-	return &ControlCodes{codes: append(codes, own...), failed: failed}
+	return wire.NewErrorTable(append(entries, own...)...)
 }
 
-// Code returns the reply code of an owner-side error.
-func (t *ControlCodes) Code(err error) uint8 {
-	for _, c := range t.codes {
-		if errors.Is(err, c.Owner) {
-			return c.Code
-		}
-	}
-	return t.failed
-}
-
-// Err rebuilds the error of a reply from owner (nil for CodeOK), prefixed
-// with the channel's name and wrapping the code's sentinel.
-func (t *ControlCodes) Err(channel, owner string, code uint8, msg string) error {
+// ReplyError rebuilds the error of a reply from owner: nil for CodeOK,
+// otherwise an error prefixed with the channel's name that wraps the
+// code's sentinel in t, when it has one, and carries the owner's message.
+func ReplyError(t *wire.ErrorTable, channel, owner string, code wire.ErrCode, msg string) error {
 	if code == CodeOK {
 		return nil
 	}
-	for _, c := range t.codes {
-		if c.Code == code {
-			return fmt.Errorf("%s: owner %s: %w (%s)", channel, owner, c.Fetcher, msg)
-		}
+	if s := t.Sentinel(code); s != nil {
+		return fmt.Errorf("%s: owner %s: %w (%s)", channel, owner, s, msg)
 	}
 	return fmt.Errorf("%s: owner %s: %s", channel, owner, msg)
+}
+
+// CodeChannel is wire.CodeInternal as a uint8, for ControlCodes.
+//
+// Deprecated: use wire.CodeInternal.
+const CodeChannel = uint8(wire.CodeInternal)
+
+// ControlCodes is a ControlErrors table for a channel whose replies still
+// carry a uint8 code (every wire.ErrCode a table gives fits one).
+//
+// Deprecated: carry a wire.ErrCode and use ControlErrors and ReplyError.
+type ControlCodes struct {
+	table  *wire.ErrorTable
+	failed uint8
+}
+
+// NewControlCodes returns ControlErrors(bad) as ControlCodes; failed is the
+// code of an error no entry matches.
+//
+// Deprecated: use ControlErrors.
+func NewControlCodes(bad error, failed uint8) *ControlCodes {
+	return &ControlCodes{table: ControlErrors(bad), failed: failed}
+}
+
+// Code returns the reply code of an owner-side error.
+func (c *ControlCodes) Code(err error) uint8 {
+	code := c.table.Code(err)
+	if code == wire.CodeInternal {
+		return c.failed
+	}
+	return uint8(code)
+}
+
+// Err is ReplyError for a uint8 code (failed, or any code the table has no
+// sentinel for, gives the owner's message alone).
+func (c *ControlCodes) Err(channel, owner string, code uint8, msg string) error {
+	return ReplyError(c.table, channel, owner, wire.ErrCode(code), msg)
 }

@@ -5,42 +5,69 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
+	"github.com/tensorferry/tensorferry/wire"
 )
 
-func TestControlCodes(t *testing.T) {
+func TestControlErrors(t *testing.T) {
 	bad := errors.New("x: bad control message")
 	own := errors.New("x: own")
-	codes := rdma.NewControlCodes(bad, rdma.CodeChannel+1, rdma.ControlCode{Code: rdma.CodeChannel, Owner: own, Fetcher: own})
+	codes := rdma.ControlErrors(bad, wire.CodeError{Code: wire.CodeUnavailable, Sent: own})
 	cases := []struct {
 		owner, fetcher error
-		code           uint8
+		code           wire.ErrCode
 	}{
-		{tensor.ErrUnknownExport, tensor.ErrUnknownExport, rdma.CodeUnknownExport},
-		{tensor.ErrBadLease, tensor.ErrBadLease, rdma.CodeBadLease},
-		{tensor.ErrStale, tensor.ErrStale, rdma.CodeStale},
-		{tensor.ErrStoreClosed, tensor.ErrStoreClosed, rdma.CodeStoreClosed},
-		{rdma.ErrClosed, rdma.ErrPeerDown, rdma.CodeClosed},
-		{bad, bad, rdma.CodeBadRequest},
-		{own, own, rdma.CodeChannel},
+		{tensor.ErrUnknownExport, tensor.ErrUnknownExport, wire.CodeNotFound},
+		{tensor.ErrBadLease, tensor.ErrBadLease, wire.CodeReleased},
+		{tensor.ErrStale, tensor.ErrStale, wire.CodeStale},
+		{tensor.ErrStoreClosed, tensor.ErrStoreClosed, wire.CodeShutdown},
+		{memory.ErrOutOfRange, memory.ErrOutOfRange, wire.CodeOutOfRange},
+		{rdma.ErrClosed, rdma.ErrPeerDown, wire.CodeClosed},
+		{bad, bad, wire.CodeProtocol},
+		{own, own, wire.CodeUnavailable},
 	}
 	for _, c := range cases {
 		got := codes.Code(fmt.Errorf("wrapped: %w", c.owner))
 		if got != c.code {
-			t.Errorf("Code(%v) = %d, want %d", c.owner, got, c.code)
+			t.Errorf("Code(%v) = %v, want %v", c.owner, got, c.code)
 		}
-		if err := codes.Err("x", "a", got, "why"); !errors.Is(err, c.fetcher) {
-			t.Errorf("Err(%d) = %v, want one wrapping %v", got, err, c.fetcher)
+		if err := rdma.ReplyError(codes, "x", "a", got, "why"); !errors.Is(err, c.fetcher) {
+			t.Errorf("ReplyError(%v) = %v, want one wrapping %v", got, err, c.fetcher)
 		}
 	}
-	if got := codes.Code(errors.New("other")); got != rdma.CodeChannel+1 {
-		t.Errorf("unknown error: code %d", got)
+	if got := codes.Code(errors.New("other")); got != wire.CodeInternal {
+		t.Errorf("unknown error: code %v", got)
 	}
-	if err := codes.Err("x", "a", rdma.CodeOK, ""); err != nil {
+	if err := rdma.ReplyError(codes, "x", "a", rdma.CodeOK, ""); err != nil {
 		t.Errorf("CodeOK: %v", err)
 	}
-	if err := codes.Err("x", "a", 200, "why"); err == nil || err.Error() != "x: owner a: why" {
+	if err := rdma.ReplyError(codes, "x", "a", 200, "why"); err == nil || err.Error() != "x: owner a: why" {
 		t.Errorf("unknown code: %v", err)
+	}
+	// Without a sentinel for malformed messages, CodeProtocol has none.
+	if err := rdma.ReplyError(rdma.ControlErrors(nil), "x", "a", wire.CodeProtocol, "why"); err == nil || err.Error() != "x: owner a: why" {
+		t.Errorf("CodeProtocol without a sentinel: %v", err)
+	}
+}
+
+// TestControlCodesUint8: the deprecated uint8 form keeps the sentinels.
+func TestControlCodesUint8(t *testing.T) {
+	bad := errors.New("x: bad control message")
+	codes := rdma.NewControlCodes(bad, rdma.CodeChannel)
+	for _, s := range []error{tensor.ErrUnknownExport, tensor.ErrBadLease, tensor.ErrStale, tensor.ErrStoreClosed, bad} {
+		if err := codes.Err("x", "a", codes.Code(s), "why"); !errors.Is(err, s) {
+			t.Errorf("%v came back as %v", s, err)
+		}
+	}
+	if err := codes.Err("x", "a", codes.Code(rdma.ErrClosed), "why"); !errors.Is(err, rdma.ErrPeerDown) {
+		t.Errorf("closed owner: %v", err)
+	}
+	if c := codes.Code(errors.New("other")); c != rdma.CodeChannel {
+		t.Errorf("other error: code %d", c)
+	}
+	if err := codes.Err("x", "a", codes.Code(nil), ""); err != nil {
+		t.Errorf("no error: %v", err)
 	}
 }

@@ -53,5 +53,8 @@
 // Errors come in two scopes, as in HTTP/2: a *ConnError kills the
 // connection, a *StreamError fails one request or transfer. Sentinels
 // (ErrFrameTooLarge, ErrShortFrame, ErrAuthFailed, ...) are wrapped and
-// tested with errors.Is.
+// tested with errors.Is. ErrCode is the one table of error codes: the rdma
+// channels' control replies and staging statuses carry it too, and an
+// ErrorTable maps a sender's error to a code and the code back to the same
+// sentinel at the receiver.
 package wire

@@ -5,8 +5,10 @@ import (
 	"fmt"
 )
 
-// ErrCode is a protocol error code carried by GoAway and Error frames and
-// by ConnError and StreamError.
+// ErrCode is a protocol error code: carried by GoAway and Error frames and
+// by ConnError and StreamError, and the one table of codes the rdma
+// channels use in their control replies and staging frames (an ErrorTable
+// maps them to and from sentinel errors).
 type ErrCode uint32
 
 // Error codes.
@@ -19,12 +21,14 @@ const (
 	CodeVersion     ErrCode = 5  // unsupported protocol version
 	CodeCluster     ErrCode = 6  // cluster names differ
 	CodeNotFound    ErrCode = 7  // no such actor, export or transfer
-	CodeReleased    ErrCode = 8  // the export or lease was released
+	CodeReleased    ErrCode = 8  // the lease is not (or no longer) valid for the export
 	CodeOutOfRange  ErrCode = 9  // offset or length outside the exported region
 	CodeCancelled   ErrCode = 10 // the request or transfer was cancelled
 	CodeTimeout     ErrCode = 11 // a deadline passed
 	CodeUnavailable ErrCode = 12 // the resource is temporarily unavailable
-	CodeShutdown    ErrCode = 13 // the node is shutting down
+	CodeShutdown    ErrCode = 13 // the node (or its tensor store) is shutting down
+	CodeStale       ErrCode = 14 // the export belongs to another incarnation of its owner
+	CodeClosed      ErrCode = 15 // the channel that would serve the request is closed
 )
 
 var errCodeNames = [...]string{
@@ -42,6 +46,8 @@ var errCodeNames = [...]string{
 	CodeTimeout:     "Timeout",
 	CodeUnavailable: "Unavailable",
 	CodeShutdown:    "Shutdown",
+	CodeStale:       "Stale",
+	CodeClosed:      "Closed",
 }
 
 // String returns the code's name, or "ErrCode(n)" for an unknown code.
@@ -134,4 +140,64 @@ func (e *remoteError) Error() string { return "peer says: " + e.msg }
 // names.
 func (f *ErrorFrame) StreamError() *StreamError {
 	return &StreamError{Stream: f.Error.Stream, Code: f.Error.Code, Cause: &remoteError{f.Error.Msg}}
+}
+
+// CodeError is one entry of an ErrorTable: the code of a sending side's
+// error that matches Sent (with errors.Is), and the sentinel that the
+// receiving side's error then wraps: Received, or Sent when Received is
+// nil.
+type CodeError struct {
+	Code     ErrCode
+	Sent     error
+	Received error
+}
+
+// ErrorTable maps errors to codes on the sending side and codes back to
+// sentinels on the receiving side, so that errors.Is finds at the receiver
+// the sentinel the sender met. Entries are matched in order. It is
+// immutable and safe for concurrent use.
+type ErrorTable struct {
+	entries []CodeError
+}
+
+// NewErrorTable returns the table of entries. An entry with a nil Sent is
+// left out.
+func NewErrorTable(entries ...CodeError) *ErrorTable {
+	t := &ErrorTable{}
+	for _, e := range entries {
+		if e.Sent == nil {
+			continue
+		}
+		if e.Received == nil {
+			e.Received = e.Sent
+		}
+		t.entries = append(t.entries, e)
+	}
+	return t
+}
+
+// Code returns the code of err: CodeNoError for nil, the code of the first
+// entry whose Sent err matches, and CodeInternal for any other error.
+func (t *ErrorTable) Code(err error) ErrCode {
+	if err == nil {
+		return CodeNoError
+	}
+	for _, e := range t.entries {
+		if errors.Is(err, e.Sent) {
+			return e.Code
+		}
+	}
+	return CodeInternal
+}
+
+// Sentinel returns the sentinel the receiver's error wraps for code c, or
+// nil if the table has none for it (CodeNoError, CodeInternal, a code this
+// table does not use).
+func (t *ErrorTable) Sentinel(c ErrCode) error {
+	for _, e := range t.entries {
+		if e.Code == c {
+			return e.Received
+		}
+	}
+	return nil
 }

@@ -457,7 +457,7 @@ func TestStrings(t *testing.T) {
 			t.Errorf("frame type %d: name %s", ft, ft)
 		}
 	}
-	for c := CodeNoError; c <= CodeShutdown; c++ {
+	for c := CodeNoError; c <= CodeClosed; c++ {
 		if strings.HasPrefix(c.String(), "ErrCode(") {
 			t.Errorf("code %d has no name", c)
 		}

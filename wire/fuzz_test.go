@@ -150,7 +150,7 @@ func FuzzCheckMsgpack(f *testing.F) {
 // never hangs (the handshake deadline bounds it) and never succeeds.
 func FuzzHandshake(f *testing.F) {
 	var hello bytes.Buffer
-	NewFramer(&hello, nil).WriteHello(&Hello{Version: 1, Cluster: "c", Nonce: make([]byte, NonceSize), Purpose: "control"})
+	NewFramer(&hello, nil).WriteHello(&Hello{Version: ProtocolVersion, Cluster: "c", Nonce: make([]byte, NonceSize), Purpose: "control"})
 	f.Add(hello.Bytes())
 	withAuth := bytes.Clone(hello.Bytes())
 	var auth bytes.Buffer

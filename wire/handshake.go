@@ -12,8 +12,11 @@ import (
 	"time"
 )
 
-// ProtocolVersion is the version of the protocol this package speaks.
-const ProtocolVersion uint16 = 1
+// ProtocolVersion is the version of the protocol this package speaks, and
+// of the rdma channels' protocols on connections it authenticates. Version
+// 2: frame types 11 to 13 reserved (no FETCH, DATA, FETCH_END), and the
+// channels' control replies and staging statuses carry ErrCode.
+const ProtocolVersion uint16 = 2
 
 // NonceSize is the size of the handshake nonces.
 const NonceSize = 32

@@ -387,7 +387,7 @@ func rawAcceptor(t *testing.T, cfg HandshakeConfig, script func(fr *Framer)) err
 func TestHandshakeWrongVersion(t *testing.T) {
 	var got Frame
 	err := rawAcceptor(t, testConfig("acc"), func(fr *Framer) {
-		fr.WriteHello(&Hello{Version: 2, Cluster: "test", Nonce: make([]byte, NonceSize), Purpose: PurposeControl})
+		fr.WriteHello(&Hello{Version: ProtocolVersion + 1, Cluster: "test", Nonce: make([]byte, NonceSize), Purpose: PurposeControl})
 		got, _ = fr.ReadFrame()
 	})
 	if !errors.Is(err, ErrVersion) {
@@ -403,7 +403,7 @@ func TestHandshakeWrongVersion(t *testing.T) {
 	go func() {
 		fr := NewFramer(b, b)
 		fr.ReadFrame()
-		fr.WriteChallenge(&Challenge{Version: 9, Nonce: make([]byte, NonceSize)})
+		fr.WriteChallenge(&Challenge{Version: ProtocolVersion + 1, Nonce: make([]byte, NonceSize)})
 		io.Copy(io.Discard, b)
 	}()
 	if _, err := Handshake(context.Background(), a, testConfig("ini"), true); !errors.Is(err, ErrVersion) {

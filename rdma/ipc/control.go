@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/tensorferry/tensorferry/rdma"
+	"github.com/tensorferry/tensorferry/wire"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -32,17 +33,15 @@ const (
 	opRevoke uint8 = 5
 )
 
-// Reply codes of ipc's own, after rdma's shared ones; each maps back to
-// the sentinel the owner met (codes).
-const (
-	codeUnproven = rdma.CodeChannel + iota
-	codeBusy
-	codeFailed
-)
+// codeUnproven is the reply code of ErrUnproven.
+const codeUnproven = wire.CodeAuth
 
-var codes = rdma.NewControlCodes(errBadMessage, codeFailed,
-	rdma.ControlCode{Code: codeUnproven, Owner: ErrUnproven, Fetcher: ErrUnproven},
-	rdma.ControlCode{Code: codeBusy, Owner: errBusy, Fetcher: errBusy})
+// codes maps the owner's errors to reply codes and back to the same
+// sentinels on the fetcher: rdma's shared entries, then ipc's own
+// (ErrUnproven as wire.CodeAuth, errBusy as wire.CodeUnavailable).
+var codes = rdma.ControlErrors(errBadMessage,
+	wire.CodeError{Code: codeUnproven, Sent: ErrUnproven},
+	wire.CodeError{Code: wire.CodeUnavailable, Sent: errBusy})
 
 // Limits on control messages.
 const (
@@ -72,8 +71,8 @@ type request struct {
 
 // reply is the owner's answer.
 type reply struct {
-	Code uint8  `msgpack:"c"`
-	Msg  string `msgpack:"m,omitempty"`
+	Code wire.ErrCode `msgpack:"c"`
+	Msg  string       `msgpack:"m,omitempty"`
 	// Handle is the cuIpcMemHandle of the whole driver allocation, of
 	// MapSize bytes; the offer's Allocation.Base lies Shift bytes into it.
 	Handle  []byte `msgpack:"h,omitempty"`
@@ -153,4 +152,4 @@ func decodeReply(b []byte) (*reply, error) {
 func errorReply(err error) *reply { return &reply{Code: codes.Code(err), Msg: err.Error()} }
 
 // err rebuilds the owner's error on the fetcher, wrapping the same sentinel.
-func (r *reply) err(owner string) error { return codes.Err("ipc", owner, r.Code, r.Msg) }
+func (r *reply) err(owner string) error { return rdma.ReplyError(codes, "ipc", owner, r.Code, r.Msg) }

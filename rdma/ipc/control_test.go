@@ -9,6 +9,7 @@ import (
 
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
+	"github.com/tensorferry/tensorferry/wire"
 )
 
 func TestErrorCodesRoundTrip(t *testing.T) {
@@ -104,8 +105,8 @@ func TestHandleControlBadInput(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if rep.Code != rdma.CodeBadRequest {
-			t.Errorf("HandleControl(%x): code %d, want rdma.CodeBadRequest", b, rep.Code)
+		if rep.Code != wire.CodeProtocol {
+			t.Errorf("HandleControl(%x): code %v, want wire.CodeProtocol", b, rep.Code)
 		}
 	}
 }
@@ -139,7 +140,8 @@ func FuzzDecodeReply(f *testing.F) {
 	for _, r := range []reply{
 		{Code: rdma.CodeOK, Handle: make([]byte, 64), MapSize: 1 << 21, Shift: 512, Base: 1 << 40, Device: 1, Process: make([]byte, processIDLen), Revoked: []uint64{1, 2}},
 		{Code: rdma.CodeOK, Challenge: 5, Path: "/dev/shm/tensorferry-ipc-00"},
-		{Code: rdma.CodeUnknownExport, Msg: "no"},
+		{Code: wire.CodeNotFound, Msg: "no"},
+		{Code: wire.ErrCode(1 << 31), Msg: "a code from a later version"},
 	} {
 		b, _ := encode(r)
 		f.Add(b)

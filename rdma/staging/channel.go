@@ -14,6 +14,7 @@ import (
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
+	"github.com/tensorferry/tensorferry/wire"
 	"go.uber.org/zap"
 )
 
@@ -130,12 +131,20 @@ func (c *Channel) Offer(context.Context, *tensor.Export, string) ([]byte, error)
 // fetcher and as owner. Tests use it to check that nothing was left behind.
 func (c *Channel) InFlight() int { return int(c.fetching.Load() + c.serving.Load()) }
 
+// codes maps the owner's errors to status codes and back to the same
+// sentinels on the fetcher: rdma's shared entries, and context.Canceled as
+// wire.CodeCancelled. Staging has no sentinel for a bad request: its
+// wire.CodeProtocol status unwraps to nothing.
+var codes = rdma.ControlErrors(nil, wire.CodeError{Code: wire.CodeCancelled, Sent: context.Canceled})
+
 // RemoteError is a failure reported by the owner for one transfer. It
-// unwraps to tensor.ErrUnknownExport, tensor.ErrBadLease, tensor.ErrStale,
-// memory.ErrOutOfRange or rdma.ErrClosed according to its code.
+// unwraps to the sentinel of its code: tensor.ErrUnknownExport,
+// tensor.ErrBadLease, tensor.ErrStale, tensor.ErrStoreClosed,
+// memory.ErrOutOfRange, rdma.ErrPeerDown (the owner's channel closed) or
+// context.Canceled.
 type RemoteError struct {
 	Owner   string
-	Code    Code
+	Code    wire.ErrCode
 	Message string
 }
 
@@ -144,39 +153,7 @@ func (e *RemoteError) Error() string {
 }
 
 // Unwrap returns the sentinel matching the code, or nil.
-func (e *RemoteError) Unwrap() error {
-	switch e.Code {
-	case CodeUnknownExport:
-		return tensor.ErrUnknownExport
-	case CodeBadLease:
-		return tensor.ErrBadLease
-	case CodeStale:
-		return tensor.ErrStale
-	case CodeOutOfRange:
-		return memory.ErrOutOfRange
-	case CodeClosed:
-		return rdma.ErrClosed
-	}
-	return nil
-}
-
-func codeOf(err error) Code {
-	switch {
-	case errors.Is(err, tensor.ErrUnknownExport):
-		return CodeUnknownExport
-	case errors.Is(err, tensor.ErrBadLease):
-		return CodeBadLease
-	case errors.Is(err, tensor.ErrStale):
-		return CodeStale
-	case errors.Is(err, memory.ErrOutOfRange):
-		return CodeOutOfRange
-	case errors.Is(err, tensor.ErrStoreClosed), errors.Is(err, rdma.ErrClosed):
-		return CodeClosed
-	case errors.Is(err, context.Canceled):
-		return CodeCanceled
-	}
-	return CodeInternal
-}
+func (e *RemoteError) Unwrap() error { return codes.Sentinel(e.Code) }
 
 // Fetch pulls the d.Bytes bytes of the export into the start of dst. A dst
 // smaller than d.Bytes fails with rdma.ErrTooSmall before any I/O. Errors
@@ -491,7 +468,7 @@ func (c *Channel) transfer(ctx context.Context, cc *clientConn, d *tensor.Descri
 			if err != nil {
 				return fail(err)
 			}
-			if h.Type == FrameEnd && st.Code == CodeOK {
+			if h.Type == FrameEnd && st.Code == wire.CodeNoError {
 				if next != end {
 					return fail(fmt.Errorf("%w: END after %d of %d bytes", ErrBadFrame, next-base, length))
 				}
@@ -592,21 +569,21 @@ func (c *Channel) serve(sc *serverConn) {
 // send answers one request. It reads only the export named by the request,
 // within its bounds.
 func (c *Channel) send(ctx context.Context, sc *serverConn, fr *Framer, stream uint32, req Request) {
-	status := func(t FrameType, code Code, msg string) {
+	status := func(t FrameType, code wire.ErrCode, msg string) {
 		if err := fr.WriteStatus(t, stream, Status{Code: code, Message: msg}); err != nil {
 			_ = sc.conn.Close()
 		}
 	}
 	e, release, err := c.env.Store.Acquire(req.Incarnation, req.ExportID, req.Lease)
 	if err != nil {
-		status(FrameError, codeOf(err), err.Error())
+		status(FrameError, codes.Code(err), err.Error())
 		return
 	}
 	defer release()
 	buf := e.Tensor.Buffer()
 	size := uint64(buf.Len())
 	if req.Offset > size || req.Length > size-req.Offset {
-		status(FrameError, CodeOutOfRange, fmt.Sprintf("[%d, +%d) outside export %d of %d bytes", req.Offset, req.Length, req.ExportID, size))
+		status(FrameError, wire.CodeOutOfRange, fmt.Sprintf("[%d, +%d) outside export %d of %d bytes", req.Offset, req.Length, req.ExportID, size))
 		return
 	}
 	chunk, window := int(req.ChunkSize), int(req.Window)
@@ -617,7 +594,7 @@ func (c *Channel) send(ctx context.Context, sc *serverConn, fr *Framer, stream u
 		window = DefaultWindow
 	}
 	if chunk > MaxChunkSize || window > MaxWindow {
-		status(FrameError, CodeBadRequest, fmt.Sprintf("chunk %d or window %d above %d, %d", chunk, window, MaxChunkSize, MaxWindow))
+		status(FrameError, wire.CodeProtocol, fmt.Sprintf("chunk %d or window %d above %d, %d", chunk, window, MaxChunkSize, MaxWindow))
 		return
 	}
 	// The window only sizes this end's staging ring: the owner caps it by
@@ -625,12 +602,12 @@ func (c *Channel) send(ctx context.Context, sc *serverConn, fr *Framer, stream u
 	window = max(1, min(window, c.window, MaxRingBytes/chunk))
 	off, n := int(req.Offset), int(req.Length)
 	if n == 0 {
-		status(FrameEnd, CodeOK, "")
+		status(FrameEnd, wire.CodeNoError, "")
 		return
 	}
 	canceled := func() bool {
 		if ctx.Err() != nil {
-			status(FrameEnd, CodeCanceled, "canceled by the fetcher")
+			status(FrameEnd, wire.CodeCancelled, "canceled by the fetcher")
 			return true
 		}
 		return false
@@ -647,17 +624,17 @@ func (c *Channel) send(ctx context.Context, sc *serverConn, fr *Framer, stream u
 			}
 			done += k
 		}
-		status(FrameEnd, CodeOK, "")
+		status(FrameEnd, wire.CodeNoError, "")
 		return
 	}
 	part, err := buf.Slice(off, n)
 	if err != nil {
-		status(FrameError, CodeOutOfRange, err.Error())
+		status(FrameError, wire.CodeOutOfRange, err.Error())
 		return
 	}
 	src, err := newDeviceSource(&sc.ring, part, chunk, window)
 	if err != nil {
-		status(FrameError, CodeInternal, err.Error())
+		status(FrameError, wire.CodeInternal, err.Error())
 		return
 	}
 	defer src.close()
@@ -668,7 +645,7 @@ func (c *Channel) send(ctx context.Context, sc *serverConn, fr *Framer, stream u
 		o, p, err := src.next(ctx)
 		if err != nil {
 			if ctx.Err() == nil {
-				status(FrameError, codeOf(err), err.Error())
+				status(FrameError, codes.Code(err), err.Error())
 			} else {
 				canceled()
 			}
@@ -680,7 +657,7 @@ func (c *Channel) send(ctx context.Context, sc *serverConn, fr *Framer, stream u
 		}
 		done += len(p)
 	}
-	status(FrameEnd, CodeOK, "")
+	status(FrameEnd, wire.CodeNoError, "")
 }
 
 // PeerDown closes every data connection to and from node; its transfers in

@@ -17,6 +17,7 @@ import (
 	"github.com/tensorferry/tensorferry/rdma/rdmatest"
 	"github.com/tensorferry/tensorferry/rdma/staging"
 	"github.com/tensorferry/tensorferry/tensor"
+	"github.com/tensorferry/tensorferry/wire"
 )
 
 // ownerNode is a staging owner with a Store and an export of n bytes.
@@ -66,6 +67,29 @@ func rawClient(t *testing.T, o *ownerNode) (net.Conn, *staging.Framer) {
 	return a, staging.NewFramer(a, a, 0)
 }
 
+// TestRemoteErrorKeepsSentinels: a status code from the owner unwraps to
+// the sentinel the owner met.
+func TestRemoteErrorKeepsSentinels(t *testing.T) {
+	for code, want := range map[wire.ErrCode]error{
+		wire.CodeNotFound:   tensor.ErrUnknownExport,
+		wire.CodeReleased:   tensor.ErrBadLease,
+		wire.CodeStale:      tensor.ErrStale,
+		wire.CodeShutdown:   tensor.ErrStoreClosed,
+		wire.CodeOutOfRange: memory.ErrOutOfRange,
+		wire.CodeClosed:     rdma.ErrPeerDown,
+		wire.CodeCancelled:  context.Canceled,
+	} {
+		if err := (&staging.RemoteError{Owner: "o", Code: code, Message: "m"}); !errors.Is(err, want) {
+			t.Errorf("%v: %v does not wrap %v", code, err, want)
+		}
+	}
+	for _, code := range []wire.ErrCode{wire.CodeInternal, wire.CodeProtocol, 999} {
+		if err := (&staging.RemoteError{Owner: "o", Code: code}); err.Unwrap() != nil {
+			t.Errorf("%v unwraps to %v", code, err.Unwrap())
+		}
+	}
+}
+
 func TestOwnerAnswersBadRequestsPerStream(t *testing.T) {
 	const n = 1000
 	o := newOwner(t, n)
@@ -75,16 +99,16 @@ func TestOwnerAnswersBadRequestsPerStream(t *testing.T) {
 	tests := []struct {
 		name string
 		req  staging.Request
-		want staging.Code
+		want wire.ErrCode
 	}{
-		{"unknown id", mod(func(r *staging.Request) { r.ExportID = 999 }), staging.CodeUnknownExport},
-		{"bad lease", mod(func(r *staging.Request) { r.Lease++ }), staging.CodeBadLease},
-		{"stale incarnation", mod(func(r *staging.Request) { r.Incarnation = 2 }), staging.CodeStale},
-		{"past the end", mod(func(r *staging.Request) { r.Offset, r.Length = 900, 101 }), staging.CodeOutOfRange},
-		{"offset beyond", mod(func(r *staging.Request) { r.Offset, r.Length = 1001, 0 }), staging.CodeOutOfRange},
-		{"length overflows", mod(func(r *staging.Request) { r.Offset, r.Length = 10, ^uint64(0)-5 }), staging.CodeOutOfRange},
-		{"chunk too large", mod(func(r *staging.Request) { r.ChunkSize = staging.MaxChunkSize + 1 }), staging.CodeBadRequest},
-		{"window too large", mod(func(r *staging.Request) { r.Window = staging.MaxWindow + 1 }), staging.CodeBadRequest},
+		{"unknown id", mod(func(r *staging.Request) { r.ExportID = 999 }), wire.CodeNotFound},
+		{"bad lease", mod(func(r *staging.Request) { r.Lease++ }), wire.CodeReleased},
+		{"stale incarnation", mod(func(r *staging.Request) { r.Incarnation = 2 }), wire.CodeStale},
+		{"past the end", mod(func(r *staging.Request) { r.Offset, r.Length = 900, 101 }), wire.CodeOutOfRange},
+		{"offset beyond", mod(func(r *staging.Request) { r.Offset, r.Length = 1001, 0 }), wire.CodeOutOfRange},
+		{"length overflows", mod(func(r *staging.Request) { r.Offset, r.Length = 10, ^uint64(0)-5 }), wire.CodeOutOfRange},
+		{"chunk too large", mod(func(r *staging.Request) { r.ChunkSize = staging.MaxChunkSize + 1 }), wire.CodeProtocol},
+		{"window too large", mod(func(r *staging.Request) { r.Window = staging.MaxWindow + 1 }), wire.CodeProtocol},
 	}
 	stream := uint32(0)
 	for _, tc := range tests {
@@ -112,7 +136,7 @@ func TestOwnerAnswersBadRequestsPerStream(t *testing.T) {
 			t.Fatal(err)
 		}
 		if f.Type == staging.FrameEnd {
-			if f.Status.Code != staging.CodeOK {
+			if f.Status.Code != wire.CodeNoError {
 				t.Fatalf("END %v", f.Status)
 			}
 			break
@@ -133,7 +157,7 @@ func TestOwnerAnswersBadRequestsPerStream(t *testing.T) {
 	if err := fr.WriteRequest(stream, mod(func(r *staging.Request) { r.Length = 0 })); err != nil {
 		t.Fatal(err)
 	}
-	if f, err := fr.ReadFrame(); err != nil || f.Type != staging.FrameEnd || f.Status.Code != staging.CodeOK {
+	if f, err := fr.ReadFrame(); err != nil || f.Type != staging.FrameEnd || f.Status.Code != wire.CodeNoError {
 		t.Fatalf("empty range: %+v %v", f, err)
 	}
 	if got := o.t.Leases(); got != 1 {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/tensorferry/tensorferry/rdma/staging"
+	"github.com/tensorferry/tensorferry/wire"
 )
 
 // The staging data protocol: one REQUEST from the fetcher, DATA chunks and
@@ -15,7 +16,7 @@ func ExampleFramer() {
 	_ = w.WriteRequest(1, staging.Request{ExportID: 7, Lease: 42, Incarnation: 1, Length: 6, ChunkSize: 4})
 	_ = w.WriteData(1, 0, []byte("tens"))
 	_ = w.WriteData(1, 4, []byte("or"))
-	_ = w.WriteStatus(staging.FrameEnd, 1, staging.Status{Code: staging.CodeOK})
+	_ = w.WriteStatus(staging.FrameEnd, 1, staging.Status{Code: wire.CodeNoError})
 
 	r := staging.NewFramer(&conn, nil, 4)
 	for {
@@ -36,5 +37,5 @@ func ExampleFramer() {
 	// REQUEST export 7 bytes 6
 	// DATA at 0 tens
 	// DATA at 4 or
-	// END ok
+	// END NoError
 }

@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"strconv"
+
+	"github.com/tensorferry/tensorferry/wire"
 )
 
 // The staging data protocol. Every frame starts with a 16-byte header:
@@ -19,13 +21,15 @@ import (
 //	REQUEST  export id u64, lease u64, incarnation u64, offset u64,
 //	         length u64, chunk size u32, window u32       (48 bytes)
 //	DATA     offset u64 (from the start of the export), then the bytes
-//	END      code u16, message (at most MaxMessage bytes)  success or cancelled
-//	ERROR    code u16, message (at most MaxMessage bytes)  the stream failed
+//	END      code u32, message (at most MaxMessage bytes)  success or cancelled
+//	ERROR    code u32, message (at most MaxMessage bytes)  the stream failed
 //	CANCEL   empty                                         fetcher gives up
 //
 // The fetcher sends REQUEST and CANCEL, the owner DATA, END and ERROR. A
 // stream is one transfer; its id is chosen by the fetcher and is unique on
 // its connection. The format is the same whatever memory either end uses.
+// Codes are wire.ErrCode values (wire.ProtocolVersion, checked when the
+// connection is authenticated, covers this format too).
 
 // FrameType is the type of a staging frame.
 type FrameType uint8
@@ -64,6 +68,8 @@ const (
 	RequestSize = 48
 	// MaxMessage is the longest message an END or ERROR frame may carry.
 	MaxMessage = 1024
+	// statusCodeSize is the size of the code that starts a status body.
+	statusCodeSize = 4
 	// MaxChunkSize is the largest chunk either end accepts (64 MiB).
 	MaxChunkSize = 64 << 20
 	// DefaultChunkSize is the chunk size used when the Env gives none (4 MiB).
@@ -101,50 +107,9 @@ type Request struct {
 	Window      uint32 // chunks the owner may stage ahead; 0 means DefaultWindow
 }
 
-// Code is the status an END or ERROR frame carries.
-type Code uint16
-
-// Status codes. Each fails (or ends) one stream only.
-const (
-	CodeOK            Code = 0
-	CodeCanceled      Code = 1
-	CodeUnknownExport Code = 2
-	CodeBadLease      Code = 3
-	CodeStale         Code = 4
-	CodeOutOfRange    Code = 5
-	CodeBadRequest    Code = 6
-	CodeClosed        Code = 7
-	CodeInternal      Code = 8
-)
-
-// String returns the code's name.
-func (c Code) String() string {
-	switch c {
-	case CodeOK:
-		return "ok"
-	case CodeCanceled:
-		return "canceled"
-	case CodeUnknownExport:
-		return "unknown export"
-	case CodeBadLease:
-		return "bad lease"
-	case CodeStale:
-		return "stale incarnation"
-	case CodeOutOfRange:
-		return "out of range"
-	case CodeBadRequest:
-		return "bad request"
-	case CodeClosed:
-		return "closed"
-	case CodeInternal:
-		return "internal error"
-	}
-	return "Code(" + strconv.Itoa(int(c)) + ")"
-}
-
 // Status is the body of END and ERROR frames.
 type Status struct {
-	Code    Code
+	Code    wire.ErrCode // wire.CodeNoError for a successful END
 	Message string
 }
 
@@ -211,11 +176,11 @@ func (f *Framer) ReadHeader() (Header, error) {
 			return h, fmt.Errorf("%w: DATA of %d bytes > chunk limit %d", ErrFrameTooLarge, h.Length-8, f.maxChunk)
 		}
 	case FrameEnd, FrameError:
-		if h.Length < 2 {
+		if h.Length < statusCodeSize {
 			return h, fmt.Errorf("%w: %v of %d bytes has no code", ErrBadFrame, h.Type, h.Length)
 		}
-		if h.Length-2 > MaxMessage {
-			return h, fmt.Errorf("%w: %v message of %d bytes > %d", ErrFrameTooLarge, h.Type, h.Length-2, MaxMessage)
+		if h.Length-statusCodeSize > MaxMessage {
+			return h, fmt.Errorf("%w: %v message of %d bytes > %d", ErrFrameTooLarge, h.Type, h.Length-statusCodeSize, MaxMessage)
 		}
 	case FrameCancel:
 		if h.Length != 0 {
@@ -252,15 +217,15 @@ func (f *Framer) ReadStatus(h Header) (Status, error) {
 	if h.Type != FrameEnd && h.Type != FrameError {
 		return Status{}, fmt.Errorf("%w: %v carries no status", ErrBadFrame, h.Type)
 	}
-	if h.Length < 2 || h.Length-2 > MaxMessage {
+	if h.Length < statusCodeSize || h.Length-statusCodeSize > MaxMessage {
 		return Status{}, fmt.Errorf("%w: status of %d bytes", ErrBadFrame, h.Length)
 	}
-	var buf [2 + MaxMessage]byte
+	var buf [statusCodeSize + MaxMessage]byte
 	b := buf[:h.Length]
 	if _, err := io.ReadFull(f.r, b); err != nil {
 		return Status{}, unexpectedEOF(err)
 	}
-	return Status{Code: Code(binary.BigEndian.Uint16(b)), Message: string(b[2:])}, nil
+	return Status{Code: wire.ErrCode(binary.BigEndian.Uint32(b)), Message: string(b[statusCodeSize:])}, nil
 }
 
 // ReadDataOffset reads the offset of a DATA frame and returns it with the
@@ -355,10 +320,10 @@ func (f *Framer) WriteStatus(t FrameType, stream uint32, s Status) error {
 	if len(msg) > MaxMessage {
 		msg = msg[:MaxMessage]
 	}
-	b := make([]byte, HeaderSize+2+len(msg))
-	putHeader(b, t, stream, uint64(2+len(msg)))
-	binary.BigEndian.PutUint16(b[HeaderSize:], uint16(s.Code))
-	copy(b[HeaderSize+2:], msg)
+	b := make([]byte, HeaderSize+statusCodeSize+len(msg))
+	putHeader(b, t, stream, uint64(statusCodeSize+len(msg)))
+	binary.BigEndian.PutUint32(b[HeaderSize:], uint32(s.Code))
+	copy(b[HeaderSize+statusCodeSize:], msg)
 	_, err := f.w.Write(b)
 	return err
 }

@@ -7,6 +7,8 @@ import (
 	"io"
 	"strings"
 	"testing"
+
+	"github.com/tensorferry/tensorferry/wire"
 )
 
 func TestFrameExactBytes(t *testing.T) {
@@ -21,10 +23,14 @@ func TestFrameExactBytes(t *testing.T) {
 			"0000000000000001" + "0102030405060708" + "0000000000000003" + "0000000000000004" + "0000000000000005" + "00000006" + "00000009"},
 		{"data", func(f *Framer) error { return f.WriteData(1, 0x10, []byte{0xaa, 0xbb}) },
 			"02000000" + "00000001" + "000000000000000a" + "0000000000000010" + "aabb"},
-		{"end", func(f *Framer) error { return f.WriteStatus(FrameEnd, 2, Status{Code: CodeOK}) },
-			"03000000" + "00000002" + "0000000000000002" + "0000"},
-		{"error", func(f *Framer) error { return f.WriteStatus(FrameError, 2, Status{Code: CodeBadLease, Message: "no"}) },
-			"04000000" + "00000002" + "0000000000000004" + "0003" + "6e6f"},
+		{"end", func(f *Framer) error { return f.WriteStatus(FrameEnd, 2, Status{Code: wire.CodeNoError}) },
+			"03000000" + "00000002" + "0000000000000004" + "00000000"},
+		{"error", func(f *Framer) error {
+			return f.WriteStatus(FrameError, 2, Status{Code: wire.CodeReleased, Message: "no"})
+		}, "04000000" + "00000002" + "0000000000000006" + "00000008" + "6e6f"},
+		{"error with a code from a later version", func(f *Framer) error {
+			return f.WriteStatus(FrameError, 2, Status{Code: 0x01020304})
+		}, "04000000" + "00000002" + "0000000000000004" + "01020304"},
 		{"cancel", func(f *Framer) error { return f.WriteCancel(0xffffffff) },
 			"05000000" + "ffffffff" + "0000000000000000"},
 	}
@@ -96,8 +102,8 @@ func TestReadFrameRejects(t *testing.T) {
 		{"data without offset", header(byte(FrameData), 0, 7), ErrBadFrame},
 		{"data above chunk limit", header(byte(FrameData), 0, 8+1024+1), ErrFrameTooLarge},
 		{"data of 2^64-1 bytes", header(byte(FrameData), 0, ^uint64(0)), ErrFrameTooLarge},
-		{"end without code", header(byte(FrameEnd), 0, 1), ErrBadFrame},
-		{"error message too long", header(byte(FrameError), 0, 2+MaxMessage+1), ErrFrameTooLarge},
+		{"end without code", header(byte(FrameEnd), 0, 3), ErrBadFrame},
+		{"error message too long", header(byte(FrameError), 0, statusCodeSize+MaxMessage+1), ErrFrameTooLarge},
 		{"cancel with body", header(byte(FrameCancel), 0, 1), ErrBadFrame},
 		{"truncated header", header(byte(FrameEnd), 0, 2)[:10], io.ErrUnexpectedEOF},
 		{"truncated body", append(header(byte(FrameEnd), 0, 5), 0, 0, 'a'), io.ErrUnexpectedEOF},
@@ -127,7 +133,7 @@ func TestWriteLimits(t *testing.T) {
 	}
 	var buf bytes.Buffer
 	f = NewFramer(nil, &buf, 0)
-	if err := f.WriteStatus(FrameError, 1, Status{Code: CodeInternal, Message: strings.Repeat("x", 5000)}); err != nil {
+	if err := f.WriteStatus(FrameError, 1, Status{Code: wire.CodeInternal, Message: strings.Repeat("x", 5000)}); err != nil {
 		t.Fatal(err)
 	}
 	fr, err := NewFramer(&buf, nil, 0).ReadFrame()
@@ -145,9 +151,6 @@ func TestStrings(t *testing.T) {
 	if FrameData.String() != "DATA" || FrameType(9).String() != "FrameType(9)" {
 		t.Errorf("frame type names: %v %v", FrameData, FrameType(9))
 	}
-	if CodeBadLease.String() != "bad lease" || Code(99).String() != "Code(99)" {
-		t.Errorf("code names: %v %v", CodeBadLease, Code(99))
-	}
 }
 
 // FuzzReadFrame reads frames from arbitrary bytes: it must never panic, and
@@ -156,7 +159,7 @@ func TestStrings(t *testing.T) {
 func FuzzReadFrame(f *testing.F) {
 	for _, seed := range [][]byte{
 		header(byte(FrameCancel), 0, 0),
-		append(header(byte(FrameEnd), 0, 4), 0, 1, 'h', 'i'),
+		append(header(byte(FrameEnd), 0, 6), 0, 0, 0, 1, 'h', 'i'),
 		append(header(byte(FrameData), 0, 10), 0, 0, 0, 0, 0, 0, 0, 5, 1, 2),
 		append(header(byte(FrameRequest), 0, RequestSize), make([]byte, RequestSize)...),
 		header(byte(FrameData), 0, 1<<62),

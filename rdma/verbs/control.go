@@ -7,6 +7,7 @@ import (
 
 	"github.com/tensorferry/tensorferry/internal/ibverbs"
 	"github.com/tensorferry/tensorferry/rdma"
+	"github.com/tensorferry/tensorferry/wire"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -23,11 +24,10 @@ const (
 	opEnd uint8 = 3
 )
 
-// codeFailed is the reply code of an owner-side error none of rdma's
-// shared codes names; codes maps errors to codes and back.
-const codeFailed = rdma.CodeChannel
-
-var codes = rdma.NewControlCodes(errBadMessage, codeFailed)
+// codes maps the owner's errors to reply codes and back to the same
+// sentinels on the fetcher (rdma's shared entries; any other error is
+// wire.CodeInternal).
+var codes = rdma.ControlErrors(errBadMessage)
 
 // maxControlBytes bounds a control message or reply.
 const maxControlBytes = 1024
@@ -80,13 +80,13 @@ type request struct {
 
 // reply is the owner's answer.
 type reply struct {
-	Code     uint8       `msgpack:"c"`
-	Msg      string      `msgpack:"m,omitempty"`
-	Endpoint endpointMsg `msgpack:"e,omitempty"`
-	Token    uint64      `msgpack:"t,omitempty"`
-	Addr     uint64      `msgpack:"a,omitempty"`
-	RKey     uint32      `msgpack:"k,omitempty"`
-	Len      int64       `msgpack:"n,omitempty"`
+	Code     wire.ErrCode `msgpack:"c"`
+	Msg      string       `msgpack:"m,omitempty"`
+	Endpoint endpointMsg  `msgpack:"e,omitempty"`
+	Token    uint64       `msgpack:"t,omitempty"`
+	Addr     uint64       `msgpack:"a,omitempty"`
+	RKey     uint32       `msgpack:"k,omitempty"`
+	Len      int64        `msgpack:"n,omitempty"`
 }
 
 var errBadMessage = errors.New("verbs: bad control message")
@@ -124,7 +124,9 @@ func decodeReply(b []byte) (*reply, error) {
 }
 
 // err rebuilds the owner's error on the fetcher, wrapping the same sentinel.
-func (r *reply) err(owner string) error { return codes.Err("verbs", owner, r.Code, r.Msg) }
+func (r *reply) err(owner string) error {
+	return rdma.ReplyError(codes, "verbs", owner, r.Code, r.Msg)
+}
 
 // offerLen is the size of an encoded offer: version, address, length, rkey.
 const offerLen = 1 + 8 + 8 + 4

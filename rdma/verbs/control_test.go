@@ -7,6 +7,7 @@ import (
 	"github.com/tensorferry/tensorferry/internal/ibverbs"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
+	"github.com/tensorferry/tensorferry/wire"
 )
 
 func TestOfferRoundTrip(t *testing.T) {
@@ -102,7 +103,10 @@ func TestReplyErrorsKeepSentinels(t *testing.T) {
 	if err := (&reply{Code: codes.Code(rdma.ErrClosed)}).err("o"); !errors.Is(err, rdma.ErrPeerDown) {
 		t.Errorf("closed owner gives %v, want ErrPeerDown", err)
 	}
-	if err := (&reply{Code: codeFailed, Msg: "boom"}).err("o"); err == nil || err.Error() != "verbs: owner o: boom" {
+	if code := codes.Code(errors.New("boom")); code != wire.CodeInternal {
+		t.Errorf("other error: code %v, want wire.CodeInternal", code)
+	}
+	if err := (&reply{Code: wire.CodeInternal, Msg: "boom"}).err("o"); err == nil || err.Error() != "verbs: owner o: boom" {
 		t.Errorf("failure gives %v", err)
 	}
 	if err := (&reply{}).err("o"); err != nil {
@@ -138,7 +142,7 @@ func FuzzDecodeRequest(f *testing.F) {
 func FuzzDecodeReply(f *testing.F) {
 	for _, r := range []reply{
 		{Code: rdma.CodeOK, Token: 3, Addr: 0x1000, RKey: 5, Len: 4096},
-		{Code: rdma.CodeBadLease, Msg: "no"},
+		{Code: wire.CodeReleased, Msg: "no"},
 		{Endpoint: endpointMsg{QPN: 1, MTU: 3}},
 	} {
 		b, _ := encode(&r)
