@@ -16,6 +16,7 @@ import (
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/rdma/rdmatest"
 	"github.com/tensorferry/tensorferry/tensor"
+	"github.com/tensorferry/tensorferry/wire"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -45,7 +46,7 @@ func init() {
 
 var errToyBad = errors.New("toy: bad control message")
 
-var toyCodes = rdma.NewControlCodes(errToyBad, rdma.CodeChannel)
+var toyCodes = rdma.ControlErrors(errToyBad)
 
 type toyRequest struct {
 	Incarnation uint64 `msgpack:"i"`
@@ -56,9 +57,9 @@ type toyRequest struct {
 }
 
 type toyReply struct {
-	Code uint8  `msgpack:"c"`
-	Msg  string `msgpack:"m"`
-	Data []byte `msgpack:"d"`
+	Code wire.ErrCode `msgpack:"c"`
+	Msg  string       `msgpack:"m"`
+	Data []byte       `msgpack:"d"`
 }
 
 type toyChannel struct {
@@ -119,7 +120,7 @@ func (c *toyChannel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory
 		if err := rdma.DecodeControl(b, toyChunk+1024, &rep, errToyBad, "reply"); err != nil {
 			return err
 		}
-		if err := toyCodes.Err(toyName, d.Owner, rep.Code, rep.Msg); err != nil {
+		if err := rdma.ReplyError(toyCodes, toyName, d.Owner, rep.Code, rep.Msg); err != nil {
 			return err
 		}
 		if len(rep.Data) != n {

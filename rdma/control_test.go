@@ -51,23 +51,3 @@ func TestControlErrors(t *testing.T) {
 		t.Errorf("CodeProtocol without a sentinel: %v", err)
 	}
 }
-
-// TestControlCodesUint8: the deprecated uint8 form keeps the sentinels.
-func TestControlCodesUint8(t *testing.T) {
-	bad := errors.New("x: bad control message")
-	codes := rdma.NewControlCodes(bad, rdma.CodeChannel)
-	for _, s := range []error{tensor.ErrUnknownExport, tensor.ErrBadLease, tensor.ErrStale, tensor.ErrStoreClosed, bad} {
-		if err := codes.Err("x", "a", codes.Code(s), "why"); !errors.Is(err, s) {
-			t.Errorf("%v came back as %v", s, err)
-		}
-	}
-	if err := codes.Err("x", "a", codes.Code(rdma.ErrClosed), "why"); !errors.Is(err, rdma.ErrPeerDown) {
-		t.Errorf("closed owner: %v", err)
-	}
-	if c := codes.Code(errors.New("other")); c != rdma.CodeChannel {
-		t.Errorf("other error: code %d", c)
-	}
-	if err := codes.Err("x", "a", codes.Code(nil), ""); err != nil {
-		t.Errorf("no error: %v", err)
-	}
-}
