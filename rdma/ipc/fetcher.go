@@ -658,7 +658,7 @@ func (c *Channel) copy(ctx context.Context, l *lane, dst, src memory.Buffer) (la
 	if rerr := l.s.Record(last); rerr != nil {
 		return laneAbandon, errors.Join(err, fmt.Errorf("ipc: %w", rerr))
 	}
-	if werr := waitEvent(nil, last, time.Now().Add(c.cfg.CancelGrace)); werr != nil {
+	if werr := waitEvent(context.Background(), last, time.Now().Add(c.cfg.CancelGrace)); werr != nil {
 		return laneAbandon, errors.Join(err, werr)
 	}
 	if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
