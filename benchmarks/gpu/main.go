@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/benchmarks/internal/report"
-	"github.com/tensorferry/tensorferry/cluster"
-	"github.com/tensorferry/tensorferry/internal/cuda"
+	"github.com/tensorferry/tensorferry/benchmarks/internal/size"
+	"github.com/tensorferry/tensorferry/memory"
 )
 
 // defaultSizes are the message sizes of a full run.
@@ -70,7 +70,7 @@ func main() {
 	}
 	var err error
 	if o.sizes, err = sizes(*minSize, *maxSize); err == nil {
-		o.regSize, err = cluster.ParseSize(*regSize)
+		o.regSize, err = size.Parse(*regSize)
 	}
 	if *quick {
 		o.sizes = slices.DeleteFunc(o.sizes, func(s int) bool { return s > 64<<20 })
@@ -151,11 +151,11 @@ func fatal(err error) {
 
 // sizes returns the default sizes between lo and hi.
 func sizes(lo, hi string) ([]int, error) {
-	a, err := cluster.ParseSize(lo)
+	a, err := size.Parse(lo)
 	if err != nil {
 		return nil, err
 	}
-	b, err := cluster.ParseSize(hi)
+	b, err := size.Parse(hi)
 	if err != nil {
 		return nil, err
 	}
@@ -174,7 +174,7 @@ func sizes(lo, hi string) ([]int, error) {
 func formatSizes(ss []int) string {
 	var parts []string
 	for _, s := range ss {
-		parts = append(parts, cluster.FormatSize(s))
+		parts = append(parts, size.Format(s))
 	}
 	return strings.Join(parts, ", ")
 }
@@ -182,10 +182,7 @@ func formatSizes(ss []int) string {
 // gpuCount returns the number of CUDA devices, or 0 and the driver's
 // reason.
 func gpuCount() (int, string) {
-	if err := cuda.Init(); err != nil {
-		return 0, err.Error()
-	}
-	n, err := cuda.DeviceCount()
+	n, err := memory.CUDADeviceCount()
 	if err != nil {
 		return 0, err.Error()
 	}
@@ -281,6 +278,6 @@ func (o options) progressf(format string, args ...any) {
 
 // emit hands r to the progress writer and returns it.
 func (o options) emit(r report.Result) report.Result {
-	o.progressf("  %s %s %s = %s %s", r.Path, cluster.FormatSize(int(r.Size)), r.Metric, report.FormatValue(r.Value), r.Channel)
+	o.progressf("  %s %s %s = %s %s", r.Path, size.Format(int(r.Size)), r.Metric, report.FormatValue(r.Value), r.Channel)
 	return r
 }

@@ -80,7 +80,7 @@ func TestNoGPU(t *testing.T) {
 		t.Skipf("this machine has %d GPUs", n)
 	}
 	if !strings.Contains(why, "cuda") {
-		t.Errorf("skip reason %q does not come from internal/cuda", why)
+		t.Errorf("skip reason %q does not come from the CUDA driver", why)
 	}
 }
 

@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	"github.com/tensorferry/tensorferry/benchmarks/internal/report"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/benchmarks/internal/size"
 )
 
 // summary states issue 4's targets against the figures in rs (and in nccl,
@@ -42,7 +42,7 @@ func summary(rs, nccl []report.Result) []string {
 				continue
 			}
 			if n, ok := find(nccl, is("nccl-sendrecv"), r.Size, report.GBps); ok && n > 0 {
-				out = append(out, fmt.Sprintf("%s %s: %.1f GB/s vs NCCL %.1f GB/s = %.2f× (target ≥ 1×)", p, cluster.FormatSize(int(r.Size)), r.Value, n, r.Value/n))
+				out = append(out, fmt.Sprintf("%s %s: %.1f GB/s vs NCCL %.1f GB/s = %.2f× (target ≥ 1×)", p, size.Format(int(r.Size)), r.Value, n, r.Value/n))
 			}
 		}
 	}
@@ -51,7 +51,7 @@ func summary(rs, nccl []report.Result) []string {
 			continue
 		}
 		if raw, ok := find(rs, is(pathRawTCP), r.Size, report.GBps); ok && raw > 0 {
-			line := fmt.Sprintf("staging %s: %.1f %% of raw TCP (target ≥ 85 %%)", cluster.FormatSize(int(r.Size)), 100*r.Value/raw)
+			line := fmt.Sprintf("staging %s: %.1f %% of raw TCP (target ≥ 85 %%)", size.Format(int(r.Size)), 100*r.Value/raw)
 			if nv, ok := find(rs, is(pathNaive), r.Size, report.GBps); ok && nv > 0 {
 				line += fmt.Sprintf(", %.2f× the naive sequence (target ≥ 2×)", r.Value/nv)
 			}
@@ -64,7 +64,7 @@ func summary(rs, nccl []report.Result) []string {
 				continue
 			}
 			if rep, ok := find(rs, is(p), r.Size, "repeat_ms"); ok {
-				out = append(out, fmt.Sprintf("%s %s: first %.2f ms, repeated %.2f ms", p, cluster.FormatSize(int(r.Size)), r.Value, rep))
+				out = append(out, fmt.Sprintf("%s %s: first %.2f ms, repeated %.2f ms", p, size.Format(int(r.Size)), r.Value, rep))
 			}
 		}
 	}

@@ -11,7 +11,7 @@ import (
 	"strings"
 
 	"github.com/tensorferry/tensorferry/benchmarks/internal/report"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/benchmarks/internal/size"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
@@ -206,7 +206,7 @@ func (sizeTicks) Ticks(lo, hi float64) []plot.Tick {
 		}
 		t := plot.Tick{Value: v}
 		if e%2 == 0 || lo*16 > hi {
-			t.Label = cluster.FormatSize(1 << e)
+			t.Label = size.Format(1 << e)
 		}
 		ts = append(ts, t)
 	}

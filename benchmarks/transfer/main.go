@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/benchmarks/internal/report"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/benchmarks/internal/size"
 )
 
 // Path names, as they appear in the report.
@@ -74,10 +74,10 @@ func main() {
 	forcedChannel = *channel
 
 	o := options{reps: *reps, rttCount: *rtt, inflight: *inflight, timeout: *timeout}
-	lo, err := cluster.ParseSize(*minSize)
+	lo, err := size.Parse(*minSize)
 	if err == nil {
 		var hi int
-		if hi, err = cluster.ParseSize(*maxSize); err == nil {
+		if hi, err = size.Parse(*maxSize); err == nil {
 			if *quick && hi > 64<<20 {
 				hi = 64 << 20
 			}
@@ -89,7 +89,7 @@ func main() {
 		}
 	}
 	if err == nil && *chunk != "" {
-		o.chunk, err = cluster.ParseSize(*chunk)
+		o.chunk, err = size.Parse(*chunk)
 	}
 	if err != nil {
 		fatal(err)
@@ -121,7 +121,7 @@ func main() {
 	fmt.Fprintf(os.Stderr, "transfer: %d CPUs, GOMAXPROCS %d, load average %s\n", runtime.NumCPU(), runtime.GOMAXPROCS(0), loadAverage())
 	rs, err := run(o, func(r report.Result) {
 		if !*asJSON {
-			fmt.Fprintf(os.Stderr, "  %s %s %s = %s\n", r.Path, cluster.FormatSize(int(r.Size)), r.Metric, report.FormatValue(r.Value))
+			fmt.Fprintf(os.Stderr, "  %s %s %s = %s\n", r.Path, size.Format(int(r.Size)), r.Metric, report.FormatValue(r.Value))
 		}
 	})
 	if *asJSON {
@@ -179,7 +179,7 @@ func summary(rs []report.Result) []string {
 		rawBest, _ := find(pathRaw, int64(s), metricBest)
 		if ok1 && ok2 && raw > 0 && rawBest > 0 {
 			out = append(out, fmt.Sprintf("%s: tensorferry %.1f %% of raw TCP (target ≥ 85 %%); best repetitions: %.1f %%",
-				cluster.FormatSize(s), 100*tf/raw, 100*tfBest/rawBest))
+				size.Format(s), 100*tf/raw, 100*tfBest/rawBest))
 		}
 	}
 	a, ok1 := find(pathRTT4K, rttTensor, report.RTTP50Us)

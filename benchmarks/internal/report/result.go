@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"text/tabwriter"
 
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/benchmarks/internal/size"
 )
 
 // Metric names shared by the programs.
@@ -49,15 +49,15 @@ func WriteTable(w io.Writer, rs []Result) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "path\tsize\tmetric\tvalue\tn\tchannel\t")
 	for _, r := range rs {
-		size := "-"
+		sz := "-"
 		if r.Size > 0 {
-			size = cluster.FormatSize(int(r.Size))
+			sz = size.Format(int(r.Size))
 		}
 		ch := r.Channel
 		if ch == "" {
 			ch = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t\n", r.Path, size, r.Metric, FormatValue(r.Value), r.N, ch)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t\n", r.Path, sz, r.Metric, FormatValue(r.Value), r.N, ch)
 	}
 	return tw.Flush()
 }
