@@ -739,11 +739,9 @@ func TestSoakNodeKills(t *testing.T) {
 		// RNG, not synchronization: every step waits for its own events.
 		pause := time.NewTimer(time.Duration(1000+rng.IntN(4000)) * time.Millisecond)
 		<-pause.C
-		var alive, dead []string
+		var dead []string
 		for _, name := range kids {
-			if children[name] != nil {
-				alive = append(alive, name)
-			} else {
+			if children[name] == nil {
 				dead = append(dead, name)
 			}
 		}

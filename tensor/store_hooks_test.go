@@ -29,7 +29,9 @@ func TestStoreOnEndSubscribers(t *testing.T) {
 		t.Fatal(err)
 	}
 	cancelA()
-	e, _, _ = s.Export(x, "peer", 0)
+	if _, _, err := s.Export(x, "peer", 0); err != nil {
+		t.Fatal(err)
+	}
 	s.ReleaseHolder("peer")
 	if a != 1 || b != 2 {
 		t.Fatalf("a=%d b=%d, want 1 and 2", a, b)

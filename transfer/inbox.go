@@ -37,10 +37,9 @@ type inbox struct {
 	maxMsgs   int
 	maxBytes  int64
 	bytes     int64
-	window    int          // messages with tensors not yet fetched, at most
+	windowMax int          // messages with tensors not yet fetched, at most
 	inWindow  int          // such messages now
 	pending   atomic.Int64 // messages in q or being delivered
-	windowMax int
 }
 
 func (b *inbox) init(maxMsgs int, maxBytes int64, window int) {

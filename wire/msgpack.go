@@ -54,7 +54,6 @@ func checkMsgpack(b []byte, maxDepth int) error {
 		}
 		c := b[pos]
 		pos++
-		rest := uint64(len(b) - pos)
 		var skip uint64     // payload bytes to skip
 		var children uint64 // nested values that follow
 		var isMap bool
@@ -128,7 +127,7 @@ func checkMsgpack(b []byte, maxDepth int) error {
 			}
 			children, isMap = n, true
 		}
-		rest = uint64(len(b) - pos)
+		rest := uint64(len(b) - pos)
 		if skip > rest {
 			return fmt.Errorf("%w (%d > %d)", errMsgpackLength, skip, rest)
 		}
