@@ -13,9 +13,11 @@
 // The owner serves only ids found in its Store, checks every request against
 // the export's bounds, and reports a bad request (unknown or released id,
 // wrong lease, stale incarnation, range outside the export) to that transfer
-// only: the connection stays up.
+// only: the connection stays up. Large transfers are striped over up to 4
+// pooled connections on hosts with cores to spare. The package registers
+// its backend ("staging", always viable) with rdma.Register (backend.go).
 //
-//	ch, _ := staging.New(env)      // env.Dial reaches other nodes' listeners
-//	node.OnDataConn = ch.ServeConn // connections dialled by peers' channels
-//	err := ch.Fetch(ctx, d, dst)   // d from a message, dst on any device
+//	ch, _ := staging.New(env)        // env.Dial reaches other nodes' listeners
+//	go ch.ServeConn(conn, peer)      // a data connection a peer's channel dialled
+//	err := ch.Fetch(ctx, d, dst)     // d from a message, dst on any device
 package staging
