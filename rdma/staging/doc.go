@@ -18,6 +18,6 @@
 // its backend ("staging", always viable) with rdma.Register (backend.go).
 //
 //	ch, _ := staging.New(env)        // env.Dial reaches other nodes' listeners
-//	go ch.ServeConn(conn, peer)      // a data connection a peer's channel dialled
+//	ch.ServeConn(conn, peer)         // a data connection a peer's channel dialled (returns at once)
 //	err := ch.Fetch(ctx, d, dst)     // d from a message, dst on any device
 package staging
