@@ -34,25 +34,55 @@ func init() {
 		Name:     "memtest",
 		Priority: 1,
 		Reach:    func(owner, fetcher *rdma.Caps, src, dst memory.Device) error { return nil },
-		New:      func(env *rdma.Env) (rdma.Channel, error) { return memtest{}, nil },
+		New:      func(env *rdma.Env) (rdma.Channel, error) { return &memtest{down: map[string]chan struct{}{}}, nil },
 	})
 }
 
-type memtest struct{}
+// memtest fails its fetches from a node that went down, as channels do.
+type memtest struct {
+	mu   sync.Mutex
+	down map[string]chan struct{} // owner → closed by PeerDown
+}
 
-func (memtest) Name() string { return "memtest" }
-func (memtest) Offer(context.Context, *tensor.Export, string) ([]byte, error) {
+func (m *memtest) Name() string { return "memtest" }
+func (m *memtest) Offer(context.Context, *tensor.Export, string) ([]byte, error) {
 	return nil, nil
 }
-func (memtest) PeerDown(string) {}
-func (memtest) Close() error    { return nil }
-func (memtest) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer) error {
+func (m *memtest) PeerDown(node string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if ch := m.down[node]; ch != nil {
+		close(ch)
+	}
+	m.down[node] = nil
+}
+func (m *memtest) Close() error { return nil }
+
+// downCh returns the channel closed when owner goes down.
+func (m *memtest) downCh(owner string) chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ch, ok := m.down[owner]
+	if !ok {
+		ch = make(chan struct{})
+		m.down[owner] = ch
+	}
+	if ch == nil { // down already
+		ch = make(chan struct{})
+		close(ch)
+	}
+	return ch
+}
+
+func (m *memtest) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer) error {
 	memtestGate.Lock()
 	gate := memtestGate.ch
 	memtestGate.Unlock()
 	if gate != nil {
 		select {
 		case <-gate:
+		case <-m.downCh(d.Owner):
+			return fmt.Errorf("memtest: %w: %s", rdma.ErrPeerDown, d.Owner)
 		case <-ctx.Done():
 			return ctx.Err()
 		}
