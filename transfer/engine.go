@@ -430,17 +430,3 @@ func (e *Engine) HandleDataConn(peer, channel string, conn net.Conn) {
 	}
 	ch.ServeConn(conn, peer)
 }
-
-// Route returns the channel that would move a tensor of owner's device src
-// to this node's device dst, with the reasons for the others.
-func (e *Engine) Route(owner string, src, dst memory.Device) (rdma.Choice, error) {
-	oc := &e.caps
-	if owner != e.cfg.Node {
-		p := e.peer(owner)
-		if p == nil {
-			return rdma.Choice{}, fmt.Errorf("%w: %s", ErrPeerDown, owner)
-		}
-		oc = &p.caps
-	}
-	return rdma.Select(oc, &e.caps, src, dst), nil
-}
