@@ -16,12 +16,14 @@ import (
 	"github.com/tensorferry/tensorferry/cluster"
 )
 
-// TestHelperNode is not a test: it is the body of a node process started by
-// the tests below (the test binary re-executes itself).
-func TestHelperNode(t *testing.T) {
-	path, name := os.Getenv("TF_TEST_CONFIG"), os.Getenv("TF_TEST_NODE")
+// nodeOfChild makes the node of a child process: the config file and node
+// name come from the environment variables named; it skips the test with
+// why when they are not set (not a child) and exits with 2 on an error.
+func nodeOfChild(t *testing.T, configVar, nameVar, why string) *actor.Node {
+	t.Helper()
+	path, name := os.Getenv(configVar), os.Getenv(nameVar)
 	if path == "" {
-		t.Skip("runs only as a child process")
+		t.Skip(why)
 	}
 	cfg, err := cluster.Load(path)
 	if err != nil {
@@ -33,6 +35,13 @@ func TestHelperNode(t *testing.T) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
+	return node
+}
+
+// TestHelperNode is not a test: it is the body of a node process started by
+// the tests below (the test binary re-executes itself).
+func TestHelperNode(t *testing.T) {
+	node := nodeOfChild(t, "TF_TEST_CONFIG", "TF_TEST_NODE", "runs only as a child process")
 	// Actors first: a peer may talk to them as soon as the node is up.
 	spawnTestActors(node)
 	if err := node.Start(); err != nil {

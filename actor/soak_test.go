@@ -66,20 +66,8 @@ func init() {
 // TestSoakNodeKills (the test binary re-executes itself). It runs the actors
 // of the process tests and the soak's own.
 func TestHelperSoakNode(t *testing.T) {
-	path, name := os.Getenv("TF_SOAK_CONFIG"), os.Getenv("TF_SOAK_NODE")
-	if path == "" {
-		t.Skip("runs only as a child process of TestSoakNodeKills")
-	}
-	cfg, err := cluster.Load(path)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	node, err := actor.NewNode(cfg, name, testLogger())
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
+	node := nodeOfChild(t, "TF_SOAK_CONFIG", "TF_SOAK_NODE", "runs only as a child process of TestSoakNodeKills")
+	name := node.Name()
 	spawnTestActors(node)
 	_, _ = node.Root().SpawnNamed(pa.PropsFromFunc(func(c pa.Context) {
 		if m, ok := c.Message().(*SoakWatch); ok {
