@@ -66,6 +66,7 @@ type Peer struct {
 
 	conn      *wire.Conn
 	initiator string // which end dialed
+	addr      string // the connection's remote address
 	lastSeen  atomic.Int64
 	up        chan struct{} // closed when caps arrived
 	upOnce    sync.Once
@@ -100,7 +101,12 @@ type slot struct {
 	// a connection on which this node already sent its capabilities, and
 	// which the peer may already use).
 	accepting bool
-	changed   chan struct{} // closed and replaced whenever cur changes
+	// highest is the highest incarnation of the peer attached so far: a
+	// restarted node always comes back higher (incarnations are
+	// time-ordered), so a lower one is an impostor or a stale process and
+	// never displaces the live node.
+	highest uint64
+	changed chan struct{} // closed and replaced whenever cur changes
 }
 
 // Membership keeps one authenticated control connection to every other node
@@ -642,7 +648,7 @@ const HandlerTakeover = 10 * time.Millisecond
 // up yet gives way to the connection dialed by the node with the smaller
 // name.
 func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
-	p := &Peer{Name: wp.Node, Incarnation: wp.Incarnation, initiator: initiator, up: make(chan struct{}), m: m}
+	p := &Peer{Name: wp.Node, Incarnation: wp.Incarnation, initiator: initiator, up: make(chan struct{}), m: m, addr: remoteAddr(nc)}
 	p.lastSeen.Store(time.Now().UnixNano())
 	p.conn = wire.NewConn(nc, wp, wire.ConnOptions{
 		MaxFrameSize: uint32(m.cfg.MaxFrameSize),
@@ -667,6 +673,18 @@ func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
 		_ = p.conn.Close(ErrClosed)
 		return
 	}
+	if wp.Incarnation < s.highest {
+		live, liveAddr := s.highest, "(not connected now)"
+		if s.cur != nil {
+			liveAddr = s.cur.addr
+		}
+		m.mu.Unlock()
+		m.log.Error("connection from an older incarnation refused: the higher incarnation wins",
+			zap.String("peer", wp.Node), zap.Uint64("incarnation", wp.Incarnation), zap.String("address", remoteAddr(nc)),
+			zap.Uint64("live_incarnation", live), zap.String("live_address", liveAddr))
+		_ = nc.Close()
+		return
+	}
 	old := s.cur
 	if old != nil && old.Incarnation == wp.Incarnation {
 		preferred := min(m.self.Name, wp.Node)
@@ -685,6 +703,7 @@ func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
 		}
 	}
 	s.cur = p
+	s.highest = max(s.highest, wp.Incarnation)
 	close(s.changed)
 	s.changed = make(chan struct{})
 	m.mu.Unlock()
@@ -703,6 +722,14 @@ func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
 		p.conn.Fail(err)
 	}
 	p.conn.Start()
+}
+
+// remoteAddr names the other end of nc.
+func remoteAddr(nc net.Conn) string {
+	if a := nc.RemoteAddr(); a != nil {
+		return a.String()
+	}
+	return "?"
 }
 
 // wakeDialer wakes the dial loop of s, which may wait for an accepted

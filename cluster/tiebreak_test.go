@@ -88,3 +88,76 @@ func TestSimultaneousDialsLoseNoMessage(t *testing.T) {
 		}
 	}
 }
+
+// TestOlderIncarnationDoesNotDisplaceTheLiveNode: a peer holding the secret
+// that claims a running node's name with a lower incarnation is refused
+// (logged as an error naming both addresses); the live node stays up.
+func TestOlderIncarnationDoesNotDisplaceTheLiveNode(t *testing.T) {
+	cfg, err := cluster.LocalConfig("test", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	ev0 := newEvents()
+	m0, err := cluster.NewMembership(cfg, "node0", 100, ev0, cluster.Options{Caps: []byte{0x80}, Logger: zap.New(core)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	live, err := cluster.NewMembership(cfg, "node1", 200, newEvents(), cluster.Options{Caps: []byte{0x80}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []*cluster.Membership{m0, live} {
+		if err := m.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = m.Close() })
+	}
+	ev0.expect(t, "up node1")
+	// The impostor: node1's name, incarnation 150, its own address.
+	fake := *cfg
+	fake.Nodes = append([]cluster.NodeConfig(nil), cfg.Nodes...)
+	for i := range fake.Nodes {
+		if fake.Nodes[i].Name == "node1" {
+			fake.Nodes[i].Address, fake.Nodes[i].DataAddress = freeAddr(t), freeAddr(t)
+		}
+	}
+	imp, err := cluster.NewMembership(&fake, "node1", 150, newEvents(), cluster.Options{Caps: []byte{0x80}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := imp.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = imp.Close() })
+	// node0 refuses it, with an error naming both addresses.
+	timeout := time.After(10 * time.Second)
+	for logs.FilterMessageSnippet("older incarnation refused").Len() == 0 {
+		select {
+		case <-timeout:
+			t.Fatal("the older incarnation was not refused")
+		case e := <-ev0.ch:
+			if e == "down node1" {
+				t.Fatal("the live node1 was displaced by an older incarnation")
+			}
+		case <-time.After(time.Millisecond):
+		}
+	}
+	f := logs.FilterMessageSnippet("older incarnation refused").All()[0].ContextMap()
+	if f["address"] == "" || f["live_address"] == "" || f["incarnation"] != uint64(150) || f["live_incarnation"] != uint64(200) {
+		t.Fatalf("log fields %v", f)
+	}
+	if p, ok := m0.Peer("node1"); !ok || p.Incarnation != 200 {
+		t.Fatalf("node1 at node0: %v %v", p, ok)
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
