@@ -44,6 +44,12 @@ func TestHelperNode(t *testing.T) {
 	node := nodeOfChild(t, "TF_TEST_CONFIG", "TF_TEST_NODE", "runs only as a child process")
 	// Actors first: a peer may talk to them as soon as the node is up.
 	spawnTestActors(node)
+	serveChild(node)
+}
+
+// serveChild starts the node of a child process and runs it until SIGTERM
+// or SIGINT, then stops it and exits.
+func serveChild(node *actor.Node) {
 	if err := node.Start(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)

@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	"os/signal"
 	"runtime"
 	"sort"
 	"strconv"
@@ -101,15 +100,7 @@ func TestHelperSoakNode(t *testing.T) {
 			}()
 		}
 	}), "soakgen")
-	if err := node.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-	<-sig
-	_ = node.Stop()
-	os.Exit(0)
+	serveChild(node)
 }
 
 func fnvHash(b []byte) uint64 {

@@ -13,28 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorferry/tensorferry/internal/poll"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 )
-
-// waitUntil polls cond every millisecond until it holds: the last resort
-// for a condition that no channel or callback reports. The deadline only
-// fails a test whose condition never comes.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	deadline := time.NewTimer(10 * time.Second)
-	defer deadline.Stop()
-	for !cond() {
-		select {
-		case <-tick.C:
-		case <-deadline.C:
-			t.Fatalf("%s: not reached in 10 s", what)
-		}
-	}
-}
 
 // waitBlocked waits until a goroutine whose stack holds fn (such as
 // "wire.(*Conn).SendMessage(") is parked in a select, a channel operation
@@ -43,7 +26,7 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 func waitBlocked(t *testing.T, fn string) {
 	t.Helper()
 	buf := make([]byte, 1<<20)
-	waitUntil(t, fn+" blocked", func() bool {
+	poll.Until(t, fn+" blocked", func() bool {
 		all := buf[:runtime.Stack(buf, true)]
 		for _, g := range bytes.Split(all, []byte("\n\n")) {
 			header, _, _ := bytes.Cut(g, []byte("\n"))

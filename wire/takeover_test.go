@@ -5,6 +5,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tensorferry/tensorferry/internal/poll"
 )
 
 // takeoverPair connects a plain Conn (ca, the sender) to one whose Handler
@@ -184,7 +186,7 @@ func TestTakeoverWatchdogParksWhenIdle(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Nothing reports the parking but the flag.
-	waitUntil(t, "the watchdog parked while idle", takeoverWatch.parked.Load)
+	poll.Until(t, "the watchdog parked while idle", takeoverWatch.parked.Load)
 	if err := ca.Send(ctx, FrameMessage, 0, 0, &Message{Target: "x", Request: 2}); err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorferry/tensorferry/internal/poll"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/rdma/rdmatest"
@@ -242,24 +243,6 @@ func (c slowConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// waitUntil polls cond every millisecond until it holds: the last resort
-// for a condition that no channel or callback reports. The deadline only
-// fails a test whose condition never comes.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	deadline := time.NewTimer(10 * time.Second)
-	defer deadline.Stop()
-	for !cond() {
-		select {
-		case <-tick.C:
-		case <-deadline.C:
-			t.Fatalf("%s: not reached in 10 s", what)
-		}
-	}
-}
-
 // pair is an owner and a fetcher staging channel over loopback.
 type pair struct {
 	owner, fetcher *staging.Channel
@@ -336,10 +319,10 @@ func inFlight(t *testing.T, p *pair, stop func()) error {
 		_, err := p.fetch(context.Background())
 		res <- err
 	}()
-	waitUntil(t, "the owner serves the transfer", func() bool { return p.owner.InFlight() != 0 })
+	poll.Until(t, "the owner serves the transfer", func() bool { return p.owner.InFlight() != 0 })
 	// Bytes of the transfer arrive at the fetcher: it is under way.
 	reads := p.reads.Load()
-	waitUntil(t, "the fetcher reads the transfer's bytes", func() bool { return p.reads.Load() > reads })
+	poll.Until(t, "the fetcher reads the transfer's bytes", func() bool { return p.reads.Load() > reads })
 	stopped := time.Now()
 	stop()
 	select {
@@ -374,7 +357,7 @@ func TestInFlightTransfersFail(t *testing.T) {
 					t.Fatalf("fetch: %v, want %v", err, tc.want)
 				}
 				// Neither end holds anything for the failed transfer.
-				waitUntil(t, "nothing in flight after the failure", func() bool {
+				poll.Until(t, "nothing in flight after the failure", func() bool {
 					return p.owner.InFlight()+p.fetcher.InFlight() == 0
 				})
 			})
