@@ -6,6 +6,7 @@ import (
 	"reflect"
 
 	pa "github.com/asynkron/protoactor-go/actor"
+	"github.com/tensorferry/tensorferry/internal/tracehook"
 	"github.com/tensorferry/tensorferry/transfer"
 	"github.com/tensorferry/tensorferry/wire"
 	"go.uber.org/zap"
@@ -93,6 +94,7 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 	if m.SenderID != "" {
 		sender = pa.NewPID(m.SenderNode, m.SenderID)
 	}
+	rs := n.startReceive(ps.peer.Name, m.Header, m.Target, m.Type)
 	target := ps.target(n.self.Name, m.Target)
 	var proc pa.Process
 	ok := true
@@ -105,6 +107,7 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 		proc, ok = pc.get(n, m.Target)
 	}
 	if !ok {
+		rs.Fail("no such actor")
 		n.replyDeadLetter(ps, sender, target, "no such actor")
 		if len(m.Tensors) > 0 {
 			n.eng.Refuse(ps.peer.Name, m.Tensors)
@@ -113,6 +116,7 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 	}
 	msg, err := registry.Decode(m.Type, m.Ser, m.Body)
 	if err != nil {
+		rs.End(err)
 		n.log.Warn("message not decoded", zap.String("peer", ps.peer.Name), zap.String("type", m.Type), zap.Error(err))
 		n.replyFailure(ps, sender, target, fmt.Sprintf("decoding %s: %v", m.Type, err))
 		if len(m.Tensors) > 0 {
@@ -121,6 +125,7 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 		return
 	}
 	if _, poison := msg.(*pa.PoisonPill); poison && n.refuseLifecycle(ps, m.Target, "PoisonPill") {
+		rs.Fail("remote PoisonPill refused")
 		n.replyFailure(ps, sender, target, "remote PoisonPill refused by "+n.self.Name)
 		return
 	}
@@ -128,7 +133,8 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 	// when the budgets allow (in, nil when there are none).
 	var in *transfer.Incoming
 	if len(m.Tensors) > 0 || holdsTensors(pc, m.Type, msg) {
-		if in, err = n.eng.Import(ps.peer.Name, m.Tensors, msg, n.deviceOf(m.Target)); err != nil {
+		if in, err = n.eng.ImportContext(rs.Context(), ps.peer.Name, m.Tensors, msg, n.deviceOf(m.Target)); err != nil {
+			rs.End(err)
 			n.log.Warn("message refused", zap.String("peer", ps.peer.Name), zap.String("type", m.Type), zap.Error(err))
 			n.replyFailure(ps, sender, target, fmt.Sprintf("tensors of %s: %v", m.Type, err))
 			return
@@ -137,21 +143,25 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 	// Messages without tensors to fetch go straight to the mailbox unless
 	// earlier ones from the same peer still wait for theirs (order holds).
 	if in == nil && !ps.ep.Backlog() {
+		dl := n.startDelivery(rs, &m.Header)
 		if pc == nil { // a message alone in its frame
 			if mb := n.inlineFor(m.Target, proc); mb != nil {
 				mb.postInline(envelope(sender, m.Header, msg))
+				dl.end()
 				return
 			}
 		} else if mb := pc.inline(n, m.Target, proc); mb != nil {
 			pc.hold(mb, envelope(sender, m.Header, msg))
+			dl.end()
 			return
 		}
 		pc.flush()
 		n.deliverTo(proc, target, sender, m.Header, msg)
+		dl.end()
 		return
 	}
 	pc.flush()
-	n.enqueue(ps, in, m, target, sender, msg)
+	n.enqueue(ps, in, m, target, sender, msg, rs)
 }
 
 // holdsTensors reports whether messages of the named type (msg is one) may
@@ -171,13 +181,15 @@ type inMessage struct {
 	target, sender *pa.PID
 	header         map[string]string
 	msg            any
+	span           tracehook.Span // its receipt's, ended at delivery
 }
 
 // enqueue queues a message with tensors to fetch, or behind such messages,
 // in the engine's inbox for its peer.
-func (n *Node) enqueue(ps *peerState, in *transfer.Incoming, m *wire.Message, target, sender *pa.PID, msg any) {
-	im := &inMessage{n: n, ps: ps, target: target, sender: sender, header: m.Header, msg: msg}
+func (n *Node) enqueue(ps *peerState, in *transfer.Incoming, m *wire.Message, target, sender *pa.PID, msg any, rs tracehook.Span) {
+	im := &inMessage{n: n, ps: ps, target: target, sender: sender, header: m.Header, msg: msg, span: rs}
 	if err := n.eng.Enqueue(ps.peer.Name, in, int64(len(m.Body)+len(m.Tensors)), im); err != nil {
+		rs.End(err)
 		in.Abort()
 		n.replyFailure(ps, sender, target, err.Error())
 	}
@@ -185,7 +197,14 @@ func (n *Node) enqueue(ps *peerState, in *transfer.Incoming, m *wire.Message, ta
 
 // Deliver implements transfer.Delivery.
 func (im *inMessage) Deliver(err error) {
+	if err != nil {
+		im.span.End(err)
+		im.n.deliverFetched(im.ps, im.target, im.sender, im.header, im.msg, err)
+		return
+	}
+	dl := im.n.startDelivery(im.span, &im.header)
 	im.n.deliverFetched(im.ps, im.target, im.sender, im.header, im.msg, err)
+	dl.end()
 }
 
 // deliverFetched delivers a message whose tensors the engine fetched (err

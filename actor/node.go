@@ -14,6 +14,7 @@ import (
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/extensions"
 	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/internal/tracehook"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
@@ -128,6 +129,7 @@ type Node struct {
 	self        cluster.NodeConfig
 	incarnation uint64
 	log         *zap.Logger
+	tr          tracehook.Tracer // see WithTracerProvider
 	opts        options
 	ownSystem   bool // made by NewNode: Stop shuts it down
 
@@ -222,6 +224,7 @@ func newNode(cfg *cluster.Config, name string, opts []Option) (*Node, error) {
 		self:        self,
 		incarnation: newIncarnation(),
 		log:         o.log.With(zap.String("node", name)),
+		tr:          tracehook.New(o.engine.TracerProvider, "github.com/tensorferry/tensorferry/actor", name),
 		opts:        o,
 		peers:       map[string]*peerState{},
 		watching:    map[string]map[string]map[string]*pa.PID{},

@@ -9,6 +9,7 @@ import (
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/internal/tracehook"
 	"github.com/tensorferry/tensorferry/transfer"
 	"github.com/tensorferry/tensorferry/wire"
 	"go.uber.org/zap"
@@ -48,7 +49,7 @@ func (n *Node) resolve(pid *pa.PID) (pa.Process, bool) {
 
 func (r *remoteProcess) SendUserMessage(pid *pa.PID, message any) {
 	header, msg, sender := pa.UnwrapEnvelope(message)
-	r.n.sendUser(pid, header, msg, sender)
+	r.n.sendUser(context.Background(), pid, header, msg, sender)
 }
 
 func (r *remoteProcess) SendSystemMessage(pid *pa.PID, message any) {
@@ -66,27 +67,35 @@ var bodyBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 512); return 
 // maxPooledBody is the largest body buffer kept for reuse.
 const maxPooledBody = 64 << 10
 
-func (n *Node) sendUser(target *pa.PID, header pa.ReadonlyMessageHeader, msg any, sender *pa.PID) {
+// sendUser sends msg to target on another node; ctx (or else header)
+// holds the trace the send continues, when the node traces.
+func (n *Node) sendUser(ctx context.Context, target *pa.PID, header pa.ReadonlyMessageHeader, msg any, sender *pa.PID) {
+	sp := n.startSend(ctx, header, target, msg)
 	ps := n.peer(target.Address)
 	if ps == nil {
-		n.failDelivery(target, sender, fmt.Errorf("%w: %s", ErrNodeDown, target.Address))
+		err := fmt.Errorf("%w: %s", ErrNodeDown, target.Address)
+		sp.End(err)
+		n.failDelivery(target, sender, err)
 		return
 	}
 	// The engine takes the tensors out of the message (one walk, known
 	// per type) into the table that travels beside the body.
-	out, err := n.eng.Export(target.Address, msg)
+	out, err := n.eng.ExportContext(sp.Context(), target.Address, msg)
 	if err != nil {
-		n.failDelivery(target, sender, fmt.Errorf("sending %T: %w", msg, err))
+		err = fmt.Errorf("sending %T: %w", msg, err)
+		sp.End(err)
+		n.failDelivery(target, sender, err)
 		return
 	}
 	pending := isFuture(sender) && sender.Address == n.self.Name && !isReply(sender.Id)
 	if out == nil && !ps.ep.Backlogged() {
 		var m wire.Message
 		fillMessage(&m, target, header, sender)
-		n.sendPlain(ps, &m, msg, target, sender, pending)
+		m.Header = sp.Inject(m.Header)
+		sp.End(n.sendPlain(ps, &m, msg, target, sender, pending))
 		return
 	}
-	n.sendQueued(ps, out, msg, target, header, sender, pending)
+	n.sendQueued(ps, out, msg, target, header, sender, pending, sp)
 }
 
 func fillMessage(m *wire.Message, target *pa.PID, header pa.ReadonlyMessageHeader, sender *pa.PID) {
@@ -107,19 +116,23 @@ type outMessage struct {
 	target, sender *pa.PID
 	pending        bool
 	m              wire.Message
+	span           tracehook.Span // the send's, ended once sent or failed
 }
 
 // sendQueued hands a message with tensors, or one behind such messages, to
 // the engine, which sends it in order and never blocks the sender (the
 // body is encoded now, into its own buffer).
-func (n *Node) sendQueued(ps *peerState, out *transfer.Outgoing, msg any, target *pa.PID, header pa.ReadonlyMessageHeader, sender *pa.PID, pending bool) {
-	om := &outMessage{n: n, ps: ps, target: target, sender: sender, pending: pending}
+func (n *Node) sendQueued(ps *peerState, out *transfer.Outgoing, msg any, target *pa.PID, header pa.ReadonlyMessageHeader, sender *pa.PID, pending bool, sp tracehook.Span) {
+	om := &outMessage{n: n, ps: ps, target: target, sender: sender, pending: pending, span: sp}
 	fillMessage(&om.m, target, header, sender)
+	om.m.Header = sp.Inject(om.m.Header)
 	var err error
 	om.m.Type, om.m.Ser, om.m.Body, err = registry.AppendEncode(nil, msg)
 	if err != nil {
 		out.Abort()
-		n.failDelivery(target, sender, fmt.Errorf("encoding %T: %w", msg, err))
+		err = fmt.Errorf("encoding %T: %w", msg, err)
+		sp.End(err)
+		n.failDelivery(target, sender, err)
 		return
 	}
 	if out != nil {
@@ -138,15 +151,20 @@ func (o *outMessage) Send() error {
 		return err
 	}
 	o.n.stats.MessagesSent.Add(1)
+	o.span.End(nil)
 	return nil
 }
 
 // Fail implements transfer.Message.
-func (o *outMessage) Fail(err error) { o.n.failDelivery(o.target, o.sender, err) }
+func (o *outMessage) Fail(err error) {
+	o.span.End(err)
+	o.n.failDelivery(o.target, o.sender, err)
+}
 
 // sendPlain sends a message without tensors, encoding its body into a
-// pooled buffer (the connection copies it before SendMessage returns).
-func (n *Node) sendPlain(ps *peerState, m *wire.Message, msg any, target, sender *pa.PID, pending bool) {
+// pooled buffer (the connection copies it before SendMessage returns). It
+// returns why the message was not sent (reported to its sender already).
+func (n *Node) sendPlain(ps *peerState, m *wire.Message, msg any, target, sender *pa.PID, pending bool) error {
 	buf := bodyBuffers.Get().(*[]byte)
 	defer func() {
 		if cap(m.Body) <= maxPooledBody {
@@ -158,8 +176,9 @@ func (n *Node) sendPlain(ps *peerState, m *wire.Message, msg any, target, sender
 	m.Type, m.Ser, m.Body, err = registry.AppendEncode((*buf)[:0], msg)
 	if err != nil {
 		m.Body = (*buf)[:0]
-		n.failDelivery(target, sender, fmt.Errorf("encoding %T: %w", msg, err))
-		return
+		err = fmt.Errorf("encoding %T: %w", msg, err)
+		n.failDelivery(target, sender, err)
+		return err
 	}
 	if pending {
 		ps.addPending(sender)
@@ -169,9 +188,10 @@ func (n *Node) sendPlain(ps *peerState, m *wire.Message, msg any, target, sender
 	if err := ps.peer.SendMessage(n.ctx, m); err != nil {
 		ps.removePending(sender)
 		n.failDelivery(target, sender, err)
-		return
+		return err
 	}
 	n.stats.MessagesSent.Add(1)
+	return nil
 }
 
 // failDelivery reports a message that could not be delivered to its sender;

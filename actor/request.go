@@ -97,7 +97,7 @@ func (n *Node) requestRemote(ctx context.Context, target *pa.PID, msg any) (any,
 
 	var buf [len(replyPrefix) + 13]byte
 	sender := &pa.PID{Address: n.self.Name, Id: string(strconv.AppendUint(append(buf[:0], replyPrefix...), key, 36))}
-	n.sendUser(target, nil, msg, sender)
+	n.sendUser(ctx, target, nil, msg, sender)
 
 	select {
 	case res := <-w.ch:

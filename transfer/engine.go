@@ -10,10 +10,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tensorferry/tensorferry/internal/tracehook"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
 	"github.com/tensorferry/tensorferry/wire"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 )
 
@@ -97,6 +99,9 @@ type Config struct {
 	// Dial opens an authenticated data connection to a peer's channel.
 	Dial func(ctx context.Context, node, channel string) (net.Conn, error)
 	Log  *zap.Logger
+	// TracerProvider makes the spans of exports and fetches (see
+	// ExportContext, ImportContext); nil (the default) makes none.
+	TracerProvider trace.TracerProvider
 }
 
 // Defaults of Config.
@@ -177,6 +182,7 @@ func (c *Config) setDefaults() {
 type Engine struct {
 	cfg      Config
 	log      *zap.Logger
+	tr       tracehook.Tracer
 	store    *tensor.Store
 	channels map[string]rdma.Channel
 	caps     rdma.Caps
@@ -209,6 +215,7 @@ func New(cfg Config) *Engine {
 	e := &Engine{
 		cfg:     cfg,
 		log:     cfg.Log,
+		tr:      tracehook.New(cfg.TracerProvider, "github.com/tensorferry/tensorferry/transfer", cfg.Node),
 		store:   tensor.NewStore(cfg.Node, cfg.Incarnation),
 		peers:   map[string]*Peer{},
 		flow:    map[uint64]*inFlight{},

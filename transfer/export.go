@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tensorferry/tensorferry/internal/tracehook"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/tensor"
 	"go.uber.org/zap"
@@ -48,6 +49,13 @@ type Outgoing struct {
 // running channel's offer, Refs are exported as Refs (or forwarded with
 // their descriptor). It returns nil when msg holds no tensor.
 func (e *Engine) Export(peer string, msg any) (*Outgoing, error) {
+	return e.ExportContext(context.Background(), peer, msg)
+}
+
+// ExportContext is Export within a trace: when the engine has a
+// TracerProvider, a message with tensors gets a span "tensorferry.export",
+// child of the span in ctx.
+func (e *Engine) ExportContext(ctx context.Context, peer string, msg any) (*Outgoing, error) {
 	if msg == nil {
 		return nil, nil
 	}
@@ -55,14 +63,22 @@ func (e *Engine) Export(peer string, msg any) (*Outgoing, error) {
 	if !HoldsTensors(typ) {
 		return nil, nil
 	}
+	_, sp := e.tr.Start(ctx, "tensorferry.export", tracehook.KindInternal)
 	o := &Outgoing{e: e, peer: peer, msgType: typ}
 	o.w.v = o
 	o.entries, o.exports, o.fetched = o.entriesBuf[:0], o.exportsBuf[:0], o.fetchedBuf[:0]
 	err := o.w.walk(msg)
+	if sp.On() {
+		sp.SetString(tracehook.AttrPeer, peer)
+		sp.SetInt(tracehook.AttrTensors, int64(len(o.exports)))
+		sp.SetInt(tracehook.AttrInline, int64(len(o.entries)-len(o.exports)))
+		sp.SetInt(tracehook.AttrBytes, o.bytes)
+	}
 	if err == nil && len(o.entries) > 0 {
 		o.Table, err = encodeTable(o.entries)
 	}
 	o.entries = nil // inline entries alias the tensors' memory
+	sp.End(err)
 	if err != nil {
 		o.Abort()
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"time"
 
+	"github.com/tensorferry/tensorferry/internal/tracehook"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
@@ -26,6 +27,7 @@ type Incoming struct {
 	refs    []tensor.Ref
 	made    []*tensor.Tensor // filled (inline or fetched): freed if the message fails
 	bytes   int64            // of jobs
+	parent  tracehook.Parent // of the fetches' spans
 	w       walker
 	// Room for the common message's few tensors, without allocating.
 	jobsBuf [2]job
@@ -53,6 +55,15 @@ func (in *Incoming) Bytes() int64 {
 // referred to once. A message whose fetches exceed the per-peer budget is
 // refused (ErrOverBudget). On error, what the table lent is released.
 func (e *Engine) Import(peer string, table []byte, msg any, dev memory.Device) (*Incoming, error) {
+	return e.ImportContext(context.Background(), peer, table, msg, dev)
+}
+
+// ImportContext is Import within a trace: when the engine has a
+// TracerProvider, each fetch of the message's tensors gets a span
+// "tensorferry.fetch", child of the span in ctx (the message's receipt),
+// with the channel, the bytes, and what the channel reports (registration
+// cache hit or miss, stripes).
+func (e *Engine) ImportContext(ctx context.Context, peer string, table []byte, msg any, dev memory.Device) (*Incoming, error) {
 	if len(table) == 0 && (msg == nil || !HoldsTensors(reflect.TypeOf(msg))) {
 		return nil, nil
 	}
@@ -60,7 +71,7 @@ func (e *Engine) Import(peer string, table []byte, msg any, dev memory.Device) (
 	if err != nil {
 		return nil, err
 	}
-	in := &Incoming{e: e, peer: peer, device: dev, entries: entries}
+	in := &Incoming{e: e, peer: peer, device: dev, entries: entries, parent: e.tr.ParentOf(ctx)}
 	in.w.v = in
 	in.jobs, in.made = in.jobsBuf[:0], in.madeBuf[:0]
 	if err = in.w.walk(msg); err == nil {
@@ -169,6 +180,7 @@ func (e *Engine) releaseEntries(entries []entry) {
 // was allocated is freed and every lease, including the Refs', released.
 func (in *Incoming) fetch(ctx context.Context, fetched func()) error {
 	e := in.e
+	ctx = in.parent.With(ctx)
 	var first error
 	for _, j := range in.jobs {
 		if first = in.fetchOne(ctx, j); first != nil {
@@ -292,10 +304,21 @@ func (e *Engine) fetchInto(ctx context.Context, d *tensor.Descriptor, dst *tenso
 	if ch == nil {
 		return fmt.Errorf("%w: %s -> %s: %v", ErrNoChannel, src, dst.Device(), choice.Rejected)
 	}
+	ctx, sp := e.tr.Start(ctx, "tensorferry.fetch", tracehook.KindClient)
+	if sp.On() {
+		sp.SetString(tracehook.AttrChannel, choice.Channel)
+		sp.SetString(tracehook.AttrPeer, d.Owner)
+		sp.SetInt(tracehook.AttrBytes, d.Bytes)
+		sp.SetString(tracehook.AttrSrc, d.Device)
+		sp.SetString(tracehook.AttrDst, dst.Device().String())
+	}
 	start := time.Now()
 	if err := ch.Fetch(ctx, d, dst.Buffer()); err != nil {
-		return fmt.Errorf("transfer: fetch %v over %s: %w", d, choice.Channel, err)
+		err = fmt.Errorf("transfer: fetch %v over %s: %w", d, choice.Channel, err)
+		sp.End(err)
+		return err
 	}
+	sp.End(nil)
 	e.stats.addBytes(choice.Channel, d.Bytes, time.Since(start))
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/tensorferry/tensorferry/internal/tracehook"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
@@ -108,6 +109,7 @@ func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 	if o.direct() && d.Holder == c.env.Node {
 		if m := c.claimOpen(key); m != nil {
 			if done, err := c.fetchDirect(ctx, d, m, o, dst); done {
+				tracehook.CacheHit(ctx, true)
 				return err
 			}
 		}
@@ -116,6 +118,7 @@ func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 	if err != nil {
 		return err
 	}
+	tracehook.CacheHit(ctx, !opener) // the opener maps the allocation: a miss
 	req.WantHandle = opener
 	rep, err := c.begin(ctx, d.Owner, &req)
 	if err != nil {

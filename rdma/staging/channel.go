@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tensorferry/tensorferry/internal/tracehook"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
@@ -180,6 +181,7 @@ func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 	c.fetching.Add(1)
 	defer c.fetching.Add(-1)
 	ranges := c.stripeRanges(d.Bytes)
+	tracehook.Stripes(ctx, len(ranges))
 	if len(ranges) == 1 {
 		return c.fetchRange(ctx, d, dst, 0, d.Bytes)
 	}

@@ -2,6 +2,7 @@ package verbs
 
 import (
 	"fmt"
+	"sync/atomic"
 
 	"github.com/tensorferry/tensorferry/internal/ibverbs"
 	"github.com/tensorferry/tensorferry/memory"
@@ -20,6 +21,9 @@ import (
 type destReg struct {
 	alloc memory.Allocation
 	mr    *ibverbs.MR
+	// used is set by the first fetch that uses the registration: the one
+	// that missed the cache (for its span's cache attribute).
+	used atomic.Bool
 }
 
 // Allocation returns the registered allocation.

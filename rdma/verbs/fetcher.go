@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/internal/ibverbs"
+	"github.com/tensorferry/tensorferry/internal/tracehook"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
@@ -363,7 +364,7 @@ func (fp *fetchPeer) read(ctx context.Context, dst memory.Buffer, raddr uint64, 
 		return err
 	}
 	defer fp.users.Done()
-	mr, put, err := fp.destination(dst)
+	mr, put, err := fp.destination(ctx, dst)
 	if err != nil {
 		return err
 	}
@@ -460,8 +461,9 @@ func (fp *fetchPeer) read(ctx context.Context, dst memory.Buffer, raddr uint64, 
 // destination returns dst registered for local writes in fp's protection
 // domain and a function that gives it back: its whole allocation, through
 // the channel's registration cache, or, where that cannot be used, dst
-// alone for this transfer.
-func (fp *fetchPeer) destination(dst memory.Buffer) (*ibverbs.MR, func(), error) {
+// alone for this transfer. Whether the cache held it is recorded on the
+// fetch's span.
+func (fp *fetchPeer) destination(ctx context.Context, dst memory.Buffer) (*ibverbs.MR, func(), error) {
 	c := fp.c
 	if !cacheable(dst) {
 		mr, err := regBuffer(fp.pd, dst, 0, dst.Len(), ibverbs.AccessLocalWrite)
@@ -484,6 +486,7 @@ func (fp *fetchPeer) destination(dst memory.Buffer) (*ibverbs.MR, func(), error)
 		put()
 		return nil, nil, fmt.Errorf("verbs: foreign registration %T", reg)
 	}
+	tracehook.CacheHit(ctx, d.used.Swap(true))
 	return d.mr, put, nil
 }
 
