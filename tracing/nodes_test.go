@@ -8,6 +8,7 @@ import (
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/internal/tracehook"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/tensor"
 	"github.com/tensorferry/tensorferry/tracing"
@@ -33,6 +34,9 @@ func init() {
 // send and export, the receipt, fetch and delivery, and a span the actor
 // starts from its header - to the collector, all in one trace.
 func TestTwoNodesExportOneTrace(t *testing.T) {
+	if !tracehook.Compiled {
+		t.Skip("built with notrace")
+	}
 	r := newReceiver(t)
 	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", r.URL+"/v1/traces")
 	t.Setenv("OTEL_TRACES_EXPORTER", "otlp")

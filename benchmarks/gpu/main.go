@@ -15,6 +15,7 @@ import (
 
 	"github.com/tensorferry/tensorferry/benchmarks/internal/report"
 	"github.com/tensorferry/tensorferry/benchmarks/internal/size"
+	"github.com/tensorferry/tensorferry/internal/progress"
 	"github.com/tensorferry/tensorferry/memory"
 )
 
@@ -62,6 +63,7 @@ func main() {
 	cpuProfile := flag.String("cpuprofile", "", "write CPU profiles of the sending process to FILE and of the receiving one to FILE.receiver")
 	traceFile := flag.String("trace", "", "write execution traces of the sending process to FILE and of the receiving one to FILE.receiver")
 	logs := flag.Bool("log", false, "the receiving process logs its warnings and errors to stderr")
+	showProgress := flag.Bool("progress", false, "print a progress line on stderr even when it is not a terminal")
 	flag.Parse()
 
 	o := options{reps: *reps, src: *src, dst: *dst, timeout: *timeout, progress: os.Stderr, stream: *stream, cpuProfile: *cpuProfile, trace: *traceFile, logs: *logs}
@@ -116,17 +118,21 @@ func main() {
 	fmt.Fprintf(os.Stderr, "gpu: %d GPUs, %d CPUs, modes %s\n", gpus, runtime.NumCPU(), strings.Join(run, ","))
 	var rs []report.Result
 	var errs []error
-	for _, m := range run {
+	prog := progress.New(os.Stderr, *showProgress)
+	o.progress = prog.Writer(o.progress)
+	for i, m := range run {
 		if reason := needs(m, gpus, o); reason != "" {
 			fmt.Printf("gpu: %s: skipped: %s\n", m, reason)
 			continue
 		}
+		prog.Phase(i+1, len(run), "gpu: mode "+m, 0)
 		got, err := runMode(m, fitDevices(m, gpus, o))
 		rs = append(rs, got...)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", m, err))
 		}
 	}
+	prog.Close()
 	if *asJSON {
 		errs = append(errs, report.WriteJSON(os.Stdout, rs))
 	} else {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/benchmarks/internal/report"
+	"github.com/tensorferry/tensorferry/internal/progress"
 )
 
 func main() {
@@ -21,6 +22,7 @@ func main() {
 	timeout := flag.Duration("timeout", 2*time.Minute, "how long to wait for one-way messages to arrive")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	traceFile := flag.String("trace", "", "write a runtime execution trace of the whole run to this file (go tool trace)")
+	showProgress := flag.Bool("progress", false, "print a progress line on stderr even when it is not a terminal")
 	flag.Parse()
 	for _, prof := range []struct {
 		path  string
@@ -56,17 +58,20 @@ func main() {
 		}
 	}
 
+	prog := progress.New(os.Stderr, *showProgress)
 	goroutines := runtime.NumGoroutine()
 	var all []result
 	failed := false
-	for _, p := range paths {
+	for i, p := range paths {
+		prog.Phase(i+1, len(paths), p.name, 0)
 		rs, err := run(p, *rttCount, *onewayCount, *timeout)
 		all = append(all, rs...)
 		if err != nil {
-			fmt.Fprintf(os.Stderr, "remote: %s: %v\n", p.name, err)
+			fmt.Fprintf(prog.Writer(os.Stderr), "remote: %s: %v\n", p.name, err)
 			failed = true
 		}
 	}
+	prog.Close()
 	var err error
 	if *asJSON {
 		err = writeJSON(os.Stdout, all)

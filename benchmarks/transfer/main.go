@@ -13,6 +13,7 @@ import (
 
 	"github.com/tensorferry/tensorferry/benchmarks/internal/report"
 	"github.com/tensorferry/tensorferry/benchmarks/internal/size"
+	"github.com/tensorferry/tensorferry/internal/progress"
 )
 
 // Path names, as they appear in the report.
@@ -64,6 +65,7 @@ func main() {
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	timeout := flag.Duration("timeout", 2*time.Minute, "deadline of one message")
 	channel := flag.String("channel", "staging", "data channel the tensorferry nodes must use: staging or verbs (the others are disabled)")
+	showProgress := flag.Bool("progress", false, "print a progress line on stderr even when it is not a terminal")
 	flag.Parse()
 	if *channel != "staging" && *channel != "verbs" {
 		fmt.Fprintf(os.Stderr, "transfer: --channel %q: want staging or verbs\n", *channel)
@@ -119,11 +121,15 @@ func main() {
 	}
 
 	fmt.Fprintf(os.Stderr, "transfer: %d CPUs, GOMAXPROCS %d, load average %s\n", runtime.NumCPU(), runtime.GOMAXPROCS(0), loadAverage())
+	prog := progress.New(os.Stderr, *showProgress)
+	prog.Phase(0, 0, fmt.Sprintf("transfer: %d sizes, paths %s: figures", len(o.sizes), strings.Join(o.paths, ",")), 0)
 	rs, err := run(o, func(r report.Result) {
+		prog.Add(1)
 		if !*asJSON {
-			fmt.Fprintf(os.Stderr, "  %s %s %s = %s\n", r.Path, size.Format(int(r.Size)), r.Metric, report.FormatValue(r.Value))
+			fmt.Fprintf(prog.Writer(os.Stderr), "  %s %s %s = %s\n", r.Path, size.Format(int(r.Size)), r.Metric, report.FormatValue(r.Value))
 		}
 	})
+	prog.Close()
 	if *asJSON {
 		err = errors.Join(err, report.WriteJSON(os.Stdout, rs))
 	} else {

@@ -26,12 +26,12 @@ func newLogger(level string) (*zap.Logger, error) {
 }
 
 // startNode loads the config and starts the named node.
-func startNode(configPath, name string, log *zap.Logger) (*actor.Node, *cluster.Config, error) {
+func startNode(configPath, name string, log *zap.Logger, opts ...actor.Option) (*actor.Node, *cluster.Config, error) {
 	cfg, err := cluster.Load(configPath)
 	if err != nil {
 		return nil, nil, err
 	}
-	node, err := actor.NewNode(cfg, name, actor.WithLogger(log))
+	node, err := actor.NewNode(cfg, name, append([]actor.Option{actor.WithLogger(log)}, opts...)...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -57,7 +57,12 @@ func runNode(args []string, _ io.Writer) error {
 		return err
 	}
 	defer log.Sync()
-	node, _, err := startNode(*config, *name, log)
+	traced, flush, err := startTracing()
+	if err != nil {
+		return err
+	}
+	defer flush()
+	node, _, err := startNode(*config, *name, log, traced...)
 	if err != nil {
 		return err
 	}

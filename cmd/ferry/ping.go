@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"slices"
 	"syscall"
 	"time"
 
 	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/internal/progress"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
@@ -20,12 +22,12 @@ import (
 
 // joinAndWait starts node from and waits until to is up, turning a timeout
 // into a clear "unreachable" error.
-func joinAndWait(config, from, to string, wait time.Duration, level string) (*actor.Node, *cluster.Config, error) {
+func joinAndWait(config, from, to string, wait time.Duration, level string, opts ...actor.Option) (*actor.Node, *cluster.Config, error) {
 	log, err := newLogger(level)
 	if err != nil {
 		return nil, nil, err
 	}
-	node, cfg, err := startNode(config, from, log)
+	node, cfg, err := startNode(config, from, log, opts...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -154,6 +156,7 @@ func runBench(args []string, stdout io.Writer) error {
 	device := fs.String("device", "cpu", "device of the sent tensor (cpu, cuda:N)")
 	wait := fs.Duration("timeout", 60*time.Second, "deadline of one transfer")
 	level := fs.String("log-level", "warn", "log level")
+	showProgress := fs.Bool("progress", false, "print a progress line on stderr even when it is not a terminal")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -168,7 +171,12 @@ func runBench(args []string, stdout io.Writer) error {
 	if err != nil {
 		return &exitError{code: 2, err: err}
 	}
-	node, cfg, err := joinAndWait(*config, *from, *to, *wait, *level)
+	traced, flush, err := startTracing()
+	if err != nil {
+		return err
+	}
+	defer flush()
+	node, cfg, err := joinAndWait(*config, *from, *to, *wait, *level, traced...)
 	if err != nil {
 		return err
 	}
@@ -179,6 +187,9 @@ func runBench(args []string, stdout io.Writer) error {
 	}
 	defer t.Free()
 	var times []time.Duration
+	prog := progress.New(os.Stderr, *showProgress)
+	defer prog.Close()
+	prog.Phase(1, 1, fmt.Sprintf("transfers of %s to %s", cluster.FormatSize(size), *to), int64(*count))
 	for i := range *count {
 		start := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), *wait)
@@ -197,7 +208,9 @@ func runBench(args []string, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
+		prog.Add(1)
 	}
+	prog.Close()
 	slices.Sort(times)
 	med := percentile(times, 0.5)
 	dst := memory.CPU

@@ -16,6 +16,8 @@ import (
 	"github.com/tensorferry/tensorferry/cluster"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/samples/paramserver/ps"
+	"github.com/tensorferry/tensorferry/tracing"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 )
 
@@ -32,6 +34,7 @@ type options struct {
 	log     bool
 	tol     float64
 	timeout time.Duration
+	tracer  trace.TracerProvider // from the OTEL_* variables; nil: none
 }
 
 func parse(args []string, stderr io.Writer) (*options, error) {
@@ -78,6 +81,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
+	tp, flush, err := tracing.FromEnv(ctx)
+	if err != nil {
+		fmt.Fprintln(stderr, "paramserver:", err)
+		return 2
+	}
+	defer flush(context.Background())
+	o.tracer = tp
 
 	var res *ps.Result
 	if o.config == "" {
@@ -170,7 +180,7 @@ func embedded(ctx context.Context, o *options, stdout io.Writer) (*ps.Result, er
 		}
 	}()
 	for _, nc := range cc.Nodes {
-		n, err := actor.NewNode(cc, nc.Name, o.logger())
+		n, err := actor.NewNode(cc, nc.Name, o.logger(), actor.WithTracerProvider(o.tracer))
 		if err != nil {
 			return nil, err
 		}
@@ -225,7 +235,7 @@ func member(ctx context.Context, o *options, stdout io.Writer) (*ps.Result, erro
 	if err != nil {
 		return nil, err
 	}
-	n, err := actor.NewNode(cc, o.node, o.logger())
+	n, err := actor.NewNode(cc, o.node, o.logger(), actor.WithTracerProvider(o.tracer))
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/tensorferry/tensorferry/cluster"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/samples/pipeline/pipe"
+	"github.com/tensorferry/tensorferry/tracing"
 	"go.uber.org/zap"
 )
 
@@ -52,7 +53,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	if err := pipeline(ctx, cfg, *logs, stdout); err != nil {
+	// Traces go where the OTEL_* variables say (none when unset).
+	tp, flush, err := tracing.FromEnv(ctx)
+	if err != nil {
+		fmt.Fprintln(stderr, "pipeline:", err)
+		return 2
+	}
+	defer flush(context.Background())
+	if err := pipeline(ctx, cfg, *logs, stdout, actor.WithTracerProvider(tp)); err != nil {
 		fmt.Fprintln(stderr, "pipeline:", err)
 		return 1
 	}
@@ -75,7 +83,7 @@ func stageDevices() [3]memory.Device {
 	return [3]memory.Device{memory.CUDA(0), second, memory.CUDA(0)}
 }
 
-func pipeline(ctx context.Context, cfg pipe.Config, logs bool, w io.Writer) error {
+func pipeline(ctx context.Context, cfg pipe.Config, logs bool, w io.Writer, opts ...actor.Option) error {
 	cc, err := cluster.LocalConfig("pipeline", 3)
 	if err != nil {
 		return err
@@ -102,7 +110,7 @@ func pipeline(ctx context.Context, cfg pipe.Config, logs bool, w io.Writer) erro
 		}
 	}()
 	for _, nc := range cc.Nodes {
-		n, err := actor.NewNode(cc, nc.Name, actor.WithLogger(log))
+		n, err := actor.NewNode(cc, nc.Name, append([]actor.Option{actor.WithLogger(log)}, opts...)...)
 		if err != nil {
 			return err
 		}
