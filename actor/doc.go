@@ -31,4 +31,13 @@
 //
 //	props := pa.PropsFromFunc(serve, node.WithInlineDelivery()) // on "b" (pa: protoactor-go/actor)
 //	res, err = node.Request(ctx, pid, &Ping{})                     // on "a"
+//
+// With WithTracerProvider a node traces its messages with OpenTelemetry:
+// the send, the export of its tensors, and on the receiving node the
+// receipt, each fetch and the delivery are spans of one trace, whose
+// context travels in the message header (see package tracing).
+//
+//	tp, shutdown, _ := tracing.FromEnv(ctx) // the OTEL_* variables
+//	defer shutdown(ctx)
+//	node, _ = actor.NewNode(cfg, "a", actor.WithTracerProvider(tp))
 package actor

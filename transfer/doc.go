@@ -22,6 +22,11 @@
 //     allocates the destinations, fetches (channels.go: rdma.Select picks
 //     the channel), releases the leases and delivers in arrival order.
 //
+// With Config.TracerProvider, ExportContext and ImportContext record the
+// export of a message's tensors and each fetch (channel, bytes, and what
+// the channel adds: cache hit or miss, stripes) as spans of the trace in
+// their context; without one they cost nothing.
+//
 // A peer that ignores the window this node advertised has its messages
 // refused (ErrInboxFull) and, if it goes on, its connection closed; a
 // message whose tensors exceed the per-peer budget is refused

@@ -4,4 +4,9 @@
 //	ferry ping  --config cluster.yaml --from c --to a     round trips from a temporary node c to a
 //	ferry bench --config cluster.yaml --from c --to a     tensor transfer bandwidth from c to a
 //	ferry topo  --config cluster.yaml                     the data channel chosen for every pair
+//
+// node and bench trace their messages when the OpenTelemetry variables ask
+// for it (OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318, see
+// tracing.FromEnv); bench prints a progress line on stderr when it is a
+// terminal, or with --progress.
 package main

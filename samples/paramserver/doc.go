@@ -42,4 +42,7 @@
 // driver's training flags matter), reports, and tells the others to exit.
 //
 //	paramserver --config cluster.yaml --node a   # on every node
+//
+// With OTEL_EXPORTER_OTLP_ENDPOINT set (see tracing.FromEnv) the nodes
+// trace their messages and export the spans there.
 package main
