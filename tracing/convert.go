@@ -208,7 +208,7 @@ func anyValue(v attribute.Value) *commonpb.AnyValue {
 		}
 		return arrayValue(vs)
 	}
-	return &commonpb.AnyValue{Value: &commonpb.AnyValue_StringValue{StringValue: v.Emit()}}
+	return &commonpb.AnyValue{Value: &commonpb.AnyValue_StringValue{StringValue: v.String()}}
 }
 
 func arrayValue(vs []*commonpb.AnyValue) *commonpb.AnyValue {
