@@ -38,13 +38,14 @@ func (n *Node) startSend(ctx context.Context, header pa.ReadonlyMessageHeader, t
 	if header != nil {
 		h = header
 	}
-	sp := n.tr.StartFrom(ctx, h, "tensorferry.send", tracehook.KindProducer)
-	sp.SetString(tracehook.AttrPeer, target.Address)
-	sp.SetString(tracehook.AttrTarget, target.Id)
+	typ := ""
 	if msg != nil {
-		sp.SetString(tracehook.AttrType, reflect.TypeOf(msg).String())
+		typ = reflect.TypeOf(msg).String()
 	}
-	return sp
+	return n.tr.StartFrom(ctx, h, "tensorferry.send", tracehook.KindProducer,
+		tracehook.String(tracehook.AttrPeer, target.Address),
+		tracehook.String(tracehook.AttrTarget, target.Id),
+		tracehook.String(tracehook.AttrType, typ))
 }
 
 // startReceive starts the span of the receipt of a message from peer,
@@ -54,11 +55,10 @@ func (n *Node) startReceive(peer string, header map[string]string, target, typ s
 	if !n.tr.On() {
 		return tracehook.Span{}
 	}
-	sp := n.tr.StartFromMap(context.Background(), header, "tensorferry.receive", tracehook.KindConsumer)
-	sp.SetString(tracehook.AttrPeer, peer)
-	sp.SetString(tracehook.AttrTarget, target)
-	sp.SetString(tracehook.AttrType, typ)
-	return sp
+	return n.tr.StartFromMap(context.Background(), header, "tensorferry.receive", tracehook.KindConsumer,
+		tracehook.String(tracehook.AttrPeer, peer),
+		tracehook.String(tracehook.AttrTarget, target),
+		tracehook.String(tracehook.AttrType, typ))
 }
 
 // delivery is the span of a message's hand-over to its actor, under the

@@ -52,7 +52,7 @@ func headerProps() *pa.Props {
 
 // startTracedNodes starts the nodes of cfg, each tracing with its own
 // provider (nil: that node does not trace).
-func startTracedNodes(t *testing.T, cfg *cluster.Config, tps []trace.TracerProvider) []*actor.Node {
+func startTracedNodes(t testing.TB, cfg *cluster.Config, tps []trace.TracerProvider) []*actor.Node {
 	t.Helper()
 	nodes := make([]*actor.Node, len(cfg.Nodes))
 	for i := range nodes {
@@ -263,4 +263,54 @@ func names(spans tracetest.SpanStubs) []string {
 		out = append(out, s.Name)
 	}
 	return out
+}
+
+// discard is an exporter that drops what it is given.
+type discard struct{}
+
+func (discard) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (discard) Shutdown(context.Context) error                             { return nil }
+
+// BenchmarkRequestTraced is BenchmarkRequestInline with both nodes
+// without a tracer provider ("off") and with an SDK provider sampling
+// every message, whose batch processor drops the spans ("on"): what a
+// traced round trip costs (six spans: the request's send, receipt and
+// delivery, and the reply's).
+func BenchmarkRequestTraced(b *testing.B) {
+	for _, on := range []bool{false, true} {
+		name := "off"
+		var tps []trace.TracerProvider
+		if on {
+			name = "on"
+			for range 2 {
+				tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(discard{}))
+				b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+				tps = append(tps, tp)
+			}
+		} else {
+			tps = []trace.TracerProvider{nil, nil}
+		}
+		b.Run(name, func(b *testing.B) {
+			cfg, err := cluster.LocalConfig("test", 2)
+			if err != nil {
+				b.Fatal(err)
+			}
+			nodes := startTracedNodes(b, cfg, tps)
+			a, c := nodes[0], nodes[1]
+			if _, err := c.Root().SpawnNamed(echoProps(c.Name()).Configure(c.WithInlineDelivery()), "echo"); err != nil {
+				b.Fatal(err)
+			}
+			pid := a.PID(c.Name(), "echo")
+			msg := &Ping{Text: strings.Repeat("x", 64)}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				if _, err := a.Request(ctx, pid, msg); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

@@ -304,13 +304,14 @@ func (e *Engine) fetchInto(ctx context.Context, d *tensor.Descriptor, dst *tenso
 	if ch == nil {
 		return fmt.Errorf("%w: %s -> %s: %v", ErrNoChannel, src, dst.Device(), choice.Rejected)
 	}
-	ctx, sp := e.tr.Start(ctx, "tensorferry.fetch", tracehook.KindClient)
-	if sp.On() {
-		sp.SetString(tracehook.AttrChannel, choice.Channel)
-		sp.SetString(tracehook.AttrPeer, d.Owner)
-		sp.SetInt(tracehook.AttrBytes, d.Bytes)
-		sp.SetString(tracehook.AttrSrc, d.Device)
-		sp.SetString(tracehook.AttrDst, dst.Device().String())
+	var sp tracehook.Span
+	if e.tr.On() {
+		ctx, sp = e.tr.Start(ctx, "tensorferry.fetch", tracehook.KindClient,
+			tracehook.String(tracehook.AttrChannel, choice.Channel),
+			tracehook.String(tracehook.AttrPeer, d.Owner),
+			tracehook.Int(tracehook.AttrBytes, d.Bytes),
+			tracehook.String(tracehook.AttrSrc, d.Device),
+			tracehook.String(tracehook.AttrDst, dst.Device().String()))
 	}
 	start := time.Now()
 	if err := ch.Fetch(ctx, d, dst.Buffer()); err != nil {

@@ -53,6 +53,23 @@ var propagator = propagation.TraceContext{}
 // (CacheHit, Stripes) look no further while it is not.
 var enabled atomic.Bool
 
+// Attr is an attribute of a span.
+type Attr = attribute.KeyValue
+
+// String returns a string attribute.
+func String(k, v string) Attr { return attribute.String(k, v) }
+
+// Int returns an integer attribute.
+func Int(k string, v int64) Attr { return attribute.Int64(k, v) }
+
+// kindOpts are the span kinds as start options, boxed once.
+var kindOpts = [...]trace.SpanStartOption{
+	KindInternal: trace.WithSpanKind(KindInternal),
+	KindProducer: trace.WithSpanKind(KindProducer),
+	KindConsumer: trace.WithSpanKind(KindConsumer),
+	KindClient:   trace.WithSpanKind(KindClient),
+}
+
 // Tracer starts the spans of one package of one node; the zero Tracer is
 // off.
 type Tracer struct {
@@ -80,21 +97,26 @@ type Span struct {
 	ctx context.Context
 }
 
-// Start starts a span named name as a child of the span in ctx (a root
-// without one). It returns ctx with the span, and the span; ctx and the
-// zero Span when t is off.
-func (t Tracer) Start(ctx context.Context, name string, kind Kind) (context.Context, Span) {
+// Start starts a span named name with attributes attrs as a child of the
+// span in ctx (a root without one). It returns ctx with the span, and the
+// span; ctx and the zero Span when t is off. (Attributes are given at the
+// start, in one slice: each later SetString costs the span a lock and an
+// append. Callers build attrs only when t.On(): a slice passed here
+// escapes.)
+func (t Tracer) Start(ctx context.Context, name string, kind Kind, attrs ...Attr) (context.Context, Span) {
 	if t.t == nil {
 		return ctx, Span{}
 	}
-	return t.start(ctx, name, kind)
+	return t.start(ctx, name, kind, attrs)
 }
 
-func (t Tracer) start(ctx context.Context, name string, kind Kind) (context.Context, Span) {
+func (t Tracer) start(ctx context.Context, name string, kind Kind, attrs []Attr) (context.Context, Span) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	ctx, s := t.t.Start(ctx, name, trace.WithSpanKind(kind), trace.WithAttributes(t.node))
+	kvs := make([]attribute.KeyValue, 0, len(attrs)+1)
+	kvs = append(append(kvs, t.node), attrs...)
+	ctx, s := t.t.Start(ctx, name, kindOpts[kind], trace.WithAttributes(kvs...))
 	return ctx, Span{s: s, ctx: ctx}
 }
 
@@ -105,33 +127,33 @@ type Getter interface{ Get(key string) string }
 // StartFrom starts a span named name whose parent is the span in ctx, or,
 // when ctx holds none, the trace context in header h (a W3C traceparent,
 // as Inject writes it); a root span without either.
-func (t Tracer) StartFrom(ctx context.Context, h Getter, name string, kind Kind) Span {
+func (t Tracer) StartFrom(ctx context.Context, h Getter, name string, kind Kind, attrs ...Attr) Span {
 	if t.t == nil {
 		return Span{}
 	}
-	return t.startFrom(ctx, h, name, kind)
+	return t.startFrom(ctx, h, name, kind, attrs)
 }
 
-func (t Tracer) startFrom(ctx context.Context, h Getter, name string, kind Kind) Span {
+func (t Tracer) startFrom(ctx context.Context, h Getter, name string, kind Kind, attrs []Attr) Span {
 	if ctx == nil {
 		ctx = context.Background()
 	}
 	if !trace.SpanContextFromContext(ctx).IsValid() && h != nil && h.Get(traceparent) != "" {
 		ctx = propagator.Extract(ctx, getter{h})
 	}
-	_, s := t.start(ctx, name, kind)
+	_, s := t.start(ctx, name, kind, attrs)
 	return s
 }
 
 // StartFromMap is StartFrom for a header map (nil: no header).
-func (t Tracer) StartFromMap(ctx context.Context, h map[string]string, name string, kind Kind) Span {
+func (t Tracer) StartFromMap(ctx context.Context, h map[string]string, name string, kind Kind, attrs ...Attr) Span {
 	if t.t == nil {
 		return Span{}
 	}
 	if h == nil {
-		return t.startFrom(ctx, nil, name, kind)
+		return t.startFrom(ctx, nil, name, kind, attrs)
 	}
-	return t.startFrom(ctx, mapGetter(h), name, kind)
+	return t.startFrom(ctx, mapGetter(h), name, kind, attrs)
 }
 
 // getter adapts a Getter to propagation.TextMapCarrier (read only).
@@ -162,7 +184,7 @@ func (s Span) Child(t Tracer, name string, kind Kind) Span {
 	if s.s == nil || t.t == nil {
 		return Span{}
 	}
-	_, c := t.start(s.ctx, name, kind)
+	_, c := t.start(s.ctx, name, kind, nil)
 	return c
 }
 

@@ -40,6 +40,15 @@ const (
 	AttrError   = "tensorferry.error"
 )
 
+// Attr is an attribute of a span (nothing in a notrace build).
+type Attr struct{}
+
+// String returns the empty Attr.
+func String(string, string) Attr { return Attr{} }
+
+// Int returns the empty Attr.
+func Int(string, int64) Attr { return Attr{} }
+
 // Tracer is always off in a notrace build.
 type Tracer struct{}
 
@@ -53,7 +62,7 @@ func (Tracer) On() bool { return false }
 type Span struct{}
 
 // Start returns ctx.
-func (Tracer) Start(ctx context.Context, _ string, _ Kind) (context.Context, Span) {
+func (Tracer) Start(ctx context.Context, _ string, _ Kind, _ ...Attr) (context.Context, Span) {
 	return ctx, Span{}
 }
 
@@ -61,10 +70,12 @@ func (Tracer) Start(ctx context.Context, _ string, _ Kind) (context.Context, Spa
 type Getter interface{ Get(key string) string }
 
 // StartFrom returns the zero Span.
-func (Tracer) StartFrom(context.Context, Getter, string, Kind) Span { return Span{} }
+func (Tracer) StartFrom(context.Context, Getter, string, Kind, ...Attr) Span { return Span{} }
 
 // StartFromMap returns the zero Span.
-func (Tracer) StartFromMap(context.Context, map[string]string, string, Kind) Span { return Span{} }
+func (Tracer) StartFromMap(context.Context, map[string]string, string, Kind, ...Attr) Span {
+	return Span{}
+}
 
 // On reports false.
 func (Span) On() bool { return false }
