@@ -165,10 +165,13 @@ func (e *Engine) releaseEntries(entries []entry) {
 }
 
 // fetch allocates the destinations of in's descriptors on its device and
-// fetches them, calls fetched, then releases their leases. On failure what
-// was allocated is freed and every lease, including the Refs', released.
+// fetches them, then calls fetched. On failure what was allocated is freed
+// and every lease, including the Refs', released; on success the leases of
+// the fetched descriptors stay held until releaseFetched, which the engine
+// calls once the message is delivered: the release frames then leave after
+// the message reached its receiver instead of before, off the path of a
+// reply.
 func (in *Incoming) fetch(ctx context.Context, fetched func()) error {
-	e := in.e
 	var first error
 	for _, j := range in.jobs {
 		if first = in.fetchOne(ctx, j); first != nil {
@@ -176,16 +179,21 @@ func (in *Incoming) fetch(ctx context.Context, fetched func()) error {
 		}
 	}
 	fetched()
-	for _, j := range in.jobs {
-		if err := e.release(ctx, j.d); err != nil && first == nil {
-			first = err
-		}
-	}
-	in.jobs = nil
 	if first != nil {
 		in.abort(ctx)
 	}
 	return first
+}
+
+// releaseFetched gives back the leases of the descriptors fetch fetched.
+// A release that cannot be sent is not an error of the message: it fails
+// only when the owner's connection is gone, and the owner's leases end
+// with its connection (or expire at their deadline).
+func (in *Incoming) releaseFetched(ctx context.Context) {
+	for _, j := range in.jobs {
+		_ = in.e.release(ctx, j.d)
+	}
+	in.jobs = nil
 }
 
 func (in *Incoming) fetchOne(ctx context.Context, j job) error {
