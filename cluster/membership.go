@@ -128,6 +128,7 @@ type Membership struct {
 	maxDataPerPeer int
 	maxData        int
 	dataIdle       time.Duration
+	readSpin       time.Duration
 
 	mu        sync.Mutex
 	slots     map[string]*slot
@@ -167,6 +168,11 @@ type Options struct {
 	// Network is where the node listens and dials; nil means TCP. Tests
 	// pass an in-memory network to inject faults.
 	Network Network
+	// ReadSpin is how long (a duration) the reader of a control
+	// connection polls its socket for the next frame before it parks
+	// (wire.ConnOptions.ReadSpin): 0 means wire.DefaultReadSpinFor()
+	// (50 µs with 8 or more processors, else none), negative no spin.
+	ReadSpin time.Duration
 }
 
 // Network listens and dials by address: TCP by default, or an in-memory
@@ -204,7 +210,11 @@ func NewMembership(cfg *Config, self string, incarnation uint64, h Handler, opts
 		maxDataPerPeer: cmp.Or(opts.MaxDataConnsPerPeer, DefaultMaxDataConnsPerPeer),
 		maxData:        cmp.Or(opts.MaxDataConns, DefaultMaxDataConns),
 		dataIdle:       cmp.Or(opts.DataIdleTimeout, cfg.DialTimeout),
-		net:            opts.Network}
+		net:            opts.Network,
+		readSpin:       opts.ReadSpin}
+	if m.readSpin == 0 {
+		m.readSpin = wire.DefaultReadSpinFor()
+	}
 	if m.net == nil {
 		m.net = tcpNetwork{}
 	}
@@ -658,6 +668,7 @@ func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
 		// Handlers may run actor code inline (actor.WithInlineDelivery):
 		// one that blocks hands the reading to a new goroutine.
 		HandlerTakeover: HandlerTakeover,
+		ReadSpin:        m.readSpin,
 		Logger:          m.log,
 		Handler:         func(f wire.Frame) { m.frame(p, f) },
 		OnClose:         func(err error) { m.connClosed(p, err) },

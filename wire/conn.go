@@ -56,6 +56,12 @@ type ConnOptions struct {
 	// goroutine per process, idle while no Handler call is in progress,
 	// watches every Conn that sets it.
 	HandlerTakeover time.Duration
+	// ReadSpin, when positive, makes the reader poll the socket for up to
+	// this long after it finds nothing to read before it parks (see
+	// DefaultReadSpinFor): a reply that arrives within it is read without
+	// a thread wake-up, at the price of a processor kept busy meanwhile.
+	// Only for connections that expose their socket (TCP, Unix; not TLS).
+	ReadSpin time.Duration
 	// OnClose is called once, with the cause, after the Conn's goroutines
 	// have exited. It must not call Close.
 	OnClose func(error)
@@ -191,7 +197,11 @@ func NewConn(nc net.Conn, peer Peer, opts ConnOptions) *Conn {
 		writerDone:  make(chan struct{}),
 		closed:      make(chan struct{}),
 	}
-	c.br = bufio.NewReaderSize(nc, connBufferSize)
+	var src io.Reader = nc
+	if sr := newSpinReader(nc, opts.ReadSpin); sr != nil {
+		src = sr
+	}
+	c.br = bufio.NewReaderSize(src, connBufferSize)
 	c.rd = NewFramer(nil, c.br)
 	c.rd.SetMaxReadFrameSize(c.max)
 	return c
