@@ -66,6 +66,13 @@ type Config struct {
 	// InlineThreshold: tensors of at most this many bytes are copied into
 	// the message's table instead of exported (default 64 KiB).
 	InlineThreshold int64
+	// InlineDevice keeps GPU tensors at or below InlineThreshold inline
+	// for every peer. By default such a tensor goes to a peer of the same
+	// host through a channel that moves small device tensors faster than
+	// inline copies (rdma.DirectSmall: ipc), when that channel reaches
+	// each of the peer's GPUs: the receiver copies it device to device
+	// instead of both ends bouncing it through host memory.
+	InlineDevice bool
 	// TransferTimeout bounds every fetch and the lease of every export
 	// sent in a message (default 60 s); RefTTL the lease of an export
 	// sent as a tensor.Ref (default 10 min).

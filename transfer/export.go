@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
 	"go.uber.org/zap"
 )
@@ -88,7 +89,7 @@ func (o *Outgoing) visitTensor(t *tensor.Tensor) error {
 	if _, ok := tensor.Placeholder(t); ok {
 		return errors.New("transfer: an unfilled tensor placeholder cannot be sent")
 	}
-	if t.ByteSize() <= o.e.cfg.InlineThreshold {
+	if t.ByteSize() <= o.e.cfg.InlineThreshold && !o.directSmall(t) {
 		data, err := hostBytes(t)
 		if err != nil {
 			return err
@@ -102,6 +103,17 @@ func (o *Outgoing) visitTensor(t *tensor.Tensor) error {
 	}
 	o.entries = append(o.entries, entry{ID: t.WireID(), Kind: entryFetch, Desc: d})
 	return nil
+}
+
+// directSmall reports whether t, small enough to go inline, rather goes
+// to the peer through a channel that moves small device tensors faster
+// (see Config.InlineDevice).
+func (o *Outgoing) directSmall(t *tensor.Tensor) bool {
+	if o.e.cfg.InlineDevice || t.Device().Kind != memory.KindCUDA || t.ByteSize() == 0 {
+		return false
+	}
+	p := o.e.peer(o.peer)
+	return p != nil && rdma.DirectSmall(&o.e.caps, &p.caps, t.Device()) != ""
 }
 
 func (o *Outgoing) visitRef(r tensor.Ref) error {
