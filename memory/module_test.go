@@ -143,6 +143,10 @@ func TestCheckArgs(t *testing.T) {
 	if err := checkArgs(params, ok); err != nil {
 		t.Errorf("matching arguments: %v", err)
 	}
+	ints := []ptxParam{{paramInt, 8, ".s64"}, {paramInt, 4, ".s32"}, {paramInt, 4, ".u32"}}
+	if err := checkArgs(ints, []KernelArg{Int64Arg(-2), Int32Arg(-1), Uint32Arg(7)}); err != nil {
+		t.Errorf("integer arguments: %v", err)
+	}
 	bits := []ptxParam{{paramBits, 4, ".b32"}, {paramBits, 8, ".b64"}}
 	if err := checkArgs(bits, []KernelArg{Float32Arg(1), BufferArg(dev)}); err != nil {
 		t.Errorf(".b parameters take any value of their size: %v", err)
@@ -161,6 +165,24 @@ func TestCheckArgs(t *testing.T) {
 		err := checkArgs(params, c.args)
 		if err == nil || err.Error() != c.want {
 			t.Errorf("checkArgs = %v, want %q", err, c.want)
+		}
+	}
+}
+
+func TestKernelArgBits(t *testing.T) {
+	for _, c := range []struct {
+		arg  KernelArg
+		want uint64
+	}{
+		{Int32Arg(-1), 0xffffffff}, // the upper 4 bytes of the slot stay zero
+		{Uint32Arg(7), 7},
+		{Int64Arg(-2), 0xfffffffffffffffe},
+		{Uint64Arg(1 << 40), 1 << 40},
+		{Float32Arg(1), 0x3f800000},
+		{Float64Arg(-2), 0xc000000000000000},
+	} {
+		if c.arg.bits != c.want {
+			t.Errorf("%s: bits %#x, want %#x", c.arg.kindName(), c.arg.bits, c.want)
 		}
 	}
 }
