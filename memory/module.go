@@ -134,8 +134,13 @@ func Linear(n, block, maxGrid int) LaunchConfig {
 	if maxGrid <= 0 {
 		maxGrid = 1 << 16
 	}
-	grid := min(max((n+block-1)/block, 1), maxGrid, math.MaxUint32)
-	return LaunchConfig{Grid: Dim3{X: uint32(grid)}, Block: Dim3{X: uint32(min(block, math.MaxUint32))}}
+	grid := n / block
+	if n%block != 0 || grid == 0 {
+		grid++
+	}
+	// 2^31-1 blocks is CUDA's limit on grid X; blocks are far smaller.
+	grid, block = min(grid, maxGrid, math.MaxInt32), min(block, math.MaxInt32)
+	return LaunchConfig{Grid: Dim3{X: uint32(grid)}, Block: Dim3{X: uint32(block)}}
 }
 
 // KernelArg is one kernel argument, passed by value: a device buffer's

@@ -196,6 +196,8 @@ func TestLinear(t *testing.T) {
 		{1000, 0, 0, LaunchConfig{Grid: Dim3{X: 4}, Block: Dim3{X: 256}}},
 		{1 << 30, 0, 0, LaunchConfig{Grid: Dim3{X: 1 << 16}, Block: Dim3{X: 256}}},
 		{1000, 128, 2, LaunchConfig{Grid: Dim3{X: 2}, Block: Dim3{X: 128}}},
+		{1024, 0, 0, LaunchConfig{Grid: Dim3{X: 4}, Block: Dim3{X: 256}}},
+		{math.MaxInt, 1, math.MaxInt, LaunchConfig{Grid: Dim3{X: math.MaxInt32}, Block: Dim3{X: 1}}},
 	} {
 		if got := Linear(c.n, c.block, c.maxGrid); got != c.want {
 			t.Errorf("Linear(%d, %d, %d) = %+v, want %+v", c.n, c.block, c.maxGrid, got, c.want)
