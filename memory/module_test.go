@@ -38,11 +38,11 @@ const fillPTX = `
 	cvt.u64.u32 %rd4, %r4;
 	add.s64 %rd3, %rd3, %rd4;
 	setp.ge.u64 %p1, %rd3, %rd2;
-	@%p1 bra DONE;
+	@%p1 bra FILL_DONE;
 	shl.b64 %rd5, %rd3, 2;
 	add.s64 %rd6, %rd1, %rd5;
 	st.global.u32 [%rd6], %r1;
-DONE:
+FILL_DONE:
 	ret;
 }
 
@@ -74,17 +74,17 @@ DONE:
 	cvt.u64.u32 %rd4, %r3;
 	add.s64 %rd3, %rd3, %rd4;
 	mul.wide.u32 %rd5, %r4, %r2;
-LOOP:
+AFFINE_LOOP:
 	setp.ge.u64 %p1, %rd3, %rd2;
-	@%p1 bra DONE;
+	@%p1 bra AFFINE_DONE;
 	shl.b64 %rd6, %rd3, 2;
 	add.s64 %rd7, %rd1, %rd6;
 	ld.global.f32 %f3, [%rd7];
 	fma.rn.f32 %f4, %f1, %f3, %f2;
 	st.global.f32 [%rd7], %f4;
 	add.s64 %rd3, %rd3, %rd5;
-	bra LOOP;
-DONE:
+	bra AFFINE_LOOP;
+AFFINE_DONE:
 	ret;
 }
 `
