@@ -511,3 +511,21 @@ func TestGPUCanAccessPeer(t *testing.T) {
 		t.Errorf("EnablePeerAccess again = %v, first %v", err2, err)
 	}
 }
+
+// FuzzPTXEntries: the parameter reader never panics, and what it reads is
+// within the bounds Launch relies on.
+func FuzzPTXEntries(f *testing.F) {
+	f.Add(fillPTX)
+	f.Add(".entry k(.param .align 8 .b8 s[65536], .param .u64 p)")
+	f.Add(".entry k(.param .u64 .ptr .global .align")
+	f.Add("/* .entry k( */ .entry j(// )\n.param .f32 x)")
+	f.Fuzz(func(t *testing.T, ptx string) {
+		for name, ps := range ptxEntries(ptx) {
+			for _, p := range ps {
+				if p.kind == 0 || p.size <= 0 || p.size > 8<<16 {
+					t.Fatalf("entry %q: parameter %+v", name, p)
+				}
+			}
+		}
+	})
+}
