@@ -12,10 +12,10 @@
 //
 // Modes and their paths (the "path" of each JSON line):
 //
-//   - peer: cuMemcpyPeer — cuMemcpyPeerAsync from a cuda:0 allocation to a
-//     cuda:1 one with peer access enabled, timed with events around a batch
-//     of copies (as many as make 64 MiB, 1 to 100), per copy, median of the
-//     batches.
+//   - peer: cuMemcpyPeer — cuMemcpyPeerAsync (memory.Stream.CopyAsync)
+//     from a cuda:0 allocation to a cuda:1 one with peer access enabled,
+//     timed with timing events (memory.ElapsedTime) around a batch of copies
+//     (as many as make 64 MiB, 1 to 100), per copy, median of the batches.
 //   - ipc: tensorferry-ipc — two processes (this program re-executes itself
 //     as the receiver): node0 owns a tensor on cuda:0 and sends &Msg{T: t}
 //     with RequestFuture to an actor of node1 whose tensors live on cuda:1;
@@ -27,15 +27,15 @@
 //     disabled in the config, so bytes go GPU → pinned ring → TCP loopback →
 //     pinned ring → GPU; raw-tcp — one loopback connection moving the same
 //     bytes from host memory into a host buffer the receiver keeps; naive —
-//     in this process, cuMemcpyDtoH into pageable memory, the bytes over
-//     the raw TCP connection, cuMemcpyHtoD on the receiving side, one after
-//     the other.
+//     in this process, a device to host memory.Copy into pageable memory,
+//     the bytes over the raw TCP connection, a host to device memory.Copy on
+//     the receiving side, one after the other.
 //   - regcache: tensorferry-staging-gpu first_ms and repeat_ms — the first
 //     transfer of a tensor on fresh nodes (it dials the data connection and
 //     allocates the pinned rings) and the median of the following ones;
 //     regcache-h2d — a pageable host buffer registered through
-//     memory.RegCache and a HostRegistrar, then copied to cuda:0 with
-//     cuMemcpyHtoDAsync: the first copy (miss: cuMemHostRegister paid),
+//     memory.RegCache and a HostRegistrar, then copied to cuda:0 on a
+//     memory.Stream (cuMemcpyHtoDAsync and a synchronize): the first copy (miss: cuMemHostRegister paid),
 //     repeated copies (hits), the registration alone, the same copy from an
 //     unregistered buffer (pageable_ms), and the cache's hit and miss
 //     counters.
@@ -43,6 +43,6 @@
 // Figures: gbps is bytes / median time in GB/s (10^9 bytes per second), us
 // the median time of one transfer; the actor paths also report fetch_gbps,
 // the bytes over the median time the receiving node spent in the channel's
-// Fetch. The NCCL baseline is ../shared/peers/nccl_sendrecv.py, run in the
+// Fetch. CUDA is reached through package memory only. The NCCL baseline is ../shared/peers/nccl_sendrecv.py, run in the
 // same session; benchmarks/plot reads its output and this program's.
 package main

@@ -10,4 +10,9 @@
 //	layout, _ := ps.Roles([]string{"node0", "node1", "node2"}, 2, 2)
 //	res, err := ps.Drive(ctx, driverNode, ps.DefaultConfig(), layout, nil)
 //	fmt.Println(res.Distance, res.Channels["staging"].Bytes)
+//
+// The shards' float32 vector math (axpy, sgd; kernels.go) runs as the CUDA
+// kernels of kernels.ptx on GPU shards, loaded and launched through
+// memory.LoadModule, and as Go loops on host shards; kernels.cu is their
+// CUDA C.
 package ps
