@@ -5,6 +5,7 @@
 //	gpu --mode all --out $OUT          # everything; JSON lines in $OUT/gpu.jsonl
 //	gpu --mode peer                    # cuMemcpyPeer GPU0 → GPU1, one process: the ceiling
 //	gpu --mode ipc                     # actor messages GPU0 → GPU1 between two processes
+//	gpu --mode ipc --dst 0             # both processes on GPU0 (the default on a one-GPU host)
 //	gpu --mode staging                 # GPU → TCP loopback → GPU vs raw TCP vs the naive sequence
 //	gpu --mode regcache                # first vs repeated transfer of one buffer
 //	gpu --mode peer --max 256MiB --reps 20 --json
@@ -23,6 +24,13 @@
 //     (ipc when it runs and NVML reports P2P) and delivers the message; the
 //     actor answers an Ack. Time: RequestFuture until the Ack. The channel
 //     that carried the bytes is in each line's "channel" (node.Stats).
+//     --dst may name --src's GPU: two processes on one GPU. Beside the
+//     messages, alternating with them, the floor of each size: copy+sync —
+//     in this process, one memory.Copy of the size from a --src buffer to
+//     a --dst one (a copy and its stream synchronization); raw-tcp-rtt — a
+//     64-byte round trip over a raw loopback TCP connection; floor — the
+//     sum of their medians; and x_floor — the message path's median over
+//     the floor (target ≤ 2×, stated in the summary).
 //   - staging: tensorferry-staging-gpu — the same with ipc and verbs
 //     disabled in the config, so bytes go GPU → pinned ring → TCP loopback →
 //     pinned ring → GPU; raw-tcp — one loopback connection moving the same

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tensorferry/tensorferry/benchmarks/internal/rawtcp"
 	"github.com/tensorferry/tensorferry/benchmarks/internal/report"
 	"github.com/tensorferry/tensorferry/memory"
 )
@@ -135,7 +136,9 @@ const (
 )
 
 // runIPC sends tensor messages from a node on --src to a node of another
-// process on --dst, over the channel the two select.
+// process on --dst (the same GPU or another), over the channel the two
+// select, and measures each size's floor beside them: an in-process copy
+// from --src to --dst with its sync, and a raw TCP round trip.
 func runIPC(o options) (rs []report.Result, err error) {
 	src, dst := cudaDev(o.src), cudaDev(o.dst)
 	pc := pairConfig{src: src, dst: dst, timeout: o.timeout, log: o.logs}
@@ -150,11 +153,19 @@ func runIPC(o options) (rs []report.Result, err error) {
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, p.close()) }()
-	rs, err = measure(o, []pathMaker{actorPath(pathIPC, p, src), streamPath(pathIPCStream, p, src, o.stream)})
+	raw, err := rawtcp.Open(rawtcp.Options{})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, raw.Close()) }()
+	rs, err = measure(o, []pathMaker{
+		actorPath(pathIPC, p, src), streamPath(pathIPCStream, p, src, o.stream),
+		copySyncPath(src, dst), rawRTTPath(raw),
+	})
 	for _, old := range []string{pathIPC, pathIPCStream} {
 		if name := renamePath(rs, old); name != old {
 			o.progressf("gpu: ipc mode: the nodes chose %s, reported as %s", strings.TrimSuffix(name[len("tensorferry-"):], "-stream"), name)
 		}
 	}
-	return rs, err
+	return withFloors(o, rs), err
 }
