@@ -1,4 +1,4 @@
-package cluster
+package config
 
 import (
 	"crypto/rand"
@@ -22,7 +22,7 @@ const maxLocalNodes = 1024
 // nodes listen.
 func LocalConfig(cluster string, n int) (*Config, error) {
 	if n < 1 || n > maxLocalNodes {
-		return nil, fmt.Errorf("cluster: local config: %d nodes, want 1..%d", n, maxLocalNodes)
+		return nil, fmt.Errorf("config: local config: %d nodes, want 1..%d", n, maxLocalNodes)
 	}
 	c := DefaultConfig()
 	c.Cluster = cluster
@@ -44,7 +44,7 @@ func LocalConfig(cluster string, n int) (*Config, error) {
 	// secret survives a round trip through a file or an environment variable.
 	var raw [24]byte
 	if _, err := rand.Read(raw[:]); err != nil {
-		return nil, fmt.Errorf("cluster: local config: secret: %w", err)
+		return nil, fmt.Errorf("config: local config: secret: %w", err)
 	}
 	c.Secret = []byte(base64.RawURLEncoding.EncodeToString(raw[:]))
 
@@ -58,7 +58,7 @@ func LocalConfig(cluster string, n int) (*Config, error) {
 	pick := func() (string, error) {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			return "", fmt.Errorf("cluster: local config: pick a port: %w", err)
+			return "", fmt.Errorf("config: local config: pick a port: %w", err)
 		}
 		ls = append(ls, l)
 		return l.Addr().String(), nil
@@ -92,10 +92,10 @@ const (
 // c must hold its Secret (as after Validate); c itself is not changed.
 func (c *Config) WriteFiles(dir string) (path string, err error) {
 	if len(c.Secret) < MinSecretLen {
-		return "", fmt.Errorf("cluster: write files: secret is %d bytes, want at least %d (call Validate first)", len(c.Secret), MinSecretLen)
+		return "", fmt.Errorf("config: write files: secret is %d bytes, want at least %d (call Validate first)", len(c.Secret), MinSecretLen)
 	}
 	if last := c.Secret[len(c.Secret)-1]; last == '\n' || last == '\r' {
-		return "", errors.New("cluster: write files: a secret ending in a newline cannot be stored in a secret file")
+		return "", errors.New("config: write files: a secret ending in a newline cannot be stored in a secret file")
 	}
 	cp := *c
 	cp.SecretFile, cp.SecretEnv = SecretFileName, ""
@@ -119,18 +119,18 @@ func (c *Config) WriteFiles(dir string) (path string, err error) {
 func writeFile(path string, b []byte, perm os.FileMode) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, perm)
 	if err != nil {
-		return fmt.Errorf("cluster: write files: %w", err)
+		return fmt.Errorf("config: write files: %w", err)
 	}
 	if err := f.Chmod(perm); err != nil {
 		f.Close()
-		return fmt.Errorf("cluster: write files: %w", err)
+		return fmt.Errorf("config: write files: %w", err)
 	}
 	if _, err := f.Write(b); err != nil {
 		f.Close()
-		return fmt.Errorf("cluster: write files: %w", err)
+		return fmt.Errorf("config: write files: %w", err)
 	}
 	if err := f.Close(); err != nil {
-		return fmt.Errorf("cluster: write files: %w", err)
+		return fmt.Errorf("config: write files: %w", err)
 	}
 	return nil
 }
