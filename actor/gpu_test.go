@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/actor"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/tensor"
 )
@@ -29,7 +29,7 @@ func gpuProcessCluster(t *testing.T, disable []string) (*actor.Node, memory.Devi
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	cfg, err := cluster.LocalConfig("gpu", 2)
+	cfg, err := config.LocalConfig("gpu", 2)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,7 +33,7 @@
 // (for test fixtures only). Load reads, checks and completes a file; errors
 // name the field and the line:
 //
-//	cfg, err := cluster.Load("/etc/tensorferry/cluster.yaml")
+//	cfg, err := config.Load("/etc/tensorferry/cluster.yaml")
 //	if err != nil {
 //		log.Fatal(err) // cluster: config line 12: nodes[1].address: duplicate of nodes[0] ("127.0.0.1:7001")
 //	}
@@ -44,7 +44,7 @@
 //
 // Tests build a loopback cluster in code and hand it to child processes:
 //
-//	cfg, err := cluster.LocalConfig("test", 3) // node0..node2 on free ports
+//	cfg, err := config.LocalConfig("test", 3) // node0..node2 on free ports
 //	if err != nil {
 //		t.Fatal(err)
 //	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 )
 
 // writePKI writes a CA and a node certificate it signs into a directory
@@ -23,7 +24,7 @@ func writePKI(t *testing.T, dir, prefix string) (cert, key, ca string) {
 	if err := os.MkdirAll(sub, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	tc, err := cluster.LocalTLS(sub, false)
+	tc, err := config.LocalTLS(sub, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +40,7 @@ func TestTLSConfigParse(t *testing.T) {
 	base := "cluster: t\nsecret_file: secret.key\nnodes:\n  - {name: a, address: 127.0.0.1:7001}\ntls:\n"
 	rel := func(p string) string { r, _ := filepath.Rel(dir, p); return r } // relative to the config's directory
 	good := base + "  cert_file: " + rel(cert) + "\n  key_file: " + rel(key) + "\n  ca_file: " + rel(ca) + "\n  data: true\n"
-	c, err := cluster.Parse([]byte(good), dir)
+	c, err := config.Parse([]byte(good), dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +52,7 @@ func TestTLSConfigParse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	back, err := cluster.Parse(b, dir)
+	back, err := config.Parse(b, dir)
 	if err != nil || back.TLS == nil || back.TLS.KeyFile != c.TLS.KeyFile || !back.TLS.Data {
 		t.Fatalf("round trip: %+v, %v\n%s", back.TLS, err, b)
 	}
@@ -65,8 +66,8 @@ func TestTLSConfigParse(t *testing.T) {
 	}
 	for name, tc := range bad {
 		t.Run(name, func(t *testing.T) {
-			_, err := cluster.Parse([]byte(tc.yaml), dir)
-			var ce *cluster.ConfigError
+			_, err := config.Parse([]byte(tc.yaml), dir)
+			var ce *config.ConfigError
 			if !errors.As(err, &ce) || ce.Field != tc.field || ce.Line == 0 {
 				t.Fatalf("error %v (%+v), want one naming %s and its line", err, ce, tc.field)
 			}
@@ -75,13 +76,13 @@ func TestTLSConfigParse(t *testing.T) {
 }
 
 // tlsConfig is a two-node loopback config with TLS from dir's PKI.
-func tlsConfig(t *testing.T, cert, key, ca string, data bool) *cluster.Config {
+func tlsConfig(t *testing.T, cert, key, ca string, data bool) *config.Config {
 	t.Helper()
-	cfg, err := cluster.LocalConfig("tls", 2)
+	cfg, err := config.LocalConfig("tls", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.TLS = &cluster.TLSConfig{CertFile: cert, KeyFile: key, CAFile: ca, Data: data}
+	cfg.TLS = &config.TLSConfig{CertFile: cert, KeyFile: key, CAFile: ca, Data: data}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}

@@ -13,10 +13,18 @@ const (
 	// message with inline tensors and bounds what a bad peer can make a
 	// node allocate.
 	DefaultMaxFrameSize = 16 << 20
+	// DefaultSendQueue is the default TransportConfig.SendQueue (4096
+	// frames).
+	DefaultSendQueue = 4096
 	// MinMaxFrameSize and MaxMaxFrameSize bound TransportConfig.MaxFrameSize
 	// (1 KiB and 1 GiB).
 	MinMaxFrameSize = 1 << 10
 	MaxMaxFrameSize = 1 << 30
+	// DefaultChunkSize and DefaultChunksInFlight are the defaults of
+	// StagingConfig.ChunkSize (4 MiB) and ChunksInFlight (4), also what a
+	// staging request that names none gets.
+	DefaultChunkSize      = 4 << 20
+	DefaultChunksInFlight = 4
 	// MaxChunkSize is the largest staging chunk either end accepts (64 MiB).
 	MaxChunkSize = 64 << 20
 	// MaxChunksInFlight is the largest staging window a request may ask for
@@ -35,6 +43,7 @@ type TransportConfig struct {
 	// in bytes; a larger frame kills its connection before anything is
 	// allocated for it. MinMaxFrameSize..MaxMaxFrameSize; every node of a
 	// cluster must use the same value. Default DefaultMaxFrameSize (16 MiB).
+	// The frame header (wire.HeaderSize) is not counted.
 	MaxFrameSize int
 	// InlineThreshold is a size in bytes: tensors at or below it are copied
 	// inline into control frames instead of moving out of band. Below
@@ -75,7 +84,7 @@ func DefaultTransportConfig() TransportConfig {
 	return TransportConfig{
 		MaxFrameSize:        DefaultMaxFrameSize,
 		InlineThreshold:     64 << 10,
-		SendQueue:           4096,
+		SendQueue:           DefaultSendQueue,
 		HandlerTakeover:     10 * time.Millisecond,
 		MaxDataConnsPerPeer: 64,
 		MaxDataConns:        1024,
@@ -249,8 +258,8 @@ type StagingConfig struct {
 // StagingConfig.
 func DefaultStagingConfig() StagingConfig {
 	return StagingConfig{
-		ChunkSize:      4 << 20,
-		ChunksInFlight: 4,
+		ChunkSize:      DefaultChunkSize,
+		ChunksInFlight: DefaultChunksInFlight,
 		MaxRingBytes:   64 << 20,
 		StripeMin:      16 << 20,
 	}

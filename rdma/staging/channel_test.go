@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/internal/poll"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
@@ -288,7 +289,7 @@ func newPair(t *testing.T, n int, slow bool) *pair {
 			}
 			return c, err
 		},
-		ChunkSize: 1 << 20,
+		Staging: config.StagingConfig{ChunkSize: 1 << 20},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -385,14 +386,14 @@ func TestStripedFetch(t *testing.T) {
 	if p.dials != 4 {
 		t.Fatalf("%d dials for two fetches in 4 stripes, want 4", p.dials)
 	}
-	// Below StripeMin: one connection.
-	small := newPair(t, staging.StripeMin-1, false)
+	// Below StagingConfig.StripeMin: one connection.
+	small := newPair(t, int(config.DefaultStagingConfig().StripeMin)-1, false)
 	small.fetcher.SetStripes(4)
 	if _, err := small.fetch(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if small.dials != 1 {
-		t.Fatalf("%d dials for a transfer below StripeMin", small.dials)
+		t.Fatalf("%d dials for a transfer below StagingConfig.StripeMin", small.dials)
 	}
 }
 
@@ -450,9 +451,10 @@ func TestNewRejectsBadEnv(t *testing.T) {
 	for _, env := range []*rdma.Env{
 		nil,
 		{Node: "n"},
-		{Node: "n", Store: store, ChunkSize: staging.MaxChunkSize + 1},
-		{Node: "n", Store: store, ChunkSize: -1},
-		{Node: "n", Store: store, ChunksInFlight: staging.MaxWindow + 1},
+		{Node: "n", Store: store, Staging: config.StagingConfig{ChunkSize: staging.MaxChunkSize + 1}},
+		{Node: "n", Store: store, Staging: config.StagingConfig{ChunkSize: -1}},
+		{Node: "n", Store: store, Staging: config.StagingConfig{ChunksInFlight: staging.MaxWindow + 1}},
+		{Node: "n", Store: store, Staging: config.StagingConfig{ChunkSize: 8 << 20, MaxRingBytes: 4 << 20}},
 	} {
 		if _, err := staging.New(env); err == nil {
 			t.Errorf("New(%+v) succeeded", env)
@@ -466,7 +468,7 @@ func TestNewRejectsBadEnv(t *testing.T) {
 // cuda:0 on one GPU).
 func BenchmarkStagingLoopback(b *testing.B) {
 	defaults := func(env *rdma.Env) (rdma.Channel, error) {
-		env.ChunkSize, env.ChunksInFlight = 0, 0 // the production defaults
+		env.Staging = config.StagingConfig{} // the production defaults
 		return staging.New(env)
 	}
 	pairs := []struct{ owner, fetcher memory.Device }{
