@@ -143,15 +143,6 @@ type Options struct {
 	Logger *zap.Logger
 	// Caps is the capability body sent to every peer after the handshake.
 	Caps []byte
-	// MaxDataConnsPerPeer, when positive, overrides the config's
-	// Transport.MaxDataConnsPerPeer (for tests).
-	MaxDataConnsPerPeer int
-	// MaxDataConns, when positive, overrides the config's
-	// Transport.MaxDataConns (for tests).
-	MaxDataConns int
-	// DataIdleTimeout, when positive, overrides the config's
-	// Transport.DataIdleTimeout (for tests).
-	DataIdleTimeout time.Duration
 	// Network is where the node listens and dials; nil means TCP. Tests
 	// pass an in-memory network to inject faults.
 	Network Network
@@ -191,16 +182,16 @@ func NewMembership(cfg *config.Config, self string, incarnation uint64, h Handle
 	tr := cfg.Transport.WithDefaults()
 	m := &Membership{cfg: cfg, transport: tr, self: nc, incarnation: incarnation, caps: opts.Caps, h: h,
 		log: log.With(zap.String("node", self)), slots: map[string]*slot{},
-		maxDataPerPeer: cmp.Or(opts.MaxDataConnsPerPeer, tr.MaxDataConnsPerPeer),
-		maxData:        cmp.Or(opts.MaxDataConns, tr.MaxDataConns),
-		dataIdle:       cmp.Or(opts.DataIdleTimeout, tr.DataIdleTimeout, cfg.DialTimeout),
+		maxDataPerPeer: tr.MaxDataConnsPerPeer,
+		maxData:        tr.MaxDataConns,
+		dataIdle:       cmp.Or(tr.DataIdleTimeout, cfg.DialTimeout),
 		net:            opts.Network}
 	if m.net == nil {
 		m.net = tcpNetwork{}
 	}
 	if m.maxDataPerPeer < 0 || m.maxData < 0 || m.dataIdle < 0 {
-		return nil, fmt.Errorf("cluster: negative Options: MaxDataConnsPerPeer %d, MaxDataConns %d, DataIdleTimeout %v",
-			opts.MaxDataConnsPerPeer, opts.MaxDataConns, opts.DataIdleTimeout)
+		return nil, fmt.Errorf("cluster: negative transport settings: max_data_conns_per_peer %d, max_data_conns %d, data_idle_timeout %v (call Validate)",
+			m.maxDataPerPeer, m.maxData, m.dataIdle)
 	}
 	for _, n := range cfg.Nodes {
 		if n.Name != self {

@@ -136,19 +136,26 @@ func TestMembershipDataConnOtherIncarnation(t *testing.T) {
 func TestMembershipDataConnLimits(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		opts cluster.Options
-		want string
+		transport config.TransportConfig
+		want      string
 	}{
-		{"per peer", cluster.Options{MaxDataConnsPerPeer: 2}, "data connection refused: node0 holds 2 data connections to node1, the most per peer"},
-		{"per node", cluster.Options{MaxDataConnsPerPeer: 100, MaxDataConns: 2}, "data connection refused: node1 holds 2 data connections, the most per node"},
+		{"per peer", config.TransportConfig{MaxDataConnsPerPeer: 2}, "data connection refused: node0 holds 2 data connections to node1, the most per peer"},
+		{"per node", config.TransportConfig{MaxDataConnsPerPeer: 100, MaxDataConns: 2}, "data connection refused: node1 holds 2 data connections, the most per node"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg, err := config.LocalConfig("m", 2)
 			if err != nil {
 				t.Fatal(err)
 			}
+			cfg.Transport.MaxDataConnsPerPeer = tc.transport.MaxDataConnsPerPeer
+			if tc.transport.MaxDataConns > 0 {
+				cfg.Transport.MaxDataConns = tc.transport.MaxDataConns
+			}
+			if err := cfg.Validate(); err != nil {
+				t.Fatal(err)
+			}
 			a, ea := startWith(t, cfg, "node0", cluster.Options{})
-			_, eb := startWith(t, cfg, "node1", tc.opts)
+			_, eb := startWith(t, cfg, "node1", cluster.Options{})
 			ea.expect(t, "up node1")
 			eb.expect(t, "up node0")
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -179,14 +186,15 @@ func TestMembershipDataConnLimits(t *testing.T) {
 }
 
 // A data connection that never names its channel is closed after
-// DataIdleTimeout, never reaches the handler, and frees its place.
+// transport.data_idle_timeout, never reaches the handler, and frees its place.
 func TestMembershipDataConnIdleClosed(t *testing.T) {
 	cfg, err := config.LocalConfig("m", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.DialTimeout = time.Minute // only DataIdleTimeout may close it
-	_, ea := startWith(t, cfg, "node0", cluster.Options{MaxDataConnsPerPeer: 1, DataIdleTimeout: 50 * time.Millisecond})
+	cfg.DialTimeout = time.Minute // only data_idle_timeout may close it
+	cfg.Transport.MaxDataConnsPerPeer, cfg.Transport.DataIdleTimeout = 1, 50*time.Millisecond
+	_, ea := startWith(t, cfg, "node0", cluster.Options{})
 	b, _ := startWith(t, cfg, "node1", cluster.Options{})
 	ea.expect(t, "up node1")
 	nc, err := rawDial(t, cfg, cfg.Nodes[0].DataAddress, "node1", 1, wire.PurposeData)

@@ -298,8 +298,6 @@ func TestParseInvalid(t *testing.T) {
 			`config: line 4: transport.shared_memory: want true or false, got "on"`, ""},
 		{"handler takeover below minimum", strings.Replace(base, "nodes:", "transport:\n  handler_takeover: 10us\nnodes:", 1),
 			`config: line 4: transport.handler_takeover: 10µs is below the minimum of 1ms`, ""},
-		{"per-peer data conns above total", strings.Replace(base, "nodes:", "transport:\n  max_data_conns_per_peer: 9\n  max_data_conns: 8\nnodes:", 1),
-			`config: line 4: transport.max_data_conns_per_peer: 9 is above max_data_conns (8)`, ""},
 		{"per-peer budget above budget", strings.Replace(base, "nodes:", "flow:\n  receive_budget: 1GiB\n  receive_budget_per_peer: 2GiB\nnodes:", 1),
 			`config: line 5: flow.receive_budget_per_peer: 2GiB is above receive_budget (1GiB)`, ""},
 		{"ref ttl not a duration", strings.Replace(base, "nodes:", "flow:\n  ref_ttl: forever\nnodes:", 1),

@@ -118,9 +118,6 @@ func (t TransportConfig) validate(c *Config) error {
 	if t.InlineThreshold < 0 || t.InlineThreshold >= t.MaxFrameSize {
 		return c.errf(p+"inline_threshold", "%d bytes must be below max_frame_size (%d)", t.InlineThreshold, t.MaxFrameSize)
 	}
-	if t.MaxDataConnsPerPeer > t.MaxDataConns {
-		return c.errf(p+"max_data_conns_per_peer", "%d is above max_data_conns (%d)", t.MaxDataConnsPerPeer, t.MaxDataConns)
-	}
 	return c.checkDurations([]durationField{
 		{p + "handler_takeover", t.HandlerTakeover, time.Millisecond},
 		{p + "data_idle_timeout", t.DataIdleTimeout, 0},
