@@ -135,7 +135,7 @@ func TestMembershipDataConnOtherIncarnation(t *testing.T) {
 
 func TestMembershipDataConnLimits(t *testing.T) {
 	for _, tc := range []struct {
-		name string
+		name      string
 		transport config.TransportConfig
 		want      string
 	}{
