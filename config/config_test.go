@@ -123,6 +123,15 @@ verbs:
   cache_bytes: 21MiB
   cache_entries: 22
   stall_timeout: 23s
+  ack_timeout: 18
+  retry_count: 6
+  rnr_retry: 5
+  max_rd_atomic: 8
+  max_dest_rd_atomic: 4
+  min_rnr_timer: 20
+  hop_limit: 3
+  traffic_class: 106
+  service_level: 2
 memory:
   cuda_cache_bytes: 24GiB
 `, func(t *testing.T, c *Config) {
@@ -142,7 +151,8 @@ memory:
 				IPCConfig{ShmDir: "/tmp", ChallengeTTL: 11 * time.Second, CopyChunk: 12 << 20, CopyWindow: 13, CancelGrace: 14 * time.Second,
 					MaxMappings: 15, MaxAcquisitions: 16, IdleLanes: 17, DirectMargin: 18 * time.Millisecond, NoDirect: true},
 				VerbsConfig{Device: "mlx5_0", Port: 2, ChunkSize: 2 << 20, Window: 19, SendQueue: 20, CacheBytes: 21 << 20,
-					CacheEntries: 22, StallTimeout: 23 * time.Second},
+					CacheEntries: 22, StallTimeout: 23 * time.Second, AckTimeout: 18, RetryCount: 6, RNRRetry: 5,
+					MaxRdAtomic: 8, MaxDestRdAtomic: 4, MinRNRTimer: 20, HopLimit: 3, TrafficClass: 106, ServiceLevel: 2},
 				MemoryConfig{CUDACacheBytes: 24 << 30},
 			}
 			if c.Transport != wantSections.T || c.Flow != wantSections.F || c.Staging != wantSections.S ||
@@ -316,6 +326,10 @@ func TestParseInvalid(t *testing.T) {
 			`config: line 5: verbs.window: 9 is above send_queue (8)`, ""},
 		{"verbs bad port", strings.Replace(base, "nodes:", "verbs:\n  port: 256\nnodes:", 1),
 			`config: line 4: verbs.port: bad port "256": want 1..255`, ""},
+		{"verbs retry count above 7", strings.Replace(base, "nodes:", "verbs:\n  retry_count: 8\nnodes:", 1),
+			`config: line 4: verbs.retry_count: 8 is outside 0..7`, ""},
+		{"verbs traffic class above a byte", strings.Replace(base, "nodes:", "verbs:\n  traffic_class: 256\nnodes:", 1),
+			`config: line 4: verbs.traffic_class: bad value "256": want an integer in 0..255`, ""},
 		{"memory negative cache", strings.Replace(base, "nodes:", "memory:\n  cuda_cache_bytes: -1\nnodes:", 1),
 			`config: line 4: memory.cuda_cache_bytes: bad size "-1"`, ""},
 		{"bad metrics address", strings.Replace(base, "7001\n", "7001\n    metrics_address: localhost\n", 1),

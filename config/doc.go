@@ -82,6 +82,15 @@
 //	  cache_bytes: 1GiB
 //	  cache_entries: 64
 //	  stall_timeout: 10s
+//	  ack_timeout: 14              # queue pair: 4.096µs × 2^14 = 67ms; ≤ 31
+//	  retry_count: 7               # ≤ 7
+//	  rnr_retry: 7                 # ≤ 7 (7: forever)
+//	  max_rd_atomic: 16
+//	  max_dest_rd_atomic: 16
+//	  min_rnr_timer: 12            # ≤ 31
+//	  hop_limit: 64
+//	  traffic_class: 0             # RoCE QoS
+//	  service_level: 0             # InfiniBand QoS; ≤ 15
 //	memory:
 //	  cuda_cache_bytes: 0          # 0: max(1GiB, an eighth of the device)
 //	nodes:

@@ -413,6 +413,35 @@ type VerbsConfig struct {
 	// RoCE does not always time out) or the fabric is gone. The node's
 	// PeerDown is the usual, faster path. Default 10s.
 	StallTimeout time.Duration
+
+	// The queue pair (RC) parameters; each one is 0..255, and 0 means its
+	// default.
+	//
+	// AckTimeout is the local ACK timeout exponent, 4.096 µs × 2^AckTimeout,
+	// at most 31. Default 14 (67 ms): with RetryCount 7 a dead peer fails a
+	// transfer after about half a second.
+	AckTimeout uint8
+	// RetryCount is how many times a packet is resent before the queue pair
+	// fails with a retry-exceeded completion, at most 7. Default 7.
+	RetryCount uint8
+	// RNRRetry is the receiver-not-ready retry count, at most 7 (7:
+	// forever). Default 7.
+	RNRRetry uint8
+	// MaxRdAtomic is how many RDMA READs a queue pair may have outstanding
+	// as an initiator; MaxDestRdAtomic how many it accepts as a responder.
+	// The NIC may lower both. Default 16 each.
+	MaxRdAtomic     uint8
+	MaxDestRdAtomic uint8
+	// MinRNRTimer is the RNR NAK timer code, at most 31. Default 12
+	// (0.64 ms).
+	MinRNRTimer uint8
+	// HopLimit of the global route header (RoCE). Default 64.
+	HopLimit uint8
+	// TrafficClass of the global route header (RoCE: the DSCP and ECN bits
+	// the fabric's QoS classifies by). Default 0.
+	TrafficClass uint8
+	// ServiceLevel of the path (InfiniBand QoS), at most 15. Default 0.
+	ServiceLevel uint8
 }
 
 // DefaultVerbsConfig returns the verbs defaults described in VerbsConfig.
@@ -424,6 +453,14 @@ func DefaultVerbsConfig() VerbsConfig {
 		CacheBytes:   1 << 30,
 		CacheEntries: 64,
 		StallTimeout: 10 * time.Second,
+
+		AckTimeout:      14,
+		RetryCount:      7,
+		RNRRetry:        7,
+		MaxRdAtomic:     16,
+		MaxDestRdAtomic: 16,
+		MinRNRTimer:     12,
+		HopLimit:        64,
 	}
 }
 
@@ -436,6 +473,13 @@ func (v VerbsConfig) WithDefaults() VerbsConfig {
 	orInt(&v.CacheBytes, d.CacheBytes)
 	orInt(&v.CacheEntries, d.CacheEntries)
 	orDur(&v.StallTimeout, d.StallTimeout)
+	orInt(&v.AckTimeout, d.AckTimeout)
+	orInt(&v.RetryCount, d.RetryCount)
+	orInt(&v.RNRRetry, d.RNRRetry)
+	orInt(&v.MaxRdAtomic, d.MaxRdAtomic)
+	orInt(&v.MaxDestRdAtomic, d.MaxDestRdAtomic)
+	orInt(&v.MinRNRTimer, d.MinRNRTimer)
+	orInt(&v.HopLimit, d.HopLimit)
 	return v
 }
 
@@ -447,6 +491,11 @@ func (v VerbsConfig) validate(c *Config) error {
 		{p + "window", int64(v.Window), 1, 1 << 15, ""},
 		{p + "cache_bytes", v.CacheBytes, 1, 1 << 50, "bytes"},
 		{p + "cache_entries", int64(v.CacheEntries), 1, 1 << 20, ""},
+		{p + "ack_timeout", int64(v.AckTimeout), 0, 31, ""},
+		{p + "retry_count", int64(v.RetryCount), 0, 7, ""},
+		{p + "rnr_retry", int64(v.RNRRetry), 0, 7, ""},
+		{p + "min_rnr_timer", int64(v.MinRNRTimer), 0, 31, ""},
+		{p + "service_level", int64(v.ServiceLevel), 0, 15, ""},
 	}); err != nil {
 		return err
 	}
@@ -479,7 +528,7 @@ func (m MemoryConfig) validate(c *Config) error {
 }
 
 // orInt sets *v to def when it is 0.
-func orInt[T int | int64](v *T, def T) {
+func orInt[T int | int64 | uint8](v *T, def T) {
 	if *v == 0 {
 		*v = def
 	}

@@ -240,14 +240,23 @@ func (c *Config) decode(root *yaml.Node) error {
 		case "verbs":
 			vb := &c.Verbs
 			err = c.section(v, field, map[string]setter{
-				"device":        stringOf(&vb.Device),
-				"port":          portOf(&vb.Port),
-				"chunk_size":    sizeOf(&vb.ChunkSize),
-				"window":        countOf(&vb.Window),
-				"send_queue":    countOf(&vb.SendQueue),
-				"cache_bytes":   sizeOf(&vb.CacheBytes),
-				"cache_entries": countOf(&vb.CacheEntries),
-				"stall_timeout": durationOf(&vb.StallTimeout),
+				"device":             stringOf(&vb.Device),
+				"port":               portOf(&vb.Port),
+				"chunk_size":         sizeOf(&vb.ChunkSize),
+				"window":             countOf(&vb.Window),
+				"send_queue":         countOf(&vb.SendQueue),
+				"cache_bytes":        sizeOf(&vb.CacheBytes),
+				"cache_entries":      countOf(&vb.CacheEntries),
+				"stall_timeout":      durationOf(&vb.StallTimeout),
+				"ack_timeout":        byteOf(&vb.AckTimeout),
+				"retry_count":        byteOf(&vb.RetryCount),
+				"rnr_retry":          byteOf(&vb.RNRRetry),
+				"max_rd_atomic":      byteOf(&vb.MaxRdAtomic),
+				"max_dest_rd_atomic": byteOf(&vb.MaxDestRdAtomic),
+				"min_rnr_timer":      byteOf(&vb.MinRNRTimer),
+				"hop_limit":          byteOf(&vb.HopLimit),
+				"traffic_class":      byteOf(&vb.TrafficClass),
+				"service_level":      byteOf(&vb.ServiceLevel),
 			})
 		case "memory":
 			m := &c.Memory
@@ -313,6 +322,22 @@ func stringOf(p *string) setter {
 	return func(v *yaml.Node, field string) (err error) {
 		*p, err = scalar(v, field)
 		return err
+	}
+}
+
+// byteOf decodes an integer in 0..255; 0 means the default.
+func byteOf(p *uint8) setter {
+	return func(v *yaml.Node, field string) error {
+		s, err := scalar(v, field)
+		if err != nil {
+			return err
+		}
+		n, err := strconv.ParseUint(s, 10, 8)
+		if err != nil {
+			return at(v, field, "bad value %q: want an integer in 0..255", s)
+		}
+		*p = uint8(n)
+		return nil
 	}
 }
 
@@ -592,6 +617,16 @@ type fileVerbs struct {
 	CacheBytes   string `yaml:"cache_bytes,omitempty"`
 	CacheEntries int    `yaml:"cache_entries,omitempty"`
 	StallTimeout string `yaml:"stall_timeout,omitempty"`
+
+	AckTimeout      uint8 `yaml:"ack_timeout,omitempty"`
+	RetryCount      uint8 `yaml:"retry_count,omitempty"`
+	RNRRetry        uint8 `yaml:"rnr_retry,omitempty"`
+	MaxRdAtomic     uint8 `yaml:"max_rd_atomic,omitempty"`
+	MaxDestRdAtomic uint8 `yaml:"max_dest_rd_atomic,omitempty"`
+	MinRNRTimer     uint8 `yaml:"min_rnr_timer,omitempty"`
+	HopLimit        uint8 `yaml:"hop_limit,omitempty"`
+	TrafficClass    uint8 `yaml:"traffic_class,omitempty"`
+	ServiceLevel    uint8 `yaml:"service_level,omitempty"`
 }
 
 type fileMemory struct {
@@ -681,6 +716,9 @@ func (c *Config) Marshal() ([]byte, error) {
 			Device: vb.Device, Port: vb.Port, ChunkSize: sz(int64(vb.ChunkSize)), Window: vb.Window,
 			SendQueue: vb.SendQueue, CacheBytes: sz(vb.CacheBytes), CacheEntries: vb.CacheEntries,
 			StallTimeout: dur(vb.StallTimeout),
+			AckTimeout:   vb.AckTimeout, RetryCount: vb.RetryCount, RNRRetry: vb.RNRRetry,
+			MaxRdAtomic: vb.MaxRdAtomic, MaxDestRdAtomic: vb.MaxDestRdAtomic, MinRNRTimer: vb.MinRNRTimer,
+			HopLimit: vb.HopLimit, TrafficClass: vb.TrafficClass, ServiceLevel: vb.ServiceLevel,
 		}),
 		Memory: nonZero(&fileMemory{CUDACacheBytes: sz(c.Memory.CUDACacheBytes)}),
 		Nodes:  make([]fileNode, len(c.Nodes)),

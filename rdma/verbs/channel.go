@@ -21,18 +21,25 @@ var (
 )
 
 // Config tunes the channel: the verbs section of the node's config
-// (config.VerbsConfig, whose zero fields take its defaults) and the queue
-// pair parameters, which the config does not set.
+// (config.VerbsConfig, whose zero fields take its defaults).
 type Config struct {
 	config.VerbsConfig
 	// Connect are the queue pair parameters (timeouts, retries, outstanding
-	// reads); zero fields get ibverbs.DefaultConnectOptions.
+	// reads); NewWithConfig sets them from VerbsConfig's.
 	Connect ibverbs.ConnectOptions
 }
 
-// DefaultConfig returns the defaults described in Config.
-func DefaultConfig() Config {
-	return Config{VerbsConfig: config.DefaultVerbsConfig(), Connect: ibverbs.DefaultConnectOptions()}
+// DefaultConfig returns the defaults described in config.VerbsConfig.
+func DefaultConfig() Config { return withConnect(config.DefaultVerbsConfig()) }
+
+// withConnect returns the Config of v, its queue pair parameters copied
+// into Connect.
+func withConnect(v config.VerbsConfig) Config {
+	return Config{VerbsConfig: v, Connect: ibverbs.ConnectOptions{
+		Timeout: v.AckTimeout, RetryCount: v.RetryCount, RNRRetry: v.RNRRetry,
+		MaxRdAtomic: v.MaxRdAtomic, MaxDestRdAtomic: v.MaxDestRdAtomic, MinRNRTimer: v.MinRNRTimer,
+		HopLimit: v.HopLimit, TrafficClass: v.TrafficClass, ServiceLevel: v.ServiceLevel,
+	}}
 }
 
 // Stats counts registrations, for tests and `ferry topo`.
@@ -131,12 +138,13 @@ func New(env *rdma.Env) (*Channel, error) {
 	return NewWithConfig(env, Config{VerbsConfig: env.Verbs})
 }
 
-// NewWithConfig is New with a configuration in place of env.Verbs.
+// NewWithConfig is New with a configuration in place of env.Verbs; its
+// Connect field is ignored (set from the VerbsConfig).
 func NewWithConfig(env *rdma.Env, cfg Config) (*Channel, error) {
 	if env == nil || env.Store == nil || env.Control == nil {
 		return nil, errors.New("verbs: Env with a Store and Control required")
 	}
-	cfg.VerbsConfig = cfg.WithDefaults()
+	cfg = withConnect(cfg.WithDefaults())
 	cfg.Window = min(cfg.Window, cfg.SendQueue)
 	cfg.ChunkSize = min(cfg.ChunkSize, 1<<30)
 	name, port, err := pickPort(cfg)
