@@ -160,12 +160,12 @@ const (
 // MaxChannelNameLen bounds the length of a data channel name.
 const MaxChannelNameLen = 32
 
-// ErrInvalidConfig is matched (with errors.Is) by every error that reports a
-// bad configuration; such errors are *ConfigError.
-var ErrInvalidConfig = errors.New("config: invalid config")
+// ErrInvalid is matched (with errors.Is) by every error that reports a
+// bad configuration; such errors are *Error.
+var ErrInvalid = errors.New("config: invalid")
 
-// ConfigError reports what is wrong with a configuration and where.
-type ConfigError struct {
+// Error reports what is wrong with a configuration and where.
+type Error struct {
 	// Line is the 1-based line of the YAML source at fault; 0 for configs
 	// built in code.
 	Line int
@@ -179,7 +179,7 @@ type ConfigError struct {
 
 // Error returns, for example,
 // `config: line 12: nodes[1].address: duplicate of nodes[0] ("127.0.0.1:7001")`.
-func (e *ConfigError) Error() string {
+func (e *Error) Error() string {
 	var b strings.Builder
 	b.WriteString("config: ")
 	if e.Line > 0 {
@@ -195,8 +195,8 @@ func (e *ConfigError) Error() string {
 	return b.String()
 }
 
-// Unwrap returns the cause and ErrInvalidConfig.
-func (e *ConfigError) Unwrap() []error { return []error{e.Err, ErrInvalidConfig} }
+// Unwrap returns the cause and ErrInvalid.
+func (e *Error) Unwrap() []error { return []error{e.Err, ErrInvalid} }
 
 // DefaultConfig returns a Config for a cluster on a LAN, with every setting
 // and section at its default and no cluster name, secret or nodes: fill
@@ -247,11 +247,18 @@ func (c *Config) ChannelDisabled(node, channel string) bool {
 	return ok && slices.Contains(n.DisableChannels, channel)
 }
 
-// Validate fills zero values with their defaults (see DefaultConfig; a
+// Validate is the one check of a configuration. It fills zero values with
+// their defaults (see DefaultConfig and the sections' WithDefaults; a
 // node's DataAddress and Devices too), loads the secret from SecretFile or
-// SecretEnv when Secret is empty, and rejects bad values. Every error it
-// returns is a *ConfigError matching ErrInvalidConfig; for configs read from
-// YAML it names the line.
+// SecretEnv when Secret is empty, and rejects bad values: each against its
+// bounds, and across fields (failure_timeout > 2 × heartbeat_interval,
+// reconnect_max ≥ reconnect_min, transport.inline_threshold <
+// transport.max_frame_size, flow.receive_budget_per_peer ≤
+// flow.receive_budget, staging.max_ring_bytes ≥ staging.chunk_size,
+// verbs.window ≤ verbs.send_queue, distinct node names and addresses,
+// pprof only with metrics_address). It reads the TLS files once. Every
+// error it returns is an *Error matching ErrInvalid; for configs read from
+// YAML it names the line. Validating a valid config again changes nothing.
 func (c *Config) Validate() error {
 	c.fillDefaults()
 	if err := c.validateSettings(); err != nil {
@@ -289,10 +296,10 @@ func (c *Config) fillDefaults() {
 	c.Memory = c.Memory.WithDefaults()
 }
 
-// errf returns a *ConfigError for field, with the field's line (or that of
+// errf returns a *Error for field, with the field's line (or that of
 // its nearest recorded parent) when the config came from YAML.
 func (c *Config) errf(field, format string, args ...any) error {
-	return &ConfigError{Line: c.line(field), Field: field, Err: fmt.Errorf(format, args...)}
+	return &Error{Line: c.line(field), Field: field, Err: fmt.Errorf(format, args...)}
 }
 
 func (c *Config) line(field string) int {

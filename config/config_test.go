@@ -430,8 +430,8 @@ func TestParseInvalid(t *testing.T) {
 			if !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("error %q\nwant it to contain %q", err, tt.want)
 			}
-			if !errors.Is(err, ErrInvalidConfig) {
-				t.Errorf("error %q does not match ErrInvalidConfig", err)
+			if !errors.Is(err, ErrInvalid) {
+				t.Errorf("error %q does not match ErrInvalid", err)
 			}
 		})
 	}
@@ -500,7 +500,7 @@ func TestParseSecretFileMode(t *testing.T) {
 			continue
 		}
 		want := fmt.Sprintf("config: line 2: secret_file: %s is accessible by group or others (mode %04o): chmod 600 it, or set secret_file_insecure: true to accept it", path, tc.mode)
-		if err == nil || err.Error() != want || !errors.Is(err, ErrInvalidConfig) {
+		if err == nil || err.Error() != want || !errors.Is(err, ErrInvalid) {
 			t.Errorf("mode %04o: got %v\nwant %s", tc.mode, err, want)
 		}
 	}
@@ -651,7 +651,7 @@ func TestLocalConfigBadCount(t *testing.T) {
 			t.Errorf("LocalConfig(%d) succeeded", n)
 		}
 	}
-	if _, err := LocalConfig("bad name", 1); !errors.Is(err, ErrInvalidConfig) {
+	if _, err := LocalConfig("bad name", 1); !errors.Is(err, ErrInvalid) {
 		t.Errorf("LocalConfig with a bad name: %v", err)
 	}
 }
@@ -681,9 +681,9 @@ func TestValidateInCode(t *testing.T) {
 	if want := "config: nodes[1].address: required"; err == nil || err.Error() != want {
 		t.Fatalf("got %v, want %s", err, want)
 	}
-	var ce *ConfigError
+	var ce *Error
 	if !errors.As(err, &ce) || ce.Line != 0 || ce.Field != "nodes[1].address" {
-		t.Errorf("ConfigError %+v", ce)
+		t.Errorf("Error %+v", ce)
 	}
 	c.Nodes[1].Address = "localhost:7001"
 	if err := c.Validate(); err != nil {
@@ -769,8 +769,8 @@ func FuzzParse(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := Parse(data, dir)
 		if err != nil {
-			if !errors.Is(err, ErrInvalidConfig) {
-				t.Fatalf("error %v does not match ErrInvalidConfig", err)
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error %v does not match ErrInvalid", err)
 			}
 			return
 		}

@@ -110,7 +110,7 @@
 // shared_memory, metrics_address and pprof are reserved: read and
 // checked, consumed by later work.
 //
-// Load reads, checks and completes a file; every error is a *ConfigError
+// Load reads, checks and completes a file; every error is an *Error
 // naming the field and the line:
 //
 //	cfg, err := config.Load("/etc/tensorferry/cluster.yaml")

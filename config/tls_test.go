@@ -60,7 +60,7 @@ func TestTLSConfigParse(t *testing.T) {
 	for name, tc := range bad {
 		t.Run(name, func(t *testing.T) {
 			_, err := config.Parse([]byte(tc.yaml), dir)
-			var ce *config.ConfigError
+			var ce *config.Error
 			if !errors.As(err, &ce) || ce.Field != tc.field || ce.Line == 0 {
 				t.Fatalf("error %v (%+v), want one naming %s and its line", err, ce, tc.field)
 			}

@@ -17,7 +17,7 @@ import (
 
 // Load reads the YAML config file at path, loads the secret (a relative
 // secret_file resolves against the file's directory) and validates it.
-// Errors about the file's content are *ConfigError naming the line.
+// Errors about the file's content are *Error values naming the line.
 func Load(path string) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -33,14 +33,14 @@ func Load(path string) (*Config, error) {
 // Parse decodes a YAML config, loads the secret (a relative secret_file
 // resolves against dir) and validates it. Unknown keys, duplicate keys, bad
 // durations or sizes and every error of Validate are reported as a
-// *ConfigError naming the field and the line.
+// *Error naming the field and the line.
 func Parse(data []byte, dir string) (*Config, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return nil, &ConfigError{Err: err}
+		return nil, &Error{Err: err}
 	}
 	if doc.Kind != yaml.DocumentNode || len(doc.Content) == 0 {
-		return nil, &ConfigError{Err: errors.New("empty document")}
+		return nil, &Error{Err: errors.New("empty document")}
 	}
 	c := &Config{dir: dir, lines: make(map[string]int)}
 	// The booleans whose default is true: Validate cannot tell false
@@ -55,9 +55,9 @@ func Parse(data []byte, dir string) (*Config, error) {
 	return c, nil
 }
 
-// at returns a *ConfigError at node n.
+// at returns a *Error at node n.
 func at(n *yaml.Node, field, format string, args ...any) error {
-	return &ConfigError{Line: n.Line, Field: field, Err: fmt.Errorf(format, args...)}
+	return &Error{Line: n.Line, Field: field, Err: fmt.Errorf(format, args...)}
 }
 
 // resolve follows an alias to the node it names.
@@ -435,7 +435,7 @@ func (c *Config) devices(v *yaml.Node, field string) ([]memory.Device, error) {
 	for i, name := range s {
 		d, err := memory.ParseDevice(name)
 		if err != nil {
-			return nil, &ConfigError{Line: resolve(v.Content[i]).Line, Field: fmt.Sprintf("%s[%d]", field, i), Err: err}
+			return nil, &Error{Line: resolve(v.Content[i]).Line, Field: fmt.Sprintf("%s[%d]", field, i), Err: err}
 		}
 		c.lines[fmt.Sprintf("%s[%d]", field, i)] = resolve(v.Content[i]).Line
 		out = append(out, d)
@@ -479,7 +479,7 @@ func size(v *yaml.Node, field string) (int, error) {
 	}
 	n, err := ParseSize(s)
 	if err != nil {
-		return 0, &ConfigError{Line: v.Line, Field: field, Err: err}
+		return 0, &Error{Line: v.Line, Field: field, Err: err}
 	}
 	if n == 0 {
 		return 0, at(v, field, "must be positive, got %q", s)

@@ -29,9 +29,6 @@ type Config struct {
 	Connect ibverbs.ConnectOptions
 }
 
-// DefaultConfig returns the defaults described in config.VerbsConfig.
-func DefaultConfig() Config { return withConnect(config.DefaultVerbsConfig()) }
-
 // withConnect returns the Config of v, its queue pair parameters copied
 // into Connect.
 func withConnect(v config.VerbsConfig) Config {
