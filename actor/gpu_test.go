@@ -96,3 +96,33 @@ func TestGPUTensorsAcrossProcessesStaging(t *testing.T) {
 	a, _ := gpuProcessCluster(t, []string{"ipc"})
 	sendGPUTensors(t, a, "staging")
 }
+
+// TestCUDACacheBytesFromConfig: memory.cuda_cache_bytes sets the cache of
+// the caching allocator of each CUDA device of the node when it starts.
+func TestCUDACacheBytesFromConfig(t *testing.T) {
+	gpus(t)
+	cfg, err := config.LocalConfig("gpu-cache", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Nodes[0].Devices = []memory.Device{memory.CUDA(0)}
+	a, err := memory.CUDAAllocatorFor(memory.CUDA(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := a.CacheBytes()
+	t.Cleanup(func() { _ = a.SetCacheBytes(before) })
+	want := before + 3<<20 // differs from whatever it is now
+	cfg.Memory.CUDACacheBytes = want
+	n, err := actor.NewNode(cfg, "node0", testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Stop() })
+	if got := a.CacheBytes(); got != want {
+		t.Errorf("cache of cuda:0 holds %d bytes after Start, want the config's %d", got, want)
+	}
+}

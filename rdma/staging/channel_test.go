@@ -255,6 +255,12 @@ type pair struct {
 
 func newPair(t *testing.T, n int, slow bool) *pair {
 	t.Helper()
+	return newPairConfig(t, n, slow, config.StagingConfig{ChunkSize: 1 << 20})
+}
+
+// newPairConfig is newPair with the fetcher's staging section.
+func newPairConfig(t *testing.T, n int, slow bool, sc config.StagingConfig) *pair {
+	t.Helper()
 	o := newOwner(t, n)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -289,7 +295,7 @@ func newPair(t *testing.T, n int, slow bool) *pair {
 			}
 			return c, err
 		},
-		Staging: config.StagingConfig{ChunkSize: 1 << 20},
+		Staging: sc,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -394,6 +400,36 @@ func TestStripedFetch(t *testing.T) {
 	}
 	if small.dials != 1 {
 		t.Fatalf("%d dials for a transfer below StagingConfig.StripeMin", small.dials)
+	}
+}
+
+// TestStripingFromConfig: the staging section's stripes and stripe_min
+// decide how a transfer is split, without SetStripes.
+func TestStripingFromConfig(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		sc    config.StagingConfig
+		n     int
+		dials int
+	}{
+		{"3 stripes of a small minimum", config.StagingConfig{ChunkSize: 1 << 20, Stripes: 3, StripeMin: 4 << 20}, 6 << 20, 3},
+		{"limited by the minimum", config.StagingConfig{ChunkSize: 1 << 20, Stripes: 8, StripeMin: 4 << 20}, 5 << 20, 2},
+		{"striping off", config.StagingConfig{ChunkSize: 1 << 20, Stripes: 1}, 40 << 20, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPairConfig(t, tc.n, false, tc.sc)
+			dst, err := p.fetch(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(dst.Host(), p.o.t.Host()) {
+				t.Fatal("wrong bytes")
+			}
+			if p.dials != tc.dials {
+				t.Errorf("%d dials, want %d", p.dials, tc.dials)
+			}
+		})
 	}
 }
 
