@@ -43,26 +43,9 @@ nodes:
     address: 127.0.0.1:7002
 `
 
-func TestParseValid(t *testing.T) {
-	tests := []struct {
-		name  string
-		yaml  string
-		check func(t *testing.T, c *Config)
-	}{
-		{"defaults", base, func(t *testing.T, c *Config) {
-			want := DefaultConfig()
-			want.Cluster = "demo"
-			want.SecretFile = "secret.key"
-			want.Secret = []byte(testSecret)
-			want.Nodes = []NodeConfig{
-				{Name: "a", Address: "127.0.0.1:7001", DataAddress: "127.0.0.1:7101", Devices: []memory.Device{memory.CPU}},
-				{Name: "b", Address: "127.0.0.1:7002", DataAddress: "127.0.0.1:7102", Devices: []memory.Device{memory.CPU}},
-			}
-			if got := public(c); !reflect.DeepEqual(got, *want) {
-				t.Errorf("got  %+v\nwant %+v", got, *want)
-			}
-		}},
-		{"every setting", `cluster: x.y_z-1
+// everySetting sets every key of the file, each to a value other than its
+// default.
+const everySetting = `cluster: x.y_z-1
 secret_file: secret.key
 heartbeat_interval: 100ms
 failure_timeout: 1s
@@ -134,7 +117,28 @@ verbs:
   service_level: 2
 memory:
   cuda_cache_bytes: 24GiB
-`, func(t *testing.T, c *Config) {
+`
+
+func TestParseValid(t *testing.T) {
+	tests := []struct {
+		name  string
+		yaml  string
+		check func(t *testing.T, c *Config)
+	}{
+		{"defaults", base, func(t *testing.T, c *Config) {
+			want := DefaultConfig()
+			want.Cluster = "demo"
+			want.SecretFile = "secret.key"
+			want.Secret = []byte(testSecret)
+			want.Nodes = []NodeConfig{
+				{Name: "a", Address: "127.0.0.1:7001", DataAddress: "127.0.0.1:7101", Devices: []memory.Device{memory.CPU}},
+				{Name: "b", Address: "127.0.0.1:7002", DataAddress: "127.0.0.1:7102", Devices: []memory.Device{memory.CPU}},
+			}
+			if got := public(c); !reflect.DeepEqual(got, *want) {
+				t.Errorf("got  %+v\nwant %+v", got, *want)
+			}
+		}},
+		{"every setting", everySetting, func(t *testing.T, c *Config) {
 			wantSections := struct {
 				T TransportConfig
 				F FlowConfig
@@ -760,6 +764,7 @@ func TestParseSize(t *testing.T) {
 // accepts survives Marshal and Parse unchanged.
 func FuzzParse(f *testing.F) {
 	f.Add([]byte(base))
+	f.Add([]byte(everySetting))
 	f.Add([]byte(strings.Replace(base, "7002", "7001", 1)))
 	f.Add([]byte("cluster: a\nsecret_file: secret.key\ntransport: {max_frame_size: 1GiB, shared_memory: false}\nnodes:\n- {name: x, address: 'h:1', devices: [cuda:1]}\n"))
 	if b, err := os.ReadFile("testdata/local3.yaml"); err == nil {
