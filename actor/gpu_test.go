@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/actor"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/tensor"
 )
@@ -29,7 +29,7 @@ func gpuProcessCluster(t *testing.T, disable []string) (*actor.Node, memory.Devi
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	cfg, err := cluster.LocalConfig("gpu", 2)
+	cfg, err := config.LocalConfig("gpu", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,4 +108,34 @@ func TestGPUTensorsAcrossProcessesIPC(t *testing.T) {
 func TestGPUTensorsAcrossProcessesStaging(t *testing.T) {
 	a, _ := gpuProcessCluster(t, []string{"ipc"})
 	sendGPUTensors(t, a, "staging", false)
+}
+
+// TestCUDACacheBytesFromConfig: memory.cuda_cache_bytes sets the cache of
+// the caching allocator of each CUDA device of the node when it starts.
+func TestCUDACacheBytesFromConfig(t *testing.T) {
+	gpus(t)
+	cfg, err := config.LocalConfig("gpu-cache", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Nodes[0].Devices = []memory.Device{memory.CUDA(0)}
+	a, err := memory.CUDAAllocatorFor(memory.CUDA(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := a.CacheBytes()
+	t.Cleanup(func() { _ = a.SetCacheBytes(before) })
+	want := before + 3<<20 // differs from whatever it is now
+	cfg.Memory.CUDACacheBytes = want
+	n, err := actor.NewNode(cfg, "node0", testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Stop() })
+	if got := a.CacheBytes(); got != want {
+		t.Errorf("cache of cuda:0 holds %d bytes after Start, want the config's %d", got, want)
+	}
 }

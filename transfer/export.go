@@ -145,9 +145,9 @@ const exportLeaseFactor = 2
 
 func (o *Outgoing) export(t *tensor.Tensor, asRef bool) (*tensor.Descriptor, error) {
 	e := o.e
-	ttl := exportLeaseFactor * e.cfg.TransferTimeout
+	ttl := exportLeaseFactor * e.cfg.Flow.TransferTimeout
 	if asRef {
-		ttl = e.cfg.RefTTL
+		ttl = e.cfg.Flow.RefTTL
 	}
 	x, d, err := e.store.Export(t, o.peer, ttl)
 	if err != nil {
@@ -158,7 +158,7 @@ func (o *Outgoing) export(t *tensor.Tensor, asRef bool) (*tensor.Descriptor, err
 		o.fetched = append(o.fetched, x)
 		o.bytes += d.Bytes
 	}
-	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.TransferTimeout)
+	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.Flow.TransferTimeout)
 	defer cancel()
 	for name, ch := range e.channels {
 		offer, err := ch.Offer(ctx, x, o.peer)
@@ -262,7 +262,7 @@ func (e *Engine) Send(peer string, o *Outgoing, m Message) {
 		m.Fail(fmt.Errorf("%w: %d messages wait for %s already", ErrOutboxFull, MaxOutbox, peer))
 		return
 	}
-	p.out.q = append(p.out.q, &posted{o: o, m: m, deadline: time.Now().Add(e.cfg.TransferTimeout)})
+	p.out.q = append(p.out.q, &posted{o: o, m: m, deadline: time.Now().Add(e.cfg.Flow.TransferTimeout)})
 	p.out.busy.Store(true)
 	start := !p.out.running
 	p.out.running = true
@@ -321,7 +321,7 @@ func (e *Engine) waitCredit(p *Peer, m *posted) error {
 	defer cancel()
 	if err := p.credits.acquire(ctx, p.done, m.o.bytes); err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("%w: waited %v for %s to release earlier tensors", ErrOutboxFull, e.cfg.TransferTimeout, p.name)
+			return fmt.Errorf("%w: waited %v for %s to release earlier tensors", ErrOutboxFull, e.cfg.Flow.TransferTimeout, p.name)
 		}
 		return err
 	}

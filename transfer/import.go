@@ -71,8 +71,8 @@ func (e *Engine) Import(peer string, table []byte, msg any, dev memory.Device) (
 			}
 		}
 	}
-	if err == nil && in.bytes > e.cfg.PeerBudget {
-		err = fmt.Errorf("%w: %d bytes to fetch, the receive budget per peer is %d", ErrOverBudget, in.bytes, e.cfg.PeerBudget)
+	if err == nil && in.bytes > e.cfg.Flow.ReceiveBudgetPerPeer {
+		err = fmt.Errorf("%w: %d bytes to fetch, the receive budget per peer is %d", ErrOverBudget, in.bytes, e.cfg.Flow.ReceiveBudgetPerPeer)
 	}
 	in.entries = nil
 	if err != nil {
@@ -249,8 +249,8 @@ type refFetcher Engine
 
 func (f *refFetcher) FetchDescriptor(ctx context.Context, d *tensor.Descriptor, dev memory.Device) (*tensor.Tensor, error) {
 	e := (*Engine)(f)
-	if d.Bytes > e.cfg.Budget {
-		return nil, fmt.Errorf("%w: a Ref of %d bytes, the node's receive budget is %d", ErrOverBudget, d.Bytes, e.cfg.Budget)
+	if d.Bytes > e.cfg.Flow.ReceiveBudget {
+		return nil, fmt.Errorf("%w: a Ref of %d bytes, the node's receive budget is %d", ErrOverBudget, d.Bytes, e.cfg.Flow.ReceiveBudget)
 	}
 	t, err := tensor.NewUninit(dev, d.DType, d.Shape)
 	if err != nil {

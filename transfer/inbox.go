@@ -224,7 +224,7 @@ func (e *Engine) fetchNow(p *Peer, q *queued) error {
 	if q.in == nil {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.TransferTimeout)
+	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.Flow.TransferTimeout)
 	defer cancel()
 	return q.in.fetch(ctx, p.inbox.fetchedOne)
 }

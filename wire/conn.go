@@ -12,12 +12,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tensorferry/tensorferry/config"
 	"go.uber.org/zap"
 )
 
 // DefaultSendQueue is the default number of frames a Conn queues before
-// Send blocks.
-const DefaultSendQueue = 4096
+// Send blocks: the transport section's default (config.DefaultSendQueue).
+const DefaultSendQueue = config.DefaultSendQueue
 
 // connBufferSize is the size of a Conn's read and write buffers.
 const connBufferSize = 64 << 10
@@ -25,8 +26,9 @@ const connBufferSize = 64 << 10
 // ConnOptions configures a Conn.
 type ConnOptions struct {
 	// MaxFrameSize is the largest payload read or written, in bytes
-	// (default DefaultMaxFrameSize, at most MaxFrameSizeLimit). Both ends
-	// must use the same value. The read buffer grows to the largest frame
+	// (default DefaultMaxFrameSize, at most MaxFrameSizeLimit; a node sets
+	// the config's transport.max_frame_size). Both ends must use the same
+	// value. The read buffer grows to the largest frame
 	// received and is reused.
 	MaxFrameSize uint32
 	// SendQueue is the number of frames queued for the writer (default

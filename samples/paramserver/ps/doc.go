@@ -5,7 +5,7 @@
 // node of worker 0 in the Layout) then calls Drive, which sets every node
 // up, trains and returns the Result:
 //
-//	cc, _ := cluster.LocalConfig("ps", 3)
+//	cc, _ := config.LocalConfig("ps", 3)
 //	// for each node: n, _ := actor.NewNode(cc, name); ps.Serve(n, cc); n.Start()
 //	layout, _ := ps.Roles([]string{"node0", "node1", "node2"}, 2, 2)
 //	res, err := ps.Drive(ctx, driverNode, ps.DefaultConfig(), layout, nil)
