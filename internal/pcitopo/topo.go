@@ -358,3 +358,14 @@ func Rank(root string, gpuBusIDs []string) (Topology, error) {
 	}
 	return t, nil
 }
+
+// Choose returns the nearest NIC for which usable is true (the first such
+// in NICs, so the order of names within a class), and whether there is one.
+func (g GPU) Choose(usable func(nic string) bool) (Path, bool) {
+	for _, p := range g.NICs {
+		if usable(p.NIC) {
+			return p, true
+		}
+	}
+	return Path{}, false
+}

@@ -56,6 +56,20 @@ func TestRankFixtures(t *testing.T) {
 				if !slices.Equal(near, best) {
 					t.Errorf("%s: nearest %v, want %v", g.BusID, near, best)
 				}
+				// Choose takes the first usable in rank order: with the
+				// nearest NICs unusable, a NIC of a farther class.
+				if c, ok := g.Choose(func(string) bool { return true }); !ok || c != g.NICs[0] {
+					t.Errorf("%s: chose %v, want %v", g.BusID, c, g.NICs[0])
+				}
+				if len(g.NICs) > len(near) {
+					c, ok := g.Choose(func(n string) bool { return !slices.Contains(near, n) })
+					if !ok || c != g.NICs[len(near)] {
+						t.Errorf("%s: nearest unusable: chose %v, want %v", g.BusID, c, g.NICs[len(near)])
+					}
+				}
+				if _, ok := g.Choose(func(string) bool { return false }); ok {
+					t.Errorf("%s: chose a NIC with none usable", g.BusID)
+				}
 				if g.CrossSocketOnly() != fx.warns[g.BusID] {
 					t.Errorf("%s: CrossSocketOnly %v, want %v", g.BusID, g.CrossSocketOnly(), fx.warns[g.BusID])
 				}
