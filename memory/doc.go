@@ -6,6 +6,10 @@
 //     and CUDA device memory (through internal/cuda, when a driver is
 //     present; AllocatorFor fails with ErrNotSupported otherwise), with a
 //     cache of freed blocks per device.
+//   - NUMA placement (numa_linux.go): PinnedAllocator.AllocOnNode places
+//     pinned memory on a NUMA node (mbind before first touch, then
+//     cuMemHostRegister), DeviceNUMANode gives a GPU's node, PageNodes
+//     where pages are.
 //   - Copies (Copy; cuda_copy.go) between any two buffers, and Streams and
 //     Events (stream.go) for the pipelined copies of the staging channel.
 //   - CUDA IPC (cuda_ipc.go): ExportIPC and OpenIPC of whole allocations,
