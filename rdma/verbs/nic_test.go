@@ -2,6 +2,7 @@ package verbs
 
 import (
 	"errors"
+	"os"
 	"slices"
 	"testing"
 
@@ -80,5 +81,42 @@ func TestNICReport(t *testing.T) {
 		case tc.warn != "" && (len(warns) != 1 || warns[0].Message != tc.warn):
 			t.Errorf("%s (%s): warnings %v, want %q", tc.nic, tc.class, warns, tc.warn)
 		}
+	}
+}
+
+// TestLiveNICs reads this machine's sysfs (soft-RoCE in the VM): every
+// device libibverbs lists is in pcitopo's list, and ranking it for a PCI
+// device of the host keeps every device.
+func TestLiveNICs(t *testing.T) {
+	devs, err := ibverbs.Devices()
+	if err != nil || len(devs) == 0 {
+		t.Skipf("no RDMA device here: %v", err)
+	}
+	nics, err := pcitopo.NICs("/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range devs {
+		if !slices.ContainsFunc(nics, func(n pcitopo.NIC) bool { return n.Name == d.Name }) {
+			t.Errorf("%s is not in /sys/class/infiniband (%v)", d.Name, nics)
+		}
+	}
+	for _, n := range nics {
+		t.Logf("%s: %+v, %v", n.Name, n.Loc, n.Err)
+	}
+	ents, err := os.ReadDir("/sys/bus/pci/devices")
+	if err != nil || len(ents) == 0 {
+		t.Skipf("no PCI device to rank from: %v", err)
+	}
+	p := planNICs(ents[0].Name(), "/")
+	if p.err != nil {
+		t.Fatal(p.err)
+	}
+	got, class := p.order(devs)
+	if len(got) != len(devs) {
+		t.Fatalf("order lost devices: %v", names(got))
+	}
+	for _, d := range got {
+		t.Logf("from %s: %s %s", ents[0].Name(), d.Name, class[d.Name])
 	}
 }
