@@ -54,6 +54,12 @@ func mapOnNode(n, node int) (numaMapping, error) {
 		return numaMapping{}, fmt.Errorf("memory: mmap %d bytes: %w", size, err)
 	}
 	m := numaMapping{mem: mem}
+	// Pinned pages must not become copy-on-write in a forked child (what
+	// libibverbs' ibv_fork_init does for registered memory).
+	if err := unix.Madvise(mem, unix.MADV_DONTFORK); err != nil {
+		_ = m.unmap()
+		return numaMapping{}, fmt.Errorf("memory: madvise DONTFORK: %w", err)
+	}
 	if node >= 0 {
 		if err := mbind(mem, mpolPreferred, node); err != nil {
 			_ = m.unmap()
