@@ -115,6 +115,8 @@ func printNICs(w io.Writer, gpus []gpuRow, t pcitopo.Topology, usable func(strin
 			warns = append(warns, fmt.Sprintf("warning: %s: distance to the NICs unknown: %v", name, g.Err))
 		case g.CrossSocketOnly():
 			warns = append(warns, fmt.Sprintf("warning: %s: every path to a NIC crosses sockets (SYS): GPUDirect RDMA will be slow or refused", name))
+		case len(g.NICs) > 0 && g.NICs[0].Class == pcitopo.ClassUnknown:
+			warns = append(warns, fmt.Sprintf("note: %s: distance to every NIC unknown (no PCI path or NUMA node in sysfs): the first usable NIC is taken", name))
 		case class == pcitopo.ClassSys.String():
 			warns = append(warns, fmt.Sprintf("warning: %s: no NIC of its nearest class has a usable port; %s crosses sockets (SYS)", name, nic))
 		}

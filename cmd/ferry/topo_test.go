@@ -56,6 +56,27 @@ func TestTopoNICs(t *testing.T) {
 			t.Errorf("topo output lacks %q:\n%s", want, s)
 		}
 	}
+	// A GPU whose node is unknown on a two-node host: every class unknown.
+	root := sysfsTree(t)
+	must := func(err error) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.WriteFile(filepath.Join(root, "sys", "devices", "pci0000:80", "0000:80:01.0", "0000:81:00.0", "numa_node"), []byte("-1\n"), 0o644))
+	out.Reset()
+	if code := run([]string{"topo", "--config", "../../cluster/testdata/local3.yaml", "--sysfs", root, "--gpus", "0000:81:00.0"}, &out, &errOut); code != 0 {
+		t.Fatalf("code %d: %s", code, errOut.String())
+	}
+	s = out.String()
+	for _, want := range []string{
+		"0    0000:81:00.0  ?     mlx5_0  unknown  mlx5_0",
+		"note: GPU 0 (0000:81:00.0): distance to every NIC unknown",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("topo output lacks %q:\n%s", want, s)
+		}
+	}
 }
 
 // TestPrintNICs: the chosen NIC is the nearest usable one; a chosen NIC
