@@ -194,6 +194,11 @@ func NewWithConfig(env *rdma.Env, cfg Config) (*Channel, error) {
 	if cfg.StallTimeout <= 0 {
 		cfg.StallTimeout = d.StallTimeout
 	}
+	if cfg.GPU != "" {
+		if _, err := pcitopo.ParseBusID(cfg.GPU); err != nil {
+			return nil, fmt.Errorf("verbs: Config.GPU: %w", err)
+		}
+	}
 	var plan nicPlan
 	if cfg.Device == "" {
 		plan = planNICs(cfg.GPU, "/")

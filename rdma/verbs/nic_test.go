@@ -1,6 +1,7 @@
 package verbs
 
 import (
+	"context"
 	"errors"
 	"os"
 	"slices"
@@ -8,6 +9,8 @@ import (
 
 	"github.com/tensorferry/tensorferry/internal/ibverbs"
 	"github.com/tensorferry/tensorferry/internal/pcitopo"
+	"github.com/tensorferry/tensorferry/rdma"
+	"github.com/tensorferry/tensorferry/tensor"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 )
@@ -44,6 +47,13 @@ func TestNICOrder(t *testing.T) {
 	got, _ = nicPlan{}.order(devs)
 	if !slices.Equal(names(got), names(devs)) {
 		t.Errorf("no GPU: order %v", names(got))
+	}
+}
+
+func TestConfigGPUMalformed(t *testing.T) {
+	env := &rdma.Env{Store: tensor.NewStore("a", 1), Control: func(context.Context, string, string, []byte) ([]byte, error) { return nil, nil }}
+	if _, err := NewWithConfig(env, Config{GPU: "gpu0"}); !errors.Is(err, pcitopo.ErrBadBusID) {
+		t.Errorf("Config.GPU %q: %v, want ErrBadBusID", "gpu0", err)
 	}
 }
 
