@@ -8,7 +8,7 @@ import (
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/actor"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/internal/poll"
 	"github.com/tensorferry/tensorferry/internal/tracehook"
 	"github.com/tensorferry/tensorferry/memory"
@@ -52,7 +52,7 @@ func headerProps() *pa.Props {
 
 // startTracedNodes starts the nodes of cfg, each tracing with its own
 // provider (nil: that node does not trace).
-func startTracedNodes(t testing.TB, cfg *cluster.Config, tps []trace.TracerProvider) []*actor.Node {
+func startTracedNodes(t testing.TB, cfg *config.Config, tps []trace.TracerProvider) []*actor.Node {
 	t.Helper()
 	nodes := make([]*actor.Node, len(cfg.Nodes))
 	for i := range nodes {
@@ -113,7 +113,7 @@ func TestTraceJoinsSendFetchAndDelivery(t *testing.T) {
 	if !tracehook.Compiled {
 		t.Skip("built with notrace")
 	}
-	cfg, err := cluster.LocalConfig("test", 2)
+	cfg, err := config.LocalConfig("test", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +199,7 @@ func TestTraceOfMessageWithoutTensors(t *testing.T) {
 	if !tracehook.Compiled {
 		t.Skip("built with notrace")
 	}
-	cfg, err := cluster.LocalConfig("test", 2)
+	cfg, err := config.LocalConfig("test", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +233,7 @@ func TestTraceOfMessageWithoutTensors(t *testing.T) {
 // TestNoTracerProviderAddsNoHeader: without a provider nothing is added
 // to the messages.
 func TestNoTracerProviderAddsNoHeader(t *testing.T) {
-	cfg, err := cluster.LocalConfig("test", 2)
+	cfg, err := config.LocalConfig("test", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -291,7 +291,7 @@ func BenchmarkRequestTraced(b *testing.B) {
 			tps = []trace.TracerProvider{nil, nil}
 		}
 		b.Run(name, func(b *testing.B) {
-			cfg, err := cluster.LocalConfig("test", 2)
+			cfg, err := config.LocalConfig("test", 2)
 			if err != nil {
 				b.Fatal(err)
 			}

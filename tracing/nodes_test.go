@@ -7,7 +7,7 @@ import (
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/actor"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/internal/tracehook"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/tensor"
@@ -40,7 +40,7 @@ func TestTwoNodesExportOneTrace(t *testing.T) {
 	r := newReceiver(t)
 	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", r.URL+"/v1/traces")
 	t.Setenv("OTEL_TRACES_EXPORTER", "otlp")
-	cfg, err := cluster.LocalConfig("tracing", 2)
+	cfg, err := config.LocalConfig("tracing", 2)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,7 @@
 //	ferry node  --config cluster.yaml --name a            run node a until SIGINT/SIGTERM
 //	ferry ping  --config cluster.yaml --from c --to a     round trips from a temporary node c to a
 //	ferry bench --config cluster.yaml --from c --to a     tensor transfer bandwidth from c to a
-//	ferry topo  --config cluster.yaml                     the data channel chosen for every pair
+//	ferry topo  --config cluster.yaml                     the data channel chosen for every pair, the NIC of each GPU
 //
 // node and bench trace their messages when the OpenTelemetry variables ask
 // for it (OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318, see
