@@ -215,16 +215,25 @@ func TestFaultStalledPeerDeclaredDown(t *testing.T) {
 
 	stalled := time.Now()
 	nw.Stall("node0", "node1")
+	// The node whose failure detector fires first closes the connection;
+	// the other may see that close before its own detector fires (a write
+	// error): at least one must be the detector's ErrNodeDown.
+	detected := 0
 	for i, n := range nodes {
 		e := n.r.await(t, false, cfg.Nodes[1-i].Name)
-		if !errors.Is(e.cause, cluster.ErrNodeDown) {
-			t.Fatalf("%s: down for %v, want the failure detector's ErrNodeDown", n.m.Self().Name, e.cause)
+		if errors.Is(e.cause, cluster.ErrNodeDown) {
+			detected++
+		} else {
+			t.Logf("%s: down for %v (the peer closed first)", n.m.Self().Name, e.cause)
 		}
 		// Late by more than a second would be a failure detector that
 		// does not work (a scheduler does not stall this long).
 		if late := time.Since(stalled); late > cfg.FailureTimeout+cfg.HeartbeatInterval+time.Second {
 			t.Errorf("%s: declared down %v after the stall (failure timeout %v)", n.m.Self().Name, late, cfg.FailureTimeout)
 		}
+	}
+	if detected == 0 {
+		t.Fatal("no node's failure detector declared the stalled peer down")
 	}
 	if _, ok := nodes[0].m.Peer("node1"); ok {
 		t.Fatal("node1 still up at node0")

@@ -154,7 +154,9 @@ func NewWithConfig(env *rdma.Env, cfg Config) (*Channel, error) {
 	if env == nil || env.Store == nil || env.Control == nil {
 		return nil, errors.New("verbs: Env with a Store and Control required")
 	}
+	gpu := cfg.GPU
 	cfg = withConnect(cfg.WithDefaults())
+	cfg.GPU = gpu
 	cfg.Window = min(cfg.Window, cfg.SendQueue)
 	cfg.ChunkSize = min(cfg.ChunkSize, 1<<30)
 	if cfg.GPU != "" {
