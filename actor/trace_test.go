@@ -52,11 +52,11 @@ func headerProps() *pa.Props {
 
 // startTracedNodes starts the nodes of cfg, each tracing with its own
 // provider (nil: that node does not trace).
-func startTracedNodes(t testing.TB, cfg *config.Config, tps []trace.TracerProvider) []*actor.Node {
+func startTracedNodes(t testing.TB, cfg *config.Config, tps []trace.TracerProvider, opts ...actor.Option) []*actor.Node {
 	t.Helper()
 	nodes := make([]*actor.Node, len(cfg.Nodes))
 	for i := range nodes {
-		node, err := actor.NewNode(cfg, cfg.Nodes[i].Name, testLogger(), actor.WithTracerProvider(tps[i]))
+		node, err := actor.NewNode(cfg, cfg.Nodes[i].Name, append([]actor.Option{testLogger(), actor.WithTracerProvider(tps[i])}, opts...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -228,6 +228,76 @@ func TestTraceOfMessageWithoutTensors(t *testing.T) {
 		spans := exp1.GetSpans()
 		return spanNamed(spans, "tensorferry.receive", tid) != nil && spanNamed(spans, "tensorferry.deliver", tid) != nil
 	})
+}
+
+// TestTracedStreamUnderFewCredits: messages that wait in the outbox for
+// credits (one in flight) are traced too: each send span ends once its
+// message leaves, and each has its receipt, fetch and delivery on the
+// other node, in order.
+func TestTracedStreamUnderFewCredits(t *testing.T) {
+	if !tracehook.Compiled {
+		t.Skip("built with notrace")
+	}
+	cfg, err := config.LocalConfig("test", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp0, exp0 := newSpanRecorder(t)
+	tp1, exp1 := newSpanRecorder(t)
+	nodes := startTracedNodes(t, cfg, []trace.TracerProvider{tp0, tp1}, actor.WithMaxInFlight(1, 0))
+	const n = 30
+	got := make(chan int, n)
+	if _, err := nodes[1].Root().SpawnNamed(pa.PropsFromFunc(func(c pa.Context) {
+		if g, ok := c.Message().(*Grad); ok {
+			_ = g.W.Free()
+			got <- g.Step
+		}
+	}), "sink"); err != nil {
+		t.Fatal(err)
+	}
+	x, err := tensor.New(memory.CPU, tensor.Uint8, tensor.Shape{256 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Free()
+	pid := nodes[0].PID(nodes[1].Name(), "sink")
+	for i := range n {
+		nodes[0].Root().Send(pid, &Grad{Step: i, W: x})
+	}
+	for i := range n {
+		select {
+		case s := <-got:
+			if s != i {
+				t.Fatalf("message %d arrived as %d", s, i)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%d of %d messages arrived", i, n)
+		}
+	}
+	count := func(spans tracetest.SpanStubs, name string) map[trace.TraceID]tracetest.SpanStub {
+		m := map[trace.TraceID]tracetest.SpanStub{}
+		for _, s := range spans {
+			if s.Name == name {
+				m[s.SpanContext.TraceID()] = s
+			}
+		}
+		return m
+	}
+	poll.Until(t, "every message's spans", func() bool {
+		return len(count(exp0.GetSpans(), "tensorferry.send")) == n && len(count(exp1.GetSpans(), "tensorferry.deliver")) == n
+	})
+	sends := count(exp0.GetSpans(), "tensorferry.send")
+	spans1 := exp1.GetSpans()
+	rcvs, fetches := count(spans1, "tensorferry.receive"), count(spans1, "tensorferry.fetch")
+	for tid, s := range sends {
+		r, ok := rcvs[tid]
+		if !ok || r.Parent.SpanID() != s.SpanContext.SpanID() {
+			t.Fatalf("trace %s: send without its receipt", tid)
+		}
+		if f, ok := fetches[tid]; !ok || f.Parent.SpanID() != r.SpanContext.SpanID() {
+			t.Fatalf("trace %s: receipt without its fetch", tid)
+		}
+	}
 }
 
 // TestNoTracerProviderAddsNoHeader: without a provider nothing is added
