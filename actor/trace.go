@@ -34,6 +34,10 @@ func (n *Node) startSend(ctx context.Context, header pa.ReadonlyMessageHeader, t
 	if !n.tr.On() {
 		return tracehook.Span{}
 	}
+	return n.startSendSpan(ctx, header, target, msg)
+}
+
+func (n *Node) startSendSpan(ctx context.Context, header pa.ReadonlyMessageHeader, target *pa.PID, msg any) tracehook.Span {
 	var h tracehook.Getter
 	if header != nil {
 		h = header
@@ -55,6 +59,10 @@ func (n *Node) startReceive(peer string, header map[string]string, target, typ s
 	if !n.tr.On() {
 		return tracehook.Span{}
 	}
+	return n.startReceiveSpan(peer, header, target, typ)
+}
+
+func (n *Node) startReceiveSpan(peer string, header map[string]string, target, typ string) tracehook.Span {
 	return n.tr.StartFromMap(context.Background(), header, "tensorferry.receive", tracehook.KindConsumer,
 		tracehook.String(tracehook.AttrPeer, peer),
 		tracehook.String(tracehook.AttrTarget, target),
@@ -72,6 +80,10 @@ func (n *Node) startDelivery(rcv tracehook.Span, header *map[string]string) deli
 	if !rcv.On() {
 		return delivery{}
 	}
+	return n.startDeliverySpan(rcv, header)
+}
+
+func (n *Node) startDeliverySpan(rcv tracehook.Span, header *map[string]string) delivery {
 	d := delivery{rcv: rcv, dlv: rcv.Child(n.tr, "tensorferry.deliver", tracehook.KindInternal)}
 	*header = d.dlv.Inject(*header)
 	return d

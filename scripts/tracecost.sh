@@ -2,7 +2,8 @@
 # tracecost.sh: what tracing costs when no tracer provider is configured.
 # Builds benchmarks/remote twice - as usual (tracing compiled in, off: no
 # provider) and with -tags notrace (the hooks compiled out) - and runs the
-# two binaries alternately, ROUNDS times each, printing their JSON lines
+# two binaries alternately (the first of each round alternating), ROUNDS
+# times each, printing their JSON lines
 # tagged "tree":"off" or "tree":"notrace" and "run":N, then the median of
 # each figure per tree on stderr.
 #
@@ -19,7 +20,11 @@ go build -o "$dir/off" ./benchmarks/remote
 go build -tags notrace -o "$dir/notrace" ./benchmarks/remote
 i=1
 while [ "$i" -le "$rounds" ]; do
-	for tree in off notrace; do
+	# Odd rounds run off first, even rounds notrace first: neither build
+	# always follows the other.
+	order="off notrace"
+	[ $((i % 2)) -eq 0 ] && order="notrace off"
+	for tree in $order; do
 		"$dir/$tree" --json "$@" 2>/dev/null | sed "s/^{/{\"tree\":\"$tree\",\"run\":$i,/" | tee -a "$dir/all.jsonl"
 	done
 	i=$((i + 1))

@@ -71,8 +71,10 @@ var kindOpts = [...]trace.SpanStartOption{
 }
 
 // Tracer starts the spans of one package of one node; the zero Tracer is
-// off.
-type Tracer struct {
+// off. It is one pointer: checking it costs a load and a compare.
+type Tracer struct{ p *tracer }
+
+type tracer struct {
 	t    trace.Tracer
 	node attribute.KeyValue
 }
@@ -84,11 +86,11 @@ func New(tp trace.TracerProvider, scope, node string) Tracer {
 		return Tracer{}
 	}
 	enabled.Store(true)
-	return Tracer{t: tp.Tracer(scope), node: attribute.String(AttrNode, node)}
+	return Tracer{&tracer{t: tp.Tracer(scope), node: attribute.String(AttrNode, node)}}
 }
 
 // On reports whether t makes spans.
-func (t Tracer) On() bool { return t.t != nil }
+func (t Tracer) On() bool { return t.p != nil }
 
 // Span is a span being recorded, with the context that holds it; the zero
 // Span (what an off Tracer returns) ignores every call.
@@ -104,19 +106,20 @@ type Span struct {
 // append. Callers build attrs only when t.On(): a slice passed here
 // escapes.)
 func (t Tracer) Start(ctx context.Context, name string, kind Kind, attrs ...Attr) (context.Context, Span) {
-	if t.t == nil {
+	if t.p == nil {
 		return ctx, Span{}
 	}
 	return t.start(ctx, name, kind, attrs)
 }
 
+//go:noinline
 func (t Tracer) start(ctx context.Context, name string, kind Kind, attrs []Attr) (context.Context, Span) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
 	kvs := make([]attribute.KeyValue, 0, len(attrs)+1)
-	kvs = append(append(kvs, t.node), attrs...)
-	ctx, s := t.t.Start(ctx, name, kindOpts[kind], trace.WithAttributes(kvs...))
+	kvs = append(append(kvs, t.p.node), attrs...)
+	ctx, s := t.p.t.Start(ctx, name, kindOpts[kind], trace.WithAttributes(kvs...))
 	return ctx, Span{s: s, ctx: ctx}
 }
 
@@ -128,12 +131,13 @@ type Getter interface{ Get(key string) string }
 // when ctx holds none, the trace context in header h (a W3C traceparent,
 // as Inject writes it); a root span without either.
 func (t Tracer) StartFrom(ctx context.Context, h Getter, name string, kind Kind, attrs ...Attr) Span {
-	if t.t == nil {
+	if t.p == nil {
 		return Span{}
 	}
 	return t.startFrom(ctx, h, name, kind, attrs)
 }
 
+//go:noinline
 func (t Tracer) startFrom(ctx context.Context, h Getter, name string, kind Kind, attrs []Attr) Span {
 	if ctx == nil {
 		ctx = context.Background()
@@ -147,9 +151,14 @@ func (t Tracer) startFrom(ctx context.Context, h Getter, name string, kind Kind,
 
 // StartFromMap is StartFrom for a header map (nil: no header).
 func (t Tracer) StartFromMap(ctx context.Context, h map[string]string, name string, kind Kind, attrs ...Attr) Span {
-	if t.t == nil {
+	if t.p == nil {
 		return Span{}
 	}
+	return t.startFromMap(ctx, h, name, kind, attrs)
+}
+
+//go:noinline
+func (t Tracer) startFromMap(ctx context.Context, h map[string]string, name string, kind Kind, attrs []Attr) Span {
 	if h == nil {
 		return t.startFrom(ctx, nil, name, kind, attrs)
 	}
@@ -181,7 +190,7 @@ func (s Span) Context() context.Context {
 
 // Child starts a span named name under s: the zero Span when s is zero.
 func (s Span) Child(t Tracer, name string, kind Kind) Span {
-	if s.s == nil || t.t == nil {
+	if s.s == nil || t.p == nil {
 		return Span{}
 	}
 	_, c := t.start(s.ctx, name, kind, nil)
@@ -197,6 +206,7 @@ func (s Span) Inject(h map[string]string) map[string]string {
 	return s.inject(h)
 }
 
+//go:noinline
 func (s Span) inject(h map[string]string) map[string]string {
 	if h == nil {
 		h = make(map[string]string, 2)
@@ -208,22 +218,29 @@ func (s Span) inject(h map[string]string) map[string]string {
 // SetString sets a string attribute.
 func (s Span) SetString(k, v string) {
 	if s.s != nil {
-		s.s.SetAttributes(attribute.String(k, v))
+		s.set(attribute.String(k, v))
 	}
 }
 
 // SetInt sets an integer attribute.
 func (s Span) SetInt(k string, v int64) {
 	if s.s != nil {
-		s.s.SetAttributes(attribute.Int64(k, v))
+		s.set(attribute.Int64(k, v))
 	}
 }
 
+//go:noinline
+func (s Span) set(kv attribute.KeyValue) { s.s.SetAttributes(kv) }
+
 // End ends s, recording err (nil: success).
 func (s Span) End(err error) {
-	if s.s == nil {
-		return
+	if s.s != nil {
+		s.end(err)
 	}
+}
+
+//go:noinline
+func (s Span) end(err error) {
 	if err != nil {
 		s.s.RecordError(err)
 		s.s.SetStatus(codes.Error, err.Error())
@@ -233,9 +250,13 @@ func (s Span) End(err error) {
 
 // Fail ends s as failed for the reason why.
 func (s Span) Fail(why string) {
-	if s.s == nil {
-		return
+	if s.s != nil {
+		s.fail(why)
 	}
+}
+
+//go:noinline
+func (s Span) fail(why string) {
 	s.s.SetAttributes(attribute.String(AttrError, why))
 	s.s.SetStatus(codes.Error, why)
 	s.s.End()
@@ -247,7 +268,7 @@ type Parent struct{ sc trace.SpanContext }
 
 // ParentOf returns the span context of the span in ctx, when t is on.
 func (t Tracer) ParentOf(ctx context.Context) Parent {
-	if t.t == nil || ctx == nil {
+	if t.p == nil || ctx == nil {
 		return Parent{}
 	}
 	return Parent{trace.SpanContextFromContext(ctx)}
@@ -259,6 +280,11 @@ func (p Parent) With(ctx context.Context) context.Context {
 	if !p.sc.IsValid() {
 		return ctx
 	}
+	return p.with(ctx)
+}
+
+//go:noinline
+func (p Parent) with(ctx context.Context) context.Context {
 	return trace.ContextWithSpanContext(ctx, p.sc)
 }
 
