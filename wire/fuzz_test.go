@@ -6,8 +6,8 @@ import (
 	"errors"
 	"io"
 	"net"
-	"testing"
 	"reflect"
+	"testing"
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
