@@ -40,6 +40,18 @@ func checkMsgpack(b []byte, maxDepth int) error {
 	return nil
 }
 
+// CheckMsgpack reports whether b is exactly one msgpack value within the
+// limits every decoder of this package applies before decoding (ErrBadBody
+// wrapped otherwise): declared lengths and counts fit in the bytes that are
+// there and nesting is at most MaxMsgpackDepth. Decoders outside wire that
+// read bytes from the wire with msgp's readers call it first.
+func CheckMsgpack(b []byte) error {
+	if err := checkMsgpack(b, MaxMsgpackDepth); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadBody, err)
+	}
+	return nil
+}
+
 // checkValue checks the value at the start of b (see checkMsgpack) with
 // depth more levels of arrays and maps allowed, and returns what follows
 // it.
