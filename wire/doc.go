@@ -6,9 +6,10 @@
 // endian) and a msgpack payload. Tensors do not ride here: their bytes go
 // over an rdma channel (frame types 11 to 13 are reserved and read as
 // *UnknownFrame). Framer reads and writes frames without connection state;
-// every msgpack body is validated (declared lengths, nesting) before it is
-// decoded, and a frame's length is checked against the maximum before
-// anything is allocated.
+// in every msgpack body, declared lengths and counts are checked against the
+// bytes that are there, and nesting against MaxMsgpackDepth, before anything
+// is allocated from them, and a frame's length is checked against the
+// maximum before anything is allocated.
 //
 // A connection starts with Handshake (version, cluster, mutual HMAC-SHA256
 // challenge–response over the cluster secret); only then is it wrapped in a
