@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/tensorferry/tensorferry/wire"
 	"github.com/tinylib/msgp/msgp"
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -49,4 +50,23 @@ func TestMessagesCodecsInterchange(t *testing.T) {
 			t.Fatalf("%v:\n sent %+v\nreflective %+v\ngenerated  %+v", typ, m, viaRef.Interface(), viaGen.Interface())
 		}
 	}
+}
+
+// FuzzMessagesDecode: the generated decoders, behind the validation the
+// registry applies first (wire.CheckMsgpack), never panic on any input.
+func FuzzMessagesDecode(f *testing.F) {
+	b, _ := (&Setup{Config: DefaultConfig(), Layout: Layout{ShardNodes: []string{"a"}}}).MarshalMsg(nil)
+	f.Add(b)
+	b, _ = (&Finished{Channels: map[string]ChannelBytes{"ipc": {Bytes: 1}}}).MarshalMsg(nil)
+	f.Add(b)
+	b, _ = (&Ready{Shards: []ShardPlace{{Node: "n"}}}).MarshalMsg(nil)
+	f.Add(b)
+	f.Fuzz(func(t *testing.T, in []byte) {
+		if wire.CheckMsgpack(in) != nil {
+			return
+		}
+		for _, m := range []msgp.Unmarshaler{&Setup{}, &Ready{}, &Pull{}, &Weights{}, &Push{}, &Ack{}, &Progress{}, &Done{}, &Finished{}, &Train{}, &Finish{}} {
+			_, _ = m.UnmarshalMsg(in)
+		}
+	})
 }
