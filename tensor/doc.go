@@ -10,6 +10,10 @@
 // or the Descriptor of an export. Decoding a body yields placeholders that
 // the engine fills (Fill, FillRef) from the table; outside a node a message
 // with tensor fields cannot be decoded into usable tensors (field.go).
+// Tensor, Ref, Shape and Descriptor encode and decode themselves both for
+// vmihailenco/msgpack's reflection and for code tinylib/msgp generates
+// (MarshalMsg, UnmarshalMsg, Msgsize), with the same bytes, so message types
+// with generated codecs may hold them.
 //
 // # Lending
 //
