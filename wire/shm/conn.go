@@ -65,9 +65,8 @@ func newConn(reg *region, creator bool, nc net.Conn, spin time.Duration) *Conn {
 		c.in, c.out = r0, r1
 		c.inData, c.inSpace, c.outData, c.outSpace = reg.bells[0], reg.bells[1], reg.bells[2], reg.bells[3]
 	}
-	max := spinLimit(spin)
-	c.rspin = spinner{max: max, cur: max}
-	c.wspin = spinner{max: max, cur: max}
+	c.rspin = newSpinner(spinLimit(spin))
+	c.wspin = newSpinner(spinLimit(spin))
 	go c.watch()
 	return c
 }
@@ -227,12 +226,11 @@ func (c *Conn) wait(sp *spinner, flag *atomic.Uint32, b *bell, ready func() bool
 	flag.Store(1)
 	if ready() {
 		flag.CompareAndSwap(1, 0)
-		sp.waited(time.Since(start))
 		return nil
 	}
 	err := b.wait()
 	flag.Store(0)
-	sp.waited(time.Since(start))
+	sp.slept()
 	switch {
 	case c.closed.Load():
 		return net.ErrClosed
@@ -347,9 +345,6 @@ const DefaultSpin = 20 * time.Microsecond
 // to answer, so the default is not to spin.
 const minSpinCPUs = 4
 
-// minSpin: a spin shorter than this is not worth its check of the clock.
-const minSpin = 500 * time.Nanosecond
-
 func spinLimit(spin time.Duration) time.Duration {
 	switch {
 	case spin < 0:
@@ -363,13 +358,32 @@ func spinLimit(spin time.Duration) time.Duration {
 	}
 }
 
-// spinner adapts how long one end spins: to its longest (max) after a
-// wait that a spin that long would have covered, halving after each
-// wait that was longer (an idle connection soon stops spinning at all).
+// spinner decides whether one end spins before it sleeps: a spin of max
+// while it pays. Spins are judged by windows of spinWindow waits: when the
+// spin ended fewer than half of them (the peer answers later than max, or
+// the spin takes the CPU the peer needs to answer), spinning stops; it is
+// tried again after probe waits that slept, probe doubling after every
+// window that failed (up to maxProbe) and starting again from spinWindow
+// after one that passed. A connection whose peer answers within max keeps
+// spinning; an idle or slow one, or one on a machine whose CPUs are all
+// busy, spends at most a few percent of its waits in a spin.
 type spinner struct {
-	max, cur time.Duration
-	spins    atomic.Uint64 // waits ended by the spin
-	sleeps   atomic.Uint64 // waits that slept
+	max, cur    time.Duration // cur: max while spinning, 0 while not
+	tries, hits int           // waits spun in this window, and those the spin ended
+	idle, probe int           // waits slept since the spin stopped; how many before it is tried again
+
+	spins  atomic.Uint64 // waits ended by the spin
+	sleeps atomic.Uint64 // waits that slept
+}
+
+// Windows of the spinner.
+const (
+	spinWindow = 16
+	maxProbe   = 1024
+)
+
+func newSpinner(max time.Duration) spinner {
+	return spinner{max: max, cur: max, probe: spinWindow}
 }
 
 // spin spins until ready or cur has passed since start; it reports ready.
@@ -380,26 +394,45 @@ func (s *spinner) spin(start time.Time, ready func() bool) bool {
 	for i := 1; ; i++ {
 		if ready() {
 			s.spins.Add(1)
+			s.judge(true)
 			return true
 		}
 		if i%64 == 0 && time.Since(start) >= s.cur {
+			s.judge(false)
 			return false
 		}
 	}
 }
 
-// waited records a wait that went past the spin and lasted d.
-func (s *spinner) waited(d time.Duration) {
-	s.sleeps.Add(1)
-	if s.max <= 0 {
+// judge counts a spin that ended the wait (hit) or not, and at the end of
+// a window decides whether to go on spinning.
+func (s *spinner) judge(hit bool) {
+	s.tries++
+	if hit {
+		s.hits++
+	}
+	if s.tries < spinWindow {
 		return
 	}
-	if d <= s.max {
-		s.cur = s.max
-		return
-	}
-	if s.cur /= 2; s.cur < minSpin {
+	if 2*s.hits >= s.tries {
+		s.probe = spinWindow
+	} else {
 		s.cur = 0
+		s.probe = min(2*s.probe, maxProbe)
+	}
+	s.tries, s.hits = 0, 0
+}
+
+// slept counts a wait that slept; while the spin is off, the probe-th one
+// turns it on again for a window.
+func (s *spinner) slept() {
+	s.sleeps.Add(1)
+	if s.max <= 0 || s.cur > 0 {
+		return
+	}
+	if s.idle++; s.idle >= s.probe {
+		s.idle = 0
+		s.cur = s.max
 	}
 }
 
