@@ -370,6 +370,8 @@ func (m *Membership) upgrade(ctx context.Context, nc net.Conn, peer wire.Peer, i
 	if !peer.SharedMemory {
 		return nc, nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.DialTimeout)
+	defer cancel()
 	c, err := shm.Upgrade(ctx, nc, m.shm, initiator)
 	switch {
 	case err == nil:

@@ -219,6 +219,9 @@ func (c *Conn) pastDeadline(dl *atomic.Int64) error {
 // sleeps on b until the other end, which clears flag, rings it. The caller
 // checks again what it waits for.
 func (c *Conn) wait(sp *spinner, flag *atomic.Uint32, b *bell, ready func() bool) error {
+	if c.closed.Load() {
+		return net.ErrClosed
+	}
 	start := time.Now()
 	if sp.spin(start, ready) {
 		return nil

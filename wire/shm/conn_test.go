@@ -264,9 +264,15 @@ func TestConnPeerDeath(t *testing.T) {
 }
 
 // TestConnCloseWakesOwnSleepers: Close ends this end's own Read and Write
-// in progress.
+// in progress, sleeping or spinning (an hour's spin: only Close ends it).
 func TestConnCloseWakesOwnSleepers(t *testing.T) {
-	_, b := connPair(t, MinRingSize, -1)
+	for _, spin := range []time.Duration{-1, time.Hour} {
+		t.Run(spin.String(), func(t *testing.T) { testCloseWakes(t, spin) })
+	}
+}
+
+func testCloseWakes(t *testing.T, spin time.Duration) {
+	_, b := connPair(t, MinRingSize, spin)
 	errs := make(chan error, 2)
 	go func() {
 		_, err := b.Read(make([]byte, 10))

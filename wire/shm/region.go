@@ -68,9 +68,12 @@ func createRegion(dir string, ringSize uint32, nonce [nonceSize]byte) (*region, 
 	}
 	r.paths = append(r.paths, base+".mem")
 	size := regionSize(ringSize)
-	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+	// Allocated, not only sized: a full tmpfs (a container's small
+	// /dev/shm) refuses here, and the connection stays on its socket,
+	// instead of faulting on the first write to a page it cannot back.
+	if err := unix.Fallocate(fd, 0, 0, int64(size)); err != nil {
 		unix.Close(fd)
-		return fail(fmt.Errorf("shm: size %s.mem: %w", base, err))
+		return fail(fmt.Errorf("shm: allocate %d bytes for %s.mem: %w", size, base, err))
 	}
 	r.mem, err = unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	unix.Close(fd)
