@@ -42,9 +42,10 @@ type Config struct {
 	// MaxRingSize). The acceptor's value is used.
 	RingSize int
 	// Spin is the longest a Read or Write spins waiting for the peer before
-	// it sleeps, adapted down on an idle connection (0: DefaultSpin when Go
-	// has at least 4 CPUs, none with fewer, where a spin takes the CPU the
-	// peer needs; negative: never).
+	// it sleeps (a duration; 0: DefaultSpin, 50 µs, when Go runs with at
+	// least wire.SpinMinProcs processors, none with fewer, where a spin
+	// takes the CPU the peer needs; negative: never). The spin turns itself
+	// off while it rarely ends a wait (an idle or slow peer, busy CPUs).
 	Spin time.Duration
 	// HostID names this host; the transport is tried only with a peer that
 	// names the same (default: the kernel's boot id,

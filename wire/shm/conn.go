@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tensorferry/tensorferry/wire"
 	"golang.org/x/sys/unix"
 )
 
@@ -338,15 +339,12 @@ func (b *bell) wait() error {
 }
 
 // DefaultSpin is the longest a Read or Write spins before it sleeps when
-// Config.Spin is 0, on a machine with at least minSpinCPUs processors for
-// Go (runtime.GOMAXPROCS) and as many CPUs: a round trip to a peer that
-// answers at once is shorter than that, and a sleep and its wake-up cost
-// several microseconds more.
-const DefaultSpin = 20 * time.Microsecond
-
-// minSpinCPUs: with fewer CPUs, a spinning end takes the CPU its peer needs
-// to answer, so the default is not to spin.
-const minSpinCPUs = 4
+// Config.Spin is 0 and Go runs with at least wire.SpinMinProcs processors
+// (GOMAXPROCS): the same as a TCP control connection's read spin
+// (wire.DefaultReadSpin). With fewer, a spinning end would take a
+// processor that its peer or the goroutines it serves need, and the
+// default is not to spin.
+const DefaultSpin = wire.DefaultReadSpin
 
 func spinLimit(spin time.Duration) time.Duration {
 	switch {
@@ -354,7 +352,7 @@ func spinLimit(spin time.Duration) time.Duration {
 		return 0
 	case spin > 0:
 		return spin
-	case runtime.GOMAXPROCS(0) >= minSpinCPUs && runtime.NumCPU() >= minSpinCPUs:
+	case runtime.GOMAXPROCS(0) >= wire.SpinMinProcs:
 		return DefaultSpin
 	default:
 		return 0
@@ -400,10 +398,13 @@ func (s *spinner) spin(start time.Time, ready func() bool) bool {
 			s.judge(true)
 			return true
 		}
-		if i%64 == 0 && time.Since(start) >= s.cur {
+		if i%8 == 0 && time.Since(start) >= s.cur {
 			s.judge(false)
 			return false
 		}
+		// Goroutines that became runnable on this processor (an actor
+		// the last frame woke) run first.
+		runtime.Gosched()
 	}
 }
 
