@@ -478,12 +478,6 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 		}
 		return
 	}
-	if !data {
-		if nc, err = m.upgrade(m.ctx, nc, peer, false); err != nil {
-			m.log.Warn("shared memory upgrade failed", zap.String("peer", peer.Node), zap.String("remote", remote), zap.Error(err))
-			return
-		}
-	}
 	if data {
 		dc := &dataConn{Conn: nc}
 		dc.release = func() { m.releaseData(peer.Node) }
@@ -503,6 +497,20 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 	if refuse {
 		m.log.Info("inbound connection refused: own dial to it in flight", zap.String("peer", peer.Node))
 		nc.Close()
+		return
+	}
+	// After the tie-break: a refused dialer sees its upgrade fail (a dial
+	// error), not a connection that ends once attached.
+	if nc, err = m.upgrade(m.ctx, nc, peer, false); err != nil {
+		if m.ctx.Err() != nil { // the node is stopping
+			m.log.Debug("shared memory upgrade ended by the node's stop", zap.String("peer", peer.Node), zap.Error(err))
+		} else {
+			m.log.Warn("shared memory upgrade failed", zap.String("peer", peer.Node), zap.String("remote", remote), zap.Error(err))
+		}
+		m.mu.Lock()
+		s.accepting = false
+		m.mu.Unlock()
+		m.wakeDialer(s)
 		return
 	}
 	m.attach(nc, peer, peer.Node)
