@@ -490,10 +490,20 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 	m.mu.Lock()
 	s := m.slots[peer.Node]
 	refuse := s.dialing && m.self.Name < peer.Node
+	// A connection that attach would close as a duplicate is refused now,
+	// before the shared-memory upgrade: its dialer sees a failed dial, not
+	// an attached connection that ends at once.
+	duplicate := !refuse && s.cur != nil && s.cur.Incarnation == peer.Incarnation && m.keeps(s.cur, peer.Node)
+	refuse = refuse || duplicate
 	if !refuse {
 		s.accepting = true // until attach decided
 	}
 	m.mu.Unlock()
+	if duplicate {
+		m.log.Info("duplicate connection closed", zap.String("peer", peer.Node))
+		nc.Close()
+		return
+	}
 	if refuse {
 		m.log.Info("inbound connection refused: own dial to it in flight", zap.String("peer", peer.Node))
 		nc.Close()
@@ -739,15 +749,7 @@ func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
 	}
 	old := s.cur
 	if old != nil && old.Incarnation == wp.Incarnation {
-		preferred := min(m.self.Name, wp.Node)
-		closing := false
-		select {
-		case <-old.conn.Done():
-			closing = true
-		default:
-		}
-		keepOld := isUp(old) || (old.initiator == preferred && initiator != preferred)
-		if !closing && keepOld {
+		if m.keeps(old, initiator) {
 			m.mu.Unlock()
 			m.log.Info("duplicate connection closed", zap.String("peer", wp.Node))
 			_ = nc.Close()
@@ -861,6 +863,21 @@ func (m *Membership) connClosed(p *Peer, err error) {
 	if current {
 		m.down(p, err)
 	}
+}
+
+// keeps reports whether old, the current connection to its peer, stays
+// when another one of the same incarnation, dialed by initiator, comes:
+// one that is up never gives way (no flapping), one that is not yet up
+// gives way to the connection dialed by the node with the smaller name,
+// and one that is closing always does. m.mu is held.
+func (m *Membership) keeps(old *Peer, initiator string) bool {
+	select {
+	case <-old.conn.Done():
+		return false
+	default:
+	}
+	preferred := min(m.self.Name, old.Name)
+	return isUp(old) || (old.initiator == preferred && initiator != preferred)
 }
 
 func isUp(p *Peer) bool {
