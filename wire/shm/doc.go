@@ -35,7 +35,9 @@
 // is used only to view the aligned index and flag words as sync/atomic
 // values, never on the ring's contents. A peer that truncates the region's
 // file makes this end's accesses fault: that is an error of this Conn, not
-// a crash. Every such failure costs only that connection.
+// a crash. Every such failure costs only that connection. With TLS on the
+// socket, the rings still carry plaintext: they never leave the host, and
+// only processes of the same user can map them.
 //
 // Use (cluster's membership does this for every control connection):
 //
