@@ -48,6 +48,11 @@ const (
 	DefaultRingSize = 1 << 20
 )
 
+// namePrefix starts the name of every file a region is made of, followed by
+// 32 random hex digits; the memory is the file with suffix ".mem", the four
+// doorbells the FIFOs ".b0" to ".b3".
+const namePrefix = "tensorferry-shm-"
+
 // regionSize is the size of the shared region for rings of size bytes.
 func regionSize(ringSize uint32) int { return dataOffset + 2*int(ringSize) }
 

@@ -14,11 +14,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// namePrefix starts the name of every file a region is made of, followed by
-// 32 random hex digits; the memory is the file with suffix ".mem", the four
-// doorbells the FIFOs ".b0" to ".b3".
-const namePrefix = "tensorferry-shm-"
-
 var bellSuffixes = [4]string{".b0", ".b1", ".b2", ".b3"}
 
 // region is the shared memory of one connection and its doorbells, mapped
