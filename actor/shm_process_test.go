@@ -12,6 +12,7 @@ import (
 
 	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/wire/shm"
 )
 
@@ -23,7 +24,7 @@ func TestHelperShmNode(t *testing.T) {
 	if path == "" {
 		t.Skip("runs only as a child process")
 	}
-	cfg, err := cluster.Load(path)
+	cfg, err := config.Load(path)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
@@ -44,7 +45,7 @@ func shmCluster(t *testing.T, host, childHost string) (*actor.Node, *childNode) 
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	cfg, err := cluster.LocalConfig("shmproc", 2)
+	cfg, err := config.LocalConfig("shmproc", 2)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/wire"
 	"github.com/tensorferry/tensorferry/wire/shm"
 )
@@ -13,24 +14,27 @@ import (
 // TestMembershipSharedMemory: two nodes of one host move their control
 // connection to shared memory, frames cross it both ways, and a node that
 // stops is seen down; nodes on other hosts (other host ids), or with the
-// transport off on either end, stay on TCP.
+// transport off on either end or in the config, stay on TCP.
 func TestMembershipSharedMemory(t *testing.T) {
 	dir := t.TempDir()
 	for _, tc := range []struct {
 		name   string
 		c0, c1 shm.Config
+		off    bool // the config's transport.shared_memory: false
 		want   string
 	}{
-		{"one host", shm.Config{Dir: dir}, shm.Config{Dir: dir}, "shm"},
-		{"two hosts", shm.Config{Dir: dir, HostID: "a"}, shm.Config{Dir: dir, HostID: "b"}, "tcp"},
-		{"off on node0", shm.Config{Dir: dir, Disable: true}, shm.Config{Dir: dir}, "tcp"},
-		{"off on node1", shm.Config{Dir: dir}, shm.Config{Dir: dir, Disable: true}, "tcp"},
+		{"one host", shm.Config{Dir: dir}, shm.Config{Dir: dir}, false, "shm"},
+		{"two hosts", shm.Config{Dir: dir, HostID: "a"}, shm.Config{Dir: dir, HostID: "b"}, false, "tcp"},
+		{"off on node0", shm.Config{Dir: dir, Disable: true}, shm.Config{Dir: dir}, false, "tcp"},
+		{"off on node1", shm.Config{Dir: dir}, shm.Config{Dir: dir, Disable: true}, false, "tcp"},
+		{"off in the config", shm.Config{Dir: dir}, shm.Config{Dir: dir}, true, "tcp"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := cluster.LocalConfig("m", 2)
+			cfg, err := config.LocalConfig("m", 2)
 			if err != nil {
 				t.Fatal(err)
 			}
+			cfg.Transport.SharedMemory = !tc.off
 			startShm := func(name string, c shm.Config) (*cluster.Membership, *events) {
 				ev := newEvents()
 				m, err := cluster.NewMembership(cfg, name, 1, ev, cluster.Options{Caps: []byte{0x80}, SharedMemory: c})

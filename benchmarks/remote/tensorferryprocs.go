@@ -12,7 +12,7 @@ import (
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	tfactor "github.com/tensorferry/tensorferry/actor"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 )
 
 // The two-process paths: the tensorferry path's server node runs in a
@@ -49,7 +49,7 @@ func init() {
 
 // runChild runs the server node until its standard input closes.
 func runChild(path string) int {
-	cfg, err := cluster.Load(path)
+	cfg, err := config.Load(path)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "remote child:", err)
 		return 2
@@ -102,7 +102,7 @@ type procsPath struct {
 }
 
 func openProcs(sharedMemory bool) (*endpoints, error) {
-	cfg, err := cluster.LocalConfig("bench-procs", 2)
+	cfg, err := config.LocalConfig("bench-procs", 2)
 	if err != nil {
 		return nil, err
 	}
