@@ -40,6 +40,11 @@
 //
 //	err = c.SendMessage(ctx, &wire.Message{Target: "ps", Type: name, Ser: ser, Body: body})
 //
+// Between processes of one host, a Conn runs on shared memory: with
+// HandshakeConfig.SharedMemory on both ends (Peer.SharedMemory), package
+// wire/shm's Upgrade moves the connection's bytes to rings in shared memory
+// right after the handshake, and NewConn takes the *shm.Conn it returns.
+//
 // At most 8 such batches wait per Conn: a slow peer holds senders back (in
 // bytes, not only in frames). With ConnOptions.HandlerTakeover, a Handler
 // call that blocks hands the reading to a new goroutine instead of stalling

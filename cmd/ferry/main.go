@@ -30,7 +30,7 @@ commands:
   node   run one node of a cluster until SIGINT or SIGTERM
   ping   join as a node of the config and measure round trips to another node
   bench  join as a node of the config and measure tensor transfers to another node
-  topo   print the data channel chosen for every pair of nodes and devices, and why
+  topo   print the data channel chosen for every pair of nodes and devices, and the control transport (shm or tcp), and why
 
 Run "ferry <command> -h" for the flags of a command.
 `)

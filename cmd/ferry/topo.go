@@ -15,6 +15,7 @@ import (
 	"github.com/tensorferry/tensorferry/rdma"
 	_ "github.com/tensorferry/tensorferry/rdma/builtin" // the channels a node runs
 	"github.com/tensorferry/tensorferry/rdma/verbs"
+	"github.com/tensorferry/tensorferry/wire/shm"
 )
 
 func runTopo(args []string, stdout io.Writer) error {
@@ -33,6 +34,9 @@ func runTopo(args []string, stdout io.Writer) error {
 		return err
 	}
 	if err := printTopo(stdout, cfg, probeLocal()); err != nil {
+		return err
+	}
+	if err := printControl(stdout, cfg, probeLocal(), shm.Config{Disable: !cfg.Transport.SharedMemory}); err != nil {
 		return err
 	}
 	fmt.Fprintln(stdout)
