@@ -457,6 +457,10 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 				Reason: fmt.Sprintf("node %q is not in the config of cluster %q at node %q", p.Node, m.cfg.Cluster, m.self.Name)}
 			return admitErr
 		}
+		if !data && m.stopping() {
+			admitErr = &wire.ConnError{Code: wire.CodeShutdown, Reason: "node " + m.self.Name + " shutting down"}
+			return admitErr
+		}
 		if data {
 			if admitErr = m.reserveData(p); admitErr != nil {
 				return admitErr
@@ -742,6 +746,10 @@ func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
 	}
 	if m.closed {
 		m.mu.Unlock()
+		// The peer's handshake succeeded: say goodbye, as Close does to
+		// the peers it knew, so that it does not see a failure.
+		_ = nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+		_ = wire.NewFramer(nc, nil).WriteBody(wire.FrameGoAway, 0, 0, &wire.GoAway{Code: wire.CodeShutdown, Reason: "node " + m.self.Name + " shutting down"})
 		_ = p.conn.Close(ErrClosed)
 		return
 	}
@@ -808,6 +816,13 @@ func remoteAddr(nc net.Conn) string {
 		return a.String()
 	}
 	return "?"
+}
+
+// stopping reports whether Close was called.
+func (m *Membership) stopping() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.closed
 }
 
 // wakeDialer wakes the dial loop of s, which may wait for an accepted
