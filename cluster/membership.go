@@ -67,6 +67,7 @@ type Peer struct {
 	conn      *wire.Conn
 	initiator string // which end dialed
 	addr      string // the connection's remote address
+	transport string // the network of addr (stats.go)
 	lastSeen  atomic.Int64
 	up        chan struct{} // closed when caps arrived
 	upOnce    sync.Once
@@ -134,6 +135,8 @@ type Membership struct {
 	dataConns int // open data connections peers dialed to this node
 	lns       []net.Listener
 	closed    bool
+
+	dataByTransport connCounts // open data connections, both ways (stats.go)
 }
 
 // Defaults of Options.
@@ -440,7 +443,8 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 		return
 	}
 	if data {
-		dc := &dataConn{Conn: nc}
+		counted := m.countData(nc)
+		dc := &dataConn{Conn: counted}
 		dc.release = func() { m.releaseData(peer.Node) }
 		m.serveData(peer, dc)
 		return
@@ -578,7 +582,7 @@ func (m *Membership) DialData(ctx context.Context, node, channel string) (net.Co
 		nc.Close()
 		return nil, fmt.Errorf("cluster: data %s: %w", node, err)
 	}
-	return nc, nil
+	return m.countData(nc), nil
 }
 
 func (m *Membership) dialLoop(name string) {
@@ -648,7 +652,7 @@ const HandlerTakeover = 10 * time.Millisecond
 // up yet gives way to the connection dialed by the node with the smaller
 // name.
 func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
-	p := &Peer{Name: wp.Node, Incarnation: wp.Incarnation, initiator: initiator, up: make(chan struct{}), m: m, addr: remoteAddr(nc)}
+	p := &Peer{Name: wp.Node, Incarnation: wp.Incarnation, initiator: initiator, up: make(chan struct{}), m: m, addr: remoteAddr(nc), transport: transport(nc)}
 	p.lastSeen.Store(time.Now().UnixNano())
 	p.conn = wire.NewConn(nc, wp, wire.ConnOptions{
 		MaxFrameSize: uint32(m.cfg.MaxFrameSize),

@@ -236,6 +236,7 @@ func (e *Engine) Start() error {
 		Control:        e.control,
 		ChunkSize:      e.cfg.ChunkSize,
 		ChunksInFlight: e.cfg.ChunksInFlight,
+		Served:         e.stats.addServed,
 	}
 	channels, caps, err := openChannels(env, &e.cfg)
 	if err != nil {
