@@ -136,7 +136,7 @@ type Membership struct {
 	lns       []net.Listener
 	closed    bool
 
-	dataByTransport connCounts // open data connections, both ways (stats.go)
+	dataByTransport connCounts // open data connections peers dialed to this node (stats.go)
 }
 
 // Defaults of Options.
@@ -443,9 +443,10 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 		return
 	}
 	if data {
-		counted := m.countData(nc)
-		dc := &dataConn{Conn: counted}
-		dc.release = func() { m.releaseData(peer.Node) }
+		tr := transport(nc)
+		m.dataByTransport.add(tr, 1)
+		dc := &dataConn{Conn: nc}
+		dc.release = func() { m.releaseData(peer.Node); m.dataByTransport.add(tr, -1) }
 		m.serveData(peer, dc)
 		return
 	}
@@ -582,7 +583,7 @@ func (m *Membership) DialData(ctx context.Context, node, channel string) (net.Co
 		nc.Close()
 		return nil, fmt.Errorf("cluster: data %s: %w", node, err)
 	}
-	return m.countData(nc), nil
+	return nc, nil
 }
 
 func (m *Membership) dialLoop(name string) {

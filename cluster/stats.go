@@ -38,28 +38,11 @@ func transport(nc net.Conn) string {
 	return "unknown"
 }
 
-// countedConn is a dialed data connection, counted until it is closed.
-type countedConn struct {
-	net.Conn
-	once sync.Once
-	done func()
-}
-
-func (c *countedConn) Close() error {
-	c.once.Do(c.done)
-	return c.Conn.Close()
-}
-
-// countData counts nc, a data connection, until it is closed.
-func (m *Membership) countData(nc net.Conn) net.Conn {
-	tr := transport(nc)
-	m.dataByTransport.add(tr, 1)
-	return &countedConn{Conn: nc, done: func() { m.dataByTransport.add(tr, -1) }}
-}
-
 // Conns returns the open connections of this node by purpose and
 // transport: the control connections to peers (up or coming up) and the
-// data connections it dialed or accepted.
+// data connections peers opened to this node (a data connection is counted
+// by the node that accepted it: its dialer hands it to a channel, whose
+// type it keeps).
 func (m *Membership) Conns() map[ConnKey]int {
 	out := map[ConnKey]int{}
 	m.mu.Lock()
