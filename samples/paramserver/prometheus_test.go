@@ -16,7 +16,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
 )
 
 // prometheusBinary finds Prometheus, installing Debian's package when it
