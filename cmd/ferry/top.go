@@ -69,6 +69,10 @@ func top(args []string, in *os.File, out io.Writer) error {
 	defer signal.Stop(sig)
 	quit := make(chan struct{})
 	go readKeys(in, quit)
+	go func() {
+		<-quit
+		cancel() // a scrape under way ends now
+	}()
 
 	// A slow node delays the frame rather than vanish from it.
 	s := &scraper{client: &http.Client{Timeout: max(*interval, scrapeTimeout)}, targets: addrs}
@@ -77,6 +81,10 @@ func top(args []string, in *os.File, out io.Writer) error {
 	defer tick.Stop()
 	for {
 		cur := s.scrape(ctx)
+		if ctx.Err() != nil { // q pressed during the scrape
+			io.WriteString(out, nl)
+			return nil
+		}
 		io.WriteString(out, "\x1b[H\x1b[2J"+strings.ReplaceAll(render(prev, cur, *interval), "\n", nl))
 		prev = cur
 		select {
