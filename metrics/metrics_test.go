@@ -12,7 +12,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/tensorferry/tensorferry/actor"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/tensor"
 	"go.uber.org/zap"
@@ -22,7 +22,7 @@ import (
 // moves one 1 MiB tensor from node0 to node1.
 func twoNodes(t *testing.T) []*actor.Node {
 	t.Helper()
-	cfg, err := cluster.LocalConfig("metrics", 2)
+	cfg, err := config.LocalConfig("metrics", 2)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -210,7 +210,7 @@ func (e *Engine) Stats() StatsSnapshot {
 		TensorsExported: s.TensorsExported.Load(),
 		InboxRefused:    s.InboxRefused.Load(),
 		BudgetInUse:     e.budget.inUse(),
-		Budget:          e.cfg.Budget,
+		Budget:          e.cfg.Flow.ReceiveBudget,
 		BudgetWaiting:   int64(e.budget.waiting()),
 		CreditWaits:     s.CreditWaits.Load(),
 		CreditWait:      time.Duration(s.CreditWaitNanos.Load()),

@@ -14,7 +14,7 @@ import (
 
 	"github.com/creack/pty"
 	"github.com/tensorferry/tensorferry/actor"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/metrics"
 	"github.com/tensorferry/tensorferry/tensor"
@@ -98,7 +98,7 @@ func matchAll(s string, res []*regexp.Regexp) bool {
 // pseudo-terminal, shows the transfer between them and quits on q, and on
 // Ctrl-C.
 func TestTopInAPseudoTerminal(t *testing.T) {
-	cfg, err := cluster.LocalConfig("top", 2)
+	cfg, err := config.LocalConfig("top", 2)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	_ "github.com/tensorferry/tensorferry/rdma/builtin" // the channels a node runs
@@ -16,14 +16,14 @@ import (
 
 func runTopo(args []string, stdout io.Writer) error {
 	fs := newFlags("topo")
-	config := fs.String("config", "", "cluster config file (YAML)")
+	configPath := fs.String("config", "", "cluster config file (YAML)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if err := need(fs, "config"); err != nil {
 		return err
 	}
-	cfg, err := cluster.Load(*config)
+	cfg, err := config.Load(*configPath)
 	if err != nil {
 		return err
 	}
@@ -64,7 +64,7 @@ func (p localProbe) isLocal(addr string) bool {
 // measured (rdma.LocalCaps, as the node itself does) for nodes on this
 // machine; from the config alone for the others, where a channel whose
 // viability depends on hardware is assumed absent.
-func predictCaps(cfg *cluster.Config, nc cluster.NodeConfig, p localProbe) rdma.Caps {
+func predictCaps(cfg *config.Config, nc config.NodeConfig, p localProbe) rdma.Caps {
 	disabled := func(ch string) bool { return cfg.ChannelDisabled(nc.Name, ch) }
 	if p.isLocal(nc.Address) {
 		return rdma.LocalCaps(nc.Name, 0, nc.Devices, disabled, nil)
@@ -92,7 +92,7 @@ func predictCaps(cfg *cluster.Config, nc cluster.NodeConfig, p localProbe) rdma.
 // printTopo prints, for every ordered pair of nodes (owner → fetcher) and
 // every pair of their devices, the channel Select picks and why each other
 // channel was rejected.
-func printTopo(w io.Writer, cfg *cluster.Config, p localProbe) error {
+func printTopo(w io.Writer, cfg *config.Config, p localProbe) error {
 	caps := map[string]rdma.Caps{}
 	for _, nc := range cfg.Nodes {
 		caps[nc.Name] = predictCaps(cfg, nc, p)

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
-	"time"
 
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/internal/ibverbs"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
@@ -20,42 +20,23 @@ var (
 	_ rdma.ControlHandler = (*Channel)(nil)
 )
 
-// Config tunes the channel. Zero fields get the defaults of DefaultConfig.
+// Config tunes the channel: the verbs section of the node's config
+// (config.VerbsConfig, whose zero fields take its defaults).
 type Config struct {
-	// Device is the RDMA device to use; "" picks the first device with a
-	// usable port.
-	Device string
-	// Port is the port number on Device; 0 picks the first usable one.
-	Port uint8
-	// ChunkSize is the bytes of one RDMA READ (default: Env.ChunkSize, else
-	// 1 MiB).
-	ChunkSize int
-	// Window is how many READs one transfer keeps outstanding (default:
-	// Env.ChunksInFlight, else 8).
-	Window int
-	// SendQueue is the work requests one queue pair holds, shared by the
-	// transfers from one owner (default 256).
-	SendQueue int
-	// CacheBytes bounds the destination registrations the channel keeps
-	// after their transfer (memory.RegCache "verbs", all owners together),
-	// in bytes (default 1 GiB); CacheEntries in regions (default 64). Least
-	// recently used idle ones are deregistered first; ones in use never are.
-	CacheBytes   int64
-	CacheEntries int
-	// StallTimeout fails a connection whose reads make no progress for this
-	// long (default 10 s): the owner died without the NIC noticing (soft
-	// RoCE does not always time out) or the fabric is gone. The node's
-	// PeerDown is the usual, faster path.
-	StallTimeout time.Duration
+	config.VerbsConfig
 	// Connect are the queue pair parameters (timeouts, retries, outstanding
-	// reads); zero fields get ibverbs.DefaultConnectOptions.
+	// reads); NewWithConfig sets them from VerbsConfig's.
 	Connect ibverbs.ConnectOptions
 }
 
-// DefaultConfig returns the defaults described in Config.
-func DefaultConfig() Config {
-	return Config{ChunkSize: 1 << 20, Window: 8, SendQueue: 256, CacheBytes: 1 << 30, CacheEntries: 64,
-		StallTimeout: 10 * time.Second, Connect: ibverbs.DefaultConnectOptions()}
+// withConnect returns the Config of v, its queue pair parameters copied
+// into Connect.
+func withConnect(v config.VerbsConfig) Config {
+	return Config{VerbsConfig: v, Connect: ibverbs.ConnectOptions{
+		Timeout: v.AckTimeout, RetryCount: v.RetryCount, RNRRetry: v.RNRRetry,
+		MaxRdAtomic: v.MaxRdAtomic, MaxDestRdAtomic: v.MaxDestRdAtomic, MinRNRTimer: v.MinRNRTimer,
+		HopLimit: v.HopLimit, TrafficClass: v.TrafficClass, ServiceLevel: v.ServiceLevel,
+	}}
 }
 
 // Stats counts registrations, for tests and `ferry topo`.
@@ -145,42 +126,24 @@ func pickPort(cfg Config) (string, ibverbs.PortInfo, error) {
 }
 
 // New returns the verbs channel of the node described by env (which needs a
-// Store and Control) with the default configuration, or an error wrapping
+// Store and Control), configured by env.Verbs, or an error wrapping
 // rdma.ErrNotViable where no RDMA device can be used.
-func New(env *rdma.Env) (*Channel, error) { return NewWithConfig(env, Config{}) }
+func New(env *rdma.Env) (*Channel, error) {
+	if env == nil {
+		return nil, errors.New("verbs: Env with a Store and Control required")
+	}
+	return NewWithConfig(env, Config{VerbsConfig: env.Verbs})
+}
 
-// NewWithConfig is New with a configuration.
+// NewWithConfig is New with a configuration in place of env.Verbs; its
+// Connect field is ignored (set from the VerbsConfig).
 func NewWithConfig(env *rdma.Env, cfg Config) (*Channel, error) {
 	if env == nil || env.Store == nil || env.Control == nil {
 		return nil, errors.New("verbs: Env with a Store and Control required")
 	}
-	d := DefaultConfig()
-	if cfg.ChunkSize <= 0 {
-		cfg.ChunkSize = d.ChunkSize
-		if env.ChunkSize > 0 {
-			cfg.ChunkSize = env.ChunkSize
-		}
-	}
-	if cfg.Window <= 0 {
-		cfg.Window = d.Window
-		if env.ChunksInFlight > 0 {
-			cfg.Window = env.ChunksInFlight
-		}
-	}
-	if cfg.SendQueue <= 0 {
-		cfg.SendQueue = d.SendQueue
-	}
+	cfg = withConnect(cfg.WithDefaults())
 	cfg.Window = min(cfg.Window, cfg.SendQueue)
 	cfg.ChunkSize = min(cfg.ChunkSize, 1<<30)
-	if cfg.CacheBytes <= 0 {
-		cfg.CacheBytes = d.CacheBytes
-	}
-	if cfg.CacheEntries <= 0 {
-		cfg.CacheEntries = d.CacheEntries
-	}
-	if cfg.StallTimeout <= 0 {
-		cfg.StallTimeout = d.StallTimeout
-	}
 	name, port, err := pickPort(cfg)
 	if err != nil {
 		return nil, err

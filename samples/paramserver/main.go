@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,7 +14,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/actor"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/metrics"
 	"github.com/tensorferry/tensorferry/samples/paramserver/ps"
@@ -54,7 +55,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.log, "log", false, "log what the nodes do to stderr")
 	fs.Float64Var(&o.tol, "tol", 1e-2, "largest ‖w−w*‖/‖w*‖ counted as converged")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up after this long")
-	fs.StringVar(&o.metrics, "metrics-address", "", "serve Prometheus metrics of the node(s) at this host:port (/metrics)")
+	fs.StringVar(&o.metrics, "metrics-address", "", "serve Prometheus metrics of the node(s) at this host:port (/metrics); with --config, default: the node's metrics_address")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -186,13 +187,13 @@ func (c *embeddedCluster) drive(ctx context.Context, o *options, stdout io.Write
 // startEmbedded starts embedded's cluster, and its metrics listener with
 // --metrics-address.
 func startEmbedded(ctx context.Context, o *options, stdout io.Writer) (_ *embeddedCluster, err error) {
-	cc, err := cluster.LocalConfig("paramserver", 3)
+	cc, err := config.LocalConfig("paramserver", 3)
 	if err != nil {
 		return nil, err
 	}
 	// LocalConfig declares a node down after 500ms of silence, which a
 	// loaded machine (or the race detector) can exceed: use the defaults.
-	def := cluster.DefaultConfig()
+	def := config.DefaultConfig()
 	cc.HeartbeatInterval, cc.FailureTimeout = def.HeartbeatInterval, def.FailureTimeout
 	cc.Nodes[0].Devices = shardDevices()
 	if !o.json {
@@ -254,7 +255,7 @@ func shardDevices() []memory.Device {
 // member runs one node of the cluster in --config. It returns a Result on
 // the driving node and nil elsewhere.
 func member(ctx context.Context, o *options, stdout io.Writer) (*ps.Result, error) {
-	cc, err := cluster.Load(o.config)
+	cc, err := config.Load(o.config)
 	if err != nil {
 		return nil, err
 	}
@@ -278,8 +279,10 @@ func member(ctx context.Context, o *options, stdout io.Writer) (*ps.Result, erro
 		return nil, err
 	}
 	defer n.Stop()
-	if o.metrics != "" {
-		srv, err := metrics.Serve(ctx, o.metrics, metrics.Options{}, n)
+	// --metrics-address, else the node's metrics_address in the config.
+	nc, _ := cc.Node(o.node)
+	if addr := cmp.Or(o.metrics, nc.MetricsAddress); addr != "" {
+		srv, err := metrics.Serve(ctx, addr, metrics.Options{Pprof: nc.Pprof}, n)
 		if err != nil {
 			return nil, err
 		}
