@@ -40,6 +40,10 @@
 //     of one host), Topology (this host's GPUs and the NVML P2P matrix,
 //     from which channels are selected), and the CUDA device count,
 //     identity and memory.
+//   - NUMA placement (numa_linux.go): PinnedAllocator.AllocOnNode places
+//     pinned memory on a NUMA node (mbind before first touch, then
+//     cuMemHostRegister), DeviceNUMANode gives a GPU's node, PageNodes
+//     where pages are.
 //   - The registration cache (regcache.go, regcache_host.go): pinning and
 //     registering whole allocations once and keeping them after the
 //     transfer (lazy unpinning), evicting under a budget, invalidating when

@@ -12,6 +12,11 @@
 // host staging buffers while earlier chunks are on the socket, and the
 // fetcher copies chunks to a device destination while it reads the next.
 // Host destinations are read straight from the socket, without a copy.
+// The host staging buffers of a connection are one pinned ring (ring.go),
+// allocated once on the NUMA node of the GPU it serves
+// (memory.PinnedAllocator.AllocOnNode; again only if the connection moves
+// to a GPU of another node), so that neither the GPU's DMA nor the
+// socket copies cross the socket interconnect.
 //
 // The owner serves only ids found in its Store, checks every request against
 // the export's bounds, and reports a bad request (unknown or released id,

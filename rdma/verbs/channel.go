@@ -9,6 +9,7 @@ import (
 
 	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/internal/ibverbs"
+	"github.com/tensorferry/tensorferry/internal/pcitopo"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
@@ -24,6 +25,14 @@ var (
 // (config.VerbsConfig, whose zero fields take its defaults).
 type Config struct {
 	config.VerbsConfig
+	// GPU is the PCI bus id of the GPU whose nearest NIC the channel uses
+	// when Device is "" (as NVML, CUDA or lspci print it): a NIC of the
+	// GPU's nearest PCIe/NUMA distance class (internal/pcitopo: PIX, PXB,
+	// PHB, NODE, SYS) when one has a usable port, else the nearest usable
+	// one farther away. "" means CUDA device 0 of this process when there
+	// is one (under CUDA_VISIBLE_DEVICES, the GPU the process was given);
+	// without a GPU the first device with a usable port is taken.
+	GPU string
 	// Connect are the queue pair parameters (timeouts, retries, outstanding
 	// reads); NewWithConfig sets them from VerbsConfig's.
 	Connect ibverbs.ConnectOptions
@@ -88,15 +97,19 @@ type Channel struct {
 // Available returns nil when an RDMA device with a usable port exists here,
 // else an error wrapping rdma.ErrNotViable with the reason.
 func Available() error {
-	_, _, err := pickPort(Config{})
+	_, _, _, err := pickPort(Config{}, nicPlan{})
 	return err
 }
 
-func pickPort(cfg Config) (string, ibverbs.PortInfo, error) {
+// pickPort returns the first usable port of cfg's device, or of the
+// devices in plan's order (nearest the GPU first), with the device's
+// distance class from the GPU.
+func pickPort(cfg Config, plan nicPlan) (string, ibverbs.PortInfo, pcitopo.Class, error) {
 	devs, err := ibverbs.Devices()
 	if err != nil {
-		return "", ibverbs.PortInfo{}, fmt.Errorf("%w: verbs: %w", rdma.ErrNotViable, err)
+		return "", ibverbs.PortInfo{}, 0, fmt.Errorf("%w: verbs: %w", rdma.ErrNotViable, err)
 	}
+	devs, class := plan.order(devs)
 	var why []string
 	for _, d := range devs {
 		if cfg.Device != "" && d.Name != cfg.Device {
@@ -111,18 +124,18 @@ func pickPort(cfg Config) (string, ibverbs.PortInfo, error) {
 				continue
 			}
 			if p.Usable() {
-				return d.Name, p, nil
+				return d.Name, p, class[d.Name], nil
 			}
 			why = append(why, fmt.Sprintf("%s port %d: %s, %s, no usable GID/LID", d.Name, p.Num, p.State, p.LinkLayer))
 		}
 	}
 	if len(devs) == 0 {
-		return "", ibverbs.PortInfo{}, fmt.Errorf("%w: verbs: no RDMA device", rdma.ErrNotViable)
+		return "", ibverbs.PortInfo{}, 0, fmt.Errorf("%w: verbs: no RDMA device", rdma.ErrNotViable)
 	}
 	if cfg.Device != "" && len(why) == 0 {
-		return "", ibverbs.PortInfo{}, fmt.Errorf("%w: verbs: no device %q with port %d", rdma.ErrNotViable, cfg.Device, cfg.Port)
+		return "", ibverbs.PortInfo{}, 0, fmt.Errorf("%w: verbs: no device %q with port %d", rdma.ErrNotViable, cfg.Device, cfg.Port)
 	}
-	return "", ibverbs.PortInfo{}, fmt.Errorf("%w: verbs: no usable RDMA port: %v", rdma.ErrNotViable, why)
+	return "", ibverbs.PortInfo{}, 0, fmt.Errorf("%w: verbs: no usable RDMA port: %v", rdma.ErrNotViable, why)
 }
 
 // New returns the verbs channel of the node described by env (which needs a
@@ -144,7 +157,16 @@ func NewWithConfig(env *rdma.Env, cfg Config) (*Channel, error) {
 	cfg = withConnect(cfg.WithDefaults())
 	cfg.Window = min(cfg.Window, cfg.SendQueue)
 	cfg.ChunkSize = min(cfg.ChunkSize, 1<<30)
-	name, port, err := pickPort(cfg)
+	if cfg.GPU != "" {
+		if _, err := pcitopo.ParseBusID(cfg.GPU); err != nil {
+			return nil, fmt.Errorf("verbs: Config.GPU: %w", err)
+		}
+	}
+	var plan nicPlan
+	if cfg.Device == "" {
+		plan = planNICs(cfg.GPU, "/")
+	}
+	name, port, class, err := pickPort(cfg, plan)
 	if err != nil {
 		return nil, err
 	}
@@ -159,6 +181,7 @@ func NewWithConfig(env *rdma.Env, cfg Config) (*Channel, error) {
 	c.cancelFree = memory.OnFree(c.allocationFreed)
 	c.log.Debug("verbs channel", zap.String("device", name), zap.Uint8("port", port.Num),
 		zap.Stringer("link", port.LinkLayer), zap.Stringer("mtu", port.ActiveMTU))
+	plan.report(c.log, name, class)
 	return c, nil
 }
 

@@ -33,6 +33,15 @@
 // the transfer with an error (rdma.ErrPeerDown when the owner stopped
 // answering); PeerDown and Close tear down queue pairs and registrations.
 //
+// The channel opens one RDMA device, the one nearest the GPU it serves
+// (Config.GPU, by default CUDA device 0 of the process): internal/pcitopo
+// ranks the host's NICs by PCIe/NUMA distance class from that GPU (PIX, PXB,
+// PHB, NODE, SYS, as `nvidia-smi topo -m` prints them) and the first NIC
+// with a usable port in that order is taken, so a NIC of the nearest class
+// unless none has one; a NIC across sockets, or a farther one taken for
+// want of a usable port, is logged as a warning. Config.Device overrides the
+// choice; `ferry topo` prints it for each GPU.
+//
 // Usage, next to the other channels of a node:
 //
 //	ch, err := verbs.New(env) // env.Store, env.Control set by the node
