@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -222,14 +223,31 @@ func TestTopQuantile(t *testing.T) {
 }
 
 func TestTopFlags(t *testing.T) {
+	noMetrics := filepath.Join(t.TempDir(), "cluster.yaml")
+	if err := os.WriteFile(noMetrics, []byte("cluster: x\nnodes:\n  - name: a\n    address: 127.0.0.1:7001\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, args := range [][]string{
 		{},
 		{"--targets", "127.0.0.1:1", "--interval", "0s"},
-		{"--config", "../../cluster/testdata/local3.yaml"}, // no metrics_address
+		{"--config", noMetrics},             // no metrics_address
+		{"--config", noMetrics + ".absent"}, // unreadable
+		{"--config", "top_test.go"},         // not YAML
 	} {
 		err := top(args, os.Stdin, os.Stdout)
 		if ee, ok := err.(*exitError); !ok || ee.code != 2 {
 			t.Errorf("%q: %v, want a usage error", args, err)
 		}
+	}
+}
+
+// The config's metrics_address of each node, then --targets, each once.
+func TestTopTargets(t *testing.T) {
+	got, err := topTargets("../../config/testdata/local3.yaml", "10.0.0.1:9464, 127.0.0.1:9001,10.0.0.1:9464")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"127.0.0.1:9001", "10.0.0.1:9464"}; !slices.Equal(got, want) {
+		t.Fatalf("targets %q, want %q", got, want)
 	}
 }

@@ -39,7 +39,7 @@ func sysfsTree(t *testing.T) string {
 
 func TestTopoNICs(t *testing.T) {
 	var out, errOut bytes.Buffer
-	args := []string{"topo", "--config", "../../cluster/testdata/local3.yaml", "--sysfs", sysfsTree(t), "--gpus", "00000000:81:00.0, 0000:99:00.0"}
+	args := []string{"topo", "--config", "../../config/testdata/local3.yaml", "--sysfs", sysfsTree(t), "--gpus", "00000000:81:00.0, 0000:99:00.0"}
 	if code := run(args, &out, &errOut); code != 0 {
 		t.Fatalf("code %d: %s", code, errOut.String())
 	}
@@ -65,7 +65,7 @@ func TestTopoNICs(t *testing.T) {
 	}
 	must(os.WriteFile(filepath.Join(root, "sys", "devices", "pci0000:80", "0000:80:01.0", "0000:81:00.0", "numa_node"), []byte("-1\n"), 0o644))
 	out.Reset()
-	if code := run([]string{"topo", "--config", "../../cluster/testdata/local3.yaml", "--sysfs", root, "--gpus", "0000:81:00.0"}, &out, &errOut); code != 0 {
+	if code := run([]string{"topo", "--config", "../../config/testdata/local3.yaml", "--sysfs", root, "--gpus", "0000:81:00.0"}, &out, &errOut); code != 0 {
 		t.Fatalf("code %d: %s", code, errOut.String())
 	}
 	s = out.String()
