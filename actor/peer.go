@@ -147,6 +147,7 @@ func (h *handler) PeerDown(p *cluster.Peer, cause error) {
 	released := n.eng.PeerDown(p.Name)
 	n.log.Info("peer down", zap.String("peer", p.Name), zap.Int("pending_failed", len(pending)+failedReplies),
 		zap.Int("leases_released", released), zap.Error(cause))
+	n.stats.NodeDowns.Add(1)
 	n.system.EventStream.Publish(&cluster.NodeDown{Node: p.Name, Incarnation: p.Incarnation, Reason: errString(cause)})
 }
 

@@ -147,6 +147,8 @@ type Membership struct {
 	dataConns int // open data connections peers dialed to this node
 	lns       []net.Listener
 	closed    bool
+
+	dataByTransport connCounts // open data connections peers dialed to this node (stats.go)
 }
 
 // Options tune a Membership.
@@ -519,8 +521,10 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 		return
 	}
 	if data {
+		tr := transport(nc)
+		m.dataByTransport.add(tr, 1)
 		dc := &dataConn{Conn: nc}
-		dc.release = func() { m.releaseData(peer.Node) }
+		dc.release = func() { m.releaseData(peer.Node); m.dataByTransport.add(tr, -1) }
 		m.serveData(peer, dc)
 		return
 	}

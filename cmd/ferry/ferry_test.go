@@ -78,10 +78,10 @@ func TestPingAndBench(t *testing.T) {
 		t.Fatalf("ping output: %q", out.String())
 	}
 	out.Reset()
-	if code := run([]string{"bench", "--config", path, "--from", "node2", "--to", "node0", "--size", "1MiB", "--count", "3"}, &out, &errOut); code != 0 {
+	if code := run([]string{"bench", "--config", path, "--from", "node2", "--to", "node0", "--size", "1MiB", "--count", "3", "--metrics-address", "127.0.0.1:0", "--pprof"}, &out, &errOut); code != 0 {
 		t.Fatalf("bench: code %d: %s", code, errOut.String())
 	}
-	if !strings.Contains(out.String(), "over staging") {
+	if !strings.Contains(out.String(), "over staging") || !strings.Contains(out.String(), "metrics of node2: http://127.0.0.1:") {
 		t.Fatalf("bench output: %q", out.String())
 	}
 }

@@ -154,6 +154,7 @@ func runBench(args []string, stdout io.Writer) error {
 	device := fs.String("device", "cpu", "device of the sent tensor (cpu, cuda:N)")
 	wait := fs.Duration("timeout", 60*time.Second, "deadline of one transfer")
 	level := fs.String("log-level", "warn", "log level")
+	mf := addMetricsFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -173,6 +174,11 @@ func runBench(args []string, stdout io.Writer) error {
 		return err
 	}
 	defer node.Stop()
+	stopMetrics, err := mf.serve(node, cfg, stdout)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	t, err := tensor.New(dev, tensor.Uint8, tensor.Shape{int64(size)})
 	if err != nil {
 		return err

@@ -42,4 +42,8 @@
 // driver's training flags matter), reports, and tells the others to exit.
 //
 //	paramserver --config cluster.yaml --node a   # on every node
+//
+// --metrics-address host:port serves the Prometheus metrics of the node
+// (of the three nodes, each series labelled with its node, when embedded):
+// package metrics lists them.
 package main

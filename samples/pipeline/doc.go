@@ -15,5 +15,6 @@
 //
 // It prints each micro-batch's latency and OK, the bytes each node fetched
 // and over which channel, and exits with status 1 if any output differs from
-// the in-process reference (compared bit for bit).
+// the in-process reference (compared bit for bit). --metrics-address
+// host:port serves the three nodes' Prometheus metrics (package metrics).
 package main

@@ -14,6 +14,7 @@ import (
 	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/metrics"
 	"github.com/tensorferry/tensorferry/samples/pipeline/pipe"
 	"go.uber.org/zap"
 )
@@ -34,6 +35,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the weights and inputs")
 	logs := fs.Bool("log", false, "log what the nodes do to stderr")
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up after this long")
+	metricsAddr := fs.String("metrics-address", "", "serve Prometheus metrics of the 3 nodes at this host:port (/metrics)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -52,7 +54,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	if err := pipeline(ctx, cfg, *logs, stdout); err != nil {
+	if err := pipeline(ctx, cfg, *logs, *metricsAddr, stdout); err != nil {
 		fmt.Fprintln(stderr, "pipeline:", err)
 		return 1
 	}
@@ -75,7 +77,7 @@ func stageDevices() [3]memory.Device {
 	return [3]memory.Device{memory.CUDA(0), second, memory.CUDA(0)}
 }
 
-func pipeline(ctx context.Context, cfg pipe.Config, logs bool, w io.Writer) error {
+func pipeline(ctx context.Context, cfg pipe.Config, logs bool, metricsAddr string, w io.Writer) error {
 	cc, err := config.LocalConfig("pipeline", 3)
 	if err != nil {
 		return err
@@ -110,6 +112,14 @@ func pipeline(ctx context.Context, cfg pipe.Config, logs bool, w io.Writer) erro
 			return err
 		}
 		nodes = append(nodes, n)
+	}
+	if metricsAddr != "" {
+		srv, err := metrics.Serve(ctx, metricsAddr, metrics.Options{}, nodes...)
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+		fmt.Fprintf(w, "metrics of the 3 nodes: http://%s/metrics\n", srv.Addr())
 	}
 	for _, a := range nodes {
 		for _, b := range nodes {
