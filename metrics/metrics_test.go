@@ -140,7 +140,8 @@ func TestServeTwoNodes(t *testing.T) {
 			{"tensorferry_leases_outstanding", map[string]string{"node": "node0"}, 0},
 			{"tensorferry_lent_bytes", map[string]string{"node": "node0"}, 0},
 			{"tensorferry_peers_up", map[string]string{"node": "node0"}, 1},
-			{"tensorferry_connections", map[string]string{"node": "node0", "purpose": "control", "transport": "tcp"}, 1},
+			// shm where the shared-memory transport runs, else tcp.
+			{"tensorferry_connections", map[string]string{"node": "node0", "purpose": "control", "transport": nodes[0].PeerTransport("node1")}, 1},
 			{"tensorferry_connections", map[string]string{"node": "node0", "purpose": "data", "transport": "tcp"}, 1}, // node1's staging connection
 			{"tensorferry_node_down_total", map[string]string{"node": "node0"}, 0},
 			{"tensorferry_receive_budget_in_use_bytes", map[string]string{"node": "node1"}, 0},
