@@ -1,6 +1,7 @@
 #!/bin/sh
 # /init of the soft-RoCE test VM (see setup.sh). It loads the rxe and 9p
-# modules, creates rxe0 on an isolated dummy interface, mounts the host's root
+# modules, creates rxe0 and rxe1 on two isolated dummy interfaces (two NICs,
+# for the verbs channel's multi-NIC tests), mounts the host's root
 # read-only and the results directory writable, and runs the results
 # directory's cmd.sh chrooted into the host root. Then it powers off.
 export PATH=/bin
@@ -43,9 +44,13 @@ chroot /host /bin/sh -c '
 	{ ip link show dummy0 >/dev/null 2>&1 || ip link add dummy0 type dummy; } &&
 	ip link set dummy0 up &&
 	ip addr add 10.99.0.1/24 dev dummy0 &&
-	rdma link add rxe0 type rxe netdev dummy0
-' || fail "rxe0 setup"
-say "uptime $(cut -d' ' -f1 /proc/uptime) s: rxe0 up"
+	rdma link add rxe0 type rxe netdev dummy0 &&
+	{ ip link show dummy1 >/dev/null 2>&1 || ip link add dummy1 type dummy; } &&
+	ip link set dummy1 up &&
+	ip addr add 10.99.1.1/24 dev dummy1 &&
+	rdma link add rxe1 type rxe netdev dummy1
+' || fail "rxe setup"
+say "uptime $(cut -d' ' -f1 /proc/uptime) s: rxe0 and rxe1 up"
 cut -d' ' -f1 /proc/uptime >"/host$results/boot_s"
 
 chroot /host /bin/sh -c "ulimit -l unlimited; cd '$results' && TMPDIR=/tmp HOME=/tmp /bin/sh ./cmd.sh >out.log 2>&1; echo \$? >rc"
