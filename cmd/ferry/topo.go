@@ -27,7 +27,11 @@ func runTopo(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	return printTopo(stdout, cfg, probeLocal())
+	p := probeLocal()
+	if err := printTopo(stdout, cfg, p); err != nil {
+		return err
+	}
+	return printVerbsGrants(stdout, cfg, p)
 }
 
 // localProbe is what this machine can tell about nodes that run on it.

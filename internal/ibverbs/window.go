@@ -179,13 +179,17 @@ func ProbeWindows(c *Context, port PortInfo) error {
 	return nil
 }
 
-// waitWR polls cq until the completion of wrid arrives (others are
-// dropped) or probeTimeout passes.
-func waitWR(cq *CQ, wrid uint64) (WorkCompletion, error) {
-	deadline := time.Now().Add(probeTimeout)
+func waitWR(cq *CQ, wrid uint64) (WorkCompletion, error) { return cq.Await(wrid, probeTimeout) }
+
+// Await polls q until the completion of work request wrid arrives and
+// returns it; completions of other work requests polled meanwhile are
+// dropped, so use it on a CQ whose work requests are awaited one at a time.
+// It fails after timeout.
+func (q *CQ) Await(wrid uint64, timeout time.Duration) (WorkCompletion, error) {
+	deadline := time.Now().Add(timeout)
 	wcs := make([]WorkCompletion, 8)
 	for spin := 0; ; spin++ {
-		n, err := cq.Poll(wcs)
+		n, err := q.Poll(wcs)
 		if err != nil {
 			return WorkCompletion{}, err
 		}
@@ -198,7 +202,7 @@ func waitWR(cq *CQ, wrid uint64) (WorkCompletion, error) {
 			continue
 		}
 		if time.Now().After(deadline) {
-			return WorkCompletion{}, fmt.Errorf("ibverbs: no completion for work request %d after %v", wrid, probeTimeout)
+			return WorkCompletion{}, fmt.Errorf("ibverbs: no completion for work request %d after %v", wrid, timeout)
 		}
 		if spin < 64 {
 			runtime.Gosched()

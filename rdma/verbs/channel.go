@@ -50,6 +50,16 @@ type Config struct {
 	// Connect are the queue pair parameters (timeouts, retries, outstanding
 	// reads); zero fields get ibverbs.DefaultConnectOptions.
 	Connect ibverbs.ConnectOptions
+	// Grants is how exports are granted to peers (default GrantAuto:
+	// memory windows where the device confines reads to them, else
+	// per-export registration); see GrantMode.
+	Grants GrantMode
+	// OwnerBudget bounds the allocations the owner keeps registered across
+	// exports with memory windows (memory.RegCache "verbs-owner", one per
+	// memory device, per-peer entries); zero fields get memory.PinBudget of
+	// the device (RLIMIT_MEMLOCK for host memory, free BAR1 for a GPU) and
+	// CacheEntries. Idle ones are deregistered least recently used first.
+	OwnerBudget memory.RegBudget
 }
 
 // DefaultConfig returns the defaults described in Config.
@@ -60,9 +70,14 @@ func DefaultConfig() Config {
 
 // Stats counts registrations, for tests and `ferry topo`.
 type Stats struct {
-	// Owner side: regions registered for exports, offers that found their
-	// region registered already, regions deregistered.
+	// Owner side: regions registered for exports (per export, or per
+	// allocation and peer with windows), offers that found their region
+	// registered already, regions deregistered (with windows: evicted,
+	// dropped with the peer or the freed allocation).
 	OwnerRegistrations, OwnerHits, OwnerDeregistrations int64
+	// Owner side with windows: windows bound, and windows invalidated or
+	// deallocated (export ended, queue pair replaced, peer down).
+	WindowBinds, WindowInvalidations int64
 	// Fetcher side: destination registrations made, reused, evicted or
 	// dropped (LRU, freed allocation, peer down), from the registration
 	// cache's counters.
@@ -91,7 +106,7 @@ type Channel struct {
 
 	// dests caches destination registrations; the peer string of an entry
 	// is its connection's key (fetchPeer.destKey), which destPDs maps to the
-	// connection's protection domain.
+	// connection's protection domain (and owner keys to theirs).
 	dests   *memory.RegCache
 	destPDs map[string]*ibverbs.PD // guarded by mu
 	destSeq atomic.Uint64
@@ -99,8 +114,16 @@ type Channel struct {
 	fetching atomic.Int64
 	stats    struct {
 		// fetchReg counts destinations registered outside the cache.
-		ownerReg, ownerHit, ownerDereg, fetchReg, conns atomic.Int64
+		ownerReg, ownerHit, ownerDereg, fetchReg, conns, winBind, winInval atomic.Int64
 	}
+	// grants is how exports are granted (GrantWindows or GrantRegister),
+	// grantWhy why; owned holds the owner registration caches by memory
+	// device (guarded by mu), under the peer keys of ownerPeer.key, which
+	// destPDs maps to the peer's protection domain too.
+	grants     GrantMode
+	grantWhy   string
+	owned      map[memory.Device]*memory.RegCache
+	ownSeq     atomic.Uint64
 	cancelFree func()
 }
 
@@ -190,12 +213,15 @@ func NewWithConfig(env *rdma.Env, cfg Config) (*Channel, error) {
 		return nil, fmt.Errorf("%w: verbs: %w", rdma.ErrNotViable, err)
 	}
 	c := &Channel{env: env, log: env.Logger().Named("verbs"), cfg: cfg, ctx: ctx, port: port,
-		owners: map[string]*ownerPeer{}, fetches: map[string]*fetchPeer{}, destPDs: map[string]*ibverbs.PD{}}
-	c.dests = memory.NewRegCache("verbs", destRegistrar{c}, memory.RegBudget{Bytes: cfg.CacheBytes, Count: cfg.CacheEntries})
+		owners: map[string]*ownerPeer{}, fetches: map[string]*fetchPeer{}, destPDs: map[string]*ibverbs.PD{},
+		owned: map[memory.Device]*memory.RegCache{}}
+	c.grants, c.grantWhy = chooseGrants(ctx, port, cfg.Grants)
+	c.dests = memory.NewRegCache("verbs", pdRegistrar{c: c, access: ibverbs.AccessLocalWrite}, memory.RegBudget{Bytes: cfg.CacheBytes, Count: cfg.CacheEntries})
 	env.Store.OnEnd(c.exportEnded)
 	c.cancelFree = memory.OnFree(c.allocationFreed)
 	c.log.Debug("verbs channel", zap.String("device", name), zap.Uint8("port", port.Num),
-		zap.Stringer("link", port.LinkLayer), zap.Stringer("mtu", port.ActiveMTU))
+		zap.Stringer("link", port.LinkLayer), zap.Stringer("mtu", port.ActiveMTU),
+		zap.Stringer("grants", c.grants), zap.String("why", c.grantWhy))
 	return c, nil
 }
 
@@ -208,10 +234,18 @@ func (c *Channel) Device() (string, ibverbs.PortInfo) { return c.ctx.Name(), c.p
 // Stats returns the registration counters.
 func (c *Channel) Stats() Stats {
 	rs := c.dests.Stats()
+	var os memory.RegStats
+	for _, rc := range c.ownerCaches() {
+		s := rc.Stats()
+		os.Misses += s.Misses - s.RegisterErrors
+		os.Hits += s.Hits
+		os.Evictions += s.Evictions + s.Invalidations
+	}
 	return Stats{
-		OwnerRegistrations: c.stats.ownerReg.Load(), OwnerHits: c.stats.ownerHit.Load(),
-		OwnerDeregistrations: c.stats.ownerDereg.Load(),
-		FetchRegistrations:   rs.Misses - rs.RegisterErrors + c.stats.fetchReg.Load(), FetchHits: rs.Hits,
+		OwnerRegistrations: c.stats.ownerReg.Load() + os.Misses, OwnerHits: c.stats.ownerHit.Load() + os.Hits,
+		OwnerDeregistrations: c.stats.ownerDereg.Load() + os.Evictions,
+		WindowBinds:          c.stats.winBind.Load(), WindowInvalidations: c.stats.winInval.Load(),
+		FetchRegistrations: rs.Misses - rs.RegisterErrors + c.stats.fetchReg.Load(), FetchHits: rs.Hits,
 		FetchEvictions: rs.Evictions + rs.Invalidations, Connections: c.stats.conns.Load(),
 	}
 }
@@ -236,11 +270,17 @@ func (c *Channel) InFlight() int {
 	return n
 }
 
-// Offer registers the export's bytes in peer's protection domain with
-// remote read access only and returns their address, length and rkey. The
-// region is deregistered when the export ends (released, expired, holder
-// down) and no read of it is in progress, so a released export's rkey reads
-// nothing, and an rkey is useless through another peer's queue pair.
+// Offer prepares the export for peer and returns its address and length
+// (and, with per-export registration, its rkey). With memory windows
+// (Grants) it registers the export's whole allocation in peer's protection
+// domain for window binding, unless the owner cache holds it already; the
+// window granting exactly the export's bytes is bound at the peer's first
+// read (the rkey comes back then) and invalidated when the export ends.
+// With per-export registration it registers the export's bytes with remote
+// read access only and deregisters them when the export ends (released,
+// expired, holder down) and no read of it is in progress. Either way a
+// released export's rkey reads nothing, and an rkey is useless through
+// another peer's queue pair.
 func (c *Channel) Offer(ctx context.Context, e *tensor.Export, peer string) ([]byte, error) {
 	buf := e.Tensor.Buffer()
 	if buf.Len() == 0 {
@@ -249,6 +289,12 @@ func (c *Channel) Offer(ctx context.Context, e *tensor.Export, peer string) ([]b
 	op, err := c.ownerPeer(peer)
 	if err != nil {
 		return nil, err
+	}
+	if c.windowed(buf) {
+		if err := op.grantExport(e.ID, buf); err != nil {
+			return nil, fmt.Errorf("verbs: offer of export %d to %s: %w", e.ID, peer, err)
+		}
+		return offer{Addr: uint64(buf.Ptr()), Len: int64(buf.Len())}.encode(), nil
 	}
 	reg, err := op.offer(e.ID, buf)
 	if err != nil {
@@ -298,8 +344,9 @@ func (c *Channel) ownerPeer(peer string) (*ownerPeer, error) {
 		return nil, fmt.Errorf("verbs: protection domain for %s: %w", peer, err)
 	}
 	op := &ownerPeer{c: c, node: peer, pd: pd, byExport: map[uint64]*ownerReg{}, regs: map[regKey]*ownerReg{},
-		acq: map[uint64]*acquisition{}}
+		acq: map[uint64]*acquisition{}, grants: map[uint64]*grant{}, key: fmt.Sprintf("%s@%d", peer, c.ownSeq.Add(1))}
 	c.owners[peer] = op
+	c.destPDs[op.key] = pd
 	return op, nil
 }
 
@@ -368,10 +415,15 @@ func (c *Channel) Close() error {
 		op.close()
 	}
 	c.bg.Wait()
-	// Every connection is destroyed and its registrations dropped: this
-	// only unsubscribes the cache.
+	// Every connection and peer is destroyed and its registrations
+	// dropped: this only unsubscribes the caches.
 	if err := c.dests.Close(); err != nil {
 		c.log.Warn("closing the destination registration cache", zap.Error(err))
+	}
+	for _, rc := range c.ownerCaches() {
+		if err := rc.Close(); err != nil {
+			c.log.Warn("closing an owner registration cache", zap.Error(err))
+		}
 	}
 	if err := c.ctx.Close(); err != nil {
 		return fmt.Errorf("verbs: close: %w", err)

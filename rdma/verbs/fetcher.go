@@ -112,22 +112,16 @@ func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 	defer c.bg.Done()
 	defer c.fetching.Add(-1)
 
-	// Begin is not cancelled half way: an acquisition the owner made but
-	// whose reply was dropped would stay until PeerDown.
-	bctx, bcancel := context.WithTimeout(context.WithoutCancel(ctx), controlTimeout)
-	rep, err := c.control(bctx, d.Owner, &request{Op: opBegin, Incarnation: d.Incarnation, ExportID: d.ExportID, Lease: d.Lease})
-	bcancel()
-	if err != nil {
-		return fmt.Errorf("verbs: fetch %v: %w", d, err)
-	}
-	defer c.endRead(ctx, d.Owner, rep.Token)
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("verbs: fetch %v: %w", d, err)
-	}
-	if rep.Len != d.Bytes {
-		return fmt.Errorf("verbs: fetch %v: owner holds %d bytes: %w", d, rep.Len, tensor.ErrBadSize)
-	}
 	if d.Bytes == 0 {
+		// Nothing to read: the owner only checks the lease.
+		rep, err := c.begin(ctx, d)
+		if err != nil {
+			return fmt.Errorf("verbs: fetch %v: %w", d, err)
+		}
+		c.endRead(ctx, d.Owner, rep.Token)
+		if rep.Len != 0 {
+			return fmt.Errorf("verbs: fetch %v: owner holds %d bytes: %w", d, rep.Len, tensor.ErrBadSize)
+		}
 		return nil
 	}
 	out, err := dst.Slice(0, int(d.Bytes))
@@ -135,11 +129,13 @@ func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 		return fmt.Errorf("verbs: fetch %v: %w", d, err)
 	}
 	for attempt := 0; ; attempt++ {
+		// Connected first: a window is bound through the owner's queue
+		// pair for this connection when the read begins.
 		fp, err := c.fetchPeer(ctx, d.Owner)
 		if err != nil {
 			return fmt.Errorf("verbs: fetch %v: %w", d, err)
 		}
-		err = fp.read(ctx, out, rep.Addr, rep.RKey)
+		err = c.fetchOnce(ctx, fp, d, out)
 		if errors.Is(err, errCacheClosed) && attempt == 0 {
 			continue // the connection was torn down under us: one retry
 		}
@@ -148,6 +144,32 @@ func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 		}
 		return nil
 	}
+}
+
+// begin asks d's owner to begin a read. It is not cancelled half way: an
+// acquisition the owner made but whose reply was dropped would stay until
+// PeerDown.
+func (c *Channel) begin(ctx context.Context, d *tensor.Descriptor) (*reply, error) {
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), controlTimeout)
+	defer cancel()
+	return c.control(bctx, d.Owner, &request{Op: opBegin, Incarnation: d.Incarnation, ExportID: d.ExportID, Lease: d.Lease})
+}
+
+// fetchOnce begins a read of d on fp's connection, reads it into out and
+// ends the read.
+func (c *Channel) fetchOnce(ctx context.Context, fp *fetchPeer, d *tensor.Descriptor, out memory.Buffer) error {
+	rep, err := c.begin(ctx, d)
+	if err != nil {
+		return err
+	}
+	defer c.endRead(ctx, d.Owner, rep.Token)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if rep.Len != d.Bytes {
+		return fmt.Errorf("owner holds %d bytes: %w", rep.Len, tensor.ErrBadSize)
+	}
+	return fp.read(ctx, out, rep.Addr, rep.RKey)
 }
 
 // endRead tells the owner the read is over, even when ctx was cancelled.
