@@ -1,7 +1,7 @@
 #!/bin/sh
 # /init of the soft-RoCE test VM (see setup.sh). It loads the rxe and 9p
-# modules, creates rxe0 and rxe1 on two isolated dummy interfaces (two NICs,
-# for the verbs channel's multi-NIC tests), mounts the host's root
+# modules, creates rxe0 and rxe1 on two isolated dummy interfaces (two NICs;
+# the verbs channel uses the first today), mounts the host's root
 # read-only and the results directory writable, and runs the results
 # directory's cmd.sh chrooted into the host root. Then it powers off.
 export PATH=/bin

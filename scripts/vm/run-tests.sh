@@ -2,7 +2,7 @@
 # run-tests.sh boots the soft-RoCE VM (QEMU, TCG) and runs test binaries built
 # on this machine inside it, chrooted into this machine's root (shared
 # read-only over 9p) so they use the host's rdma-core with the rxe provider.
-# The guest has no NIC: rxe0 sits on an isolated dummy interface.
+# The guest has no NIC: rxe0 and rxe1 sit on isolated dummy interfaces.
 #
 # Usage: scripts/vm/run-tests.sh BINARY [ARGS...] [:: BINARY [ARGS...]]...
 #   e.g. go test -c -o /tmp/ibverbs.test ./internal/ibverbs &&
