@@ -49,6 +49,9 @@ type options struct {
 	chunk    int // staging chunk size; 0: the config's default
 	inflight int // staging chunks in flight; 0: the config's default
 	timeout  time.Duration
+	// skipVerbs, when set, is told about a verbs pair path that cannot run
+	// here (too few RDMA devices), which is then left out; nil fails.
+	skipVerbs func(path string, err error)
 }
 
 func main() {
@@ -58,7 +61,8 @@ func main() {
 	rtt := flag.Int("rtt-count", 5000, "timed round trips per RTT figure")
 	quick := flag.Bool("quick", false, "stop at 64 MiB, fewer repetitions and round trips")
 	asJSON := flag.Bool("json", false, "print one JSON object per figure per line instead of the table")
-	only := flag.String("paths", "", "comma-separated paths to measure: "+strings.Join(allPaths, ",")+" (default: all)")
+	only := flag.String("paths", "", "comma-separated paths to measure: "+strings.Join(allPaths, ",")+
+		" (with --channel verbs also "+pathVerbs1+" and "+pathVerbs2+"; default: all)")
 	chunk := flag.String("chunk", "", "staging chunk size (default: the config's, 4MiB)")
 	inflight := flag.Int("inflight", 0, "staging chunks in flight per transfer (default: the config's, 4)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
@@ -72,8 +76,17 @@ func main() {
 	pathTF = "tensorferry-" + *channel
 	allPaths[2] = pathTF
 	forcedChannel = *channel
+	if *channel == "verbs" {
+		allPaths = append(allPaths, pathVerbs1, pathVerbs2)
+	}
 
 	o := options{reps: *reps, rttCount: *rtt, inflight: *inflight, timeout: *timeout}
+	if *only == "" {
+		// Paths by default: one the host cannot run is left out, said so.
+		o.skipVerbs = func(path string, err error) {
+			fmt.Fprintf(os.Stderr, "transfer: %s left out: %v\n", path, err)
+		}
+	}
 	lo, err := size.Parse(*minSize)
 	if err == nil {
 		var hi int

@@ -22,6 +22,11 @@ import (
 // checked byte for byte (CRC-32) by the receiver.
 func warmupsFor(size int) int { return max(2, min(500, (64<<20)/size)) }
 
+// verbsWarmups is the number of untimed fetches of the verbs pair paths:
+// a channel alone has no node to warm up, and under emulation every fetch
+// costs.
+const verbsWarmups = 2
+
 // repsFor returns the timed repetitions at size: about 2 GiB per path,
 // between 5 and 200 messages, unless o fixes the count.
 func repsFor(o options, size int) int {
@@ -61,12 +66,31 @@ func run(o options, progress func(report.Result)) (rs []report.Result, err error
 		defer func() { err = errors.Join(err, pair.Close()) }()
 		raws = append(raws, rawPath{p.name, pair})
 	}
+	var pairs []*verbsPair
+	for _, p := range []struct {
+		name  string
+		rails int
+	}{{pathVerbs1, 1}, {pathVerbs2, 2}} {
+		if !want(p.name) {
+			continue
+		}
+		vp, perr := openVerbsPair(p.name, p.rails)
+		if perr != nil {
+			if o.skipVerbs != nil {
+				o.skipVerbs(p.name, perr)
+				continue
+			}
+			return nil, perr
+		}
+		defer func() { err = errors.Join(err, vp.close()) }()
+		pairs = append(pairs, vp)
+	}
 	tf := n
 	if !want(pathTF) {
 		tf = nil // n is only for the round trips
 	}
 	for _, size := range o.sizes {
-		if err := measureSize(tf, raws, size, repsFor(o, size), add); err != nil {
+		if err := measureSize(tf, raws, pairs, size, repsFor(o, size), o.timeout, add); err != nil {
 			return rs, err
 		}
 	}
@@ -84,15 +108,24 @@ type rawPath struct {
 	pair *rawtcp.Pair
 }
 
-// measureSize times messages of size bytes on n (unless nil) and each raw
-// path, alternating the paths message by message.
-func measureSize(n *nodes, raws []rawPath, size, reps int, add func(report.Result)) error {
+// measureSize times messages of size bytes on n (unless nil), each raw
+// path and each verbs pair, alternating the paths message by message.
+func measureSize(n *nodes, raws []rawPath, pairs []*verbsPair, size, reps int, timeout time.Duration, add func(report.Result)) error {
 	x, err := tensor.New(memory.CPU, tensor.Uint8, tensor.Shape{int64(size)})
 	if err != nil {
 		return err
 	}
+	var dst memory.Buffer
+	if len(pairs) > 0 {
+		if dst, err = memory.NewHostBuffer(size); err != nil {
+			return err
+		}
+	}
 	defer func() {
 		_ = x.Free()
+		if dst != nil {
+			_ = dst.Free()
+		}
 		for _, r := range raws {
 			r.pair.FreeBuffer()
 		}
@@ -102,6 +135,7 @@ func measureSize(n *nodes, raws []rawPath, size, reps int, add func(report.Resul
 	sum := crc32.ChecksumIEEE(x.Host())
 
 	rawTimes := make([][]time.Duration, len(raws))
+	pairTimes := make([][]time.Duration, len(pairs))
 	var tfTimes, fetchTimes []time.Duration
 	fetches := 0
 	warmups := warmupsFor(size)
@@ -114,6 +148,21 @@ func measureSize(n *nodes, raws []rawPath, size, reps int, add func(report.Resul
 			}
 			if timed {
 				rawTimes[k] = append(rawTimes[k], d)
+			}
+		}
+		for k, p := range pairs {
+			if i < warmups-verbsWarmups {
+				continue // a channel alone needs few warm-ups
+			}
+			d, err := p.fetch(x, dst, timeout)
+			if err != nil {
+				return fmt.Errorf("%s %d bytes: %w", p.name, size, err)
+			}
+			if i == warmups-verbsWarmups && crc32.ChecksumIEEE(dst.Host()) != sum {
+				return fmt.Errorf("%s %d bytes: the fetched bytes differ", p.name, size)
+			}
+			if timed {
+				pairTimes[k] = append(pairTimes[k], d)
 			}
 		}
 		if n == nil {
@@ -137,6 +186,11 @@ func measureSize(n *nodes, raws []rawPath, size, reps int, add func(report.Resul
 		add(bandwidth(r.name, report.GBps, size, rawTimes[k], ""))
 		add(best(r.name, size, rawTimes[k], ""))
 		add(latency(r.name, size, rawTimes[k], ""))
+	}
+	for k, p := range pairs {
+		add(bandwidth(p.name, report.GBps, size, pairTimes[k], "verbs"))
+		add(best(p.name, size, pairTimes[k], "verbs"))
+		add(latency(p.name, size, pairTimes[k], "verbs"))
 	}
 	if n != nil {
 		ch := forcedChannel

@@ -23,7 +23,8 @@ var (
 // Config tunes the channel. Zero fields get the defaults of DefaultConfig.
 type Config struct {
 	// Device is the RDMA device to use; "" picks the first device with a
-	// usable port.
+	// usable port, and up to Rails devices with a usable port of the same
+	// link layer (each device's first usable one) as the transfer rails.
 	Device string
 	// Port is the port number on Device; 0 picks the first usable one.
 	Port uint8
@@ -50,6 +51,14 @@ type Config struct {
 	// Connect are the queue pair parameters (timeouts, retries, outstanding
 	// reads); zero fields get ibverbs.DefaultConnectOptions.
 	Connect ibverbs.ConnectOptions
+	// Rails is the most RDMA devices (NICs) one transfer is split across,
+	// each slice on a queue pair of its own between the two nodes' devices
+	// of the same rail index (default: every usable device; 1 with Device
+	// set). RailMinBytes is the smallest slice (default 8 MiB): a transfer
+	// of n bytes uses min(Rails, n / RailMinBytes) rails, at least one. A
+	// slice whose rail fails is read again over the others.
+	Rails        int
+	RailMinBytes int64
 	// Grants is how exports are granted to peers (default GrantAuto:
 	// memory windows where the device confines reads to them, else
 	// per-export registration); see GrantMode.
@@ -65,7 +74,7 @@ type Config struct {
 // DefaultConfig returns the defaults described in Config.
 func DefaultConfig() Config {
 	return Config{ChunkSize: 1 << 20, Window: 8, SendQueue: 256, CacheBytes: 1 << 30, CacheEntries: 64,
-		StallTimeout: 10 * time.Second, Connect: ibverbs.DefaultConnectOptions()}
+		StallTimeout: 10 * time.Second, Connect: ibverbs.DefaultConnectOptions(), RailMinBytes: 8 << 20}
 }
 
 // Stats counts registrations, for tests and `ferry topo`.
@@ -82,8 +91,11 @@ type Stats struct {
 	// dropped (LRU, freed allocation, peer down), from the registration
 	// cache's counters.
 	FetchRegistrations, FetchHits, FetchEvictions int64
-	// Connections made to owners (queue pairs connected).
+	// Connections made to owners (queue pairs connected, one per rail).
 	Connections int64
+	// RailFailovers counts transfer slices read again over another rail
+	// after theirs failed.
+	RailFailovers int64
 }
 
 // Channel is the verbs channel: both ends of one-sided RDMA READ transfers.
@@ -92,16 +104,15 @@ type Stats struct {
 // fetcher it connects one RC queue pair per owner, lazily, and reads into
 // its registered destination. It is safe for concurrent use.
 type Channel struct {
-	env  *rdma.Env
-	log  *zap.Logger
-	cfg  Config
-	ctx  *ibverbs.Context
-	port ibverbs.PortInfo
+	env   *rdma.Env
+	log   *zap.Logger
+	cfg   Config
+	rails []rail // rails[0] is the device of Config.Device
 
 	mu      sync.Mutex
 	closed  bool
-	owners  map[string]*ownerPeer // peers we lent exports to
-	fetches map[string]*fetchPeer // owners we read from
+	owners  map[railKey]*ownerPeer // peers we lent exports to, by rail
+	fetches map[railKey]*fetchPeer // owners we read from, by rail
 	bg      sync.WaitGroup        // teardowns and pollers
 
 	// dests caches destination registrations; the peer string of an entry
@@ -114,7 +125,7 @@ type Channel struct {
 	fetching atomic.Int64
 	stats    struct {
 		// fetchReg counts destinations registered outside the cache.
-		ownerReg, ownerHit, ownerDereg, fetchReg, conns, winBind, winInval atomic.Int64
+		ownerReg, ownerHit, ownerDereg, fetchReg, conns, winBind, winInval, failovers atomic.Int64
 	}
 	// grants is how exports are granted (GrantWindows or GrantRegister),
 	// grantWhy why; owned holds the owner registration caches by memory
@@ -204,22 +215,29 @@ func NewWithConfig(env *rdma.Env, cfg Config) (*Channel, error) {
 	if cfg.StallTimeout <= 0 {
 		cfg.StallTimeout = d.StallTimeout
 	}
-	name, port, err := pickPort(cfg)
+	if cfg.RailMinBytes <= 0 {
+		cfg.RailMinBytes = d.RailMinBytes
+	}
+	rails, err := openRails(cfg)
 	if err != nil {
 		return nil, err
 	}
-	ctx, err := ibverbs.Open(name)
-	if err != nil {
-		return nil, fmt.Errorf("%w: verbs: %w", rdma.ErrNotViable, err)
-	}
-	c := &Channel{env: env, log: env.Logger().Named("verbs"), cfg: cfg, ctx: ctx, port: port,
-		owners: map[string]*ownerPeer{}, fetches: map[string]*fetchPeer{}, destPDs: map[string]*ibverbs.PD{},
+	c := &Channel{env: env, log: env.Logger().Named("verbs"), cfg: cfg, rails: rails,
+		owners: map[railKey]*ownerPeer{}, fetches: map[railKey]*fetchPeer{}, destPDs: map[string]*ibverbs.PD{},
 		owned: map[memory.Device]*memory.RegCache{}}
-	c.grants, c.grantWhy = chooseGrants(ctx, port, cfg.Grants)
+	c.grants, c.grantWhy = GrantWindows, ""
+	for _, r := range rails {
+		// Windows only where every rail has them.
+		m, why := chooseGrants(r.ctx, r.port, cfg.Grants)
+		if c.grantWhy == "" || m == GrantRegister && c.grants == GrantWindows {
+			c.grants, c.grantWhy = m, why
+		}
+	}
+	name, port := rails[0].ctx.Name(), rails[0].port
 	c.dests = memory.NewRegCache("verbs", pdRegistrar{c: c, access: ibverbs.AccessLocalWrite}, memory.RegBudget{Bytes: cfg.CacheBytes, Count: cfg.CacheEntries})
 	env.Store.OnEnd(c.exportEnded)
 	c.cancelFree = memory.OnFree(c.allocationFreed)
-	c.log.Debug("verbs channel", zap.String("device", name), zap.Uint8("port", port.Num),
+	c.log.Debug("verbs channel", zap.String("device", name), zap.Uint8("port", port.Num), zap.Int("rails", len(rails)),
 		zap.Stringer("link", port.LinkLayer), zap.Stringer("mtu", port.ActiveMTU),
 		zap.Stringer("grants", c.grants), zap.String("why", c.grantWhy))
 	return c, nil
@@ -228,8 +246,18 @@ func NewWithConfig(env *rdma.Env, cfg Config) (*Channel, error) {
 // Name returns rdma.Verbs.
 func (c *Channel) Name() string { return rdma.Verbs }
 
-// Device returns the RDMA device and port the channel uses.
-func (c *Channel) Device() (string, ibverbs.PortInfo) { return c.ctx.Name(), c.port }
+// Device returns the RDMA device and port the channel uses first (rail 0).
+func (c *Channel) Device() (string, ibverbs.PortInfo) { return c.rails[0].ctx.Name(), c.rails[0].port }
+
+// Rails returns the RDMA devices the channel splits transfers across, rail
+// 0 first.
+func (c *Channel) Rails() []string {
+	out := make([]string, len(c.rails))
+	for i, r := range c.rails {
+		out[i] = r.ctx.Name()
+	}
+	return out
+}
 
 // Stats returns the registration counters.
 func (c *Channel) Stats() Stats {
@@ -247,6 +275,7 @@ func (c *Channel) Stats() Stats {
 		WindowBinds:          c.stats.winBind.Load(), WindowInvalidations: c.stats.winInval.Load(),
 		FetchRegistrations: rs.Misses - rs.RegisterErrors + c.stats.fetchReg.Load(), FetchHits: rs.Hits,
 		FetchEvictions: rs.Evictions + rs.Invalidations, Connections: c.stats.conns.Load(),
+		RailFailovers: c.stats.failovers.Load(),
 	}
 }
 
@@ -286,7 +315,7 @@ func (c *Channel) Offer(ctx context.Context, e *tensor.Export, peer string) ([]b
 	if buf.Len() == 0 {
 		return offer{}.encode(), nil
 	}
-	op, err := c.ownerPeer(peer)
+	op, err := c.ownerPeer(peer, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -312,7 +341,7 @@ func (c *Channel) HandleControl(ctx context.Context, peer string, b []byte) ([]b
 		return nil, err
 	}
 	var rep reply
-	op, err := c.ownerPeer(peer)
+	op, err := c.ownerPeer(peer, int(req.Rail))
 	if err == nil {
 		switch req.Op {
 		case opConnect:
@@ -329,23 +358,27 @@ func (c *Channel) HandleControl(ctx context.Context, peer string, b []byte) ([]b
 	return encode(&rep)
 }
 
-// ownerPeer returns the owner-side state for peer, creating it.
-func (c *Channel) ownerPeer(peer string) (*ownerPeer, error) {
+// ownerPeer returns the owner-side state for peer on a rail, creating it.
+func (c *Channel) ownerPeer(peer string, rail int) (*ownerPeer, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return nil, rdma.ErrClosed
 	}
-	if op := c.owners[peer]; op != nil {
+	if rail < 0 || rail >= len(c.rails) {
+		return nil, fmt.Errorf("verbs: no rail %d here (%d RDMA devices)", rail, len(c.rails))
+	}
+	k := railKey{peer, rail}
+	if op := c.owners[k]; op != nil {
 		return op, nil
 	}
-	pd, err := c.ctx.AllocPD()
+	pd, err := c.rails[rail].ctx.AllocPD()
 	if err != nil {
 		return nil, fmt.Errorf("verbs: protection domain for %s: %w", peer, err)
 	}
-	op := &ownerPeer{c: c, node: peer, pd: pd, byExport: map[uint64]*ownerReg{}, regs: map[regKey]*ownerReg{},
+	op := &ownerPeer{c: c, node: peer, rail: c.rails[rail], pd: pd, byExport: map[uint64]*ownerReg{}, regs: map[regKey]*ownerReg{},
 		acq: map[uint64]*acquisition{}, grants: map[uint64]*grant{}, key: fmt.Sprintf("%s@%d", peer, c.ownSeq.Add(1))}
-	c.owners[peer] = op
+	c.owners[k] = op
 	c.destPDs[op.key] = pd
 	return op, nil
 }
@@ -381,16 +414,26 @@ func (c *Channel) allocationFreed(a memory.Allocation) {
 // flight from it fail), the regions registered for it and its reads in
 // progress.
 func (c *Channel) PeerDown(node string) {
+	var ops []*ownerPeer
+	var fps []*fetchPeer
 	c.mu.Lock()
-	op := c.owners[node]
-	delete(c.owners, node)
-	fp := c.fetches[node]
-	delete(c.fetches, node)
+	for k, op := range c.owners {
+		if k.node == node {
+			ops = append(ops, op)
+			delete(c.owners, k)
+		}
+	}
+	for k, fp := range c.fetches {
+		if k.node == node {
+			fps = append(fps, fp)
+			delete(c.fetches, k)
+		}
+	}
 	c.mu.Unlock()
-	if op != nil {
+	for _, op := range ops {
 		op.close()
 	}
-	if fp != nil {
+	for _, fp := range fps {
 		fp.teardown(fmt.Errorf("verbs: %w: %s", rdma.ErrPeerDown, node))
 	}
 }
@@ -405,7 +448,7 @@ func (c *Channel) Close() error {
 	}
 	c.closed = true
 	owners, fetches := c.owners, c.fetches
-	c.owners, c.fetches = map[string]*ownerPeer{}, map[string]*fetchPeer{}
+	c.owners, c.fetches = map[railKey]*ownerPeer{}, map[railKey]*fetchPeer{}
 	c.mu.Unlock()
 	c.cancelFree()
 	for _, fp := range fetches {
@@ -425,8 +468,11 @@ func (c *Channel) Close() error {
 			c.log.Warn("closing an owner registration cache", zap.Error(err))
 		}
 	}
-	if err := c.ctx.Close(); err != nil {
-		return fmt.Errorf("verbs: close: %w", err)
+	var errs []error
+	for _, r := range c.rails {
+		if err := r.ctx.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("verbs: close: %w", err))
+		}
 	}
-	return nil
+	return errors.Join(errs...)
 }

@@ -80,6 +80,12 @@ func newCluster(t *testing.T, names ...string) *cluster {
 // newClusterCfg is newCluster with a channel configuration.
 func newClusterCfg(t *testing.T, cfg Config, names ...string) *cluster {
 	t.Helper()
+	return newClusterCfgs(t, func(string) Config { return cfg }, names...)
+}
+
+// newClusterCfgs is newCluster with each node's channel configuration.
+func newClusterCfgs(t *testing.T, cfgOf func(node string) Config, names ...string) *cluster {
+	t.Helper()
 	requireRDMA(t)
 	cl := &cluster{chans: map[string]*Channel{}, envs: map[string]*rdma.Env{}}
 	for _, name := range names {
@@ -94,7 +100,7 @@ func newClusterCfg(t *testing.T, cfg Config, names ...string) *cluster {
 				}
 				return ch.HandleControl(ctx, from, req)
 			}}
-		ch, err := NewWithConfig(env, cfg)
+		ch, err := NewWithConfig(env, cfgOf(name))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -153,14 +159,14 @@ func fetchCtx(t *testing.T) context.Context {
 func grantOf(t *testing.T, cl *cluster, fetcher string, d *tensor.Descriptor) (uint64, uint32) {
 	t.Helper()
 	c := cl.chans[fetcher]
-	if _, err := c.fetchPeer(fetchCtx(t), d.Owner); err != nil {
+	if _, err := c.fetchPeer(fetchCtx(t), d.Owner, 0); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := c.begin(fetchCtx(t), d)
+	rep, err := c.begin(fetchCtx(t), d, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.endRead(fetchCtx(t), d.Owner, rep.Token)
+	c.endRead(fetchCtx(t), d.Owner, 0, rep.Token)
 	return rep.Addr, rep.RKey
 }
 
@@ -168,7 +174,7 @@ func grantOf(t *testing.T, cl *cluster, fetcher string, d *tensor.Descriptor) (u
 // address and rkey of the test's choosing.
 func rawRead(t *testing.T, cl *cluster, fetcher, owner string, raddr uint64, rkey uint32, dst memory.Buffer) error {
 	t.Helper()
-	fp, err := cl.chans[fetcher].fetchPeer(fetchCtx(t), owner)
+	fp, err := cl.chans[fetcher].fetchPeer(fetchCtx(t), owner, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -47,6 +47,7 @@ type acquisition struct {
 type ownerPeer struct {
 	c    *Channel
 	node string
+	rail rail   // the device serving the peer's rail of the same index
 	key  string // the owner caches' peer string for this peer's registrations
 
 	mu       sync.Mutex
@@ -181,7 +182,7 @@ func (op *ownerPeer) connect(m endpointMsg, rep *reply) error {
 	if op.cq == nil {
 		// A responder to READs completes nothing; the CQ gets the completions of
 		// binds and invalidations of windows, awaited one at a time.
-		if op.cq, err = op.c.ctx.CreateCQ(16); err != nil {
+		if op.cq, err = op.rail.ctx.CreateCQ(16); err != nil {
 			return err
 		}
 	}
@@ -190,12 +191,12 @@ func (op *ownerPeer) connect(m endpointMsg, rep *reply) error {
 		return err
 	}
 	psn := randomPSN()
-	if err := qp.Connect(op.c.port, ibverbs.AccessRemoteRead, remote, psn, op.c.cfg.Connect); err != nil {
+	if err := qp.Connect(op.rail.port, ibverbs.AccessRemoteRead, remote, psn, op.c.cfg.Connect); err != nil {
 		_ = qp.Close()
 		return err
 	}
 	op.qp = qp
-	rep.Endpoint = endpointToMsg(qp.LocalEndpoint(op.c.port, psn))
+	rep.Endpoint = endpointToMsg(qp.LocalEndpoint(op.rail.port, psn))
 	return nil
 }
 

@@ -30,5 +30,5 @@ command -v "$GO" >/dev/null 2>&1 || GO=/usr/local/go/bin/go
 exec env VM_TIMEOUT="${VM_TIMEOUT:-420}" "$REPO/scripts/vm/run-tests.sh" \
 	"$BIN/ibverbs.test" -test.v -test.short -test.timeout=5m "$@" :: \
 	"$BIN/verbs.test" -test.v -test.short -test.timeout=6m "$@" :: \
-	"$BIN/transfer" --channel verbs --paths tensorferry-verbs --max 1MiB --reps 3 --timeout 60s :: \
+	"$BIN/transfer" --channel verbs --paths tensorferry-verbs,verbs-1-nic,verbs-2-nics --max 1MiB --reps 3 --timeout 60s :: \
 	"$BIN/transfer" --channel staging --paths tensorferry-staging --max 1MiB --reps 3 --timeout 60s

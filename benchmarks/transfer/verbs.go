@@ -1,0 +1,104 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/rdma"
+	"github.com/tensorferry/tensorferry/rdma/verbs"
+	"github.com/tensorferry/tensorferry/tensor"
+)
+
+// Paths of the verbs channel alone (--channel verbs): an owner and a
+// fetcher channel in one process, control messages handed over directly,
+// the fetcher's Fetch timed with one RDMA device (NIC) and with two, each
+// transfer split in slices over the rails.
+const (
+	pathVerbs1 = "verbs-1-nic"
+	pathVerbs2 = "verbs-2-nics"
+)
+
+// verbsRailMin is the smallest slice per rail of the two-NIC path: small
+// enough that 1 MiB (the VM's largest size) splits.
+const verbsRailMin = 256 << 10
+
+// verbsPair is an owner and a fetcher verbs channel of one process.
+type verbsPair struct {
+	name             string
+	owner, fetcher   *verbs.Channel
+	ownerS, fetcherS *tensor.Store
+	mu               sync.Mutex
+	chans            map[string]*verbs.Channel
+}
+
+// openVerbsPair opens the pair with the given rails; it fails when this
+// host has fewer usable RDMA devices.
+func openVerbsPair(name string, rails int) (*verbsPair, error) {
+	p := &verbsPair{name: name, ownerS: tensor.NewStore("owner", 1), fetcherS: tensor.NewStore("fetcher", 1),
+		chans: map[string]*verbs.Channel{}}
+	envOf := func(node string, s *tensor.Store) *rdma.Env {
+		return &rdma.Env{Node: node, Incarnation: 1, Store: s,
+			Control: func(ctx context.Context, to, channel string, req []byte) ([]byte, error) {
+				p.mu.Lock()
+				ch := p.chans[to]
+				p.mu.Unlock()
+				if ch == nil || channel != rdma.Verbs {
+					return nil, fmt.Errorf("no node %q", to)
+				}
+				return ch.HandleControl(ctx, node, req)
+			}}
+	}
+	cfg := verbs.Config{Rails: rails, RailMinBytes: verbsRailMin}
+	var err error
+	if p.owner, err = verbs.NewWithConfig(envOf("owner", p.ownerS), cfg); err != nil {
+		return nil, errors.Join(err, p.close())
+	}
+	if p.fetcher, err = verbs.NewWithConfig(envOf("fetcher", p.fetcherS), cfg); err != nil {
+		return nil, errors.Join(err, p.close())
+	}
+	p.mu.Lock()
+	p.chans["owner"], p.chans["fetcher"] = p.owner, p.fetcher
+	p.mu.Unlock()
+	if got := len(p.fetcher.Rails()); got < rails {
+		return nil, errors.Join(fmt.Errorf("%s: %d RDMA device(s) here (%v), want %d", name, got, p.fetcher.Rails(), rails), p.close())
+	}
+	return p, nil
+}
+
+// fetch exports x from the owner, times the fetcher's Fetch into dst and
+// releases the export.
+func (p *verbsPair) fetch(x *tensor.Tensor, dst memory.Buffer, timeout time.Duration) (time.Duration, error) {
+	e, d, err := p.ownerS.Export(x, "fetcher", 0)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = p.ownerS.Release(d.ExportID, d.Lease) }()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	o, err := p.owner.Offer(ctx, e, "fetcher")
+	if err != nil {
+		return 0, err
+	}
+	d.Offers = map[string][]byte{rdma.Verbs: o}
+	t0 := time.Now()
+	if err := p.fetcher.Fetch(ctx, d, dst); err != nil {
+		return 0, fmt.Errorf("%s: %w", p.name, err)
+	}
+	return time.Since(t0), nil
+}
+
+func (p *verbsPair) close() error {
+	var errs []error
+	for _, c := range []*verbs.Channel{p.fetcher, p.owner} {
+		if c != nil {
+			errs = append(errs, c.Close())
+		}
+	}
+	p.ownerS.Close()
+	p.fetcherS.Close()
+	return errors.Join(errs...)
+}
