@@ -113,7 +113,7 @@ type Channel struct {
 	closed  bool
 	owners  map[railKey]*ownerPeer // peers we lent exports to, by rail
 	fetches map[railKey]*fetchPeer // owners we read from, by rail
-	bg      sync.WaitGroup        // teardowns and pollers
+	bg      sync.WaitGroup         // teardowns and pollers
 
 	// dests caches destination registrations; the peer string of an entry
 	// is its connection's key (fetchPeer.destKey), which destPDs maps to the

@@ -32,7 +32,7 @@ var errCacheClosed = errors.New("verbs: connection closed")
 type fetchPeer struct {
 	c     *Channel
 	node  string
-	rail  int // index in c.rails, and of the owner's device it connects to
+	rail  int           // index in c.rails, and of the owner's device it connects to
 	ready chan struct{} // closed when set-up finished; err says how
 	err   error
 
