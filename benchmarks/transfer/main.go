@@ -13,6 +13,7 @@ import (
 
 	"github.com/tensorferry/tensorferry/benchmarks/internal/report"
 	"github.com/tensorferry/tensorferry/benchmarks/internal/size"
+	"github.com/tensorferry/tensorferry/memory"
 )
 
 // Path names, as they appear in the report.
@@ -49,6 +50,9 @@ type options struct {
 	chunk    int // staging chunk size; 0: the config's default
 	inflight int // staging chunks in flight; 0: the config's default
 	timeout  time.Duration
+	// verbsSrc and verbsDst are the devices of the verbs pair paths' source
+	// tensor and destination (--src, --dst).
+	verbsSrc, verbsDst memory.Device
 	// skipVerbs, when set, is told about a verbs pair path that cannot run
 	// here (too few RDMA devices), which is then left out; nil fails.
 	skipVerbs func(path string, err error)
@@ -67,6 +71,8 @@ func main() {
 	inflight := flag.Int("inflight", 0, "staging chunks in flight per transfer (default: the config's, 4)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	timeout := flag.Duration("timeout", 2*time.Minute, "deadline of one message")
+	src := flag.String("src", "cpu", "device of the verbs pair paths' source tensor (cpu, cuda:N)")
+	dst := flag.String("dst", "cpu", "device of the verbs pair paths' destination (cpu, cuda:N)")
 	channel := flag.String("channel", "staging", "data channel the tensorferry nodes must use: staging or verbs (the others are disabled)")
 	flag.Parse()
 	if *channel != "staging" && *channel != "verbs" {
@@ -103,6 +109,12 @@ func main() {
 	}
 	if err == nil && *chunk != "" {
 		o.chunk, err = size.Parse(*chunk)
+	}
+	if err == nil {
+		o.verbsSrc, err = memory.ParseDevice(*src)
+	}
+	if err == nil {
+		o.verbsDst, err = memory.ParseDevice(*dst)
 	}
 	if err != nil {
 		fatal(err)

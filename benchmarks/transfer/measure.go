@@ -74,7 +74,7 @@ func run(o options, progress func(report.Result)) (rs []report.Result, err error
 		if !want(p.name) {
 			continue
 		}
-		vp, perr := openVerbsPair(p.name, p.rails)
+		vp, perr := openVerbsPair(p.name, p.rails, o.verbsSrc, o.verbsDst)
 		if perr != nil {
 			if o.skipVerbs != nil {
 				o.skipVerbs(p.name, perr)
@@ -115,17 +115,8 @@ func measureSize(n *nodes, raws []rawPath, pairs []*verbsPair, size, reps int, t
 	if err != nil {
 		return err
 	}
-	var dst memory.Buffer
-	if len(pairs) > 0 {
-		if dst, err = memory.NewHostBuffer(size); err != nil {
-			return err
-		}
-	}
 	defer func() {
 		_ = x.Free()
-		if dst != nil {
-			_ = dst.Free()
-		}
 		for _, r := range raws {
 			r.pair.FreeBuffer()
 		}
@@ -133,6 +124,13 @@ func measureSize(n *nodes, raws []rawPath, pairs []*verbsPair, size, reps int, t
 	}()
 	fill(x.Host(), uint64(size))
 	sum := crc32.ChecksumIEEE(x.Host())
+	var vx *verbsBuffers
+	if len(pairs) > 0 {
+		if vx, err = newVerbsBuffers(x, pairs[0].src, pairs[0].dst); err != nil {
+			return err
+		}
+		defer vx.free()
+	}
 
 	rawTimes := make([][]time.Duration, len(raws))
 	pairTimes := make([][]time.Duration, len(pairs))
@@ -154,12 +152,14 @@ func measureSize(n *nodes, raws []rawPath, pairs []*verbsPair, size, reps int, t
 			if i < warmups-verbsWarmups {
 				continue // a channel alone needs few warm-ups
 			}
-			d, err := p.fetch(x, dst, timeout)
+			d, err := p.fetch(vx.src, vx.dst, timeout)
 			if err != nil {
 				return fmt.Errorf("%s %d bytes: %w", p.name, size, err)
 			}
-			if i == warmups-verbsWarmups && crc32.ChecksumIEEE(dst.Host()) != sum {
-				return fmt.Errorf("%s %d bytes: the fetched bytes differ", p.name, size)
+			if i == warmups-verbsWarmups {
+				if err := vx.check(sum); err != nil {
+					return fmt.Errorf("%s %d bytes: %w", p.name, size, err)
+				}
 			}
 			if timed {
 				pairTimes[k] = append(pairTimes[k], d)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"sync"
 	"time"
 
@@ -26,9 +27,11 @@ const (
 // enough that 1 MiB (the VM's largest size) splits.
 const verbsRailMin = 256 << 10
 
-// verbsPair is an owner and a fetcher verbs channel of one process.
+// verbsPair is an owner and a fetcher verbs channel of one process; the
+// owner exports tensors on src, the fetcher reads them into dst.
 type verbsPair struct {
 	name             string
+	src, dst         memory.Device
 	owner, fetcher   *verbs.Channel
 	ownerS, fetcherS *tensor.Store
 	mu               sync.Mutex
@@ -37,8 +40,8 @@ type verbsPair struct {
 
 // openVerbsPair opens the pair with the given rails; it fails when this
 // host has fewer usable RDMA devices.
-func openVerbsPair(name string, rails int) (*verbsPair, error) {
-	p := &verbsPair{name: name, ownerS: tensor.NewStore("owner", 1), fetcherS: tensor.NewStore("fetcher", 1),
+func openVerbsPair(name string, rails int, src, dst memory.Device) (*verbsPair, error) {
+	p := &verbsPair{name: name, src: src, dst: dst, ownerS: tensor.NewStore("owner", 1), fetcherS: tensor.NewStore("fetcher", 1),
 		chans: map[string]*verbs.Channel{}}
 	envOf := func(node string, s *tensor.Store) *rdma.Env {
 		return &rdma.Env{Node: node, Incarnation: 1, Store: s,
@@ -101,4 +104,61 @@ func (p *verbsPair) close() error {
 	p.ownerS.Close()
 	p.fetcherS.Close()
 	return errors.Join(errs...)
+}
+
+// verbsBuffers are the source tensor and destination buffer of the verbs
+// pair paths at one size.
+type verbsBuffers struct {
+	src *tensor.Tensor // x itself when on the host, else a copy on src
+	dst memory.Buffer
+	own bool // src is a copy to free
+}
+
+// newVerbsBuffers puts x's bytes on src and allocates a destination of the
+// same size on dst.
+func newVerbsBuffers(x *tensor.Tensor, src, dst memory.Device) (*verbsBuffers, error) {
+	v := &verbsBuffers{src: x}
+	if !src.IsHost() {
+		t, err := x.To(context.Background(), src)
+		if err != nil {
+			return nil, err
+		}
+		v.src, v.own = t, true
+	}
+	b, err := memory.AllocUninit(dst, int(x.ByteSize()))
+	if err != nil {
+		v.free()
+		return nil, err
+	}
+	v.dst = b
+	return v, nil
+}
+
+// check compares the destination's CRC-32 with sum.
+func (v *verbsBuffers) check(sum uint32) error {
+	host := v.dst.Host()
+	if host == nil {
+		h, err := memory.NewHostBuffer(v.dst.Len())
+		if err != nil {
+			return err
+		}
+		defer h.Free()
+		if err := memory.Copy(context.Background(), h, v.dst); err != nil {
+			return err
+		}
+		host = h.Host()
+	}
+	if crc32.ChecksumIEEE(host) != sum {
+		return errors.New("the fetched bytes differ")
+	}
+	return nil
+}
+
+func (v *verbsBuffers) free() {
+	if v.own {
+		_ = v.src.Free()
+	}
+	if v.dst != nil {
+		_ = v.dst.Free()
+	}
 }

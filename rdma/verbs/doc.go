@@ -26,6 +26,18 @@
 //     freed and with its peer) and posts RDMA READs of ChunkSize bytes,
 //     Window outstanding, then tells the owner the read is over.
 //
+// Several NICs: the channel opens every usable RDMA device (Config.Rails;
+// rail 0 is Config.Device's, or the first usable one) and splits a transfer
+// of n bytes into min(rails, n / Config.RailMinBytes) slices read
+// concurrently, slice i over rail i: a queue pair, protection domain and
+// registrations of its own between the fetcher's device i and the owner's
+// device i (rail-optimized fabrics wire NIC i of every host to the same
+// switch). A slice whose rail fails (a work request fails, the connection
+// breaks, the owner has no such rail) is read again over the other rails;
+// when all fail, or the failure is one no rail can mend (the lease, the
+// size, the owner gone), the transfer fails with the error that explains
+// it best and no read still writes the destination.
+//
 // Grants (Config.Grants, Channel.Grants, GrantsOf for tools such as `ferry
 // topo`): with memory windows the owner registers each allocation once per
 // peer protection domain, for window binding only (its own rkey reads
