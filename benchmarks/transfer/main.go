@@ -53,6 +53,8 @@ type options struct {
 	// verbsSrc and verbsDst are the devices of the verbs pair paths' source
 	// tensor and destination (--src, --dst).
 	verbsSrc, verbsDst memory.Device
+	// nic is the RDMA device of verbs-1-nic (--nic; "": the first usable).
+	nic string
 	// skipVerbs, when set, is told about a verbs pair path that cannot run
 	// here (too few RDMA devices), which is then left out; nil fails.
 	skipVerbs func(path string, err error)
@@ -71,6 +73,7 @@ func main() {
 	inflight := flag.Int("inflight", 0, "staging chunks in flight per transfer (default: the config's, 4)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	timeout := flag.Duration("timeout", 2*time.Minute, "deadline of one message")
+	nic := flag.String("nic", "", "RDMA device of verbs-1-nic, as ib_read_bw -d names it (default: the first usable)")
 	src := flag.String("src", "cpu", "device of the verbs pair paths' source tensor (cpu, cuda:N)")
 	dst := flag.String("dst", "cpu", "device of the verbs pair paths' destination (cpu, cuda:N)")
 	channel := flag.String("channel", "staging", "data channel the tensorferry nodes must use: staging or verbs (the others are disabled)")
@@ -86,7 +89,7 @@ func main() {
 		allPaths = append(allPaths, pathVerbs1, pathVerbs2)
 	}
 
-	o := options{reps: *reps, rttCount: *rtt, inflight: *inflight, timeout: *timeout}
+	o := options{reps: *reps, rttCount: *rtt, inflight: *inflight, timeout: *timeout, nic: *nic}
 	if *only == "" {
 		// Paths by default: one the host cannot run is left out, said so.
 		o.skipVerbs = func(path string, err error) {

@@ -74,7 +74,7 @@ func run(o options, progress func(report.Result)) (rs []report.Result, err error
 		if !want(p.name) {
 			continue
 		}
-		vp, perr := openVerbsPair(p.name, p.rails, o.verbsSrc, o.verbsDst)
+		vp, perr := openVerbsPair(p.name, p.rails, o.nic, o.verbsSrc, o.verbsDst)
 		if perr != nil {
 			if o.skipVerbs != nil {
 				o.skipVerbs(p.name, perr)

@@ -38,9 +38,10 @@ type verbsPair struct {
 	chans            map[string]*verbs.Channel
 }
 
-// openVerbsPair opens the pair with the given rails; it fails when this
-// host has fewer usable RDMA devices.
-func openVerbsPair(name string, rails int, src, dst memory.Device) (*verbsPair, error) {
+// openVerbsPair opens the pair with the given rails (one: nic, or the
+// first usable device when nic is ""); it fails when this host has fewer
+// usable RDMA devices.
+func openVerbsPair(name string, rails int, nic string, src, dst memory.Device) (*verbsPair, error) {
 	p := &verbsPair{name: name, src: src, dst: dst, ownerS: tensor.NewStore("owner", 1), fetcherS: tensor.NewStore("fetcher", 1),
 		chans: map[string]*verbs.Channel{}}
 	envOf := func(node string, s *tensor.Store) *rdma.Env {
@@ -56,6 +57,9 @@ func openVerbsPair(name string, rails int, src, dst memory.Device) (*verbsPair, 
 			}}
 	}
 	cfg := verbs.Config{Rails: rails, RailMinBytes: verbsRailMin}
+	if rails == 1 {
+		cfg.Device = nic
+	}
 	var err error
 	if p.owner, err = verbs.NewWithConfig(envOf("owner", p.ownerS), cfg); err != nil {
 		return nil, errors.Join(err, p.close())
