@@ -141,15 +141,12 @@ func (c *Channel) railsFor(n int64) int {
 }
 
 // fetchSlices reads d into out, split in railsFor(d.Bytes) slices read
-// concurrently, slice i over rail i. A slice whose rail fails (its
-// connection breaks, a work request fails, the owner has no such rail) is
-// read again over the other rails in turn; errors no other rail can mend
-// (the lease, the size, ctx, the channel closing) fail the transfer at
-// once and cancel the other slices.
+// concurrently, slice i over rail i (fetchSlice). A slice that fails
+// cancels the others.
 func (c *Channel) fetchSlices(ctx context.Context, d *tensor.Descriptor, out memory.Buffer) error {
 	k := c.railsFor(d.Bytes)
 	if k == 1 {
-		return c.fetchRail(ctx, d, out, 0, 0)
+		return c.fetchSlice(ctx, d, out, 0, 0)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -162,37 +159,48 @@ func (c *Channel) fetchSlices(ctx context.Context, d *tensor.Descriptor, out mem
 			return err
 		}
 	}
-	sliceErrs := make([]error, k)
+	errs := make([]error, k)
 	var wg sync.WaitGroup
 	for i, part := range parts {
-		off := int64(i) * per
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var errs []error
-			for try := range len(c.rails) {
-				r := (i + try) % len(c.rails)
-				err := c.fetchRail(ctx, d, part, off, r)
-				if err == nil {
-					return
-				}
-				errs = append(errs, err)
-				if final(ctx, err) {
-					break
-				}
-				c.log.Debug("rail failed: reading its slice over another", zap.String("owner", d.Owner),
-					zap.Int("rail", r), zap.Int64("offset", off), zap.Error(err))
-				c.stats.failovers.Add(1)
+			if errs[i] = c.fetchSlice(ctx, d, part, int64(i)*per, i); errs[i] != nil {
+				cancel()
 			}
-			sliceErrs[i] = telling(errs)
-			cancel()
 		}()
 	}
 	wg.Wait()
-	var errs []error
-	for _, err := range sliceErrs {
+	var failed []error
+	for _, err := range errs {
 		if err != nil {
-			errs = append(errs, err)
+			failed = append(failed, err)
+		}
+	}
+	return telling(failed)
+}
+
+// fetchSlice reads the bytes of d from off into part over rail first. When
+// that rail fails (its connection breaks, a read fails or stalls, the owner
+// has no such rail) the slice is read again over the other rails in turn;
+// errors no other rail can mend (the lease, the size, ctx, the channel
+// closing) end it at once.
+func (c *Channel) fetchSlice(ctx context.Context, d *tensor.Descriptor, part memory.Buffer, off int64, first int) error {
+	var errs []error
+	for try := range len(c.rails) {
+		r := (first + try) % len(c.rails)
+		err := c.fetchRail(ctx, d, part, off, r)
+		if err == nil {
+			return nil
+		}
+		errs = append(errs, err)
+		if final(ctx, err) {
+			break
+		}
+		if try+1 < len(c.rails) {
+			c.log.Debug("rail failed: reading its slice over another", zap.String("owner", d.Owner),
+				zap.Int("rail", r), zap.Int64("offset", off), zap.Error(err))
+			c.stats.failovers.Add(1)
 		}
 	}
 	return telling(errs)
