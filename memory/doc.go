@@ -15,7 +15,9 @@
 //   - The registration cache (regcache.go, regcache_host.go): pinning and
 //     registering whole allocations once, keeping them after the transfer
 //     (lazy unpinning), evicting under a budget, invalidating when the
-//     allocation is freed (OnFree); hit, miss and eviction counters.
+//     allocation is freed (OnFree); hit, miss and eviction counters;
+//     PinBudget (regcache_budget*.go), the default budget of NIC
+//     registrations: RLIMIT_MEMLOCK for host memory, free BAR1 for a GPU.
 //   - Checksum (CRC-32C of a buffer, device memory through a host staging
 //     buffer) for the lend check, and vector kernels (cuda_kernels.go)
 //     used by the parameter-server sample.
