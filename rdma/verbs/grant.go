@@ -178,10 +178,15 @@ func (c *Channel) ownerCaches() []*memory.RegCache {
 	return out
 }
 
+// maxWindow is the largest window the channel binds: mlx5 binds at most
+// 2 GiB; a larger export is registered on its own.
+const maxWindow = 1 << 31
+
 // windowed reports whether an export of buf is granted through a window:
-// the channel runs windows and buf's allocation can be registered whole.
+// the channel runs windows, buf's allocation can be registered whole and
+// buf fits in one window.
 func (c *Channel) windowed(buf memory.Buffer) bool {
-	return c.grants == GrantWindows && buf.Len() > 0 && cacheable(buf)
+	return c.grants == GrantWindows && buf.Len() > 0 && buf.Len() <= maxWindow && cacheable(buf)
 }
 
 // grant is one export granted to the peer through a memory window over its
