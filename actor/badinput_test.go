@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/actor"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/wire"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
@@ -42,7 +42,7 @@ func header(length uint32, t wire.FrameType) []byte {
 // listeners: each bad connection is closed with a logged reason, nothing
 // else is affected, memory stays bounded and good peers still connect.
 func TestBadInputAgainstRunningNode(t *testing.T) {
-	cfg, err := cluster.LocalConfig("bad", 3)
+	cfg, err := config.LocalConfig("bad", 3)
 	if err != nil {
 		t.Fatal(err)
 	}

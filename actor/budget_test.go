@@ -11,6 +11,7 @@ import (
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/tensor"
 	"github.com/tensorferry/tensorferry/wire"
@@ -62,13 +63,13 @@ func heapInUse() uint64 {
 // peer's connection for it, keeps its heap bounded and keeps serving
 // another peer.
 func TestReceiverBudgetsHoldAgainstAStallingOwner(t *testing.T) {
-	cfg, err := cluster.LocalConfig("test", 3)
+	cfg, err := config.LocalConfig("test", 3)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.ReceiveBudget = 64 << 20
-	cfg.ReceiveBudgetPerPeer = 32 << 20
-	cfg.TransferTimeout = time.Minute
+	cfg.Flow.ReceiveBudget = 64 << 20
+	cfg.Flow.ReceiveBudgetPerPeer = 32 << 20
+	cfg.Flow.TransferTimeout = time.Minute
 	recv, err := actor.NewNode(cfg, "node0", testLogger())
 	if err != nil {
 		t.Fatal(err)
@@ -131,8 +132,8 @@ func TestReceiverBudgetsHoldAgainstAStallingOwner(t *testing.T) {
 	// rest is refused, and the peer that keeps sending is disconnected.
 	attack(16 << 20)
 	waitUntil(t, func() bool { _, up := recv.Topology().Peers["node1"]; return !up || recv.Stats().InboxRefused >= 64 })
-	if got := recv.Stats().BudgetInUse; got > int64(cfg.ReceiveBudgetPerPeer) {
-		t.Fatalf("%d bytes allocated for the stalling peer's tensors, budget per peer %d", got, cfg.ReceiveBudgetPerPeer)
+	if got := recv.Stats().BudgetInUse; got > int64(cfg.Flow.ReceiveBudgetPerPeer) {
+		t.Fatalf("%d bytes allocated for the stalling peer's tensors, budget per peer %d", got, cfg.Flow.ReceiveBudgetPerPeer)
 	}
 	// The other peer is still served, within what remains of the budget.
 	for range 3 {
@@ -150,7 +151,7 @@ func TestReceiverBudgetsHoldAgainstAStallingOwner(t *testing.T) {
 	after := heapInUse()
 	// The stalled fetches hold at most the per-peer budget; the rest is
 	// bookkeeping. 20,000 messages without budgets would hold 160 GB.
-	if bound := before + uint64(cfg.ReceiveBudgetPerPeer) + 64<<20; after > bound {
+	if bound := before + uint64(cfg.Flow.ReceiveBudgetPerPeer) + 64<<20; after > bound {
 		t.Fatalf("heap in use grew from %d to %d bytes (bound %d)", before, after, bound)
 	}
 }

@@ -16,7 +16,7 @@
 // band, through the fastest data channel both ends share, before the message
 // is delivered; fields of type tensor.Ref are delivered lazily.
 //
-//	cfg, _ := cluster.Load("cluster.yaml")
+//	cfg, _ := config.Load("cluster.yaml")
 //	system := pa.NewActorSystem()                  // pa: protoactor-go/actor
 //	node, _ := actor.NewRemote(system, cfg, "a")   // or actor.NewNode(cfg, "a")
 //	_ = node.Start()

@@ -7,7 +7,7 @@ import (
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/actor"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/tensor"
 )
@@ -30,7 +30,7 @@ func init() {
 // own: a tensor of 1 MiB sent from a to an actor on b is fetched by b
 // before delivery, and a can write it again once b released it.
 func ExampleNewRemote() {
-	cfg, _ := cluster.LocalConfig("example", 2)
+	cfg, _ := config.LocalConfig("example", 2)
 	var nodes []*actor.Node
 	for _, nc := range cfg.Nodes {
 		system := pa.NewActorSystem()

@@ -11,6 +11,7 @@ import (
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/rdma/staging"
@@ -93,7 +94,7 @@ func testSendWaits(t *testing.T, limit actor.Option) {
 // fetches wait until open is called (idempotent).
 func startGatedPair(t *testing.T, senderOpts ...actor.Option) (a, b *actor.Node, gated *gatedChannel, open func()) {
 	t.Helper()
-	cfg, err := cluster.LocalConfig("test", 2)
+	cfg, err := config.LocalConfig("test", 2)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/actor"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/tensor"
 )
@@ -29,7 +29,7 @@ func gpuProcessCluster(t *testing.T, disable []string) (*actor.Node, memory.Devi
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	cfg, err := cluster.LocalConfig("gpu", 2)
+	cfg, err := config.LocalConfig("gpu", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,9 +58,15 @@ func gpuProcessCluster(t *testing.T, disable []string) (*actor.Node, memory.Devi
 	return a, dst
 }
 
-func sendGPUTensors(t *testing.T, a *actor.Node, wantChannel string) {
+// sendGPUTensors sends device tensors of several sizes to node1 and checks
+// the bytes and the channel that moved each: wantChannel for those above
+// the inline threshold, and for the small ones too when smallDirect (a
+// small device tensor to a peer of the same host goes device to device,
+// see transfer.Config.InlineDevice); else the small ones go inline.
+func sendGPUTensors(t *testing.T, a *actor.Node, wantChannel string, smallDirect bool) {
 	rng := rand.New(rand.NewPCG(9, 10))
 	pid := a.PID("node1", "tensors")
+	var prev map[string]int64
 	for _, shape := range []tensor.Shape{{7}, {1 << 16}, {1<<20 + 3}, {64 << 20}} {
 		host := randomTensor(t, rng, tensor.Uint8, shape)
 		x, err := host.To(context.Background(), memory.CUDA(0))
@@ -70,8 +76,15 @@ func sendGPUTensors(t *testing.T, a *actor.Node, wantChannel string) {
 		res, err := a.Root().RequestFuture(pid, &Grad{W: x}, 60*time.Second).Result()
 		checkDigest(t, res, err, host)
 		d := res.(*Digest)
-		if x.ByteSize() > 64<<10 && d.Via[wantChannel] == 0 {
-			t.Fatalf("%v: not moved by %s: %v", x, wantChannel, d.Via)
+		moved := d.Via[wantChannel] - prev[wantChannel]
+		prev = d.Via
+		switch {
+		case x.ByteSize() > 64<<10 || smallDirect:
+			if moved != 1 {
+				t.Fatalf("%v: not moved by %s: %v", x, wantChannel, d.Via)
+			}
+		case moved != 0:
+			t.Fatalf("%v: moved by %s, want inline: %v", x, wantChannel, d.Via)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		if err := x.WaitReleased(ctx); err != nil {
@@ -84,15 +97,45 @@ func sendGPUTensors(t *testing.T, a *actor.Node, wantChannel string) {
 }
 
 // TestGPUTensorsAcrossProcessesIPC sends device tensors from a process on
-// GPU0 to one on GPU1: the ipc channel moves them.
+// GPU0 to one on GPU1: the ipc channel moves them, the small ones too.
 func TestGPUTensorsAcrossProcessesIPC(t *testing.T) {
 	a, _ := gpuProcessCluster(t, nil)
-	sendGPUTensors(t, a, "ipc")
+	sendGPUTensors(t, a, "ipc", true)
 }
 
 // TestGPUTensorsAcrossProcessesStaging forces the staging channel (pinned
 // ring, D2H → TCP → H2D) between the same processes.
 func TestGPUTensorsAcrossProcessesStaging(t *testing.T) {
 	a, _ := gpuProcessCluster(t, []string{"ipc"})
-	sendGPUTensors(t, a, "staging")
+	sendGPUTensors(t, a, "staging", false)
+}
+
+// TestCUDACacheBytesFromConfig: memory.cuda_cache_bytes sets the cache of
+// the caching allocator of each CUDA device of the node when it starts.
+func TestCUDACacheBytesFromConfig(t *testing.T) {
+	gpus(t)
+	cfg, err := config.LocalConfig("gpu-cache", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Nodes[0].Devices = []memory.Device{memory.CUDA(0)}
+	a, err := memory.CUDAAllocatorFor(memory.CUDA(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := a.CacheBytes()
+	t.Cleanup(func() { _ = a.SetCacheBytes(before) })
+	want := before + 3<<20 // differs from whatever it is now
+	cfg.Memory.CUDACacheBytes = want
+	n, err := actor.NewNode(cfg, "node0", testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Stop() })
+	if got := a.CacheBytes(); got != want {
+		t.Errorf("cache of cuda:0 holds %d bytes after Start, want the config's %d", got, want)
+	}
 }

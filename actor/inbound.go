@@ -249,7 +249,7 @@ func (n *Node) replyFailure(ps *peerState, sender, target *pa.PID, why string) {
 }
 
 func (n *Node) sendSystemFrame(ps *peerState, s *wire.System) {
-	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.TransferTimeout)
+	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.Flow.TransferTimeout)
 	defer cancel()
 	if err := ps.peer.Send(ctx, wire.FrameSystem, 0, 0, s); err != nil {
 		n.log.Warn("system message not sent", zap.String("peer", ps.peer.Name), zap.Stringer("kind", s.Kind), zap.Error(err))

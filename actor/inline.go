@@ -17,7 +17,8 @@ import (
 // about a third of a loopback round trip on a small virtual machine.
 //
 // The handler may still block (a request of its own, a lock): a handler
-// that runs longer than cluster.HandlerTakeover hands the connection's
+// that runs longer than the config's transport.handler_takeover (10ms by
+// default, config.TransportConfig.HandlerTakeover) hands the connection's
 // reading to a new goroutine, so the frames behind it wait at most that
 // long and a handler that waits for a reply from the same node does not
 // deadlock. Local senders, batched messages, system messages and messages

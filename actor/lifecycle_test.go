@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/actor"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 )
@@ -15,7 +15,7 @@ import (
 // Poison from another node; with WithoutRemoteLifecycle user actors do
 // too; without it, they stop as in protoactor.
 func TestRemoteLifecycleRefused(t *testing.T) {
-	cfg, err := cluster.LocalConfig("test", 3)
+	cfg, err := config.LocalConfig("test", 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func TestRemoteLifecycleRefused(t *testing.T) {
 // once, whichever layer (actor, engine, membership, connection) logs it,
 // and a normal stop logs no warning.
 func TestLogsNameTheNodeOnce(t *testing.T) {
-	cfg, err := cluster.LocalConfig("test", 2)
+	cfg, err := config.LocalConfig("test", 2)
 	if err != nil {
 		t.Fatal(err)
 	}

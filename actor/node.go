@@ -14,6 +14,7 @@ import (
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/extensions"
 	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
@@ -40,7 +41,7 @@ type Option func(*options)
 
 type options struct {
 	log               *zap.Logger
-	engine            transfer.Config // the fields options set
+	engine            transfer.Config // Channels, and the Flow fields options override
 	system            []pa.ConfigOption
 	lendCheck         bool
 	noRemoteLifecycle bool
@@ -78,25 +79,22 @@ func WithChannel(name string, f ChannelFactory) Option {
 }
 
 // WithRefTTL sets how long a lease lent through a tensor.Ref lasts when it is
-// neither fetched nor released (default 10 minutes).
-func WithRefTTL(d time.Duration) Option { return func(o *options) { o.engine.RefTTL = d } }
-
-// Defaults of WithMaxInFlight.
-const (
-	DefaultMaxInFlight      = transfer.DefaultMaxInFlight
-	DefaultMaxInFlightBytes = transfer.DefaultMaxInFlightBytes
-)
+// neither fetched nor released, in place of the config's flow.ref_ttl
+// (config.FlowConfig.RefTTL, default 10 minutes). A value <= 0 keeps the
+// config's.
+func WithRefTTL(d time.Duration) Option { return func(o *options) { o.engine.Flow.RefTTL = d } }
 
 // WithMaxInFlight bounds what a node has sent to one peer in messages with
-// tensors to fetch that the peer has not fetched yet: at most msgs such
-// messages (default DefaultMaxInFlight) holding at most bytes of those
-// tensors (default DefaultMaxInFlightBytes; a larger message goes alone).
+// tensors to fetch that the peer has not fetched yet, in place of the
+// config's flow.max_in_flight and flow.max_in_flight_bytes
+// (config.FlowConfig: at most msgs such messages, default 64, holding at
+// most bytes of those tensors, default 4 GiB; a larger message goes alone).
 // The window each receiver advertises lowers both. Messages beyond them
 // wait in the node's outbox for that peer (see Node's doc: a Send never
-// blocks). Values <= 0 keep the default.
+// blocks). Values <= 0 keep the config's.
 func WithMaxInFlight(msgs int, bytes int64) Option {
 	return func(o *options) {
-		o.engine.MaxInFlight, o.engine.MaxInFlightBytes = msgs, bytes
+		o.engine.Flow.MaxInFlight, o.engine.Flow.MaxInFlightBytes = msgs, bytes
 	}
 }
 
@@ -124,8 +122,8 @@ func WithSystemConfig(opts ...pa.ConfigOption) Option {
 // receiving actor's device. Share it, or send a copy (Tensor.To) when the
 // sender goes on writing.
 type Node struct {
-	cfg         *cluster.Config
-	self        cluster.NodeConfig
+	cfg         *config.Config
+	self        config.NodeConfig
 	incarnation uint64
 	log         *zap.Logger
 	opts        options
@@ -177,7 +175,7 @@ func GetNode(system *pa.ActorSystem) *Node {
 // node's name, an address resolver routes PIDs of other nodes to it, and
 // the node is registered in system.Extensions (GetNode finds it). Start
 // brings it up; Stop leaves the system running.
-func NewRemote(system *pa.ActorSystem, cfg *cluster.Config, name string, opts ...Option) (*Node, error) {
+func NewRemote(system *pa.ActorSystem, cfg *config.Config, name string, opts ...Option) (*Node, error) {
 	if GetNode(system) != nil {
 		return nil, ErrAttached
 	}
@@ -192,7 +190,7 @@ func NewRemote(system *pa.ActorSystem, cfg *cluster.Config, name string, opts ..
 // NewNode makes an ActorSystem (with the options of WithSystemConfig) and
 // attaches the node named name of the cluster described by cfg to it; Stop
 // shuts both down.
-func NewNode(cfg *cluster.Config, name string, opts ...Option) (*Node, error) {
+func NewNode(cfg *config.Config, name string, opts ...Option) (*Node, error) {
 	n, err := newNode(cfg, name, opts)
 	if err != nil {
 		return nil, err
@@ -202,7 +200,7 @@ func NewNode(cfg *cluster.Config, name string, opts ...Option) (*Node, error) {
 	return n, nil
 }
 
-func newNode(cfg *cluster.Config, name string, opts []Option) (*Node, error) {
+func newNode(cfg *config.Config, name string, opts []Option) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -238,11 +236,19 @@ func newNode(cfg *cluster.Config, name string, opts []Option) (*Node, error) {
 	ec.Node, ec.Incarnation = name, n.incarnation
 	ec.Devices = self.Devices
 	ec.Disabled = func(ch string) bool { return cfg.ChannelDisabled(name, ch) }
-	ec.InlineThreshold = int64(cfg.InlineThreshold)
-	ec.TransferTimeout = cfg.TransferTimeout
-	ec.ChunkSize, ec.ChunksInFlight = cfg.ChunkSize, cfg.ChunksInFlight
-	ec.Budget, ec.PeerBudget = int64(cfg.ReceiveBudget), int64(cfg.ReceiveBudgetPerPeer)
-	ec.Window, ec.InboxMessages = cfg.ReceiveWindow, cfg.InboxMessages
+	ec.InlineThreshold = int64(cfg.Transport.InlineThreshold)
+	ec.InlineDevice = cfg.Transport.InlineDevice
+	ec.Flow = cfg.Flow
+	if o.engine.Flow.RefTTL > 0 {
+		ec.Flow.RefTTL = o.engine.Flow.RefTTL
+	}
+	if o.engine.Flow.MaxInFlight > 0 {
+		ec.Flow.MaxInFlight = o.engine.Flow.MaxInFlight
+	}
+	if o.engine.Flow.MaxInFlightBytes > 0 {
+		ec.Flow.MaxInFlightBytes = o.engine.Flow.MaxInFlightBytes
+	}
+	ec.Staging, ec.IPC, ec.Verbs = cfg.Staging, cfg.IPC, cfg.Verbs
 	ec.Dial = n.dialData
 	ec.Log = n.log
 	n.eng = transfer.New(ec)
@@ -272,6 +278,9 @@ func newIncarnation() uint64 {
 // Start opens the node's listeners, starts its data channels and begins
 // connecting to the other nodes of the cluster.
 func (n *Node) Start() error {
+	if err := n.setCUDACache(); err != nil {
+		return err
+	}
 	if err := n.eng.Start(); err != nil {
 		return err
 	}
@@ -300,6 +309,29 @@ func (n *Node) Start() error {
 	caps := n.eng.Caps()
 	n.log.Info("node started", zap.String("address", n.self.Address), zap.Uint64("incarnation", n.incarnation),
 		zap.Strings("channels", caps.Channels), zap.Stringer("device", n.eng.Device()))
+	return nil
+}
+
+// setCUDACache applies the config's memory.cuda_cache_bytes to the caching
+// allocator of each CUDA device of the node; 0 keeps the allocator's
+// default. A device that cannot be opened is left to fail where it is used.
+func (n *Node) setCUDACache() error {
+	b := n.cfg.Memory.CUDACacheBytes
+	if b <= 0 {
+		return nil
+	}
+	for _, d := range n.self.Devices {
+		if d.Kind != memory.KindCUDA {
+			continue
+		}
+		a, err := memory.CUDAAllocatorFor(d)
+		if err != nil {
+			continue
+		}
+		if err := a.SetCacheBytes(b); err != nil {
+			return fmt.Errorf("actor: memory.cuda_cache_bytes on %s: %w", d, err)
+		}
+	}
 	return nil
 }
 

@@ -9,7 +9,7 @@ import (
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/actor"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 )
@@ -41,13 +41,13 @@ func init() {
 
 // startCluster starts n nodes of a loopback cluster in this process and
 // waits until every node sees every other.
-func startCluster(t *testing.T, n int) (*cluster.Config, []*actor.Node) {
+func startCluster(t *testing.T, n int) (*config.Config, []*actor.Node) {
 	return startClusterB(t, n)
 }
 
-func startClusterB(t testing.TB, n int) (*cluster.Config, []*actor.Node) {
+func startClusterB(t testing.TB, n int) (*config.Config, []*actor.Node) {
 	t.Helper()
-	cfg, err := cluster.LocalConfig("test", n)
+	cfg, err := config.LocalConfig("test", n)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func startClusterB(t testing.TB, n int) (*cluster.Config, []*actor.Node) {
 
 // startNodes starts every node of cfg in this process (stopped at the
 // test's end) and waits until each sees every other up.
-func startNodes(t testing.TB, cfg *cluster.Config) []*actor.Node {
+func startNodes(t testing.TB, cfg *config.Config) []*actor.Node {
 	t.Helper()
 	n := len(cfg.Nodes)
 	nodes := make([]*actor.Node, n)

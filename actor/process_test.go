@@ -14,6 +14,7 @@ import (
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 )
 
 // nodeOfChild makes the node of a child process: the config file and node
@@ -25,7 +26,7 @@ func nodeOfChild(t *testing.T, configVar, nameVar, why string) *actor.Node {
 	if path == "" {
 		t.Skip(why)
 	}
-	cfg, err := cluster.Load(path)
+	cfg, err := config.Load(path)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
@@ -102,7 +103,7 @@ func processCluster(t *testing.T, n int) (string, *actor.Node, []*childNode) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	cfg, err := cluster.LocalConfig("proc", n)
+	cfg, err := config.LocalConfig("proc", n)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +190,7 @@ func TestProcessesRequestAndOrder(t *testing.T) {
 
 func TestProcessKilledAndRestarted(t *testing.T) {
 	path, a, children := processCluster(t, 2)
-	cfg, err := cluster.Load(path)
+	cfg, err := config.Load(path)
 	if err != nil {
 		t.Fatal(err)
 	}

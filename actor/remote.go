@@ -219,7 +219,7 @@ func (n *Node) sendSystem(target *pa.PID, message any) {
 		}
 		return
 	}
-	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.TransferTimeout)
+	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.Flow.TransferTimeout)
 	defer cancel()
 	if err := ps.peer.Send(ctx, wire.FrameSystem, 0, 0, &s); err != nil && !errors.Is(err, cluster.ErrClosed) {
 		n.log.Warn("system message not sent", zap.Stringer("target", target), zap.Stringer("kind", s.Kind), zap.Error(err))

@@ -22,6 +22,7 @@ import (
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/tensor"
 )
@@ -606,7 +607,7 @@ func TestSoakNodeKills(t *testing.T) {
 	start := time.Now()
 
 	const nodes = 4 // the parent and three children
-	cfg, err := cluster.LocalConfig("soak", nodes)
+	cfg, err := config.LocalConfig("soak", nodes)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/tensor"
 )
 
@@ -14,11 +14,11 @@ import (
 // connections exchange requests and tensors fetched over the (encrypted)
 // staging channel.
 func TestTLSCluster(t *testing.T) {
-	cfg, err := cluster.LocalConfig("tls", 2)
+	cfg, err := config.LocalConfig("tls", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.TLS, err = cluster.LocalTLS(t.TempDir(), true); err != nil {
+	if cfg.TLS, err = config.LocalTLS(t.TempDir(), true); err != nil {
 		t.Fatal(err)
 	}
 	if err := cfg.Validate(); err != nil {

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/actor"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/rdma/rdmatest"
@@ -185,7 +185,7 @@ func (c *toyChannel) Close() error {
 // registered by this test only: with staging disabled, nothing else
 // reaches between two nodes without GPUs or RDMA.
 func TestToyChannelEndToEnd(t *testing.T) {
-	cfg, err := cluster.LocalConfig("toy", 2)
+	cfg, err := config.LocalConfig("toy", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +221,7 @@ func TestToyChannelConformance(t *testing.T) {
 }
 
 func TestWithChannelUnknownName(t *testing.T) {
-	cfg, err := cluster.LocalConfig("toy", 1)
+	cfg, err := config.LocalConfig("toy", 1)
 	if err != nil {
 		t.Fatal(err)
 	}

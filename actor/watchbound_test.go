@@ -8,6 +8,7 @@ import (
 
 	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/wire"
 )
@@ -15,7 +16,7 @@ import (
 // joinRaw joins the cluster of cfg as node name with a peer that speaks
 // the protocol itself (it holds the secret), and returns its connection to
 // node to; the membership closes at the test's end.
-func joinRaw(t *testing.T, cfg *cluster.Config, name, to string, inc uint64) (*cluster.Membership, *cluster.Peer) {
+func joinRaw(t *testing.T, cfg *config.Config, name, to string, inc uint64) (*cluster.Membership, *cluster.Peer) {
 	t.Helper()
 	caps := rdma.Caps{Node: name, Incarnation: inc, HostID: "elsewhere", Channels: []string{rdma.Staging}}
 	advert, err := wire.EncodeMsgpack(&struct {
@@ -47,7 +48,7 @@ func joinRaw(t *testing.T, cfg *cluster.Config, name, to string, inc uint64) (*c
 // MaxWatchesPerPeer of them, refuses watches claimed for another node, and
 // drops every watch of the peer when it leaves.
 func TestWatchesBoundedAndDroppedWithThePeer(t *testing.T) {
-	cfg, err := cluster.LocalConfig("test", 2)
+	cfg, err := config.LocalConfig("test", 2)
 	if err != nil {
 		t.Fatal(err)
 	}

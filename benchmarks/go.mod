@@ -1,6 +1,6 @@
 module github.com/tensorferry/tensorferry/benchmarks
 
-go 1.26
+go 1.26.0
 
 replace github.com/tensorferry/tensorferry => ../
 
@@ -9,6 +9,7 @@ require (
 	github.com/tensorferry/tensorferry v0.0.0-00010101000000-000000000000
 	go.uber.org/goleak v1.3.0
 	go.uber.org/zap v1.28.0
+	golang.org/x/exp v0.0.0-20261014143641-f0251eb4aa3e
 	gonum.org/v1/plot v0.17.0
 	google.golang.org/protobuf v1.33.0
 )
@@ -49,7 +50,6 @@ require (
 	go.opentelemetry.io/otel/sdk/metric v1.21.0 // indirect
 	go.opentelemetry.io/otel/trace v1.21.0 // indirect
 	go.uber.org/multierr v1.10.0 // indirect
-	golang.org/x/exp v0.0.0-20231110203233-9a3e6036ecaa // indirect
 	golang.org/x/image v0.30.0 // indirect
 	golang.org/x/net v0.21.0 // indirect
 	golang.org/x/sys v0.19.0 // indirect

@@ -1,53 +1,29 @@
-// Package cluster describes a tensorferry cluster and keeps track of its
-// members: the configuration file (cluster name, shared secret, timing and
-// transfer settings, each node's addresses, devices and disabled channels),
-// membership, and liveness.
+// Package cluster keeps track of the members of a tensorferry cluster: one
+// authenticated control connection to every other node of the config
+// (mutual HMAC handshake, optionally under TLS), heartbeats and failure
+// detection, reconnection with backoff, and the data listener where peers'
+// channels dial in. The cluster's description — its nodes, secret, timings
+// and the transport section this package runs by — is package config's
+// *config.Config, read with config.Load; this package only runs it.
 //
-// # Configuration
+// Settings used here: heartbeat_interval, failure_timeout, dial_timeout,
+// reconnect_min, reconnect_max and tls from the cluster part, and the
+// transport section (max_frame_size, send_queue, handler_takeover,
+// max_data_conns_per_peer, max_data_conns, data_idle_timeout).
 //
-// A cluster is described by a YAML file such as testdata/local3.yaml:
-//
-//	cluster: demo
-//	secret_file: secret.key      # mode 0600; or secret_env: TF_SECRET; at least 16 bytes
-//	heartbeat_interval: 500ms    # at least 10ms
-//	failure_timeout: 3s          # must exceed 2 × heartbeat_interval
-//	dial_timeout: 2s             # at least 10ms; transfer_timeout at least 100ms
-//	max_frame_size: 16MiB        # sizes: integers or KiB/MiB/GiB suffixes
-//	disable_channels: [ipc]      # channel names: [a-z][a-z0-9_-]{0,31}
-//	tls:                         # optional, see TLSConfig
-//	  cert_file: node.crt
-//	  key_file: node.key
-//	  ca_file: ca.crt
-//	nodes:
-//	  - name: a
-//	    address: 127.0.0.1:7001  # control listener
-//	    devices: [cuda:0, cuda:1]
-//	  - name: b
-//	    address: 127.0.0.1:7002
-//	    data_address: 127.0.0.1:7202   # default: control port + 100
-//
-// Settings left out take the defaults of DefaultConfig; durations have the
-// lower bounds MinHeartbeatInterval, MinDialTimeout, MinReconnectMin and
-// MinTransferTimeout. A secret file that group or others may access is
-// refused, as ssh refuses such a key, unless secret_file_insecure: true
-// (for test fixtures only). Load reads, checks and completes a file; errors
-// name the field and the line:
-//
-//	cfg, err := cluster.Load("/etc/tensorferry/cluster.yaml")
+//	cfg, err := config.Load("cluster.yaml")
 //	if err != nil {
-//		log.Fatal(err) // cluster: config line 12: nodes[1].address: duplicate of nodes[0] ("127.0.0.1:7001")
+//		log.Fatal(err) // config: line 12: nodes[1].address: duplicate of nodes[0] ("127.0.0.1:7001")
 //	}
-//	self, ok := cfg.Node("a")
-//	if !ok || cfg.ChannelDisabled(self.Name, "ipc") {
-//		// ...
-//	}
-//
-// Tests build a loopback cluster in code and hand it to child processes:
-//
-//	cfg, err := cluster.LocalConfig("test", 3) // node0..node2 on free ports
+//	m, err := cluster.NewMembership(cfg, "a", incarnation, handler, cluster.Options{Caps: caps})
 //	if err != nil {
-//		t.Fatal(err)
+//		log.Fatal(err)
 //	}
-//	path, err := cfg.WriteFiles(t.TempDir()) // cluster.yaml + secret.key (0600)
-//	cmd := exec.Command(bin, "-config", path, "-node", "node1")
+//	err = m.Start()                       // listen, dial every peer; handler.PeerUp / PeerDown follow
+//	p, ok := m.Peer("b")                  // the peer's control connection, while it is up
+//	nc, err := m.DialData(ctx, "b", "staging") // an authenticated data connection for a channel
+//	defer m.Close()
+//
+// The actor package runs a Membership for every node; NodeUp and NodeDown
+// are what it publishes on the ActorSystem's EventStream.
 package cluster

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/internal/memnet"
 	"github.com/tensorferry/tensorferry/wire"
 )
@@ -117,9 +118,9 @@ func (r *recorder) awaitMessage(t *testing.T, id uint64) {
 // memConfig returns a config of n nodes, node0..node<n-1>, whose addresses
 // live on memnet, with the given heartbeat and failure timeout and quick
 // redials.
-func memConfig(t *testing.T, n int, heartbeat, failure time.Duration) *cluster.Config {
+func memConfig(t *testing.T, n int, heartbeat, failure time.Duration) *config.Config {
 	t.Helper()
-	c := cluster.DefaultConfig()
+	c := config.DefaultConfig()
 	c.Cluster = "faults"
 	c.Secret = []byte("a secret of the faults tests, 32")
 	c.HeartbeatInterval = heartbeat
@@ -130,7 +131,7 @@ func memConfig(t *testing.T, n int, heartbeat, failure time.Duration) *cluster.C
 	c.ReconnectMin = time.Millisecond
 	c.ReconnectMax = 20 * time.Millisecond
 	for i := range n {
-		c.Nodes = append(c.Nodes, cluster.NodeConfig{Name: fmt.Sprintf("node%d", i), Address: fmt.Sprintf("node%d:7000", i)})
+		c.Nodes = append(c.Nodes, config.NodeConfig{Name: fmt.Sprintf("node%d", i), Address: fmt.Sprintf("node%d:7000", i)})
 	}
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
@@ -158,7 +159,7 @@ type memNode struct {
 // startNodes starts the config's nodes on nw (each as the host named as it,
 // with incarnation index+1), all at once, and closes them at the end of the
 // test after healing the network.
-func startNodes(t *testing.T, nw *memnet.Network, cfg *cluster.Config) []memNode {
+func startNodes(t *testing.T, nw *memnet.Network, cfg *config.Config) []memNode {
 	t.Helper()
 	nodes := make([]memNode, len(cfg.Nodes))
 	for i, nc := range cfg.Nodes {
@@ -214,16 +215,25 @@ func TestFaultStalledPeerDeclaredDown(t *testing.T) {
 
 	stalled := time.Now()
 	nw.Stall("node0", "node1")
+	// The node whose failure detector fires first closes the connection;
+	// the other may see that close before its own detector fires (a write
+	// error): at least one must be the detector's ErrNodeDown.
+	detected := 0
 	for i, n := range nodes {
 		e := n.r.await(t, false, cfg.Nodes[1-i].Name)
-		if !errors.Is(e.cause, cluster.ErrNodeDown) {
-			t.Fatalf("%s: down for %v, want the failure detector's ErrNodeDown", n.m.Self().Name, e.cause)
+		if errors.Is(e.cause, cluster.ErrNodeDown) {
+			detected++
+		} else {
+			t.Logf("%s: down for %v (the peer closed first)", n.m.Self().Name, e.cause)
 		}
 		// Late by more than a second would be a failure detector that
 		// does not work (a scheduler does not stall this long).
 		if late := time.Since(stalled); late > cfg.FailureTimeout+cfg.HeartbeatInterval+time.Second {
 			t.Errorf("%s: declared down %v after the stall (failure timeout %v)", n.m.Self().Name, late, cfg.FailureTimeout)
 		}
+	}
+	if detected == 0 {
+		t.Fatal("no node's failure detector declared the stalled peer down")
 	}
 	if _, ok := nodes[0].m.Peer("node1"); ok {
 		t.Fatal("node1 still up at node0")

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/wire"
 	"go.uber.org/zap"
 )
@@ -91,7 +92,7 @@ func (p *Peer) SendMessage(ctx context.Context, m *wire.Message) error {
 func (p *Peer) Close(cause error) { p.conn.Fail(cause) }
 
 type slot struct {
-	cfg       NodeConfig
+	cfg       config.NodeConfig
 	cur       *Peer
 	dataConns int   // open data connections the peer dialed to this node
 	lastErr   error // why the last dial failed; nil after a success
@@ -113,8 +114,9 @@ type slot struct {
 // in the config, with heartbeats, reconnection with backoff, and NodeUp /
 // NodeDown reports.
 type Membership struct {
-	cfg         *Config
-	self        NodeConfig
+	cfg         *config.Config
+	transport   config.TransportConfig // cfg.Transport with its defaults
+	self        config.NodeConfig
 	incarnation uint64
 	caps        []byte
 	h           Handler
@@ -128,6 +130,7 @@ type Membership struct {
 	maxDataPerPeer int
 	maxData        int
 	dataIdle       time.Duration
+	readSpin       time.Duration
 
 	mu        sync.Mutex
 	slots     map[string]*slot
@@ -136,34 +139,11 @@ type Membership struct {
 	closed    bool
 }
 
-// Defaults of Options.
-const (
-	// DefaultMaxDataConnsPerPeer bounds the data connections one peer may
-	// hold open on a node: a staging fetcher keeps at most 8 per owner, so
-	// 64 leaves room for several channels and redials.
-	DefaultMaxDataConnsPerPeer = 64
-	// DefaultMaxDataConns bounds the data connections of all peers
-	// together: 16 peers at the per-peer bound, well below a default
-	// descriptor limit of 1024 per process plus control connections.
-	DefaultMaxDataConns = 1024
-)
-
 // Options tune a Membership.
 type Options struct {
 	Logger *zap.Logger
 	// Caps is the capability body sent to every peer after the handshake.
 	Caps []byte
-	// MaxDataConnsPerPeer bounds (a count) the data connections one peer
-	// may hold open on this node; one more is refused in the handshake with
-	// the reason. 0 means DefaultMaxDataConnsPerPeer.
-	MaxDataConnsPerPeer int
-	// MaxDataConns bounds (a count) the data connections of all peers
-	// together. 0 means DefaultMaxDataConns.
-	MaxDataConns int
-	// DataIdleTimeout is how long (a duration) an authenticated data
-	// connection may wait before naming its channel; it is closed then,
-	// before any handler sees it. 0 means the config's DialTimeout.
-	DataIdleTimeout time.Duration
 	// Network is where the node listens and dials; nil means TCP. Tests
 	// pass an in-memory network to inject faults.
 	Network Network
@@ -190,7 +170,7 @@ func (tcpNetwork) DialContext(ctx context.Context, address string) (net.Conn, er
 
 // NewMembership prepares membership for the node named self with the given
 // incarnation (unique per process start). Start begins listening and dialing.
-func NewMembership(cfg *Config, self string, incarnation uint64, h Handler, opts Options) (*Membership, error) {
+func NewMembership(cfg *config.Config, self string, incarnation uint64, h Handler, opts Options) (*Membership, error) {
 	nc, ok := cfg.Node(self)
 	if !ok {
 		return nil, fmt.Errorf("%w: %q is not in the config of cluster %q", ErrUnknownNode, self, cfg.Cluster)
@@ -199,18 +179,26 @@ func NewMembership(cfg *Config, self string, incarnation uint64, h Handler, opts
 	if log == nil {
 		log = zap.NewNop()
 	}
-	m := &Membership{cfg: cfg, self: nc, incarnation: incarnation, caps: opts.Caps, h: h,
+	// A config that was not validated still gets the transport defaults.
+	tr := cfg.Transport.WithDefaults()
+	m := &Membership{cfg: cfg, transport: tr, self: nc, incarnation: incarnation, caps: opts.Caps, h: h,
 		log: log.With(zap.String("node", self)), slots: map[string]*slot{},
-		maxDataPerPeer: cmp.Or(opts.MaxDataConnsPerPeer, DefaultMaxDataConnsPerPeer),
-		maxData:        cmp.Or(opts.MaxDataConns, DefaultMaxDataConns),
-		dataIdle:       cmp.Or(opts.DataIdleTimeout, cfg.DialTimeout),
+		maxDataPerPeer: tr.MaxDataConnsPerPeer,
+		maxData:        tr.MaxDataConns,
+		dataIdle:       cmp.Or(tr.DataIdleTimeout, cfg.DialTimeout),
 		net:            opts.Network}
+	switch {
+	case tr.ReadSpin == 0:
+		m.readSpin = wire.DefaultReadSpinFor()
+	case tr.ReadSpin > 0:
+		m.readSpin = tr.ReadSpin
+	}
 	if m.net == nil {
 		m.net = tcpNetwork{}
 	}
 	if m.maxDataPerPeer < 0 || m.maxData < 0 || m.dataIdle < 0 {
-		return nil, fmt.Errorf("cluster: negative Options: MaxDataConnsPerPeer %d, MaxDataConns %d, DataIdleTimeout %v",
-			opts.MaxDataConnsPerPeer, opts.MaxDataConns, opts.DataIdleTimeout)
+		return nil, fmt.Errorf("cluster: negative transport settings: max_data_conns_per_peer %d, max_data_conns %d, data_idle_timeout %v (call Validate)",
+			m.maxDataPerPeer, m.maxData, m.dataIdle)
 	}
 	for _, n := range cfg.Nodes {
 		if n.Name != self {
@@ -248,7 +236,7 @@ func (m *Membership) Start() error {
 }
 
 // Self returns this node's config.
-func (m *Membership) Self() NodeConfig { return m.self }
+func (m *Membership) Self() config.NodeConfig { return m.self }
 
 // Incarnation returns this node's incarnation.
 func (m *Membership) Incarnation() uint64 { return m.incarnation }
@@ -401,7 +389,7 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 	if data {
 		purpose = wire.PurposeData
 	}
-	nc, err := m.cfg.secure(m.ctx, nc, data, false)
+	nc, err := secure(m.ctx, m.cfg, nc, data, false)
 	if err != nil {
 		m.log.Warn("tls handshake refused", zap.Error(err))
 		return
@@ -516,7 +504,7 @@ func (m *Membership) serveData(peer wire.Peer, nc net.Conn) {
 	defer stop()
 	_ = nc.SetReadDeadline(time.Now().Add(m.dataIdle))
 	var n [1]byte
-	if _, err := nc.Read(n[:]); err != nil || n[0] == 0 || n[0] > MaxChannelNameLen {
+	if _, err := nc.Read(n[:]); err != nil || n[0] == 0 || n[0] > config.MaxChannelNameLen {
 		m.log.Warn("data connection: bad channel name", zap.String("peer", peer.Node), zap.Error(err))
 		nc.Close()
 		return
@@ -527,7 +515,7 @@ func (m *Membership) serveData(peer wire.Peer, nc net.Conn) {
 		nc.Close()
 		return
 	}
-	if err := checkChannelName(string(name)); err != nil {
+	if err := config.CheckChannelName(string(name)); err != nil {
 		m.log.Warn("data connection: bad channel name", zap.String("peer", peer.Node), zap.Error(err))
 		nc.Close()
 		return
@@ -558,7 +546,7 @@ func (m *Membership) DialData(ctx context.Context, node, channel string) (net.Co
 	if !ok {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownNode, node)
 	}
-	if err := checkChannelName(channel); err != nil {
+	if err := config.CheckChannelName(channel); err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
 	dctx, cancel := context.WithTimeout(ctx, m.cfg.DialTimeout)
@@ -567,7 +555,7 @@ func (m *Membership) DialData(ctx context.Context, node, channel string) (net.Co
 	if err != nil {
 		return nil, fmt.Errorf("cluster: dial data %s: %w", node, err)
 	}
-	if nc, err = m.cfg.secure(ctx, nc, true, true); err != nil {
+	if nc, err = secure(ctx, m.cfg, nc, true, true); err != nil {
 		return nil, err
 	}
 	if _, err := wire.Handshake(ctx, nc, m.handshakeConfig(wire.PurposeData, node), true); err != nil {
@@ -618,14 +606,14 @@ func (m *Membership) dialLoop(name string) {
 	}
 }
 
-func (m *Membership) dial(nc NodeConfig) error {
+func (m *Membership) dial(nc config.NodeConfig) error {
 	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.DialTimeout)
 	defer cancel()
 	c, err := m.net.DialContext(ctx, nc.Address)
 	if err != nil {
 		return err
 	}
-	if c, err = m.cfg.secure(ctx, c, false, true); err != nil {
+	if c, err = secure(ctx, m.cfg, c, false, true); err != nil {
 		return err
 	}
 	peer, err := wire.Handshake(ctx, c, m.handshakeConfig(wire.PurposeControl, nc.Name), true)
@@ -637,12 +625,6 @@ func (m *Membership) dial(nc NodeConfig) error {
 	return nil
 }
 
-// HandlerTakeover is how long a frame's handler may run on a control
-// connection's reader before a new goroutine takes over reading (see
-// wire.ConnOptions.HandlerTakeover): the most a handler that blocks delays
-// the frames behind it.
-const HandlerTakeover = 10 * time.Millisecond
-
 // attach makes nc the peer's control connection. A connection to the same
 // incarnation never replaces one that is up (no flapping); one that is not
 // up yet gives way to the connection dialed by the node with the smaller
@@ -651,13 +633,15 @@ func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
 	p := &Peer{Name: wp.Node, Incarnation: wp.Incarnation, initiator: initiator, up: make(chan struct{}), m: m, addr: remoteAddr(nc)}
 	p.lastSeen.Store(time.Now().UnixNano())
 	p.conn = wire.NewConn(nc, wp, wire.ConnOptions{
-		MaxFrameSize: uint32(m.cfg.MaxFrameSize),
+		MaxFrameSize: uint32(m.transport.MaxFrameSize),
+		SendQueue:    m.transport.SendQueue,
 		DirectWrite:  true,
 		// Messages wake actors and callers: let them run here, now.
 		YieldAfterHandler: true,
 		// Handlers may run actor code inline (actor.WithInlineDelivery):
 		// one that blocks hands the reading to a new goroutine.
-		HandlerTakeover: HandlerTakeover,
+		HandlerTakeover: m.transport.HandlerTakeover,
+		ReadSpin:        m.readSpin,
 		Logger:          m.log,
 		Handler:         func(f wire.Frame) { m.frame(p, f) },
 		OnClose:         func(err error) { m.connClosed(p, err) },

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/wire"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
@@ -27,7 +28,7 @@ func (h *holder) HandleDataConn(peer, channel string, conn net.Conn) {
 
 // startWith starts node name of cfg with opts and a handler that holds
 // data connections; it is closed at the end of the test.
-func startWith(t *testing.T, cfg *cluster.Config, name string, opts cluster.Options) (*cluster.Membership, *holder) {
+func startWith(t *testing.T, cfg *config.Config, name string, opts cluster.Options) (*cluster.Membership, *holder) {
 	t.Helper()
 	h := &holder{events: newEvents(), conns: make(chan net.Conn, 256)}
 	opts.Caps = []byte{0x80}
@@ -54,7 +55,7 @@ func startWith(t *testing.T, cfg *cluster.Config, name string, opts cluster.Opti
 
 // rawDial opens a connection to addr and runs the initiator's handshake as
 // the named node and incarnation; the connection is closed with the test.
-func rawDial(t *testing.T, cfg *cluster.Config, addr, node string, inc uint64, purpose string) (net.Conn, error) {
+func rawDial(t *testing.T, cfg *config.Config, addr, node string, inc uint64, purpose string) (net.Conn, error) {
 	t.Helper()
 	nc, err := net.Dial("tcp", addr)
 	if err != nil {
@@ -70,7 +71,7 @@ func rawDial(t *testing.T, cfg *cluster.Config, addr, node string, inc uint64, p
 // A node missing from the acceptor's config is told so in the handshake,
 // instead of reading EOF after it.
 func TestMembershipUnknownNodeToldWhy(t *testing.T) {
-	cfg, err := cluster.LocalConfig("m", 2)
+	cfg, err := config.LocalConfig("m", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +97,7 @@ func TestMembershipUnknownNodeToldWhy(t *testing.T) {
 // A node that holds the secret but has no control connection (it never
 // joined, or it left) is refused data connections, with the reason.
 func TestMembershipDataConnNeedsControlConn(t *testing.T) {
-	cfg, err := cluster.LocalConfig("m", 2)
+	cfg, err := config.LocalConfig("m", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +118,7 @@ func TestMembershipDataConnNeedsControlConn(t *testing.T) {
 // Another incarnation of a member (a restarted process whose control
 // connection is not up yet) is not that member.
 func TestMembershipDataConnOtherIncarnation(t *testing.T) {
-	cfg, err := cluster.LocalConfig("m", 2)
+	cfg, err := config.LocalConfig("m", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,20 +135,27 @@ func TestMembershipDataConnOtherIncarnation(t *testing.T) {
 
 func TestMembershipDataConnLimits(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		opts cluster.Options
-		want string
+		name      string
+		transport config.TransportConfig
+		want      string
 	}{
-		{"per peer", cluster.Options{MaxDataConnsPerPeer: 2}, "data connection refused: node0 holds 2 data connections to node1, the most per peer"},
-		{"per node", cluster.Options{MaxDataConnsPerPeer: 100, MaxDataConns: 2}, "data connection refused: node1 holds 2 data connections, the most per node"},
+		{"per peer", config.TransportConfig{MaxDataConnsPerPeer: 2}, "data connection refused: node0 holds 2 data connections to node1, the most per peer"},
+		{"per node", config.TransportConfig{MaxDataConnsPerPeer: 100, MaxDataConns: 2}, "data connection refused: node1 holds 2 data connections, the most per node"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := cluster.LocalConfig("m", 2)
+			cfg, err := config.LocalConfig("m", 2)
 			if err != nil {
 				t.Fatal(err)
 			}
+			cfg.Transport.MaxDataConnsPerPeer = tc.transport.MaxDataConnsPerPeer
+			if tc.transport.MaxDataConns > 0 {
+				cfg.Transport.MaxDataConns = tc.transport.MaxDataConns
+			}
+			if err := cfg.Validate(); err != nil {
+				t.Fatal(err)
+			}
 			a, ea := startWith(t, cfg, "node0", cluster.Options{})
-			_, eb := startWith(t, cfg, "node1", tc.opts)
+			_, eb := startWith(t, cfg, "node1", cluster.Options{})
 			ea.expect(t, "up node1")
 			eb.expect(t, "up node0")
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -178,14 +186,15 @@ func TestMembershipDataConnLimits(t *testing.T) {
 }
 
 // A data connection that never names its channel is closed after
-// DataIdleTimeout, never reaches the handler, and frees its place.
+// transport.data_idle_timeout, never reaches the handler, and frees its place.
 func TestMembershipDataConnIdleClosed(t *testing.T) {
-	cfg, err := cluster.LocalConfig("m", 2)
+	cfg, err := config.LocalConfig("m", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.DialTimeout = time.Minute // only DataIdleTimeout may close it
-	_, ea := startWith(t, cfg, "node0", cluster.Options{MaxDataConnsPerPeer: 1, DataIdleTimeout: 50 * time.Millisecond})
+	cfg.DialTimeout = time.Minute // only data_idle_timeout may close it
+	cfg.Transport.MaxDataConnsPerPeer, cfg.Transport.DataIdleTimeout = 1, 50*time.Millisecond
+	_, ea := startWith(t, cfg, "node0", cluster.Options{})
 	b, _ := startWith(t, cfg, "node1", cluster.Options{})
 	ea.expect(t, "up node1")
 	nc, err := rawDial(t, cfg, cfg.Nodes[0].DataAddress, "node1", 1, wire.PurposeData)
@@ -211,7 +220,7 @@ func TestMembershipDataConnIdleClosed(t *testing.T) {
 
 // Channel names have the form of those in disable_channels, at both ends.
 func TestMembershipDataConnChannelName(t *testing.T) {
-	cfg, err := cluster.LocalConfig("m", 2)
+	cfg, err := config.LocalConfig("m", 2)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/wire"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
@@ -57,7 +58,7 @@ func startAcceptLoop(m *Membership, ln net.Listener, data bool) {
 
 // dialAs opens a connection to addr and runs the initiator's handshake as
 // node, returning the connection or the handshake error.
-func dialAs(t *testing.T, cfg *Config, addr, node, purpose string) (net.Conn, error) {
+func dialAs(t *testing.T, cfg *config.Config, addr, node, purpose string) (net.Conn, error) {
 	t.Helper()
 	nc, err := net.Dial("tcp", addr)
 	if err != nil {
@@ -73,7 +74,7 @@ func dialAs(t *testing.T, cfg *Config, addr, node, purpose string) (net.Conn, er
 }
 
 func TestAcceptLoopRetriesAfterEMFILE(t *testing.T) {
-	cfg, err := LocalConfig("accept", 2)
+	cfg, err := config.LocalConfig("accept", 2)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/wire"
 	"go.uber.org/goleak"
 )
@@ -68,7 +69,7 @@ func (e *events) expect(t *testing.T, want string) {
 	}
 }
 
-func start(t *testing.T, cfg *cluster.Config, name string, inc uint64) (*cluster.Membership, *events) {
+func start(t *testing.T, cfg *config.Config, name string, inc uint64) (*cluster.Membership, *events) {
 	t.Helper()
 	ev := newEvents()
 	m, err := cluster.NewMembership(cfg, name, inc, ev, cluster.Options{Caps: []byte{0x80}})
@@ -82,7 +83,7 @@ func start(t *testing.T, cfg *cluster.Config, name string, inc uint64) (*cluster
 }
 
 func TestMembershipUpDownRestart(t *testing.T) {
-	cfg, err := cluster.LocalConfig("m", 2)
+	cfg, err := config.LocalConfig("m", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +127,7 @@ func TestMembershipUpDownRestart(t *testing.T) {
 }
 
 func TestMembershipSilentPeerDeclaredDown(t *testing.T) {
-	cfg, err := cluster.LocalConfig("m", 2)
+	cfg, err := config.LocalConfig("m", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +166,7 @@ func TestMembershipSilentPeerDeclaredDown(t *testing.T) {
 }
 
 func TestMembershipUnknownAndUnreachable(t *testing.T) {
-	cfg, err := cluster.LocalConfig("m", 2)
+	cfg, err := config.LocalConfig("m", 2)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/wire"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
@@ -43,7 +44,7 @@ func (c *counter) HandleDataConn(_, _ string, conn net.Conn) { conn.Close() }
 func TestSimultaneousDialsLoseNoMessage(t *testing.T) {
 	for i := range 60 {
 		core, logs := observer.New(zap.DebugLevel)
-		cfg, err := cluster.LocalConfig("test", 2)
+		cfg, err := config.LocalConfig("test", 2)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -93,7 +94,7 @@ func TestSimultaneousDialsLoseNoMessage(t *testing.T) {
 // that claims a running node's name with a lower incarnation is refused
 // (logged as an error naming both addresses); the live node stays up.
 func TestOlderIncarnationDoesNotDisplaceTheLiveNode(t *testing.T) {
-	cfg, err := cluster.LocalConfig("test", 2)
+	cfg, err := config.LocalConfig("test", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +117,7 @@ func TestOlderIncarnationDoesNotDisplaceTheLiveNode(t *testing.T) {
 	ev0.expect(t, "up node1")
 	// The impostor: node1's name, incarnation 150, its own address.
 	fake := *cfg
-	fake.Nodes = append([]cluster.NodeConfig(nil), cfg.Nodes...)
+	fake.Nodes = append([]config.NodeConfig(nil), cfg.Nodes...)
 	for i := range fake.Nodes {
 		if fake.Nodes[i].Name == "node1" {
 			fake.Nodes[i].Address, fake.Nodes[i].DataAddress = freeAddr(t), freeAddr(t)

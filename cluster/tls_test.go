@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 )
 
 // writePKI writes a CA and a node certificate it signs into a directory
@@ -23,65 +24,21 @@ func writePKI(t *testing.T, dir, prefix string) (cert, key, ca string) {
 	if err := os.MkdirAll(sub, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	tc, err := cluster.LocalTLS(sub, false)
+	tc, err := config.LocalTLS(sub, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return tc.CertFile, tc.KeyFile, tc.CAFile
 }
 
-func TestTLSConfigParse(t *testing.T) {
-	dir := t.TempDir()
-	cert, key, ca := writePKI(t, dir, "")
-	if err := os.WriteFile(filepath.Join(dir, "secret.key"), []byte("0123456789abcdef0123"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	base := "cluster: t\nsecret_file: secret.key\nnodes:\n  - {name: a, address: 127.0.0.1:7001}\ntls:\n"
-	rel := func(p string) string { r, _ := filepath.Rel(dir, p); return r } // relative to the config's directory
-	good := base + "  cert_file: " + rel(cert) + "\n  key_file: " + rel(key) + "\n  ca_file: " + rel(ca) + "\n  data: true\n"
-	c, err := cluster.Parse([]byte(good), dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.TLS == nil || !c.TLS.Data || c.TLS.CAFile != rel(ca) {
-		t.Fatalf("tls: %+v", c.TLS)
-	}
-	// Marshal keeps the block.
-	b, err := c.Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	back, err := cluster.Parse(b, dir)
-	if err != nil || back.TLS == nil || back.TLS.KeyFile != c.TLS.KeyFile || !back.TLS.Data {
-		t.Fatalf("round trip: %+v, %v\n%s", back.TLS, err, b)
-	}
-	bad := map[string]struct{ yaml, field string }{
-		"no key":       {base + "  cert_file: " + cert + "\n  ca_file: " + ca + "\n", "tls.key_file"},
-		"missing ca":   {base + "  cert_file: " + cert + "\n  key_file: " + key + "\n  ca_file: nope.pem\n", "tls.ca_file"},
-		"not a ca":     {base + "  cert_file: " + cert + "\n  key_file: " + key + "\n  ca_file: secret.key\n", "tls.ca_file"},
-		"key mismatch": {base + "  cert_file: " + ca + "\n  key_file: " + key + "\n  ca_file: " + ca + "\n", "tls.cert_file"},
-		"unknown key":  {base + "  cert: x\n", "tls.cert"},
-		"bad data":     {base + "  cert_file: " + cert + "\n  key_file: " + key + "\n  ca_file: " + ca + "\n  data: maybe\n", "tls.data"},
-	}
-	for name, tc := range bad {
-		t.Run(name, func(t *testing.T) {
-			_, err := cluster.Parse([]byte(tc.yaml), dir)
-			var ce *cluster.ConfigError
-			if !errors.As(err, &ce) || ce.Field != tc.field || ce.Line == 0 {
-				t.Fatalf("error %v (%+v), want one naming %s and its line", err, ce, tc.field)
-			}
-		})
-	}
-}
-
 // tlsConfig is a two-node loopback config with TLS from dir's PKI.
-func tlsConfig(t *testing.T, cert, key, ca string, data bool) *cluster.Config {
+func tlsConfig(t *testing.T, cert, key, ca string, data bool) *config.Config {
 	t.Helper()
-	cfg, err := cluster.LocalConfig("tls", 2)
+	cfg, err := config.LocalConfig("tls", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.TLS = &cluster.TLSConfig{CertFile: cert, KeyFile: key, CAFile: ca, Data: data}
+	cfg.TLS = &config.TLSConfig{CertFile: cert, KeyFile: key, CAFile: ca, Data: data}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}

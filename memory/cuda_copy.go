@@ -186,10 +186,35 @@ func enablePeer(a, b *cudaDevice) error {
 	return err
 }
 
+// CanAccessPeer reports whether CUDA device a can address memory of CUDA
+// device b directly (P2P over NVLink or PCIe), as the driver sees it; a
+// device can always address its own. Without it, copies between the two
+// still work, staged through the host by the driver.
+func CanAccessPeer(a, b Device) (bool, error) {
+	da, err := cudaDeviceFor(a)
+	if err != nil {
+		return false, err
+	}
+	db, err := cudaDeviceFor(b)
+	if err != nil {
+		return false, err
+	}
+	if da == db {
+		return true, nil
+	}
+	ok, err := cuda.CanAccessPeer(da.dev.Index, db.dev.Index)
+	if err != nil {
+		return false, fmt.Errorf("memory: %s and %s: %w", a, b, err)
+	}
+	return ok, nil
+}
+
 // EnablePeerAccess lets two CUDA devices address each other's memory (P2P
 // over NVLink or PCIe), in both directions. It is done once per pair; Copy
-// does it by itself for device to device copies. The error says why peer
-// access is impossible; copies still work through the host.
+// and Stream.CopyAsync do it by themselves for device to device copies
+// (and ignore its failure), so a program calls it only to learn early why
+// peer access is impossible: the error says. Copies still work then,
+// through the host.
 func EnablePeerAccess(a, b Device) error {
 	da, err := cudaDeviceFor(a)
 	if err != nil {

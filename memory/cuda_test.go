@@ -69,8 +69,20 @@ func TestCUDANotSupportedWithoutDevice(t *testing.T) {
 	if err := Copy(context.Background(), w, h); !errors.Is(err, ErrNotSupported) {
 		t.Errorf("Copy to a CUDA buffer without a device: %v", err)
 	}
-	if err := Axpy(context.Background(), 1, w, w); !errors.Is(err, ErrNotSupported) {
-		t.Errorf("Axpy on a CUDA buffer without a device: %v", err)
+	if err := Fill(context.Background(), w, 1); !errors.Is(err, ErrNotSupported) {
+		t.Errorf("Fill of a CUDA buffer without a device: %v", err)
+	}
+	if _, err := NewTimingEvent(CUDA(0)); !errors.Is(err, ErrNotSupported) {
+		t.Errorf("NewTimingEvent: %v", err)
+	}
+	if _, err := LoadModule(CUDA(0), []byte(fillPTX)); !errors.Is(err, ErrNotSupported) {
+		t.Errorf("LoadModule: %v", err)
+	}
+	if _, err := CanAccessPeer(CUDA(0), CUDA(1)); !errors.Is(err, ErrNotSupported) {
+		t.Errorf("CanAccessPeer: %v", err)
+	}
+	if err := EnablePeerAccess(CUDA(0), CUDA(1)); !errors.Is(err, ErrNotSupported) {
+		t.Errorf("EnablePeerAccess: %v", err)
 	}
 }
 
@@ -192,8 +204,7 @@ func TestGPUCUDAAllocatorCaching(t *testing.T) {
 // poison fills a device buffer with a byte pattern.
 func poison(t *testing.T, b Buffer, v byte) {
 	t.Helper()
-	d, _ := cudaDeviceFor(b.Device())
-	if err := d.ctx.MemsetD8(cuda.DevicePtr(b.Ptr()), v, b.Len()); err != nil {
+	if err := Fill(context.Background(), b, v); err != nil {
 		t.Fatal(err)
 	}
 }

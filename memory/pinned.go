@@ -56,6 +56,9 @@ type pinnedBuffer struct {
 	ctx   *cuda.Context
 	ptr   unsafe.Pointer // C memory from cuMemHostAlloc; nil when empty
 	alloc Allocation
+	// release gives back memory not from cuMemHostAlloc (AllocOnNode's);
+	// nil for cuMemFreeHost.
+	release func() error
 
 	mu    sync.Mutex
 	b     []byte // nil once freed
@@ -79,7 +82,8 @@ func (b *pinnedBuffer) Slice(off, n int) (Buffer, error) {
 	return &pinnedView{parent: b, off: off, n: n}, nil
 }
 
-// Free gives the memory back to the driver (cuMemFreeHost).
+// Free gives the memory back to the driver (cuMemFreeHost; for
+// AllocOnNode's, cuMemHostUnregister and munmap).
 func (b *pinnedBuffer) Free() error {
 	b.mu.Lock()
 	if b.freed {
@@ -90,6 +94,12 @@ func (b *pinnedBuffer) Free() error {
 	b.b = nil
 	b.mu.Unlock()
 	notifyFree(b.alloc)
+	if b.release != nil {
+		if err := b.release(); err != nil {
+			return fmt.Errorf("memory: pinned free: %w", err)
+		}
+		return nil
+	}
 	if b.ptr == nil {
 		return nil
 	}

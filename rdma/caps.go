@@ -149,3 +149,33 @@ func (c *Caps) ForHolder(holder string) *Caps {
 	}
 	return &out
 }
+
+// DirectSmall returns the AnySize channel (see Backend.AnySize) that both
+// ends run and that moves a tensor from owner's device src to every GPU
+// the fetcher advertised, or "" when there is none (src is not a GPU, the
+// fetcher advertised no GPU, the ends are on different hosts).
+func DirectSmall(owner, fetcher *Caps, src memory.Device) string {
+	if src.Kind != memory.KindCUDA || len(fetcher.Devices) == 0 {
+		return ""
+	}
+next:
+	for _, b := range backends() {
+		if !b.AnySize || !owner.Runs(b.Name) || !fetcher.Runs(b.Name) {
+			continue
+		}
+		for _, d := range fetcher.Devices {
+			dst, err := memory.ParseDevice(d.Device)
+			if err != nil {
+				continue next
+			}
+			if b.Scope != nil && b.Scope(owner, fetcher, src, dst) != nil {
+				continue next
+			}
+			if b.Reach(owner, fetcher, src, dst) != nil {
+				continue next
+			}
+		}
+		return b.Name
+	}
+	return ""
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/tensor"
 	"go.uber.org/zap"
@@ -88,10 +89,12 @@ type Env struct {
 	// Control sends req to node's channel of the given name (its
 	// ControlHandler) over the authenticated control connection.
 	Control func(ctx context.Context, node, channel string, req []byte) ([]byte, error)
-	// ChunkSize is the staging chunk in bytes; ChunksInFlight how many are
-	// outstanding per transfer.
-	ChunkSize      int
-	ChunksInFlight int
+	// Staging, IPC and Verbs are the node's config sections of the
+	// channels of those names; a zero field takes its default (see
+	// package config).
+	Staging config.StagingConfig
+	IPC     config.IPCConfig
+	Verbs   config.VerbsConfig
 }
 
 // Logger returns Log or a no-op logger.

@@ -42,6 +42,14 @@ type Backend struct {
 	// Caps, in c.Ads[Name] (c.Ads is not nil). It runs only for a viable
 	// channel that is not disabled.
 	Advertise func(c *Caps)
+	// AnySize is set for channels that move a device tensor of any size
+	// faster than an inline copy through host memory (ipc: one device
+	// copy, against a copy to the host, the bytes in the message and a
+	// copy back). Below the inline threshold, a device tensor whose peer
+	// such a channel reaches from the tensor's device to each of the
+	// peer's GPUs is exported through it instead of copied inline (see
+	// DirectSmall).
+	AnySize bool
 	// Scope, optional, returns nil when the pair of ends and devices is one
 	// the channel is made for at all (same process, same host, device
 	// memory), else why not. Select checks it before it checks that both

@@ -264,3 +264,31 @@ func TestCapsRuns(t *testing.T) {
 		t.Error("Runs")
 	}
 }
+
+func TestDirectSmall(t *testing.T) {
+	p2p := func(pairs ...[2]string) func(c *rdma.Caps) {
+		return func(c *rdma.Caps) { c.P2P = pairs }
+	}
+	tests := []struct {
+		name         string
+		owner, fetch *rdma.Caps
+		src          memory.Device
+		want         string
+	}{
+		{"same host, same GPU", node("a", "h1", "GPU-0"), node("b", "h1", "GPU-0"), gpu0, rdma.IPC},
+		{"same host, every GPU of the peer reached",
+			with(node("a", "h1", "GPU-0", "GPU-1"), p2p([2]string{"GPU-0", "GPU-1"})),
+			node("b", "h1", "GPU-1", "GPU-0"), gpu0, rdma.IPC},
+		{"one GPU of the peer out of reach",
+			node("a", "h1", "GPU-0", "GPU-1"), node("b", "h1", "GPU-1", "GPU-0"), gpu0, ""},
+		{"host tensor", node("a", "h1", "GPU-0"), node("b", "h1", "GPU-0"), cpu, ""},
+		{"peer without GPU", node("a", "h1", "GPU-0"), node("b", "h1"), gpu0, ""},
+		{"other host", node("a", "h1", "GPU-0"), node("b", "h2", "GPU-0"), gpu0, ""},
+		{"peer does not run ipc", node("a", "h1", "GPU-0"), with(node("b", "h1", "GPU-0"), disable(rdma.IPC, "off")), gpu0, ""},
+	}
+	for _, tc := range tests {
+		if got := rdma.DirectSmall(tc.owner, tc.fetch, tc.src); got != tc.want {
+			t.Errorf("%s: DirectSmall = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}

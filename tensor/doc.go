@@ -1,15 +1,36 @@
-// Package tensor defines tensors (DType, Shape, Tensor on a memory.Buffer),
-// the Descriptor a message carries instead of a tensor's bytes, the owner's
-// Store of exports and leases, and Ref, a lazily fetched tensor field.
+// Package tensor defines tensors, how they appear in messages, and how an
+// owner lends them:
+//
+//   - Tensor (tensor.go): a DType (dtype.go: Float32, BFloat16, Int64, ...,
+//     ParseDType) and a Shape (shape.go: at most MaxDims dimensions, byte
+//     sizes checked for overflow) over a memory.Buffer on any device; New,
+//     FromFloat32s, FromBuffer, To (a copy on another device), Write.
+//   - The message field codec (field.go): the msgpack encoding of *Tensor and
+//     Ref fields as references into the message's tensor table, and the
+//     placeholders decoding yields (Placeholder, Fill, RefPlaceholder,
+//     FillRef).
+//   - Descriptor (descriptor.go): what a message carries instead of a lent
+//     tensor's bytes: owner, incarnation, export id and lease, dtype, shape,
+//     device and the owner's offers to each data channel. Its msgpack
+//     decoder applies Validate's limits while it reads (no count from the
+//     input sizes an allocation beyond them); Shape's decoder likewise.
+//   - Store (store.go): the owner's table of exports and leases (Export,
+//     Acquire, Release, ReleaseHolder, ttls, incarnations), and the lend
+//     check (lendcheck.go: SetLendCheck, LendViolation).
+//   - Ref (ref.go): a lazily fetched tensor field, fetched when and where its
+//     receiver asks, or forwarded without moving bytes.
 //
 // # In messages
 //
 // In a message body a *Tensor or Ref field is encoded only as a reference,
-// [kind, WireID], to an entry of the message's tensor table, which the
-// transfer engine (package transfer) builds beside the body: inline bytes,
-// or the Descriptor of an export. Decoding a body yields placeholders that
-// the engine fills (Fill, FillRef) from the table; outside a node a message
-// with tensor fields cannot be decoded into usable tensors (field.go).
+// the msgpack array [kind, WireID] (kind 1: a tensor, filled before
+// delivery; 3: a Ref), to an entry of the message's tensor table, which
+// the transfer engine (package transfer) builds beside the body: inline
+// bytes, or the Descriptor of an export. The body never holds tensor bytes
+// nor descriptors. Decoding a body yields placeholders that the engine
+// fills (Fill, FillRef) from the table; a placeholder never filled has no
+// buffer, so outside a node a message with tensor fields cannot be decoded
+// into usable tensors.
 //
 // # Lending
 //

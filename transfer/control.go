@@ -81,7 +81,7 @@ func (e *Engine) HandleControl(peer string, m *wire.Message) {
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
-		ctx, cancel := context.WithTimeout(e.ctx, e.cfg.TransferTimeout)
+		ctx, cancel := context.WithTimeout(e.ctx, e.cfg.Flow.TransferTimeout)
 		defer cancel()
 		if !ok {
 			_ = p.link.Send(ctx, wire.FrameError, 0, 0, &wire.Error{Code: wire.CodeNotFound, Stream: uint32(id), Msg: "no channel " + target + " takes control requests on " + e.cfg.Node})

@@ -26,7 +26,9 @@
 // refused (ErrInboxFull) and, if it goes on, its connection closed; a
 // message whose tensors exceed the per-peer budget is refused
 // (ErrOverBudget). Whatever a peer sends, what the receiver allocates for
-// it stays within Config.PeerBudget and all peers' within Config.Budget.
+// it stays within Config.Flow.ReceiveBudgetPerPeer and all peers' within
+// Config.Flow.ReceiveBudget (the flow section of the node's config,
+// config.FlowConfig).
 //
 //	e := transfer.New(transfer.Config{Node: "a", Incarnation: inc, Dial: dial})
 //	_ = e.Start()

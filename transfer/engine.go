@@ -8,8 +8,8 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-	"time"
 
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
@@ -51,8 +51,9 @@ type Link interface {
 // registered backend's constructor of the same name.
 type ChannelFactory func(env *rdma.Env) (rdma.Channel, error)
 
-// Config is what an engine needs from its node. Zero values take the
-// documented defaults.
+// Config is what an engine needs from its node: who the node is, how to
+// reach its peers, and its tuning, the node's config sections. Zero
+// tuning fields take the defaults of package config.
 type Config struct {
 	Node        string
 	Incarnation uint64
@@ -64,54 +65,33 @@ type Config struct {
 	// Channels replaces the constructors of registered channels.
 	Channels map[string]ChannelFactory
 	// InlineThreshold: tensors of at most this many bytes are copied into
-	// the message's table instead of exported (default 64 KiB).
+	// the message's table instead of exported (config.TransportConfig's
+	// InlineThreshold).
 	InlineThreshold int64
-	// TransferTimeout bounds every fetch and the lease of every export
-	// sent in a message (default 60 s); RefTTL the lease of an export
-	// sent as a tensor.Ref (default 10 min).
-	TransferTimeout time.Duration
-	RefTTL          time.Duration
-	// ChunkSize and ChunksInFlight configure the staging channel.
-	ChunkSize      int
-	ChunksInFlight int
-	// MaxInFlight and MaxInFlightBytes bound, per peer, the messages with
-	// tensors to fetch that were sent and not fetched yet, and their
-	// bytes (defaults DefaultMaxInFlight, DefaultMaxInFlightBytes). The
-	// peer's advertised window lowers them.
-	MaxInFlight      int
-	MaxInFlightBytes int64
-	// Budget bounds the bytes this node allocates at once for tensors
-	// being fetched, all peers together; PeerBudget what one peer's
-	// messages may hold of it (defaults: DefaultBudget, half of it).
-	Budget     int64
-	PeerBudget int64
-	// Window bounds the messages with tensors to fetch that one peer may
-	// have sent and this node not fetched yet; it is advertised to the
-	// peer, whose credits respect it (default DefaultMaxInFlight).
-	Window int
-	// InboxMessages and InboxBytes bound the messages of one peer waiting
-	// for their tensors or behind them, and the encoded bytes they hold
-	// (defaults DefaultInboxMessages, DefaultInboxBytes).
-	InboxMessages int
-	InboxBytes    int64
+	// InlineDevice keeps GPU tensors at or below InlineThreshold inline
+	// for every peer. By default such a tensor goes to a peer of the same
+	// host through a channel that moves small device tensors faster than
+	// inline copies (rdma.DirectSmall: ipc), when that channel reaches
+	// each of the peer's GPUs: the receiver copies it device to device
+	// instead of both ends bouncing it through host memory.
+	InlineDevice bool
+	// Flow bounds what is in flight: fetch deadlines and leases, the
+	// sender's credits, the receiver's budgets, window and inboxes (see
+	// config.FlowConfig; a zero ReceiveBudget is DefaultBudget of Devices).
+	Flow config.FlowConfig
+	// Staging, IPC and Verbs configure the channels of those names,
+	// through their rdma.Env.
+	Staging config.StagingConfig
+	IPC     config.IPCConfig
+	Verbs   config.VerbsConfig
 	// Dial opens an authenticated data connection to a peer's channel.
 	Dial func(ctx context.Context, node, channel string) (net.Conn, error)
 	Log  *zap.Logger
 }
 
-// Defaults of Config.
-const (
-	DefaultInlineThreshold  = 64 << 10
-	DefaultTransferTimeout  = 60 * time.Second
-	DefaultRefTTL           = 10 * time.Minute
-	DefaultMaxInFlight      = 64
-	DefaultMaxInFlightBytes = 4 << 30
-	DefaultInboxMessages    = 4096
-	DefaultInboxBytes       = 256 << 20
-	// maxStrikes is how many messages beyond its window a peer may send
-	// before its connection is closed.
-	maxStrikes = 64
-)
+// maxStrikes is how many messages beyond its window a peer may send
+// before its connection is closed.
+const maxStrikes = 64
 
 // DefaultBudget returns the default receive budget of a node with the
 // given devices: half the memory of its smallest GPU, or a quarter of the
@@ -134,36 +114,17 @@ func DefaultBudget(devs []memory.Device) int64 {
 
 func (c *Config) setDefaults() {
 	if c.InlineThreshold <= 0 {
-		c.InlineThreshold = DefaultInlineThreshold
+		c.InlineThreshold = int64(config.DefaultTransportConfig().InlineThreshold)
 	}
-	if c.TransferTimeout <= 0 {
-		c.TransferTimeout = DefaultTransferTimeout
+	c.Flow = c.Flow.WithDefaults()
+	f := &c.Flow
+	if f.ReceiveBudget <= 0 {
+		f.ReceiveBudget = DefaultBudget(c.Devices)
 	}
-	if c.RefTTL <= 0 {
-		c.RefTTL = DefaultRefTTL
+	if f.ReceiveBudgetPerPeer <= 0 {
+		f.ReceiveBudgetPerPeer = f.ReceiveBudget / 2
 	}
-	if c.MaxInFlight <= 0 {
-		c.MaxInFlight = DefaultMaxInFlight
-	}
-	if c.MaxInFlightBytes <= 0 {
-		c.MaxInFlightBytes = DefaultMaxInFlightBytes
-	}
-	if c.Budget <= 0 {
-		c.Budget = DefaultBudget(c.Devices)
-	}
-	if c.PeerBudget <= 0 {
-		c.PeerBudget = c.Budget / 2
-	}
-	c.PeerBudget = min(c.PeerBudget, c.Budget)
-	if c.Window <= 0 {
-		c.Window = DefaultMaxInFlight
-	}
-	if c.InboxMessages <= 0 {
-		c.InboxMessages = DefaultInboxMessages
-	}
-	if c.InboxBytes <= 0 {
-		c.InboxBytes = DefaultInboxBytes
-	}
+	f.ReceiveBudgetPerPeer = min(f.ReceiveBudgetPerPeer, f.ReceiveBudget)
 	if c.Log == nil {
 		c.Log = zap.NewNop()
 	}
@@ -218,7 +179,7 @@ func New(cfg Config) *Engine {
 	if len(cfg.Devices) > 0 {
 		e.device = cfg.Devices[0]
 	}
-	e.budget = newBudget(cfg.Budget)
+	e.budget = newBudget(cfg.Flow.ReceiveBudget)
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.store.OnEnd(e.exportEnded)
 	return e
@@ -228,14 +189,15 @@ func New(cfg Config) *Engine {
 // advertises (Advert).
 func (e *Engine) Start() error {
 	env := &rdma.Env{
-		Node:           e.cfg.Node,
-		Incarnation:    e.cfg.Incarnation,
-		Store:          e.store,
-		Log:            e.log,
-		Dial:           e.cfg.Dial,
-		Control:        e.control,
-		ChunkSize:      e.cfg.ChunkSize,
-		ChunksInFlight: e.cfg.ChunksInFlight,
+		Node:        e.cfg.Node,
+		Incarnation: e.cfg.Incarnation,
+		Store:       e.store,
+		Log:         e.log,
+		Dial:        e.cfg.Dial,
+		Control:     e.control,
+		Staging:     e.cfg.Staging,
+		IPC:         e.cfg.IPC,
+		Verbs:       e.cfg.Verbs,
 	}
 	channels, caps, err := openChannels(env, &e.cfg)
 	if err != nil {
@@ -289,7 +251,7 @@ type advert struct {
 
 // Advert returns the body a node sends its peers after the handshake.
 func (e *Engine) Advert() ([]byte, error) {
-	return wire.EncodeMsgpack(&advert{Caps: e.caps, WindowMsgs: e.cfg.Window, WindowBytes: e.cfg.PeerBudget})
+	return wire.EncodeMsgpack(&advert{Caps: e.caps, WindowMsgs: e.cfg.Flow.ReceiveWindow, WindowBytes: e.cfg.Flow.ReceiveBudgetPerPeer})
 }
 
 // decodeAdvert decodes the advert of the named peer's incarnation.
@@ -338,7 +300,7 @@ func (e *Engine) PeerUp(name string, incarnation uint64, body []byte, link Link)
 	if err != nil {
 		return nil, err
 	}
-	msgs, bytes := e.cfg.MaxInFlight, e.cfg.MaxInFlightBytes
+	msgs, bytes := e.cfg.Flow.MaxInFlight, e.cfg.Flow.MaxInFlightBytes
 	if a.WindowMsgs > 0 {
 		msgs = min(msgs, a.WindowMsgs)
 	}
@@ -346,8 +308,8 @@ func (e *Engine) PeerUp(name string, incarnation uint64, body []byte, link Link)
 		bytes = min(bytes, a.WindowBytes)
 	}
 	p := &Peer{name: name, link: link, caps: a.Caps, credits: newCredits(msgs, bytes),
-		budget: newBudget(e.cfg.PeerBudget), done: make(chan struct{})}
-	p.inbox.init(e.cfg.InboxMessages, e.cfg.InboxBytes, e.cfg.Window)
+		budget: newBudget(e.cfg.Flow.ReceiveBudgetPerPeer), done: make(chan struct{})}
+	p.inbox.init(e.cfg.Flow.InboxMessages, e.cfg.Flow.InboxBytes, e.cfg.Flow.ReceiveWindow)
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
@@ -289,7 +290,7 @@ func TestEngineInlineAndRefs(t *testing.T) {
 }
 
 func TestEngineRefusesBadTables(t *testing.T) {
-	a, b, _, _ := enginePair(t, Config{InlineThreshold: 16, PeerBudget: 1 << 20, Budget: 2 << 20})
+	a, b, _, _ := enginePair(t, Config{InlineThreshold: 16, Flow: config.FlowConfig{ReceiveBudgetPerPeer: 1 << 20, ReceiveBudget: 2 << 20}})
 	// Beyond the per-peer budget.
 	if _, _, _, err := carry(t, a, b, &grad{W: newTensor(t, 2<<20, 1)}); !errors.Is(err, ErrOverBudget) {
 		t.Fatalf("over budget: %v", err)
@@ -319,7 +320,7 @@ func TestEngineRefusesBadTables(t *testing.T) {
 // keeps doing so.
 func TestEngineWindow(t *testing.T) {
 	holdFetches(t)
-	a, b, _, ba := enginePair(t, Config{InlineThreshold: 16, Window: 2})
+	a, b, _, ba := enginePair(t, Config{InlineThreshold: 16, Flow: config.FlowConfig{ReceiveWindow: 2}})
 	d := &delivery{ch: make(chan error, 128)}
 	refused := 0
 	for i := range 2 + maxStrikes {
@@ -345,7 +346,7 @@ func TestEngineWindow(t *testing.T) {
 // left of the node's budget waits for it, and is fetched once it is free.
 func TestEngineBudgetWaits(t *testing.T) {
 	open := holdFetches(t)
-	a, b, _, _ := enginePair(t, Config{InlineThreshold: 16, Budget: 1500, PeerBudget: 1500})
+	a, b, _, _ := enginePair(t, Config{InlineThreshold: 16, Flow: config.FlowConfig{ReceiveBudget: 1500, ReceiveBudgetPerPeer: 1500}})
 	d := &delivery{ch: make(chan error, 4)}
 	var got []*grad
 	for i := range 2 {
@@ -417,7 +418,7 @@ func (s *sent) count() (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s
 // TestEngineOutbox: with the peer's credits out, Send queues (never
 // blocks), keeps later messages behind, and sends them as releases come.
 func TestEngineOutbox(t *testing.T) {
-	a, b, _, _ := enginePair(t, Config{InlineThreshold: 16, MaxInFlight: 1})
+	a, b, _, _ := enginePair(t, Config{InlineThreshold: 16, Flow: config.FlowConfig{MaxInFlight: 1}})
 	p := a.peer(b.cfg.Node)
 	var ms []*sent
 	var outs []*Outgoing

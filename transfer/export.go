@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
 	"go.uber.org/zap"
 )
@@ -88,7 +89,7 @@ func (o *Outgoing) visitTensor(t *tensor.Tensor) error {
 	if _, ok := tensor.Placeholder(t); ok {
 		return errors.New("transfer: an unfilled tensor placeholder cannot be sent")
 	}
-	if t.ByteSize() <= o.e.cfg.InlineThreshold {
+	if t.ByteSize() <= o.e.cfg.InlineThreshold && !o.directSmall(t) {
 		data, err := hostBytes(t)
 		if err != nil {
 			return err
@@ -102,6 +103,17 @@ func (o *Outgoing) visitTensor(t *tensor.Tensor) error {
 	}
 	o.entries = append(o.entries, entry{ID: t.WireID(), Kind: entryFetch, Desc: d})
 	return nil
+}
+
+// directSmall reports whether t, small enough to go inline, rather goes
+// to the peer through a channel that moves small device tensors faster
+// (see Config.InlineDevice).
+func (o *Outgoing) directSmall(t *tensor.Tensor) bool {
+	if o.e.cfg.InlineDevice || t.Device().Kind != memory.KindCUDA || t.ByteSize() == 0 {
+		return false
+	}
+	p := o.e.peer(o.peer)
+	return p != nil && rdma.DirectSmall(&o.e.caps, &p.caps, t.Device()) != ""
 }
 
 func (o *Outgoing) visitRef(r tensor.Ref) error {
@@ -133,9 +145,9 @@ const exportLeaseFactor = 2
 
 func (o *Outgoing) export(t *tensor.Tensor, asRef bool) (*tensor.Descriptor, error) {
 	e := o.e
-	ttl := exportLeaseFactor * e.cfg.TransferTimeout
+	ttl := exportLeaseFactor * e.cfg.Flow.TransferTimeout
 	if asRef {
-		ttl = e.cfg.RefTTL
+		ttl = e.cfg.Flow.RefTTL
 	}
 	x, d, err := e.store.Export(t, o.peer, ttl)
 	if err != nil {
@@ -146,7 +158,7 @@ func (o *Outgoing) export(t *tensor.Tensor, asRef bool) (*tensor.Descriptor, err
 		o.fetched = append(o.fetched, x)
 		o.bytes += d.Bytes
 	}
-	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.TransferTimeout)
+	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.Flow.TransferTimeout)
 	defer cancel()
 	for name, ch := range e.channels {
 		offer, err := ch.Offer(ctx, x, o.peer)
@@ -250,7 +262,7 @@ func (e *Engine) Send(peer string, o *Outgoing, m Message) {
 		m.Fail(fmt.Errorf("%w: %d messages wait for %s already", ErrOutboxFull, MaxOutbox, peer))
 		return
 	}
-	p.out.q = append(p.out.q, &posted{o: o, m: m, deadline: time.Now().Add(e.cfg.TransferTimeout)})
+	p.out.q = append(p.out.q, &posted{o: o, m: m, deadline: time.Now().Add(e.cfg.Flow.TransferTimeout)})
 	p.out.busy.Store(true)
 	start := !p.out.running
 	p.out.running = true
@@ -309,7 +321,7 @@ func (e *Engine) waitCredit(p *Peer, m *posted) error {
 	defer cancel()
 	if err := p.credits.acquire(ctx, p.done, m.o.bytes); err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("%w: waited %v for %s to release earlier tensors", ErrOutboxFull, e.cfg.TransferTimeout, p.name)
+			return fmt.Errorf("%w: waited %v for %s to release earlier tensors", ErrOutboxFull, e.cfg.Flow.TransferTimeout, p.name)
 		}
 		return err
 	}

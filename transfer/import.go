@@ -71,8 +71,8 @@ func (e *Engine) Import(peer string, table []byte, msg any, dev memory.Device) (
 			}
 		}
 	}
-	if err == nil && in.bytes > e.cfg.PeerBudget {
-		err = fmt.Errorf("%w: %d bytes to fetch, the receive budget per peer is %d", ErrOverBudget, in.bytes, e.cfg.PeerBudget)
+	if err == nil && in.bytes > e.cfg.Flow.ReceiveBudgetPerPeer {
+		err = fmt.Errorf("%w: %d bytes to fetch, the receive budget per peer is %d", ErrOverBudget, in.bytes, e.cfg.Flow.ReceiveBudgetPerPeer)
 	}
 	in.entries = nil
 	if err != nil {
@@ -165,10 +165,13 @@ func (e *Engine) releaseEntries(entries []entry) {
 }
 
 // fetch allocates the destinations of in's descriptors on its device and
-// fetches them, calls fetched, then releases their leases. On failure what
-// was allocated is freed and every lease, including the Refs', released.
+// fetches them, then calls fetched. On failure what was allocated is freed
+// and every lease, including the Refs', released; on success the leases of
+// the fetched descriptors stay held until releaseFetched, which the engine
+// calls once the message is delivered: the release frames then leave after
+// the message reached its receiver instead of before, off the path of a
+// reply.
 func (in *Incoming) fetch(ctx context.Context, fetched func()) error {
-	e := in.e
 	var first error
 	for _, j := range in.jobs {
 		if first = in.fetchOne(ctx, j); first != nil {
@@ -176,16 +179,21 @@ func (in *Incoming) fetch(ctx context.Context, fetched func()) error {
 		}
 	}
 	fetched()
-	for _, j := range in.jobs {
-		if err := e.release(ctx, j.d); err != nil && first == nil {
-			first = err
-		}
-	}
-	in.jobs = nil
 	if first != nil {
 		in.abort(ctx)
 	}
 	return first
+}
+
+// releaseFetched gives back the leases of the descriptors fetch fetched.
+// A release that cannot be sent is not an error of the message: it fails
+// only when the owner's connection is gone, and the owner's leases end
+// with its connection (or expire at their deadline).
+func (in *Incoming) releaseFetched(ctx context.Context) {
+	for _, j := range in.jobs {
+		_ = in.e.release(ctx, j.d)
+	}
+	in.jobs = nil
 }
 
 func (in *Incoming) fetchOne(ctx context.Context, j job) error {
@@ -241,8 +249,8 @@ type refFetcher Engine
 
 func (f *refFetcher) FetchDescriptor(ctx context.Context, d *tensor.Descriptor, dev memory.Device) (*tensor.Tensor, error) {
 	e := (*Engine)(f)
-	if d.Bytes > e.cfg.Budget {
-		return nil, fmt.Errorf("%w: a Ref of %d bytes, the node's receive budget is %d", ErrOverBudget, d.Bytes, e.cfg.Budget)
+	if d.Bytes > e.cfg.Flow.ReceiveBudget {
+		return nil, fmt.Errorf("%w: a Ref of %d bytes, the node's receive budget is %d", ErrOverBudget, d.Bytes, e.cfg.Flow.ReceiveBudget)
 	}
 	t, err := tensor.NewUninit(dev, d.DType, d.Shape)
 	if err != nil {

@@ -224,13 +224,13 @@ func (e *Engine) fetchNow(p *Peer, q *queued) error {
 	if q.in == nil {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.TransferTimeout)
+	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.Flow.TransferTimeout)
 	defer cancel()
 	return q.in.fetch(ctx, p.inbox.fetchedOne)
 }
 
-// deliverFetched delivers q, whose fetch ended with err, and gives its
-// budget back.
+// deliverFetched delivers q, whose fetch ended with err, gives its budget
+// back and then releases the leases of what it fetched.
 func (e *Engine) deliverFetched(p *Peer, q *queued, err error) {
 	if q.held > 0 {
 		p.budget.release(q.held)
@@ -238,6 +238,9 @@ func (e *Engine) deliverFetched(p *Peer, q *queued, err error) {
 		q.held = 0
 	}
 	q.deliver.Deliver(err)
+	if err == nil && q.in != nil {
+		q.in.releaseFetched(e.ctx)
+	}
 	p.inbox.pending.Add(-1)
 }
 

@@ -57,7 +57,7 @@ func (e *Engine) Stats() StatsSnapshot {
 		TensorsExported: s.TensorsExported.Load(),
 		InboxRefused:    s.InboxRefused.Load(),
 		BudgetInUse:     e.budget.inUse(),
-		Budget:          e.cfg.Budget,
+		Budget:          e.cfg.Flow.ReceiveBudget,
 	}
 	s.mu.Lock()
 	out.Channels = maps.Clone(s.channels)

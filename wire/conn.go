@@ -12,12 +12,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tensorferry/tensorferry/config"
 	"go.uber.org/zap"
 )
 
 // DefaultSendQueue is the default number of frames a Conn queues before
-// Send blocks.
-const DefaultSendQueue = 4096
+// Send blocks: the transport section's default (config.DefaultSendQueue).
+const DefaultSendQueue = config.DefaultSendQueue
 
 // connBufferSize is the size of a Conn's read and write buffers.
 const connBufferSize = 64 << 10
@@ -25,8 +26,9 @@ const connBufferSize = 64 << 10
 // ConnOptions configures a Conn.
 type ConnOptions struct {
 	// MaxFrameSize is the largest payload read or written, in bytes
-	// (default DefaultMaxFrameSize, at most MaxFrameSizeLimit). Both ends
-	// must use the same value. The read buffer grows to the largest frame
+	// (default DefaultMaxFrameSize, at most MaxFrameSizeLimit; a node sets
+	// the config's transport.max_frame_size). Both ends must use the same
+	// value. The read buffer grows to the largest frame
 	// received and is reused.
 	MaxFrameSize uint32
 	// SendQueue is the number of frames queued for the writer (default
@@ -56,6 +58,12 @@ type ConnOptions struct {
 	// goroutine per process, idle while no Handler call is in progress,
 	// watches every Conn that sets it.
 	HandlerTakeover time.Duration
+	// ReadSpin, when positive, makes the reader poll the socket for up to
+	// this long after it finds nothing to read before it parks (see
+	// DefaultReadSpinFor): a reply that arrives within it is read without
+	// a thread wake-up, at the price of a processor kept busy meanwhile.
+	// Only for connections that expose their socket (TCP, Unix; not TLS).
+	ReadSpin time.Duration
 	// OnClose is called once, with the cause, after the Conn's goroutines
 	// have exited. It must not call Close.
 	OnClose func(error)
@@ -191,7 +199,11 @@ func NewConn(nc net.Conn, peer Peer, opts ConnOptions) *Conn {
 		writerDone:  make(chan struct{}),
 		closed:      make(chan struct{}),
 	}
-	c.br = bufio.NewReaderSize(nc, connBufferSize)
+	var src io.Reader = nc
+	if sr := newSpinReader(nc, opts.ReadSpin); sr != nil {
+		src = sr
+	}
+	c.br = bufio.NewReaderSize(src, connBufferSize)
 	c.rd = NewFramer(nil, c.br)
 	c.rd.SetMaxReadFrameSize(c.max)
 	return c

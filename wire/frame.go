@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/tensorferry/tensorferry/config"
 )
 
 // HeaderSize is the size of the fixed frame header: length uint32, type
@@ -13,11 +15,12 @@ import (
 const HeaderSize = 12
 
 const (
-	// DefaultMaxFrameSize is the default largest payload accepted: 16 MiB of
-	// data plus room for headers.
-	DefaultMaxFrameSize = 16<<20 + 64<<10
-	// MaxFrameSizeLimit is the largest payload size a Framer can be set to.
-	MaxFrameSizeLimit = 1 << 30
+	// DefaultMaxFrameSize is the default largest payload accepted, 16 MiB:
+	// the transport section's default (config.DefaultMaxFrameSize).
+	DefaultMaxFrameSize = config.DefaultMaxFrameSize
+	// MaxFrameSizeLimit is the largest payload size a Framer can be set to
+	// (1 GiB, config.MaxMaxFrameSize).
+	MaxFrameSizeLimit = config.MaxMaxFrameSize
 )
 
 // FrameType identifies the kind of a frame.

@@ -58,7 +58,8 @@ type HandshakeConfig struct {
 	// Purpose is PurposeControl (default) or PurposeData. The initiator
 	// sends it; an acceptor with a non-empty Purpose refuses other purposes.
 	Purpose string
-	// Timeout bounds the whole handshake (default DefaultHandshakeTimeout).
+	// Timeout bounds the whole handshake (default DefaultHandshakeTimeout;
+	// a node sets the config's dial_timeout, config.Config.DialTimeout).
 	Timeout time.Duration
 	// Expect, on the initiator, is the node name it means to reach; "" means
 	// any. Ignored by the acceptor.

@@ -17,7 +17,7 @@ import (
 	pa "github.com/asynkron/protoactor-go/actor"
 	tfactor "github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/benchmarks/internal/report"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/tensor"
 	"go.uber.org/zap"
@@ -96,7 +96,7 @@ func receive(stdin io.Reader, stdout io.Writer) error {
 		}
 		defer stop()
 	}
-	cfg, err := cluster.Load(spec.Config)
+	cfg, err := config.Load(spec.Config)
 	if err != nil {
 		return err
 	}
@@ -117,7 +117,7 @@ func receive(stdin io.Reader, stdout io.Writer) error {
 		return err
 	}
 	defer node.Stop()
-	if _, err := node.Root().SpawnNamed(sinkProps(node, spec.Device, cfg.InlineThreshold), "sink"); err != nil {
+	if _, err := node.Root().SpawnNamed(sinkProps(node, spec.Device, cfg.Transport.InlineThreshold), "sink"); err != nil {
 		return err
 	}
 	if _, err := fmt.Fprintln(stdout, "ready"); err != nil {
@@ -212,14 +212,14 @@ type pairConfig struct {
 // openPair writes the cluster's config, starts the receiving process and
 // the sending node, and waits until the receiver's actor is up.
 func openPair(pc pairConfig) (p *actorPair, err error) {
-	cfg, err := cluster.LocalConfig("bench-gpu", 2)
+	cfg, err := config.LocalConfig("bench-gpu", 2)
 	if err != nil {
 		return nil, err
 	}
 	// 1 GiB through TCP keeps the cores busy: heartbeats must not declare
 	// the peer dead meanwhile.
 	cfg.HeartbeatInterval, cfg.FailureTimeout = 500*time.Millisecond, 10*time.Second
-	cfg.TransferTimeout = pc.timeout
+	cfg.Flow.TransferTimeout = pc.timeout
 	cfg.DisableChannels = pc.disable
 	cfg.Nodes[0].Devices = []memory.Device{pc.src}
 	cfg.Nodes[1].Devices = []memory.Device{pc.dst}

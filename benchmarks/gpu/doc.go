@@ -5,6 +5,7 @@
 //	gpu --mode all --out $OUT          # everything; JSON lines in $OUT/gpu.jsonl
 //	gpu --mode peer                    # cuMemcpyPeer GPU0 → GPU1, one process: the ceiling
 //	gpu --mode ipc                     # actor messages GPU0 → GPU1 between two processes
+//	gpu --mode ipc --dst 0             # both processes on GPU0 (the default on a one-GPU host)
 //	gpu --mode staging                 # GPU → TCP loopback → GPU vs raw TCP vs the naive sequence
 //	gpu --mode regcache                # first vs repeated transfer of one buffer
 //	gpu --mode peer --max 256MiB --reps 20 --json
@@ -12,10 +13,10 @@
 //
 // Modes and their paths (the "path" of each JSON line):
 //
-//   - peer: cuMemcpyPeer — cuMemcpyPeerAsync from a cuda:0 allocation to a
-//     cuda:1 one with peer access enabled, timed with events around a batch
-//     of copies (as many as make 64 MiB, 1 to 100), per copy, median of the
-//     batches.
+//   - peer: cuMemcpyPeer — cuMemcpyPeerAsync (memory.Stream.CopyAsync)
+//     from a cuda:0 allocation to a cuda:1 one with peer access enabled,
+//     timed with timing events (memory.ElapsedTime) around a batch of copies
+//     (as many as make 64 MiB, 1 to 100), per copy, median of the batches.
 //   - ipc: tensorferry-ipc — two processes (this program re-executes itself
 //     as the receiver): node0 owns a tensor on cuda:0 and sends &Msg{T: t}
 //     with RequestFuture to an actor of node1 whose tensors live on cuda:1;
@@ -23,19 +24,26 @@
 //     (ipc when it runs and NVML reports P2P) and delivers the message; the
 //     actor answers an Ack. Time: RequestFuture until the Ack. The channel
 //     that carried the bytes is in each line's "channel" (node.Stats).
+//     --dst may name --src's GPU: two processes on one GPU. Beside the
+//     messages, alternating with them, the floor of each size: copy+sync —
+//     in this process, one memory.Copy of the size from a --src buffer to
+//     a --dst one (a copy and its stream synchronization); raw-tcp-rtt — a
+//     64-byte round trip over a raw loopback TCP connection; floor — the
+//     sum of their medians; and x_floor — the message path's median over
+//     the floor (target ≤ 2×, stated in the summary).
 //   - staging: tensorferry-staging-gpu — the same with ipc and verbs
 //     disabled in the config, so bytes go GPU → pinned ring → TCP loopback →
 //     pinned ring → GPU; raw-tcp — one loopback connection moving the same
 //     bytes from host memory into a host buffer the receiver keeps; naive —
-//     in this process, cuMemcpyDtoH into pageable memory, the bytes over
-//     the raw TCP connection, cuMemcpyHtoD on the receiving side, one after
-//     the other.
+//     in this process, a device to host memory.Copy into pageable memory,
+//     the bytes over the raw TCP connection, a host to device memory.Copy on
+//     the receiving side, one after the other.
 //   - regcache: tensorferry-staging-gpu first_ms and repeat_ms — the first
 //     transfer of a tensor on fresh nodes (it dials the data connection and
 //     allocates the pinned rings) and the median of the following ones;
 //     regcache-h2d — a pageable host buffer registered through
-//     memory.RegCache and a HostRegistrar, then copied to cuda:0 with
-//     cuMemcpyHtoDAsync: the first copy (miss: cuMemHostRegister paid),
+//     memory.RegCache and a HostRegistrar, then copied to cuda:0 on a
+//     memory.Stream (cuMemcpyHtoDAsync and a synchronize): the first copy (miss: cuMemHostRegister paid),
 //     repeated copies (hits), the registration alone, the same copy from an
 //     unregistered buffer (pageable_ms), and the cache's hit and miss
 //     counters.
@@ -43,6 +51,6 @@
 // Figures: gbps is bytes / median time in GB/s (10^9 bytes per second), us
 // the median time of one transfer; the actor paths also report fetch_gbps,
 // the bytes over the median time the receiving node spent in the channel's
-// Fetch. The NCCL baseline is ../shared/peers/nccl_sendrecv.py, run in the
+// Fetch. CUDA is reached through package memory only. The NCCL baseline is ../shared/peers/nccl_sendrecv.py, run in the
 // same session; benchmarks/plot reads its output and this program's.
 package main

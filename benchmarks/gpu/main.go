@@ -195,7 +195,7 @@ func gpuCount() (int, string) {
 // needs returns why mode m cannot run with gpus GPUs, or "".
 func needs(m string, gpus int, o options) string {
 	switch m {
-	case "peer", "ipc":
+	case "peer":
 		if gpus < 2 {
 			return fmt.Sprintf("needs 2 GPUs, the driver sees %d", gpus)
 		}
@@ -210,10 +210,11 @@ func needs(m string, gpus int, o options) string {
 	return ""
 }
 
-// fitDevices makes the one-GPU modes use --src as the receiver too on a
-// host whose --dst does not exist.
+// fitDevices makes the modes that run on one GPU (staging, regcache, and
+// ipc with both processes on it) use --src as the receiver too on a host
+// whose --dst does not exist.
 func fitDevices(m string, gpus int, o options) options {
-	if (m == "staging" || m == "regcache") && (o.dst < 0 || o.dst >= gpus) {
+	if (m == "staging" || m == "regcache" || m == "ipc") && (o.dst < 0 || o.dst >= gpus) {
 		o.dst = o.src
 	}
 	return o

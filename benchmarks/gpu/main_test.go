@@ -97,13 +97,18 @@ func TestOptions(t *testing.T) {
 		mode string
 		gpus int
 		ok   bool
-	}{{"peer", 1, false}, {"ipc", 2, true}, {"staging", 1, true}, {"regcache", 1, true}} {
+	}{{"peer", 1, false}, {"ipc", 2, true}, {"ipc", 1, true}, {"staging", 1, true}, {"regcache", 1, true}} {
 		if got := needs(c.mode, c.gpus, o) == ""; got != c.ok {
 			t.Errorf("%s on %d GPUs: runs %v, want %v", c.mode, c.gpus, got, c.ok)
 		}
 	}
-	if got := fitDevices("staging", 1, o); got.dst != 0 {
-		t.Errorf("staging on one GPU receives on cuda:%d", got.dst)
+	for _, m := range []string{"staging", "ipc"} {
+		if got := fitDevices(m, 1, o); got.dst != 0 {
+			t.Errorf("%s on one GPU receives on cuda:%d", m, got.dst)
+		}
+	}
+	if got := fitDevices("ipc", 2, o); got.dst != 1 {
+		t.Errorf("ipc on two GPUs receives on cuda:%d", got.dst)
 	}
 	if repsFor(options{}, 1<<30) != 5 || repsFor(options{}, 4<<10) != 200 || repsFor(options{reps: 3}, 1<<30) != 3 {
 		t.Error("repsFor")
@@ -131,5 +136,37 @@ func TestSummary(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("summary lacks %q:\n%s", want, got)
 		}
+	}
+}
+
+func TestFloors(t *testing.T) {
+	o := options{sizes: []int{4 << 10, 1 << 20}}
+	g := func(path string, size int64, v float64) report.Result {
+		return report.Result{Bench: "gpu", Path: path, Size: size, Metric: report.LatencyUs, Value: v, N: 10}
+	}
+	rs := []report.Result{
+		g("tensorferry-ipc", 4<<10, 60), g("tensorferry-ipc-stream", 4<<10, 10),
+		g(pathCopySync, 4<<10, 10), g(pathRawRTT, 4<<10, 20),
+		g("tensorferry-ipc", 1<<20, 90), g(pathCopySync, 1<<20, 20), // no round trip at 1 MiB: no floor
+	}
+	out := withFloors(o, rs)
+	var floor, x []report.Result
+	for _, r := range out {
+		switch {
+		case r.Path == pathFloor:
+			floor = append(floor, r)
+		case r.Metric == metricXFloor:
+			x = append(x, r)
+		}
+	}
+	if len(floor) != 1 || floor[0].Size != 4<<10 || floor[0].Value != 30 {
+		t.Fatalf("floors %+v, want 30 µs at 4 KiB only", floor)
+	}
+	if len(x) != 1 || x[0].Path != "tensorferry-ipc" || x[0].Value != 2 {
+		t.Fatalf("ratios %+v, want tensorferry-ipc at 2×", x)
+	}
+	lines := floorLines(out)
+	if len(lines) != 1 || !strings.Contains(lines[0], "2.00× its floor of 30.0 µs") {
+		t.Errorf("summary lines %q", lines)
 	}
 }

@@ -1,15 +1,16 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
-	"unsafe"
 
+	"github.com/tensorferry/tensorferry/benchmarks/internal/rawtcp"
 	"github.com/tensorferry/tensorferry/benchmarks/internal/report"
-	"github.com/tensorferry/tensorferry/internal/cuda"
+	"github.com/tensorferry/tensorferry/memory"
 )
 
 // pathPeer is the single-process peer copy, the ceiling of GPU0 → GPU1.
@@ -22,76 +23,75 @@ const (
 	peerMaxBatch   = 100
 )
 
-// runPeer times cuMemcpyPeerAsync from --src to --dst in this process.
+// runPeer times cuMemcpyPeerAsync from --src to --dst in this process: a
+// batch of memory.Stream.CopyAsync calls between two timing events.
 func runPeer(o options) (rs []report.Result, err error) {
-	c0, err := cuda.Primary(o.src)
-	if err != nil {
-		return nil, err
-	}
-	c1, err := cuda.Primary(o.dst)
-	if err != nil {
-		return nil, err
-	}
+	ctx := context.Background()
+	src, dst := cudaDev(o.src), cudaDev(o.dst)
 	ch := "p2p"
-	if ok, err := cuda.CanAccessPeer(o.src, o.dst); err != nil {
+	if ok, err := memory.CanAccessPeer(src, dst); err != nil {
 		return nil, err
 	} else if ok {
-		if err := errors.Join(c0.EnablePeerAccess(c1), c1.EnablePeerAccess(c0)); err != nil {
+		if err := memory.EnablePeerAccess(src, dst); err != nil {
 			return nil, err
 		}
 	} else {
 		ch = "staged-by-driver" // no peer access: the driver copies through the host
 	}
 	n := slices.Max(o.sizes)
-	a, err := c0.MemAlloc(n)
+	a, err := memory.AllocUninit(src, n)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { err = errors.Join(err, c0.MemFree(a)) }()
-	b, err := c1.MemAlloc(n)
+	defer func() { err = errors.Join(err, a.Free()) }()
+	b, err := memory.AllocUninit(dst, n)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { err = errors.Join(err, c1.MemFree(b)) }()
-	if err := errors.Join(c0.MemsetD8(a, 0xa5, n), c1.MemsetD8(b, 0, n)); err != nil {
+	defer func() { err = errors.Join(err, b.Free()) }()
+	if err := errors.Join(memory.Fill(ctx, a, 0xa5), memory.Fill(ctx, b, 0)); err != nil {
 		return nil, err
 	}
-	s, err := c0.NewStream()
+	s, err := memory.NewStream(src)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { err = errors.Join(err, s.Destroy()) }()
-	start, err := c0.NewEvent(cuda.EventDefault)
+	defer func() { err = errors.Join(err, s.Close()) }()
+	start, err := memory.NewTimingEvent(src)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { err = errors.Join(err, start.Destroy()) }()
-	end, err := c0.NewEvent(cuda.EventDefault)
+	defer func() { err = errors.Join(err, start.Close()) }()
+	end, err := memory.NewTimingEvent(src)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { err = errors.Join(err, end.Destroy()) }()
+	defer func() { err = errors.Join(err, end.Close()) }()
 
 	batchTime := func(size, batch int) (time.Duration, error) {
-		if err := start.Record(s); err != nil {
+		from, err := a.Slice(0, size)
+		if err != nil {
+			return 0, err
+		}
+		if err := s.Record(start); err != nil {
 			return 0, err
 		}
 		for range batch {
-			if err := c0.MemcpyPeerAsync(b, c1, a, c0, size, s); err != nil {
+			if err := s.CopyAsync(b, from); err != nil {
 				return 0, err
 			}
 		}
-		if err := end.Record(s); err != nil {
+		if err := s.Record(end); err != nil {
 			return 0, err
 		}
 		if err := end.Synchronize(); err != nil {
 			return 0, err
 		}
-		ms, err := cuda.ElapsedTime(start, end)
+		d, err := memory.ElapsedTime(start, end)
 		if err != nil {
 			return 0, err
 		}
-		return time.Duration(float64(ms) * 1e6 / float64(batch)), nil
+		return d / time.Duration(batch), nil
 	}
 	for _, size := range o.sizes {
 		batch := min(peerMaxBatch, max(1, peerBatchBytes/size))
@@ -110,12 +110,16 @@ func runPeer(o options) (rs []report.Result, err error) {
 		}
 	}
 	// The copies landed: the last bytes of the largest size are the source's.
-	var tail [4096]byte
-	k := min(n, len(tail))
-	if err := c1.MemcpyDtoH(unsafe.Pointer(&tail[0]), b+cuda.DevicePtr(n-k), k); err != nil {
+	k := min(n, 4096)
+	tail, err := b.Slice(n-k, k)
+	if err != nil {
 		return rs, err
 	}
-	for _, v := range tail[:k] {
+	got := make([]byte, k)
+	if err := memory.Copy(ctx, memory.WrapHost(got), tail); err != nil {
+		return rs, err
+	}
+	for _, v := range got {
 		if v != 0xa5 {
 			return rs, fmt.Errorf("%s: destination holds %#x, want 0xa5", pathPeer, v)
 		}
@@ -132,7 +136,9 @@ const (
 )
 
 // runIPC sends tensor messages from a node on --src to a node of another
-// process on --dst, over the channel the two select.
+// process on --dst (the same GPU or another), over the channel the two
+// select, and measures each size's floor beside them: an in-process copy
+// from --src to --dst with its sync, and a raw TCP round trip.
 func runIPC(o options) (rs []report.Result, err error) {
 	src, dst := cudaDev(o.src), cudaDev(o.dst)
 	pc := pairConfig{src: src, dst: dst, timeout: o.timeout, log: o.logs}
@@ -147,11 +153,19 @@ func runIPC(o options) (rs []report.Result, err error) {
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, p.close()) }()
-	rs, err = measure(o, []pathMaker{actorPath(pathIPC, p, src), streamPath(pathIPCStream, p, src, o.stream)})
+	raw, err := rawtcp.Open(rawtcp.Options{})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, raw.Close()) }()
+	rs, err = measure(o, []pathMaker{
+		actorPath(pathIPC, p, src), streamPath(pathIPCStream, p, src, o.stream),
+		copySyncPath(src, dst), rawRTTPath(raw),
+	})
 	for _, old := range []string{pathIPC, pathIPCStream} {
 		if name := renamePath(rs, old); name != old {
 			o.progressf("gpu: ipc mode: the nodes chose %s, reported as %s", strings.TrimSuffix(name[len("tensorferry-"):], "-stream"), name)
 		}
 	}
-	return rs, err
+	return withFloors(o, rs), err
 }

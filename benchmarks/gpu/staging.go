@@ -1,14 +1,13 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"time"
-	"unsafe"
 
 	"github.com/tensorferry/tensorferry/benchmarks/internal/rawtcp"
 	"github.com/tensorferry/tensorferry/benchmarks/internal/report"
-	"github.com/tensorferry/tensorferry/internal/cuda"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 )
@@ -66,37 +65,30 @@ func (s *rawStepper) close() { s.pair.FreeBuffer() }
 // tensor to pageable host memory, send it over TCP, and on the receiving
 // side copy it to the device, one after the other.
 type naive struct {
-	c0, c1 *cuda.Context
-	src    cuda.DevicePtr
-	dst    cuda.DevicePtr
-	host   []byte
-	pair   *rawtcp.Pair
+	src, dst memory.Buffer // on the two GPUs
+	host     []byte
+	pair     *rawtcp.Pair
 }
 
 func newNaive(srcGPU, dstGPU, n int) (nv *naive, err error) {
+	ctx := context.Background()
 	nv = &naive{host: make([]byte, n)}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, nv.close())
 		}
 	}()
-	if nv.c0, err = cuda.Primary(srcGPU); err != nil {
+	if nv.src, err = memory.AllocUninit(cudaDev(srcGPU), n); err != nil {
 		return nv, err
 	}
-	if nv.c1, err = cuda.Primary(dstGPU); err != nil {
+	if nv.dst, err = memory.AllocUninit(cudaDev(dstGPU), n); err != nil {
 		return nv, err
 	}
-	if nv.src, err = nv.c0.MemAlloc(n); err != nil {
-		return nv, err
-	}
-	if nv.dst, err = nv.c1.MemAlloc(n); err != nil {
-		return nv, err
-	}
-	if err := errors.Join(nv.c0.MemsetD8(nv.src, 0x5a, n), nv.c1.MemsetD8(nv.dst, 0, n)); err != nil {
+	if err := errors.Join(memory.Fill(ctx, nv.src, 0x5a), memory.Fill(ctx, nv.dst, 0)); err != nil {
 		return nv, err
 	}
 	nv.pair, err = rawtcp.Open(rawtcp.Options{Receive: func(b []byte) error {
-		return nv.c1.MemcpyHtoD(nv.dst, unsafe.Pointer(&b[0]), len(b))
+		return memory.Copy(ctx, nv.dst, memory.WrapHost(b))
 	}})
 	return nv, err
 }
@@ -106,11 +98,10 @@ func (nv *naive) close() error {
 	if nv.pair != nil {
 		errs = append(errs, nv.pair.Close())
 	}
-	if nv.src != 0 {
-		errs = append(errs, nv.c0.MemFree(nv.src))
-	}
-	if nv.dst != 0 {
-		errs = append(errs, nv.c1.MemFree(nv.dst))
+	for _, b := range []memory.Buffer{nv.src, nv.dst} {
+		if b != nil {
+			errs = append(errs, b.Free())
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -121,8 +112,13 @@ type naiveStepper struct {
 }
 
 func (s *naiveStepper) step(check, _ bool) (time.Duration, error) {
+	ctx := context.Background()
+	src, err := s.n.src.Slice(0, s.size)
+	if err != nil {
+		return 0, err
+	}
 	t0 := time.Now()
-	if err := s.n.c0.MemcpyDtoH(unsafe.Pointer(&s.n.host[0]), s.n.src, s.size); err != nil {
+	if err := memory.Copy(ctx, memory.WrapHost(s.n.host[:s.size]), src); err != nil {
 		return 0, err
 	}
 	if _, err := s.n.pair.Send(s.n.host[:s.size]); err != nil {
@@ -131,7 +127,11 @@ func (s *naiveStepper) step(check, _ bool) (time.Duration, error) {
 	d := time.Since(t0)
 	if check {
 		back := make([]byte, s.size)
-		if err := s.n.c1.MemcpyDtoH(unsafe.Pointer(&back[0]), s.n.dst, s.size); err != nil {
+		dst, err := s.n.dst.Slice(0, s.size)
+		if err != nil {
+			return 0, err
+		}
+		if err := memory.Copy(ctx, memory.WrapHost(back), dst); err != nil {
 			return 0, err
 		}
 		for _, v := range back {

@@ -46,6 +46,7 @@ func summary(rs, nccl []report.Result) []string {
 			}
 		}
 	}
+	out = append(out, floorLines(rs)...)
 	for _, r := range rs {
 		if r.Path != pathStagingGPU || r.Metric != report.GBps || r.Size < 64<<20 {
 			continue

@@ -10,7 +10,7 @@ import (
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	tfactor "github.com/tensorferry/tensorferry/actor"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 )
 
 // tfMsg is the 64-byte message of the tensorferry path, a plain Go struct
@@ -42,7 +42,7 @@ type tensorferryPath struct {
 }
 
 func openTensorferry(native bool) (*endpoints, error) {
-	cfg, err := cluster.LocalConfig("bench", 2)
+	cfg, err := config.LocalConfig("bench", 2)
 	if err != nil {
 		return nil, err
 	}

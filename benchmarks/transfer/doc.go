@@ -8,7 +8,7 @@
 //	go run ./benchmarks/transfer --cpuprofile cpu.out --paths tensorferry-staging --min 1GiB
 //
 // Two nodes of one process, each with its own control and data listeners
-// (cluster.LocalConfig): the sender's root context sends &Msg{T: tensor}
+// (config.LocalConfig): the sender's root context sends &Msg{T: tensor}
 // with RequestFuture to an actor on the other node, whose node fetches the
 // tensor through the staging channel (tensors at or below the inline
 // threshold, 64 KiB, ride inside the control frame) before delivering the

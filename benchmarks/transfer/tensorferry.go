@@ -10,7 +10,7 @@ import (
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	tfactor "github.com/tensorferry/tensorferry/actor"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/tensor"
 )
 
@@ -55,19 +55,19 @@ func quietLogger(*pa.ActorSystem) *slog.Logger { return slog.New(slog.DiscardHan
 // openNodes starts both nodes, waits until they see each other and spawns
 // the receiving actor.
 func openNodes(o options) (*nodes, error) {
-	cfg, err := cluster.LocalConfig("bench-transfer", 2)
+	cfg, err := config.LocalConfig("bench-transfer", 2)
 	if err != nil {
 		return nil, err
 	}
 	// A 1 GiB message keeps both cores of a small host busy for a while:
 	// heartbeats must not declare the peer dead meanwhile.
 	cfg.HeartbeatInterval, cfg.FailureTimeout = 500*time.Millisecond, 10*time.Second
-	cfg.TransferTimeout = o.timeout
+	cfg.Flow.TransferTimeout = o.timeout
 	if o.chunk > 0 {
-		cfg.ChunkSize = o.chunk
+		cfg.Staging.ChunkSize = o.chunk
 	}
 	if o.inflight > 0 {
-		cfg.ChunksInFlight = o.inflight
+		cfg.Staging.ChunksInFlight = o.inflight
 	}
 	// Only the channel being measured may move the bytes.
 	for _, ch := range []string{"ipc", "staging", "verbs"} {

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/actor"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 )
@@ -35,7 +35,7 @@ func TestUsageAndUnknownCommand(t *testing.T) {
 
 func TestTopo(t *testing.T) {
 	var out, errOut bytes.Buffer
-	if code := run([]string{"topo", "--config", "../../cluster/testdata/local3.yaml"}, &out, &errOut); code != 0 {
+	if code := run([]string{"topo", "--config", "../../config/testdata/local3.yaml"}, &out, &errOut); code != 0 {
 		t.Fatalf("code %d: %s", code, errOut.String())
 	}
 	s := out.String()
@@ -47,9 +47,9 @@ func TestTopo(t *testing.T) {
 }
 
 // writeCluster writes a 3-node loopback config and starts node0 in-process.
-func writeCluster(t *testing.T) (string, *cluster.Config) {
+func writeCluster(t *testing.T) (string, *config.Config) {
 	t.Helper()
-	cfg, err := cluster.LocalConfig("ferry", 3)
+	cfg, err := config.LocalConfig("ferry", 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func TestPingAndBench(t *testing.T) {
 }
 
 func TestPingUnreachable(t *testing.T) {
-	cfg, err := cluster.LocalConfig("ferry", 2)
+	cfg, err := config.LocalConfig("ferry", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func TestPingUnreachable(t *testing.T) {
 func TestPingWrongSecret(t *testing.T) {
 	path, _ := writeCluster(t)
 	// Same cluster, another secret: node0 refuses the handshake.
-	if err := os.WriteFile(filepath.Join(filepath.Dir(path), cluster.SecretFileName), []byte(strings.Repeat("w", 32)), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(filepath.Dir(path), config.SecretFileName), []byte(strings.Repeat("w", 32)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	var out, errOut bytes.Buffer

@@ -8,7 +8,7 @@ import (
 	"syscall"
 
 	"github.com/tensorferry/tensorferry/actor"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -26,8 +26,8 @@ func newLogger(level string) (*zap.Logger, error) {
 }
 
 // startNode loads the config and starts the named node.
-func startNode(configPath, name string, log *zap.Logger) (*actor.Node, *cluster.Config, error) {
-	cfg, err := cluster.Load(configPath)
+func startNode(configPath, name string, log *zap.Logger) (*actor.Node, *config.Config, error) {
+	cfg, err := config.Load(configPath)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -43,7 +43,7 @@ func startNode(configPath, name string, log *zap.Logger) (*actor.Node, *cluster.
 
 func runNode(args []string, _ io.Writer) error {
 	fs := newFlags("node")
-	config := fs.String("config", "", "cluster config file (YAML)")
+	configPath := fs.String("config", "", "cluster config file (YAML)")
 	name := fs.String("name", "", "name of this node in the config")
 	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	if err := fs.Parse(args); err != nil {
@@ -57,7 +57,7 @@ func runNode(args []string, _ io.Writer) error {
 		return err
 	}
 	defer log.Sync()
-	node, _, err := startNode(*config, *name, log)
+	node, _, err := startNode(*configPath, *name, log)
 	if err != nil {
 		return err
 	}

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/actor"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
@@ -20,12 +20,12 @@ import (
 
 // joinAndWait starts node from and waits until to is up, turning a timeout
 // into a clear "unreachable" error.
-func joinAndWait(config, from, to string, wait time.Duration, level string) (*actor.Node, *cluster.Config, error) {
+func joinAndWait(configPath, from, to string, wait time.Duration, level string) (*actor.Node, *config.Config, error) {
 	log, err := newLogger(level)
 	if err != nil {
 		return nil, nil, err
 	}
-	node, cfg, err := startNode(config, from, log)
+	node, cfg, err := startNode(configPath, from, log)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -100,7 +100,7 @@ func handshakeRefused(err error) bool {
 
 func runPing(args []string, stdout io.Writer) error {
 	fs := newFlags("ping")
-	config := fs.String("config", "", "cluster config file (YAML)")
+	configPath := fs.String("config", "", "cluster config file (YAML)")
 	from := fs.String("from", "", "join the cluster as this node (must be in the config, not running)")
 	to := fs.String("to", "", "node to ping")
 	count := fs.Int("count", 10, "number of round trips")
@@ -116,7 +116,7 @@ func runPing(args []string, stdout io.Writer) error {
 	if *count < 1 || *size < 0 {
 		return &exitError{code: 2, err: fmt.Errorf("--count must be ≥ 1 and --size ≥ 0")}
 	}
-	node, _, err := joinAndWait(*config, *from, *to, *wait, *level)
+	node, _, err := joinAndWait(*configPath, *from, *to, *wait, *level)
 	if err != nil {
 		return err
 	}
@@ -146,7 +146,7 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 
 func runBench(args []string, stdout io.Writer) error {
 	fs := newFlags("bench")
-	config := fs.String("config", "", "cluster config file (YAML)")
+	configPath := fs.String("config", "", "cluster config file (YAML)")
 	from := fs.String("from", "", "join the cluster as this node (must be in the config, not running)")
 	to := fs.String("to", "", "node to send tensors to")
 	sizeFlag := fs.String("size", "64MiB", "tensor size (bytes, or with KiB/MiB/GiB)")
@@ -160,7 +160,7 @@ func runBench(args []string, stdout io.Writer) error {
 	if err := need(fs, "config", "from", "to"); err != nil {
 		return err
 	}
-	size, err := cluster.ParseSize(*sizeFlag)
+	size, err := config.ParseSize(*sizeFlag)
 	if err != nil || size <= 0 {
 		return &exitError{code: 2, err: fmt.Errorf("--size %q: want a positive size", *sizeFlag)}
 	}
@@ -168,7 +168,7 @@ func runBench(args []string, stdout io.Writer) error {
 	if err != nil {
 		return &exitError{code: 2, err: err}
 	}
-	node, cfg, err := joinAndWait(*config, *from, *to, *wait, *level)
+	node, cfg, err := joinAndWait(*configPath, *from, *to, *wait, *level)
 	if err != nil {
 		return err
 	}
@@ -208,6 +208,6 @@ func runBench(args []string, stdout io.Writer) error {
 	mine, theirs := topo.Self, topo.Peers[*to]
 	choice := rdma.Select(&mine, &theirs, dev, dst)
 	fmt.Fprintf(stdout, "%d transfers of %s from %s (%s) to %s (%s) over %s: median %v, %.2f GB/s\n",
-		len(times), cluster.FormatSize(size), *from, dev, *to, dst, choice.Channel, med, float64(size)/med.Seconds()/1e9)
+		len(times), config.FormatSize(size), *from, dev, *to, dst, choice.Channel, med, float64(size)/med.Seconds()/1e9)
 	return nil
 }

@@ -5,7 +5,7 @@ import (
 	"io"
 	"text/tabwriter"
 
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/rdma/verbs"
 )
@@ -14,7 +14,7 @@ import (
 // channel grants exports to peers (memory windows, or per-export
 // registration) and why: measured (verbs.GrantsOf, which probes the RDMA
 // device once) for nodes on this machine; unknown for the others.
-func printVerbsGrants(w io.Writer, cfg *cluster.Config, p localProbe) error {
+func printVerbsGrants(w io.Writer, cfg *config.Config, p localProbe) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "\nNODE\tVERBS GRANTS\tWHY")
 	var (
@@ -31,7 +31,7 @@ func printVerbsGrants(w io.Writer, cfg *cluster.Config, p localProbe) error {
 			fmt.Fprintf(tw, "%s\t?\tunknown from here (not this host)\n", nc.Name)
 		default:
 			if !probed {
-				mode, why, err = verbs.GrantsOf(verbs.Config{})
+				mode, why, err = verbs.GrantsOf(verbs.Config{VerbsConfig: cfg.Verbs})
 				probed = true
 			}
 			if err != nil {

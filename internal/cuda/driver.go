@@ -53,7 +53,7 @@ typedef struct { char bytes[16]; } CUuuid;
 	X(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2", 1, (void *, CUdeviceptr, size_t, CUstream)) \
 	X(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", 1, (CUdeviceptr, CUdeviceptr, size_t, CUstream)) \
 	X(cuMemcpyPeerAsync, "cuMemcpyPeerAsync", 1, (CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t, CUstream)) \
-	X(cuMemsetD8, "cuMemsetD8_v2", 1, (CUdeviceptr, unsigned char, size_t)) \
+	X(cuMemsetD8Async, "cuMemsetD8Async", 1, (CUdeviceptr, unsigned char, size_t, CUstream)) \
 	X(cuMemGetAddressRange, "cuMemGetAddressRange_v2", 1, (CUdeviceptr *, size_t *, CUdeviceptr)) \
 	X(cuMemGetHandleForAddressRange, "cuMemGetHandleForAddressRange", 0, (void *, CUdeviceptr, size_t, int, unsigned long long)) \
 	X(cuStreamCreate, "cuStreamCreate", 1, (CUstream *, unsigned int)) \
@@ -174,7 +174,7 @@ static int tf_dtoh_wait(CUcontext c, void *h, CUdeviceptr d, size_t n, CUstream 
 	*which = 0; CUresult r = p_cuMemcpyDtoHAsync(h, d, n, s); if (r) return r;
 	*which = 1; return p_cuStreamSynchronize(s);
 }
-static int tf_memset8(CUcontext c, CUdeviceptr d, unsigned char v, size_t n) { BIND(c); NEED(cuMemsetD8); return p_cuMemsetD8(d, v, n); }
+static int tf_memset8_async(CUcontext c, CUdeviceptr d, unsigned char v, size_t n, CUstream s) { BIND(c); NEED(cuMemsetD8Async); return p_cuMemsetD8Async(d, v, n, s); }
 static int tf_addr_range(CUcontext c, CUdeviceptr *b, size_t *n, CUdeviceptr p) { BIND(c); NEED(cuMemGetAddressRange); return p_cuMemGetAddressRange(b, n, p); }
 static int tf_dmabuf(CUcontext c, int *fd, CUdeviceptr p, size_t n) {
 	BIND(c); NEED(cuMemGetHandleForAddressRange);
@@ -567,9 +567,15 @@ func (c *Context) MemcpyDtoHWait(dst unsafe.Pointer, src DevicePtr, n int, s *St
 	return check("cuMemcpyDtoHAsync", r)
 }
 
-// MemsetD8 sets n bytes of device memory to v.
-func (c *Context) MemsetD8(p DevicePtr, v byte, n int) error {
-	return check("cuMemsetD8", C.tf_memset8(c.ch(), C.CUdeviceptr(p), C.uchar(v), C.size_t(n)))
+// MemsetD8Async enqueues on s (nil: the default stream) the setting of n
+// bytes of device memory to v. (The synchronous cuMemsetD8 may return before
+// the memory is set and is not ordered with non-blocking streams, so only
+// the stream-ordered form is offered.)
+func (c *Context) MemsetD8Async(p DevicePtr, v byte, n int, s *Stream) error {
+	if s != nil && s.h == nil {
+		return ErrDestroyed
+	}
+	return check("cuMemsetD8Async", C.tf_memset8_async(c.ch(), C.CUdeviceptr(p), C.uchar(v), C.size_t(n), s.sh()))
 }
 
 // MemGetAddressRange returns the base and size of the allocation that
@@ -725,10 +731,19 @@ func (c *Context) IpcCloseMemHandle(p DevicePtr) error {
 }
 
 // ModuleLoadData loads a module from PTX text (JIT-compiled for this
-// device) or a cubin image. A JIT failure's log is part of the error.
-func (c *Context) ModuleLoadData(image string) (*Module, error) {
-	cs := C.CString(image)
+// device) or a cubin or fatbin image. A JIT failure's log is part of the
+// error. The image is copied to C memory with a terminating NUL (PTX must
+// end with one; binary images carry their own length), so it may hold NUL
+// bytes and the caller may reuse it after the call.
+func (c *Context) ModuleLoadData(image []byte) (*Module, error) {
+	if len(image) == 0 {
+		return nil, newError("cuModuleLoadData", ErrorInvalidValue, errorName)
+	}
+	cs := (*C.char)(C.malloc(C.size_t(len(image) + 1)))
 	defer C.free(unsafe.Pointer(cs))
+	buf := unsafe.Slice((*byte)(unsafe.Pointer(cs)), len(image)+1)
+	copy(buf, image)
+	buf[len(image)] = 0
 	var log [4096]C.char
 	var m C.CUmodule
 	if err := check("cuModuleLoadData", C.tf_module_load(c.ch(), &m, cs, &log[0], C.size_t(len(log)))); err != nil {

@@ -105,8 +105,8 @@ func (c *Context) MemcpyDtoHWait(unsafe.Pointer, DevicePtr, int, *Stream) error 
 	return errUnsupported
 }
 
-// MemsetD8 reports that CUDA is not supported by this build.
-func (c *Context) MemsetD8(DevicePtr, byte, int) error { return errUnsupported }
+// MemsetD8Async reports that CUDA is not supported by this build.
+func (c *Context) MemsetD8Async(DevicePtr, byte, int, *Stream) error { return errUnsupported }
 
 // MemGetAddressRange reports that CUDA is not supported by this build.
 func (c *Context) MemGetAddressRange(DevicePtr) (base DevicePtr, size int, err error) {
@@ -158,7 +158,7 @@ func (c *Context) IpcOpenMemHandle(IpcMemHandle, int) (DevicePtr, error) { retur
 func (c *Context) IpcCloseMemHandle(DevicePtr) error { return errUnsupported }
 
 // ModuleLoadData reports that CUDA is not supported by this build.
-func (c *Context) ModuleLoadData(string) (*Module, error) { return nil, errUnsupported }
+func (c *Context) ModuleLoadData([]byte) (*Module, error) { return nil, errUnsupported }
 
 // Function reports that CUDA is not supported by this build.
 func (m *Module) Function(string) (*Function, error) { return nil, errUnsupported }

@@ -94,7 +94,8 @@ func TestGPUCopies(t *testing.T) {
 	if err := c.MemcpyHtoD(d1, unsafe.Pointer(&src[0]), n); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.MemsetD8(d2, 0xAB, n); err != nil {
+	// The default stream orders the memset before the synchronous copy.
+	if err := c.MemsetD8Async(d2, 0xAB, n, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.MemcpyDtoD(d2, d1, n); err != nil {
@@ -221,7 +222,7 @@ func TestGPUStreamsAndEvents(t *testing.T) {
 	defer c.MemFree(a)
 	b, _ := c.MemAlloc(n)
 	defer c.MemFree(b)
-	if err := c.MemsetD8(a, 7, n); err != nil {
+	if err := c.MemsetD8Async(a, 7, n, s1); err != nil {
 		t.Fatal(err)
 	}
 	if err := start.Record(s1); err != nil {
@@ -374,7 +375,7 @@ DONE:
 
 func TestGPUModuleLaunch(t *testing.T) {
 	c := gpu(t)
-	m, err := c.ModuleLoadData(fillPTX)
+	m, err := c.ModuleLoadData([]byte(fillPTX))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -389,11 +390,11 @@ func TestGPUModuleLaunch(t *testing.T) {
 	const n = 1000
 	p, _ := c.MemAlloc(4 * n)
 	defer c.MemFree(p)
-	if err := c.MemsetD8(p, 0, 4*n); err != nil {
-		t.Fatal(err)
-	}
 	s, _ := c.NewStream()
 	defer s.Destroy()
+	if err := c.MemsetD8Async(p, 0, 4*n, s); err != nil {
+		t.Fatal(err)
+	}
 	err = c.LaunchKernel(f, Dim3{X: (n + 255) / 256, Y: 1, Z: 1}, Dim3{X: 256, Y: 1, Z: 1}, 0, s,
 		ArgPtr(p), ArgInt32(0x01020304), ArgUint64(n-1))
 	if err != nil {
@@ -415,7 +416,7 @@ func TestGPUModuleLaunch(t *testing.T) {
 			t.Fatalf("p[%d] = %#x, want %#x", i, v, want)
 		}
 	}
-	if _, err := c.ModuleLoadData("this is not ptx"); err == nil {
+	if _, err := c.ModuleLoadData([]byte("this is not ptx")); err == nil {
 		t.Error("loading garbage PTX succeeded")
 	} else {
 		t.Logf("bad PTX: %v", err)

@@ -14,6 +14,7 @@ func init() {
 		Name:        rdma.IPC,
 		Priority:    20,
 		HolderBound: true, // an IPC handle is granted to one peer
+		AnySize:     true, // one device copy beats two through the host
 		Hardware:    true,
 		Viable:      Available,
 		Scope:       scope,

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	"go.uber.org/zap"
@@ -29,91 +30,12 @@ var processID = func() (b [processIDLen]byte) {
 	return b
 }()
 
-// Config tunes a Channel. Zero fields take the defaults of DefaultConfig.
-type Config struct {
-	// ShmDir is where owners write same-host challenge files; it must be
-	// the host's shared memory directory, the same for every process of
-	// the host. Default /dev/shm.
-	ShmDir string
-	// ChallengeTTL is how long a challenge file waits for its answer
-	// before it is deleted. Default 10 s.
-	ChallengeTTL time.Duration
-	// CopyChunk is the bytes of one device copy; cancellation is noticed
-	// between chunks. Default 64 MiB.
-	CopyChunk int
-	// CopyWindow is how many chunks are queued on the stream at once, so
-	// that the copy engine never waits for the host. Default 4.
-	CopyWindow int
-	// CancelGrace is how long a cancelled fetch waits for the chunks
-	// already queued (the device reads the source and writes the
-	// destination until they finish). Default 10 s.
-	CancelGrace time.Duration
-	// MaxMappings is the number of opened IPC mappings kept after use;
-	// beyond it idle mappings are closed, least recently used first.
-	// Default 256.
-	MaxMappings int
-	// MaxAcquisitions bounds the transfers one peer may have in flight on
-	// this owner. Default 1024.
-	MaxAcquisitions int
-	// IdleLanes is how many idle streams (with their events) are kept per
-	// device for later fetches. Default 8.
-	IdleLanes int
-	// DirectMargin: a holder copies under a direct offer (without begin
-	// and end) only while at least this much of the lease remains;
-	// otherwise it begins, which keeps the export lent past the lease's
-	// end until the copy is over. Default 1 s.
-	DirectMargin time.Duration
-	// NoDirect makes this owner's offers never direct: every fetch costs
-	// a begin and an end round trip (for comparison and tests).
-	NoDirect bool
-}
+// Config tunes a Channel: the ipc section of the node's config. Zero
+// fields take the defaults of DefaultConfig.
+type Config = config.IPCConfig
 
-// DefaultConfig returns the defaults, explained in Config.
-func DefaultConfig() Config {
-	return Config{
-		ShmDir:          "/dev/shm",
-		ChallengeTTL:    10 * time.Second,
-		CopyChunk:       64 << 20,
-		CopyWindow:      4,
-		CancelGrace:     10 * time.Second,
-		MaxMappings:     256,
-		MaxAcquisitions: 1024,
-		IdleLanes:       8,
-		DirectMargin:    time.Second,
-	}
-}
-
-func (c Config) withDefaults() Config {
-	d := DefaultConfig()
-	if c.ShmDir == "" {
-		c.ShmDir = d.ShmDir
-	}
-	if c.ChallengeTTL <= 0 {
-		c.ChallengeTTL = d.ChallengeTTL
-	}
-	if c.CopyChunk <= 0 {
-		c.CopyChunk = d.CopyChunk
-	}
-	if c.CopyWindow <= 0 {
-		c.CopyWindow = d.CopyWindow
-	}
-	if c.CancelGrace <= 0 {
-		c.CancelGrace = d.CancelGrace
-	}
-	if c.MaxMappings <= 0 {
-		c.MaxMappings = d.MaxMappings
-	}
-	if c.MaxAcquisitions <= 0 {
-		c.MaxAcquisitions = d.MaxAcquisitions
-	}
-	if c.IdleLanes <= 0 {
-		c.IdleLanes = d.IdleLanes
-	}
-	if c.DirectMargin <= 0 {
-		c.DirectMargin = d.DirectMargin
-	}
-	return c
-}
+// DefaultConfig returns the defaults, explained in config.IPCConfig.
+func DefaultConfig() Config { return config.DefaultIPCConfig() }
 
 // Channel is the CUDA IPC data channel between processes of one host. It
 // is safe for concurrent use.
@@ -185,11 +107,16 @@ type Stats struct {
 // New returns the ipc channel of a node. It fails with an error wrapping
 // rdma.ErrNotViable when this machine has no CUDA driver or device, or no
 // shared memory directory for the same-host proof.
-func New(env *rdma.Env) (*Channel, error) { return NewWithConfig(env, DefaultConfig()) }
+func New(env *rdma.Env) (*Channel, error) {
+	if env == nil {
+		return nil, errors.New("ipc: Env needs Node, Store and Control")
+	}
+	return NewWithConfig(env, env.IPC)
+}
 
-// NewWithConfig is New with a Config.
+// NewWithConfig is New with a Config in place of env.IPC.
 func NewWithConfig(env *rdma.Env, cfg Config) (*Channel, error) {
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	if err := viable(cfg); err != nil {
 		return nil, err
 	}
@@ -204,7 +131,7 @@ func newChannel(env *rdma.Env, cfg Config) (*Channel, error) {
 	}
 	c := &Channel{
 		env:        env,
-		cfg:        cfg.withDefaults(),
+		cfg:        cfg.WithDefaults(),
 		log:        env.Logger().Named("ipc"),
 		proven:     map[string]bool{},
 		challenges: map[string]*challenge{},

@@ -150,7 +150,7 @@ func ChildOwner(t testing.TB, newChannel func(env *rdma.Env) (rdma.Channel, erro
 			rep, err := call(childRequest{Op: "control", Channel: channel, Req: req})
 			return rep.Resp, err
 		},
-		ChunkSize: TestChunkSize, ChunksInFlight: TestChunksInFlight,
+		Staging: TestStaging, Verbs: TestVerbs,
 	}
 	fc, err := newChannel(fetchEnv)
 	if err != nil {
@@ -245,7 +245,7 @@ func RunChildOwner(t *testing.T, newChannel func(env *rdma.Env) (rdma.Channel, e
 		Control: func(context.Context, string, string, []byte) ([]byte, error) {
 			return nil, errors.New("rdmatest: the owner process cannot reach the fetcher's control handler")
 		},
-		ChunkSize: TestChunkSize, ChunksInFlight: TestChunksInFlight,
+		Staging: TestStaging, Verbs: TestVerbs,
 	}
 	ch, err := newChannel(env)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
@@ -24,6 +25,13 @@ const (
 	TestChunkSize = 1 << 20
 	// TestChunksInFlight is the window the pairs give their channels.
 	TestChunksInFlight = 4
+)
+
+// The config sections the pairs give their channels (through rdma.Env):
+// chunks of TestChunkSize, TestChunksInFlight of them in flight.
+var (
+	TestStaging = config.StagingConfig{ChunkSize: TestChunkSize, ChunksInFlight: TestChunksInFlight}
+	TestVerbs   = config.VerbsConfig{ChunkSize: TestChunkSize, Window: TestChunksInFlight}
 )
 
 // inFlighter is implemented by channels that count their transfers.
@@ -171,8 +179,8 @@ func InProcessPair(t testing.TB, newChannel func(env *rdma.Env) (rdma.Channel, e
 		Dial: func(context.Context, string, string) (net.Conn, error) {
 			return nil, errors.New("rdmatest: the owner does not dial")
 		},
-		Control:   control(&fetchCh, OwnerNode),
-		ChunkSize: TestChunkSize, ChunksInFlight: TestChunksInFlight,
+		Control: control(&fetchCh, OwnerNode),
+		Staging: TestStaging, Verbs: TestVerbs,
 	}
 	addr := ln.Addr().String()
 	fetchEnv := &rdma.Env{
@@ -184,8 +192,8 @@ func InProcessPair(t testing.TB, newChannel func(env *rdma.Env) (rdma.Channel, e
 			var d net.Dialer
 			return d.DialContext(ctx, "tcp", addr)
 		},
-		Control:   control(&ownerCh, FetcherNode),
-		ChunkSize: TestChunkSize, ChunksInFlight: TestChunksInFlight,
+		Control: control(&ownerCh, FetcherNode),
+		Staging: TestStaging, Verbs: TestVerbs,
 	}
 	oc, err := newChannel(ownerEnv)
 	if err != nil {
@@ -272,7 +280,7 @@ func SameNodePair(t testing.TB, newChannel func(env *rdma.Env) (rdma.Channel, er
 		Control: func(context.Context, string, string, []byte) ([]byte, error) {
 			return nil, errors.New("rdmatest: a single node has no control plane")
 		},
-		ChunkSize: TestChunkSize, ChunksInFlight: TestChunksInFlight,
+		Staging: TestStaging, Verbs: TestVerbs,
 	}
 	ch, err := newChannel(env)
 	if err != nil {

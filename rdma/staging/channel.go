@@ -1,6 +1,7 @@
 package staging
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
@@ -18,14 +20,10 @@ import (
 	"go.uber.org/zap"
 )
 
-// MaxRingBytes bounds the pinned staging ring an owner allocates for one
-// data connection (chunk size × window), whatever the fetcher asks for.
-const MaxRingBytes = 64 << 20
-
 // MaxConnsPerPeer bounds the data connections a fetcher keeps to one owner;
 // it is also the number of transfers from one owner that run at once (the
-// others wait for a connection).
-const MaxConnsPerPeer = 8
+// others wait for a connection), and the most stripes of one transfer.
+const MaxConnsPerPeer = config.MaxStripes
 
 var _ rdma.Channel = (*Channel)(nil)
 var _ rdma.ConnServer = (*Channel)(nil)
@@ -41,10 +39,12 @@ var _ rdma.ConnServer = (*Channel)(nil)
 // one's chunks. Idle connections are reused; a connection that failed, or
 // whose transfer was cancelled, is closed and a new one is dialled.
 type Channel struct {
-	env    *rdma.Env
-	log    *zap.Logger
-	chunk  int
-	window int
+	env       *rdma.Env
+	log       *zap.Logger
+	chunk     int
+	window    int
+	maxRing   int   // config.StagingConfig.MaxRingBytes
+	stripeMin int64 // config.StagingConfig.StripeMin
 
 	mu     sync.Mutex
 	closed bool
@@ -87,36 +87,34 @@ type serverConn struct {
 }
 
 // New returns a staging channel for the node described by env. env.Dial is
-// needed to fetch and env.Store to serve; the chunk size and window come from
-// env.ChunkSize and env.ChunksInFlight (DefaultChunkSize and DefaultWindow
-// when zero).
+// needed to fetch and env.Store to serve; the chunk size, window, ring
+// bound and striping come from env.Staging (zero fields take the defaults
+// of config.DefaultStagingConfig; zero Stripes, DefaultStripes).
 func New(env *rdma.Env) (*Channel, error) {
 	if env == nil || env.Store == nil {
 		return nil, errors.New("staging: Env with a Store required")
 	}
-	chunk := env.ChunkSize
-	if chunk == 0 {
-		chunk = DefaultChunkSize
+	cfg := env.Staging.WithDefaults()
+	if cfg.ChunkSize < 0 || cfg.ChunkSize > MaxChunkSize {
+		return nil, fmt.Errorf("staging: chunk size %d outside (0, %d]", cfg.ChunkSize, MaxChunkSize)
 	}
-	if chunk < 0 || chunk > MaxChunkSize {
-		return nil, fmt.Errorf("staging: chunk size %d outside (0, %d]", chunk, MaxChunkSize)
+	if cfg.ChunksInFlight < 0 || cfg.ChunksInFlight > MaxWindow {
+		return nil, fmt.Errorf("staging: %d chunks in flight outside (0, %d]", cfg.ChunksInFlight, MaxWindow)
 	}
-	window := env.ChunksInFlight
-	if window == 0 {
-		window = DefaultWindow
-	}
-	if window < 0 || window > MaxWindow {
-		return nil, fmt.Errorf("staging: %d chunks in flight outside (0, %d]", window, MaxWindow)
+	if cfg.MaxRingBytes < cfg.ChunkSize || cfg.StripeMin < 2 {
+		return nil, fmt.Errorf("staging: ring bound %d below the chunk size %d, or striping minimum %d below 2", cfg.MaxRingBytes, cfg.ChunkSize, cfg.StripeMin)
 	}
 	c := &Channel{
-		env:    env,
-		log:    env.Logger().Named("staging"),
-		chunk:  chunk,
-		window: window,
-		peers:  map[string]*peerPool{},
-		served: map[*serverConn]struct{}{},
+		env:       env,
+		log:       env.Logger().Named("staging"),
+		chunk:     cfg.ChunkSize,
+		window:    cfg.ChunksInFlight,
+		maxRing:   cfg.MaxRingBytes,
+		stripeMin: cfg.StripeMin,
+		peers:     map[string]*peerPool{},
+		served:    map[*serverConn]struct{}{},
 	}
-	c.SetStripes(DefaultStripes())
+	c.SetStripes(cmp.Or(cfg.Stripes, DefaultStripes()))
 	return c, nil
 }
 
@@ -162,8 +160,8 @@ func (e *RemoteError) Unwrap() error { return codes.Sentinel(e.Code) }
 // connection gives rdma.ErrPeerDown, Close rdma.ErrClosed, and a cancelled
 // or expired ctx its error.
 //
-// A transfer of at least StripeMin bytes is split into stripes (see
-// Stripes), contiguous ranges fetched at once over as many data
+// A transfer of at least StagingConfig.StripeMin bytes is split into
+// stripes (see StagingConfig.Stripes), contiguous ranges fetched at once over as many data
 // connections, each with its own staging ring: one TCP stream is bound by
 // the core that copies it, and a host with cores to spare moves a large
 // tensor several times faster over several.
@@ -210,16 +208,12 @@ func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 	return first
 }
 
-// Striping defaults: transfers of at least StripeMin bytes are split into
-// up to Stripes ranges of at least StripeMin/2 bytes.
-const (
-	StripeMin = 16 << 20
-	// MaxStripes bounds SetStripes (and MaxConnsPerPeer bounds the
-	// connections all transfers from one owner use at once).
-	MaxStripes = MaxConnsPerPeer
-)
+// MaxStripes bounds SetStripes (and MaxConnsPerPeer bounds the
+// connections all transfers from one owner use at once).
+const MaxStripes = MaxConnsPerPeer
 
-// DefaultStripes returns the default stripes of a transfer: 4 on a host
+// DefaultStripes returns the default stripes of a transfer (those of a
+// zero StagingConfig.Stripes): 4 on a host
 // with at least 8 CPUs for Go (GOMAXPROCS), 2 with at least 4, else 1 (each
 // stream needs a core on both ends to copy).
 func DefaultStripes() int {
@@ -233,7 +227,8 @@ func DefaultStripes() int {
 }
 
 // SetStripes sets how many stripes a large transfer is split into (1: no
-// striping), clamped to [1, MaxStripes].
+// striping), clamped to [1, MaxStripes], in place of the configured
+// StagingConfig.Stripes.
 func (c *Channel) SetStripes(n int) {
 	c.stripes.Store(int32(max(1, min(n, MaxStripes))))
 }
@@ -242,10 +237,10 @@ func (c *Channel) SetStripes(n int) {
 // once: whole chunks each, the last taking the rest.
 func (c *Channel) stripeRanges(n int64) [][2]int64 {
 	k := int64(c.stripes.Load())
-	if n < StripeMin || k <= 1 {
+	if n < c.stripeMin || k <= 1 {
 		return [][2]int64{{0, n}}
 	}
-	k = min(k, n/(StripeMin/2))
+	k = min(k, n/(c.stripeMin/2))
 	chunk := int64(c.chunk)
 	per := ((n+k-1)/k + chunk - 1) / chunk * chunk // ceil(n/k), in whole chunks
 	var out [][2]int64
@@ -598,8 +593,8 @@ func (c *Channel) send(ctx context.Context, sc *serverConn, fr *Framer, stream u
 		return
 	}
 	// The window only sizes this end's staging ring: the owner caps it by
-	// its own setting and by MaxRingBytes, whatever the fetcher asked.
-	window = max(1, min(window, c.window, MaxRingBytes/chunk))
+	// its own setting and by its ring bound, whatever the fetcher asked.
+	window = max(1, min(window, c.window, c.maxRing/chunk))
 	off, n := int(req.Offset), int(req.Length)
 	if n == 0 {
 		status(FrameEnd, wire.CodeNoError, "")

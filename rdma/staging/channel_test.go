@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/internal/poll"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
@@ -254,6 +255,12 @@ type pair struct {
 
 func newPair(t *testing.T, n int, slow bool) *pair {
 	t.Helper()
+	return newPairConfig(t, n, slow, config.StagingConfig{ChunkSize: 1 << 20})
+}
+
+// newPairConfig is newPair with the fetcher's staging section.
+func newPairConfig(t *testing.T, n int, slow bool, sc config.StagingConfig) *pair {
+	t.Helper()
 	o := newOwner(t, n)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -288,7 +295,7 @@ func newPair(t *testing.T, n int, slow bool) *pair {
 			}
 			return c, err
 		},
-		ChunkSize: 1 << 20,
+		Staging: sc,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -385,14 +392,44 @@ func TestStripedFetch(t *testing.T) {
 	if p.dials != 4 {
 		t.Fatalf("%d dials for two fetches in 4 stripes, want 4", p.dials)
 	}
-	// Below StripeMin: one connection.
-	small := newPair(t, staging.StripeMin-1, false)
+	// Below StagingConfig.StripeMin: one connection.
+	small := newPair(t, int(config.DefaultStagingConfig().StripeMin)-1, false)
 	small.fetcher.SetStripes(4)
 	if _, err := small.fetch(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if small.dials != 1 {
-		t.Fatalf("%d dials for a transfer below StripeMin", small.dials)
+		t.Fatalf("%d dials for a transfer below StagingConfig.StripeMin", small.dials)
+	}
+}
+
+// TestStripingFromConfig: the staging section's stripes and stripe_min
+// decide how a transfer is split, without SetStripes.
+func TestStripingFromConfig(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		sc    config.StagingConfig
+		n     int
+		dials int
+	}{
+		{"3 stripes of a small minimum", config.StagingConfig{ChunkSize: 1 << 20, Stripes: 3, StripeMin: 4 << 20}, 6 << 20, 3},
+		{"limited by the minimum", config.StagingConfig{ChunkSize: 1 << 20, Stripes: 8, StripeMin: 4 << 20}, 5 << 20, 2},
+		{"striping off", config.StagingConfig{ChunkSize: 1 << 20, Stripes: 1}, 40 << 20, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPairConfig(t, tc.n, false, tc.sc)
+			dst, err := p.fetch(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(dst.Host(), p.o.t.Host()) {
+				t.Fatal("wrong bytes")
+			}
+			if p.dials != tc.dials {
+				t.Errorf("%d dials, want %d", p.dials, tc.dials)
+			}
+		})
 	}
 }
 
@@ -450,9 +487,10 @@ func TestNewRejectsBadEnv(t *testing.T) {
 	for _, env := range []*rdma.Env{
 		nil,
 		{Node: "n"},
-		{Node: "n", Store: store, ChunkSize: staging.MaxChunkSize + 1},
-		{Node: "n", Store: store, ChunkSize: -1},
-		{Node: "n", Store: store, ChunksInFlight: staging.MaxWindow + 1},
+		{Node: "n", Store: store, Staging: config.StagingConfig{ChunkSize: staging.MaxChunkSize + 1}},
+		{Node: "n", Store: store, Staging: config.StagingConfig{ChunkSize: -1}},
+		{Node: "n", Store: store, Staging: config.StagingConfig{ChunksInFlight: staging.MaxWindow + 1}},
+		{Node: "n", Store: store, Staging: config.StagingConfig{ChunkSize: 8 << 20, MaxRingBytes: 4 << 20}},
 	} {
 		if _, err := staging.New(env); err == nil {
 			t.Errorf("New(%+v) succeeded", env)
@@ -466,7 +504,7 @@ func TestNewRejectsBadEnv(t *testing.T) {
 // cuda:0 on one GPU).
 func BenchmarkStagingLoopback(b *testing.B) {
 	defaults := func(env *rdma.Env) (rdma.Channel, error) {
-		env.ChunkSize, env.ChunksInFlight = 0, 0 // the production defaults
+		env.Staging = config.StagingConfig{} // the production defaults
 		return staging.New(env)
 	}
 	pairs := []struct{ owner, fetcher memory.Device }{

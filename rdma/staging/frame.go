@@ -8,6 +8,7 @@ import (
 	"net"
 	"strconv"
 
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/wire"
 )
 
@@ -71,14 +72,15 @@ const (
 	// statusCodeSize is the size of the code that starts a status body.
 	statusCodeSize = 4
 	// MaxChunkSize is the largest chunk either end accepts (64 MiB).
-	MaxChunkSize = 64 << 20
-	// DefaultChunkSize is the chunk size used when the Env gives none (4 MiB).
-	DefaultChunkSize = 4 << 20
-	// DefaultWindow is the number of chunks in flight per transfer when the
-	// Env gives none.
-	DefaultWindow = 4
+	MaxChunkSize = config.MaxChunkSize
+	// DefaultChunkSize is the chunk size of a Request whose ChunkSize is 0
+	// (4 MiB, as config.DefaultStagingConfig's).
+	DefaultChunkSize = config.DefaultChunkSize
+	// DefaultWindow is the window of a Request whose Window is 0 (4, as
+	// config.DefaultStagingConfig's).
+	DefaultWindow = config.DefaultChunksInFlight
 	// MaxWindow bounds the window a request may ask for.
-	MaxWindow = 64
+	MaxWindow = config.MaxChunksInFlight
 )
 
 // Errors of the frame codec. They are connection errors: the connection

@@ -12,8 +12,15 @@ import (
 // of chunk bytes each, allocated (and so registered with the driver) once
 // per connection and reused by every transfer on it, plus a stream and one
 // event per slot on the CUDA device currently in use.
+//
+// The slots are views of one pinned allocation whose pages are on the NUMA
+// node of the GPU the ring serves (memory.PinnedAllocator.AllocOnNode), so
+// the GPU's DMA and the CPU's socket copies stay on that node's memory
+// instead of crossing the socket interconnect.
 type pinnedRing struct {
 	chunk  int
+	node   int           // NUMA node of the slots' pages; -1 when unknown
+	mem    memory.Buffer // the slots' memory
 	slots  []memory.Buffer
 	dev    memory.Device
 	stream *memory.Stream
@@ -21,25 +28,18 @@ type pinnedRing struct {
 }
 
 // ring returns *r if it fits (slots of at least chunk bytes, at least
-// window of them) bound to dev, else replaces it with a new one.
+// window of them, on dev's NUMA node when that is known) bound to dev,
+// else replaces it with a new one.
 func ring(r **pinnedRing, dev memory.Device, chunk, window int) (*pinnedRing, error) {
-	if *r != nil && ((*r).chunk < chunk || len((*r).slots) < window) {
+	node := memory.DeviceNUMANode(dev)
+	if *r != nil && ((*r).chunk < chunk || len((*r).slots) < window || (node >= 0 && (*r).node != node)) {
 		(*r).free()
 		*r = nil
 	}
 	if *r == nil {
-		a, err := memory.AllocatorFor(memory.Pinned)
+		nr, err := newPinnedRing(node, chunk, window)
 		if err != nil {
 			return nil, err
-		}
-		nr := &pinnedRing{chunk: chunk}
-		for range window {
-			b, err := a.Alloc(chunk)
-			if err != nil {
-				nr.free()
-				return nil, fmt.Errorf("staging: pinned ring: %w", err)
-			}
-			nr.slots = append(nr.slots, b)
 		}
 		*r = nr
 	}
@@ -49,6 +49,32 @@ func ring(r **pinnedRing, dev memory.Device, chunk, window int) (*pinnedRing, er
 		return nil, err
 	}
 	return *r, nil
+}
+
+// newPinnedRing allocates window slots of chunk bytes on NUMA node (node
+// < 0: wherever the allocator puts them).
+func newPinnedRing(node, chunk, window int) (*pinnedRing, error) {
+	if chunk <= 0 || window <= 0 {
+		return nil, fmt.Errorf("staging: pinned ring of %d slots of %d bytes", window, chunk)
+	}
+	a, err := memory.PinnedAllocatorFor()
+	if err != nil {
+		return nil, err
+	}
+	mem, err := a.AllocOnNode(chunk*window, node)
+	if err != nil {
+		return nil, fmt.Errorf("staging: pinned ring: %w", err)
+	}
+	nr := &pinnedRing{chunk: chunk, node: node, mem: mem}
+	for i := range window {
+		s, err := mem.Slice(i*chunk, chunk)
+		if err != nil {
+			_ = mem.Free()
+			return nil, err
+		}
+		nr.slots = append(nr.slots, s)
+	}
+	return nr, nil
 }
 
 // bind makes the ring's stream and events belong to dev.
@@ -90,10 +116,10 @@ func (r *pinnedRing) free() {
 		return
 	}
 	r.unbind()
-	for _, b := range r.slots {
-		_ = b.Free()
+	if r.mem != nil {
+		_ = r.mem.Free()
 	}
-	r.slots = nil
+	r.mem, r.slots = nil, nil
 }
 
 // slot returns the first n bytes of slot i as a buffer.

@@ -6,9 +6,10 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
-	"time"
 
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/internal/ibverbs"
+	"github.com/tensorferry/tensorferry/internal/pcitopo"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
@@ -20,43 +21,29 @@ var (
 	_ rdma.ControlHandler = (*Channel)(nil)
 )
 
-// Config tunes the channel. Zero fields get the defaults of DefaultConfig.
+// Config tunes the channel: the verbs section of the node's config
+// (config.VerbsConfig, whose zero fields take its defaults).
 type Config struct {
-	// Device is the RDMA device to use; "" picks the first device with a
-	// usable port, and up to Rails devices with a usable port of the same
-	// link layer (each device's first usable one) as the transfer rails.
-	Device string
-	// Port is the port number on Device; 0 picks the first usable one.
-	Port uint8
-	// ChunkSize is the bytes of one RDMA READ (default: Env.ChunkSize, else
-	// 1 MiB).
-	ChunkSize int
-	// Window is how many READs one transfer keeps outstanding (default:
-	// Env.ChunksInFlight, else 8).
-	Window int
-	// SendQueue is the work requests one queue pair holds, shared by the
-	// transfers from one owner (default 256).
-	SendQueue int
-	// CacheBytes bounds the destination registrations the channel keeps
-	// after their transfer (memory.RegCache "verbs", all owners together),
-	// in bytes (default 1 GiB); CacheEntries in regions (default 64). Least
-	// recently used idle ones are deregistered first; ones in use never are.
-	CacheBytes   int64
-	CacheEntries int
-	// StallTimeout fails a connection whose reads make no progress for this
-	// long (default 10 s): the owner died without the NIC noticing (soft
-	// RoCE does not always time out) or the fabric is gone. The node's
-	// PeerDown is the usual, faster path.
-	StallTimeout time.Duration
+	config.VerbsConfig
+	// GPU is the PCI bus id of the GPU whose nearest NIC the channel uses
+	// when Device is "" (as NVML, CUDA or lspci print it): a NIC of the
+	// GPU's nearest PCIe/NUMA distance class (internal/pcitopo: PIX, PXB,
+	// PHB, NODE, SYS) when one has a usable port, else the nearest usable
+	// one farther away. "" means CUDA device 0 of this process when there
+	// is one (under CUDA_VISIBLE_DEVICES, the GPU the process was given);
+	// without a GPU the first device with a usable port is taken.
+	GPU string
 	// Connect are the queue pair parameters (timeouts, retries, outstanding
-	// reads); zero fields get ibverbs.DefaultConnectOptions.
+	// reads); NewWithConfig sets them from VerbsConfig's.
 	Connect ibverbs.ConnectOptions
 	// Rails is the most RDMA devices (NICs) one transfer is split across,
 	// each slice on a queue pair of its own between the two nodes' devices
-	// of the same rail index (default: every usable device; 1 with Device
-	// set). RailMinBytes is the smallest slice (default 8 MiB): a transfer
-	// of n bytes uses min(Rails, n / RailMinBytes) rails, at least one. A
-	// slice whose rail fails is read again over the others.
+	// of the same rail index: the NICs of the GPU's nearest distance class
+	// (rail 0 the one Device or GPU picks), or without a GPU every usable
+	// device. Default 0: all of those; 1 with Device set. RailMinBytes is
+	// the smallest slice (default 8 MiB): a transfer of n bytes uses
+	// min(Rails, n / RailMinBytes) rails, at least one. A slice whose rail
+	// fails is read again over the others.
 	Rails        int
 	RailMinBytes int64
 	// Grants is how exports are granted to peers (default GrantAuto:
@@ -71,10 +58,17 @@ type Config struct {
 	OwnerBudget memory.RegBudget
 }
 
-// DefaultConfig returns the defaults described in Config.
-func DefaultConfig() Config {
-	return Config{ChunkSize: 1 << 20, Window: 8, SendQueue: 256, CacheBytes: 1 << 30, CacheEntries: 64,
-		StallTimeout: 10 * time.Second, Connect: ibverbs.DefaultConnectOptions(), RailMinBytes: 8 << 20}
+// defaultRailMinBytes is Config.RailMinBytes's default.
+const defaultRailMinBytes = 8 << 20
+
+// withConnect returns the Config of v, its queue pair parameters copied
+// into Connect.
+func withConnect(v config.VerbsConfig) Config {
+	return Config{VerbsConfig: v, Connect: ibverbs.ConnectOptions{
+		Timeout: v.AckTimeout, RetryCount: v.RetryCount, RNRRetry: v.RNRRetry,
+		MaxRdAtomic: v.MaxRdAtomic, MaxDestRdAtomic: v.MaxDestRdAtomic, MinRNRTimer: v.MinRNRTimer,
+		HopLimit: v.HopLimit, TrafficClass: v.TrafficClass, ServiceLevel: v.ServiceLevel,
+	}}
 }
 
 // Stats counts registrations, for tests and `ferry topo`.
@@ -107,7 +101,7 @@ type Channel struct {
 	env   *rdma.Env
 	log   *zap.Logger
 	cfg   Config
-	rails []rail // rails[0] is the device of Config.Device
+	rails []rail // rails[0] is the device of Config.Device or Config.GPU
 
 	mu      sync.Mutex
 	closed  bool
@@ -141,15 +135,19 @@ type Channel struct {
 // Available returns nil when an RDMA device with a usable port exists here,
 // else an error wrapping rdma.ErrNotViable with the reason.
 func Available() error {
-	_, _, err := pickPort(Config{})
+	_, _, _, err := pickPort(Config{}, nicPlan{})
 	return err
 }
 
-func pickPort(cfg Config) (string, ibverbs.PortInfo, error) {
+// pickPort returns the first usable port of cfg's device, or of the
+// devices in plan's order (nearest the GPU first), with the device's
+// distance class from the GPU.
+func pickPort(cfg Config, plan nicPlan) (string, ibverbs.PortInfo, pcitopo.Class, error) {
 	devs, err := ibverbs.Devices()
 	if err != nil {
-		return "", ibverbs.PortInfo{}, fmt.Errorf("%w: verbs: %w", rdma.ErrNotViable, err)
+		return "", ibverbs.PortInfo{}, 0, fmt.Errorf("%w: verbs: %w", rdma.ErrNotViable, err)
 	}
+	devs, class := plan.order(devs)
 	var why []string
 	for _, d := range devs {
 		if cfg.Device != "" && d.Name != cfg.Device {
@@ -164,61 +162,54 @@ func pickPort(cfg Config) (string, ibverbs.PortInfo, error) {
 				continue
 			}
 			if p.Usable() {
-				return d.Name, p, nil
+				return d.Name, p, class[d.Name], nil
 			}
 			why = append(why, fmt.Sprintf("%s port %d: %s, %s, no usable GID/LID", d.Name, p.Num, p.State, p.LinkLayer))
 		}
 	}
 	if len(devs) == 0 {
-		return "", ibverbs.PortInfo{}, fmt.Errorf("%w: verbs: no RDMA device", rdma.ErrNotViable)
+		return "", ibverbs.PortInfo{}, 0, fmt.Errorf("%w: verbs: no RDMA device", rdma.ErrNotViable)
 	}
 	if cfg.Device != "" && len(why) == 0 {
-		return "", ibverbs.PortInfo{}, fmt.Errorf("%w: verbs: no device %q with port %d", rdma.ErrNotViable, cfg.Device, cfg.Port)
+		return "", ibverbs.PortInfo{}, 0, fmt.Errorf("%w: verbs: no device %q with port %d", rdma.ErrNotViable, cfg.Device, cfg.Port)
 	}
-	return "", ibverbs.PortInfo{}, fmt.Errorf("%w: verbs: no usable RDMA port: %v", rdma.ErrNotViable, why)
+	return "", ibverbs.PortInfo{}, 0, fmt.Errorf("%w: verbs: no usable RDMA port: %v", rdma.ErrNotViable, why)
 }
 
 // New returns the verbs channel of the node described by env (which needs a
-// Store and Control) with the default configuration, or an error wrapping
+// Store and Control), configured by env.Verbs, or an error wrapping
 // rdma.ErrNotViable where no RDMA device can be used.
-func New(env *rdma.Env) (*Channel, error) { return NewWithConfig(env, Config{}) }
+func New(env *rdma.Env) (*Channel, error) {
+	if env == nil {
+		return nil, errors.New("verbs: Env with a Store and Control required")
+	}
+	return NewWithConfig(env, Config{VerbsConfig: env.Verbs})
+}
 
-// NewWithConfig is New with a configuration.
+// NewWithConfig is New with a configuration in place of env.Verbs; its
+// Connect field is ignored (set from the VerbsConfig).
 func NewWithConfig(env *rdma.Env, cfg Config) (*Channel, error) {
 	if env == nil || env.Store == nil || env.Control == nil {
 		return nil, errors.New("verbs: Env with a Store and Control required")
 	}
-	d := DefaultConfig()
-	if cfg.ChunkSize <= 0 {
-		cfg.ChunkSize = d.ChunkSize
-		if env.ChunkSize > 0 {
-			cfg.ChunkSize = env.ChunkSize
-		}
-	}
-	if cfg.Window <= 0 {
-		cfg.Window = d.Window
-		if env.ChunksInFlight > 0 {
-			cfg.Window = env.ChunksInFlight
-		}
-	}
-	if cfg.SendQueue <= 0 {
-		cfg.SendQueue = d.SendQueue
+	mine := cfg
+	cfg = withConnect(cfg.WithDefaults())
+	cfg.GPU, cfg.Rails, cfg.RailMinBytes, cfg.Grants, cfg.OwnerBudget = mine.GPU, mine.Rails, mine.RailMinBytes, mine.Grants, mine.OwnerBudget
+	if cfg.RailMinBytes <= 0 {
+		cfg.RailMinBytes = defaultRailMinBytes
 	}
 	cfg.Window = min(cfg.Window, cfg.SendQueue)
 	cfg.ChunkSize = min(cfg.ChunkSize, 1<<30)
-	if cfg.CacheBytes <= 0 {
-		cfg.CacheBytes = d.CacheBytes
+	if cfg.GPU != "" {
+		if _, err := pcitopo.ParseBusID(cfg.GPU); err != nil {
+			return nil, fmt.Errorf("verbs: Config.GPU: %w", err)
+		}
 	}
-	if cfg.CacheEntries <= 0 {
-		cfg.CacheEntries = d.CacheEntries
+	var plan nicPlan
+	if cfg.Device == "" {
+		plan = planNICs(cfg.GPU, "/")
 	}
-	if cfg.StallTimeout <= 0 {
-		cfg.StallTimeout = d.StallTimeout
-	}
-	if cfg.RailMinBytes <= 0 {
-		cfg.RailMinBytes = d.RailMinBytes
-	}
-	rails, err := openRails(cfg)
+	rails, class, err := openRails(cfg, plan)
 	if err != nil {
 		return nil, err
 	}
@@ -237,9 +228,10 @@ func NewWithConfig(env *rdma.Env, cfg Config) (*Channel, error) {
 	c.dests = memory.NewRegCache("verbs", pdRegistrar{c: c, access: ibverbs.AccessLocalWrite}, memory.RegBudget{Bytes: cfg.CacheBytes, Count: cfg.CacheEntries})
 	env.Store.OnEnd(c.exportEnded)
 	c.cancelFree = memory.OnFree(c.allocationFreed)
-	c.log.Debug("verbs channel", zap.String("device", name), zap.Uint8("port", port.Num), zap.Int("rails", len(rails)),
+	c.log.Debug("verbs channel", zap.String("device", name), zap.Uint8("port", port.Num), zap.Strings("rails", c.Rails()),
 		zap.Stringer("link", port.LinkLayer), zap.Stringer("mtu", port.ActiveMTU),
 		zap.Stringer("grants", c.grants), zap.String("why", c.grantWhy))
+	plan.report(c.log, name, class)
 	return c, nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/internal/ibverbs"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
@@ -90,7 +91,7 @@ func newClusterCfgs(t *testing.T, cfgOf func(node string) Config, names ...strin
 	cl := &cluster{chans: map[string]*Channel{}, envs: map[string]*rdma.Env{}}
 	for _, name := range names {
 		from := name
-		env := &rdma.Env{Node: name, Incarnation: 1, Store: tensor.NewStore(name, 1), ChunkSize: 256 << 10, ChunksInFlight: 4,
+		env := &rdma.Env{Node: name, Incarnation: 1, Store: tensor.NewStore(name, 1), Verbs: config.VerbsConfig{ChunkSize: 256 << 10, Window: 4},
 			Control: func(ctx context.Context, node, channel string, req []byte) ([]byte, error) {
 				cl.mu.Lock()
 				ch := cl.chans[node]

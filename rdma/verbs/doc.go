@@ -26,8 +26,10 @@
 //     freed and with its peer) and posts RDMA READs of ChunkSize bytes,
 //     Window outstanding, then tells the owner the read is over.
 //
-// Several NICs: the channel opens every usable RDMA device (Config.Rails;
-// rail 0 is Config.Device's, or the first usable one) and splits a transfer
+// Several NICs: besides rail 0 (the device chosen as below) the channel
+// opens the other usable RDMA devices of rail 0's distance class from the
+// GPU (every usable device without a GPU; none with Config.Device set), up
+// to Config.Rails, and splits a transfer
 // of n bytes into min(rails, n / Config.RailMinBytes) slices read
 // concurrently, slice i over rail i: a queue pair, protection domain and
 // registrations of its own between the fetcher's device i and the owner's
@@ -58,6 +60,15 @@
 // owner fail the transfer with an error (rdma.ErrPeerDown when the owner
 // stopped answering); PeerDown and Close tear down queue pairs, windows and
 // registrations.
+//
+// Rail 0 is the RDMA device nearest the GPU the channel serves
+// (Config.GPU, by default CUDA device 0 of the process): internal/pcitopo
+// ranks the host's NICs by PCIe/NUMA distance class from that GPU (PIX, PXB,
+// PHB, NODE, SYS, as `nvidia-smi topo -m` prints them) and the first NIC
+// with a usable port in that order is taken, so a NIC of the nearest class
+// unless none has one; a NIC across sockets, or a farther one taken for
+// want of a usable port, is logged as a warning. Config.Device overrides the
+// choice (and makes it the only rail); `ferry topo` prints it for each GPU.
 //
 // Usage, next to the other channels of a node:
 //

@@ -91,7 +91,11 @@ func (c *Channel) Grants() (GrantMode, string) { return c.grants, c.grantWhy }
 // it: for tools that report it without running a channel. Without a usable
 // device it returns an error wrapping rdma.ErrNotViable.
 func GrantsOf(cfg Config) (GrantMode, string, error) {
-	name, port, err := pickPort(cfg)
+	var plan nicPlan
+	if cfg.Device == "" {
+		plan = planNICs(cfg.GPU, "/")
+	}
+	name, port, _, err := pickPort(cfg, plan)
 	if err != nil {
 		return GrantRegister, "", err
 	}

@@ -8,9 +8,9 @@
 // and every step pulls the weights from every shard, computes the gradient
 // of the squared loss on host memory and pushes one gradient tensor per
 // shard. Weights and gradients larger than 64 KiB travel out of band through
-// the data channels. Shards sum gradients (memory.Axpy) and apply SGD
-// (memory.SGD), which run as CUDA kernels on GPU shards and as Go loops on
-// host shards. A shard lends its weights when it answers a pull, and waits
+// the data channels. Shards sum gradients (axpy) and apply SGD (sgd), which
+// run as CUDA kernels on GPU shards (ps/kernels.ptx, loaded and launched
+// through memory.LoadModule) and as Go loops on host shards. A shard lends its weights when it answers a pull, and waits
 // (Tensor.WaitReleased) before it writes them again.
 //
 // With --mode sync each shard applies the average of all workers' gradients

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/actor"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/samples/paramserver/ps"
 	"go.uber.org/zap"
@@ -151,13 +151,13 @@ func progress(w io.Writer, quiet bool) func(int, float64) {
 // embedded runs a 3-node cluster on loopback in this process: node0 holds
 // the shards (on the GPUs if there are any), node1 and node2 the workers.
 func embedded(ctx context.Context, o *options, stdout io.Writer) (*ps.Result, error) {
-	cc, err := cluster.LocalConfig("paramserver", 3)
+	cc, err := config.LocalConfig("paramserver", 3)
 	if err != nil {
 		return nil, err
 	}
 	// LocalConfig declares a node down after 500ms of silence, which a
 	// loaded machine (or the race detector) can exceed: use the defaults.
-	def := cluster.DefaultConfig()
+	def := config.DefaultConfig()
 	cc.HeartbeatInterval, cc.FailureTimeout = def.HeartbeatInterval, def.FailureTimeout
 	cc.Nodes[0].Devices = shardDevices()
 	if !o.json {
@@ -213,7 +213,7 @@ func shardDevices() []memory.Device {
 // member runs one node of the cluster in --config. It returns a Result on
 // the driving node and nil elsewhere.
 func member(ctx context.Context, o *options, stdout io.Writer) (*ps.Result, error) {
-	cc, err := cluster.Load(o.config)
+	cc, err := config.Load(o.config)
 	if err != nil {
 		return nil, err
 	}

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"go.uber.org/goleak"
 )
 
@@ -65,13 +65,13 @@ func TestBadFlags(t *testing.T) {
 // Three nodes of a cluster described by a config file, each run as by
 // `paramserver --config FILE --node NAME`.
 func TestConfigMode(t *testing.T) {
-	cc, err := cluster.LocalConfig("ps-files", 3)
+	cc, err := config.LocalConfig("ps-files", 3)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// LocalConfig declares a node down after 500ms of silence, which a
 	// loaded machine (or the race detector) can exceed: use the defaults.
-	def := cluster.DefaultConfig()
+	def := config.DefaultConfig()
 	cc.HeartbeatInterval, cc.FailureTimeout = def.HeartbeatInterval, def.FailureTimeout
 	path, err := cc.WriteFiles(t.TempDir())
 	if err != nil {

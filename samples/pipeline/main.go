@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/actor"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/samples/pipeline/pipe"
 	"go.uber.org/zap"
@@ -76,13 +76,13 @@ func stageDevices() [3]memory.Device {
 }
 
 func pipeline(ctx context.Context, cfg pipe.Config, logs bool, w io.Writer) error {
-	cc, err := cluster.LocalConfig("pipeline", 3)
+	cc, err := config.LocalConfig("pipeline", 3)
 	if err != nil {
 		return err
 	}
 	// LocalConfig declares a node down after 500ms of silence, which a
 	// loaded machine (or the race detector) can exceed: use the defaults.
-	def := cluster.DefaultConfig()
+	def := config.DefaultConfig()
 	cc.HeartbeatInterval, cc.FailureTimeout = def.HeartbeatInterval, def.FailureTimeout
 	devs := stageDevices()
 	for i := range cc.Nodes {

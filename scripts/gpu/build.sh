@@ -19,7 +19,7 @@ OUTDIR=$STAGE/g
 mkdir -p "$OUTDIR/tests" "$OUTDIR/bin" "$OUTDIR/peers"
 FLAGS="-trimpath -ldflags=-s -ldflags=-w"
 # Every package whose tests touch CUDA (they skip without a GPU).
-for pkg in ./internal/cuda ./memory ./tensor ./transfer ./rdma/local ./rdma/staging ./rdma/ipc ./rdma/verbs ./actor ./samples/paramserver/... ./samples/pipeline/...; do
+for pkg in ./internal/cuda ./memory ./tensor ./benchmarks/gpu ./transfer ./rdma/local ./rdma/staging ./rdma/ipc ./rdma/verbs ./actor ./samples/paramserver/... ./samples/pipeline/...; do
 	for p in $("$GO" list "$pkg" 2>/dev/null); do
 		name=$(echo "${p#github.com/tensorferry/tensorferry/}" | tr / _)
 		# Packages without test files produce no binary.

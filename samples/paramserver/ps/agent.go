@@ -10,7 +10,7 @@ import (
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/actor"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
 )
 
@@ -43,7 +43,7 @@ type Agent struct {
 // Serve spawns the node's agent. Call it before node.Start, so that the
 // agent exists when the driver's Setup arrives. Shards on this node use the
 // node's devices from cc in turn; workers use host memory.
-func Serve(node *actor.Node, cc *cluster.Config) (*Agent, error) {
+func Serve(node *actor.Node, cc *config.Config) (*Agent, error) {
 	nc, ok := cc.Node(node.Name())
 	if !ok {
 		return nil, fmt.Errorf("ps: node %q is not in the cluster config", node.Name())

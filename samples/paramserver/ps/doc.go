@@ -5,9 +5,14 @@
 // node of worker 0 in the Layout) then calls Drive, which sets every node
 // up, trains and returns the Result:
 //
-//	cc, _ := cluster.LocalConfig("ps", 3)
+//	cc, _ := config.LocalConfig("ps", 3)
 //	// for each node: n, _ := actor.NewNode(cc, name); ps.Serve(n, cc); n.Start()
 //	layout, _ := ps.Roles([]string{"node0", "node1", "node2"}, 2, 2)
 //	res, err := ps.Drive(ctx, driverNode, ps.DefaultConfig(), layout, nil)
 //	fmt.Println(res.Distance, res.Channels["staging"].Bytes)
+//
+// The shards' float32 vector math (axpy, sgd; kernels.go) runs as the CUDA
+// kernels of kernels.ptx on GPU shards, loaded and launched through
+// memory.LoadModule, and as Go loops on host shards; kernels.cu is their
+// CUDA C.
 package ps

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/actor"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 )
@@ -24,13 +24,13 @@ func TestMain(m *testing.M) {
 // startCluster starts n loopback nodes, each with an Agent.
 func startCluster(t *testing.T, n int) []*actor.Node {
 	t.Helper()
-	cc, err := cluster.LocalConfig("ps-test", n)
+	cc, err := config.LocalConfig("ps-test", n)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// LocalConfig declares a node down after 500ms of silence, which a
 	// loaded machine (or the race detector) can exceed: use the defaults.
-	def := cluster.DefaultConfig()
+	def := config.DefaultConfig()
 	cc.HeartbeatInterval, cc.FailureTimeout = def.HeartbeatInterval, def.FailureTimeout
 	var nodes []*actor.Node
 	for _, nc := range cc.Nodes {

@@ -161,7 +161,7 @@ func (s *shard) push(c pa.Context, m *Push) {
 	if s.got == 0 {
 		err = memory.Copy(ctx, s.sum.Buffer(), g.Buffer())
 	} else {
-		err = memory.Axpy(ctx, 1, g.Buffer(), s.sum.Buffer())
+		err = axpy(ctx, 1, g.Buffer(), s.sum.Buffer())
 	}
 	if err != nil {
 		s.fail(c, c.Sender(), m.Step, err)
@@ -211,7 +211,7 @@ func (s *shard) applyDeferred(c pa.Context) {
 	for len(s.deferred) > 0 && !s.waiting {
 		u := s.deferred[0]
 		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-		err := s.w.Write(func(w memory.Buffer) error { return memory.SGD(ctx, w, u.g.Buffer(), u.lr) })
+		err := s.w.Write(func(w memory.Buffer) error { return sgd(ctx, w, u.g.Buffer(), u.lr) })
 		cancel()
 		if errors.Is(err, tensor.ErrLeased) {
 			s.waiting = true

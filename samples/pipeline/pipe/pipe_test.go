@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/actor"
-	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/tensor"
 	"go.uber.org/goleak"
@@ -26,7 +26,7 @@ func TestMain(m *testing.M) {
 
 func startCluster(t *testing.T, devs ...memory.Device) []*actor.Node {
 	t.Helper()
-	cc, err := cluster.LocalConfig("pipe-test", 3)
+	cc, err := config.LocalConfig("pipe-test", 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +35,7 @@ func startCluster(t *testing.T, devs ...memory.Device) []*actor.Node {
 	}
 	// LocalConfig declares a node down after 500ms of silence, which a
 	// loaded machine (or the race detector) can exceed: use the defaults.
-	def := cluster.DefaultConfig()
+	def := config.DefaultConfig()
 	cc.HeartbeatInterval, cc.FailureTimeout = def.HeartbeatInterval, def.FailureTimeout
 	var nodes []*actor.Node
 	for _, nc := range cc.Nodes {

@@ -1,4 +1,4 @@
-package cluster
+package config
 
 import (
 	"errors"
@@ -15,16 +15,22 @@ import (
 	"github.com/tensorferry/tensorferry/memory"
 )
 
-// Config describes a cluster: its name, the shared secret, timing and
-// transfer settings, and the nodes. Read one from a YAML file with Load or
-// Parse, or build one in code starting from DefaultConfig or LocalConfig and
-// call Validate.
+// Config describes a cluster and how its nodes run: the cluster part (its
+// name, the shared secret, TLS, liveness timings, the nodes) and one
+// section per layer (Transport, Flow, Staging, IPC, Verbs, Memory). Read
+// one from a YAML file with Load or Parse, or build one in code starting
+// from DefaultConfig or LocalConfig and call Validate.
+//
+// Every setting has a default (see DefaultConfig and the Default…Config
+// constructors of the sections); a zero value in a Config built in code
+// takes it at Validate, except the booleans, which keep what they are set
+// to (start from DefaultConfig to get their defaults).
 //
 // A Config is not safe for concurrent modification; once validated it may be
 // read from any number of goroutines.
 type Config struct {
 	// Cluster is the cluster name, 1 to 64 characters from [a-zA-Z0-9._-].
-	// Nodes of different clusters refuse each other at handshake.
+	// Nodes of different clusters refuse each other at handshake. Required.
 	Cluster string
 
 	// Secret is the shared secret used for the mutual HMAC handshake, at
@@ -39,78 +45,54 @@ type Config struct {
 	SecretFile string
 	// SecretFileInsecure (secret_file_insecure: true) accepts a SecretFile
 	// that group or others may read: for checked-in test fixtures, whose
-	// mode git does not keep, never for a real cluster.
+	// mode git does not keep, never for a real cluster. Default false.
 	SecretFileInsecure bool
 	// SecretEnv is the name of an environment variable holding the secret.
 	// Exactly one of SecretFile and SecretEnv is set in a config file.
 	SecretEnv string
 
 	// HeartbeatInterval is how often (a duration) each node sends a
-	// heartbeat on every control connection; at least MinHeartbeatInterval.
+	// heartbeat on every control connection; at least
+	// MinHeartbeatInterval. Default 500ms.
 	HeartbeatInterval time.Duration
 	// FailureTimeout is how long (a duration) a peer may stay silent before
-	// it is declared down. It must exceed 2 × HeartbeatInterval.
+	// it is declared down. It must exceed 2 × HeartbeatInterval. Default 3s.
 	FailureTimeout time.Duration
 	// DialTimeout bounds (a duration) one attempt to dial and handshake a
-	// peer; at least MinDialTimeout.
+	// peer, TLS included; at least MinDialTimeout. Default 2s.
 	DialTimeout time.Duration
 	// ReconnectMin is the first backoff delay (a duration) before redialing
 	// a lost peer, at least MinReconnectMin; the delay doubles up to
-	// ReconnectMax.
+	// ReconnectMax. Default 100ms.
 	ReconnectMin time.Duration
 	// ReconnectMax is the largest backoff delay (a duration) between
-	// redials; at least ReconnectMin.
+	// redials; at least ReconnectMin. Default 5s.
 	ReconnectMax time.Duration
-	// TransferTimeout is the deadline (a duration) of one out-of-band tensor
-	// transfer, from descriptor to delivered bytes; at least
-	// MinTransferTimeout.
-	TransferTimeout time.Duration
-
-	// MaxFrameSize is the largest control frame accepted, in bytes; a larger
-	// frame kills its connection before anything is allocated for it.
-	MaxFrameSize int
-	// InlineThreshold is a size in bytes: tensors at or below it are copied
-	// inline into control frames instead of moving out of band. It must be
-	// below MaxFrameSize.
-	InlineThreshold int
-	// ReceiveBudget is what a node allocates at once, in bytes, for
-	// tensors being fetched, all peers together; 0 (the default) derives
-	// it from the node's memory: half of its smallest GPU's, or a quarter
-	// of the host's for a node without GPUs (at least 256 MiB). Messages
-	// beyond it wait in the sender's inbox until earlier ones are
-	// delivered.
-	ReceiveBudget int
-	// ReceiveBudgetPerPeer is what one peer's messages may hold of
-	// ReceiveBudget, in bytes (default: half of it); a message whose
-	// tensors exceed it is refused with a reason to its sender.
-	ReceiveBudgetPerPeer int
-	// ReceiveWindow is how many messages with tensors to fetch one peer
-	// may have sent that this node has not fetched yet (a count, default
-	// 64). It is advertised to the peer, whose sends wait for it; a peer
-	// that keeps exceeding it is disconnected.
-	ReceiveWindow int
-	// InboxMessages bounds the messages of one peer waiting for their
-	// tensors or behind them (a count, default 4096); beyond it they are
-	// refused with a reason to their sender.
-	InboxMessages int
-	// ChunkSize is the size in bytes of one staging chunk (one pinned host
-	// buffer of the staging ring).
-	ChunkSize int
-	// ChunksInFlight is the number of staging chunks (a count) that may be
-	// in flight at once per transfer.
-	ChunksInFlight int
 
 	// DisableChannels lists data channels no node of the cluster may use,
 	// such as "ipc" or "verbs". Validate checks only the form of a name (1
 	// to 32 characters from [a-z0-9_-], starting with a letter): data
 	// channels are an open registry, and the node checks the names against
-	// the channels it has.
+	// the channels it has. Default none.
 	DisableChannels []string
 
 	// TLS, when set, runs every control connection (and, with Data, every
 	// data connection) over mutual TLS 1.3; see TLSConfig. Nodes of one
-	// cluster must agree on it.
+	// cluster must agree on it. Default nil (no TLS).
 	TLS *TLSConfig
+
+	// Transport tunes the control connections (YAML: transport).
+	Transport TransportConfig
+	// Flow bounds what tensors in flight may hold (YAML: flow).
+	Flow FlowConfig
+	// Staging tunes the staging data channel (YAML: staging).
+	Staging StagingConfig
+	// IPC tunes the same-host CUDA IPC data channel (YAML: ipc).
+	IPC IPCConfig
+	// Verbs tunes the RDMA verbs data channel (YAML: verbs).
+	Verbs VerbsConfig
+	// Memory tunes the node's allocators (YAML: memory).
+	Memory MemoryConfig
 
 	// Nodes lists every node of the cluster; there is at least one.
 	Nodes []NodeConfig
@@ -138,6 +120,14 @@ type NodeConfig struct {
 	// DisableChannels lists data channels this node must not use, in
 	// addition to the cluster-wide Config.DisableChannels.
 	DisableChannels []string
+	// MetricsAddress is the host:port where the node serves its metrics
+	// for Prometheus (YAML: metrics_address). Default "": no metrics
+	// listener. Reserved: read and checked here, served by the metrics
+	// work.
+	MetricsAddress string
+	// Pprof also serves net/http/pprof on MetricsAddress (YAML: pprof).
+	// Default false. Reserved like MetricsAddress.
+	Pprof bool
 }
 
 // MinSecretLen is the smallest accepted secret, in bytes.
@@ -162,25 +152,25 @@ const (
 	// MinReconnectMin bounds ReconnectMin: below 1ms a refused dial is
 	// retried in a busy loop.
 	MinReconnectMin = time.Millisecond
-	// MinTransferTimeout bounds TransferTimeout: a transfer needs at least
-	// a rendezvous round trip and a copy.
+	// MinTransferTimeout bounds FlowConfig.TransferTimeout: a transfer
+	// needs at least a rendezvous round trip and a copy.
 	MinTransferTimeout = 100 * time.Millisecond
 )
 
 // MaxChannelNameLen bounds the length of a data channel name.
 const MaxChannelNameLen = 32
 
-// ErrInvalidConfig is matched (with errors.Is) by every error that reports a
-// bad configuration; such errors are *ConfigError.
-var ErrInvalidConfig = errors.New("cluster: invalid config")
+// ErrInvalid is matched (with errors.Is) by every error that reports a
+// bad configuration; such errors are *Error.
+var ErrInvalid = errors.New("config: invalid")
 
-// ConfigError reports what is wrong with a configuration and where.
-type ConfigError struct {
+// Error reports what is wrong with a configuration and where.
+type Error struct {
 	// Line is the 1-based line of the YAML source at fault; 0 for configs
 	// built in code.
 	Line int
-	// Field is the path of the field at fault, such as "nodes[1].address";
-	// empty when the whole document is at fault.
+	// Field is the path of the field at fault, such as "nodes[1].address"
+	// or "staging.chunk_size"; empty when the whole document is at fault.
 	Field string
 	// Err says what is wrong; it may wrap an underlying error (a file not
 	// found, a bad device).
@@ -188,28 +178,29 @@ type ConfigError struct {
 }
 
 // Error returns, for example,
-// `cluster: config line 12: nodes[1].address: duplicate of nodes[0] ("127.0.0.1:7001")`.
-func (e *ConfigError) Error() string {
+// `config: line 12: nodes[1].address: duplicate of nodes[0] ("127.0.0.1:7001")`.
+func (e *Error) Error() string {
 	var b strings.Builder
-	b.WriteString("cluster: config")
+	b.WriteString("config: ")
 	if e.Line > 0 {
-		b.WriteString(" line ")
+		b.WriteString("line ")
 		b.WriteString(strconv.Itoa(e.Line))
+		b.WriteString(": ")
 	}
 	if e.Field != "" {
-		b.WriteString(": ")
 		b.WriteString(e.Field)
+		b.WriteString(": ")
 	}
-	b.WriteString(": ")
 	b.WriteString(e.Err.Error())
 	return b.String()
 }
 
-// Unwrap returns the cause and ErrInvalidConfig.
-func (e *ConfigError) Unwrap() []error { return []error{e.Err, ErrInvalidConfig} }
+// Unwrap returns the cause and ErrInvalid.
+func (e *Error) Unwrap() []error { return []error{e.Err, ErrInvalid} }
 
-// DefaultConfig returns a Config with every setting at its default and no
-// cluster name, secret or nodes: fill those in, then call Validate.
+// DefaultConfig returns a Config for a cluster on a LAN, with every setting
+// and section at its default and no cluster name, secret or nodes: fill
+// those in, then call Validate. LocalConfig is the one for loopback tests.
 func DefaultConfig() *Config {
 	return &Config{
 		// A heartbeat every 500ms costs nothing on a LAN and lets a
@@ -226,21 +217,13 @@ func DefaultConfig() *Config {
 		// ...but never wait longer than 5s, so a restarted node is found
 		// again promptly.
 		ReconnectMax: 5 * time.Second,
-		// 16 MiB holds any control message with inline tensors and
-		// bounds what a bad peer can make us allocate.
-		MaxFrameSize: 16 << 20,
-		// Up to 64 KiB, copying inline beats a rendezvous round trip
-		// (the eager protocol of MPI).
-		InlineThreshold: 64 << 10,
-		// 4 MiB chunks keep the D2H → socket → H2D pipeline busy while
-		// the pinned ring stays small.
-		ChunkSize: 4 << 20,
-		// 4 chunks in flight let all three pipeline stages overlap with
-		// one chunk to spare.
-		ChunksInFlight: 4,
-		// 60s moves many GiB even over a slow staging path, yet a
-		// stuck transfer is failed within a minute.
-		TransferTimeout: 60 * time.Second,
+
+		Transport: DefaultTransportConfig(),
+		Flow:      DefaultFlowConfig(),
+		Staging:   DefaultStagingConfig(),
+		IPC:       DefaultIPCConfig(),
+		Verbs:     DefaultVerbsConfig(),
+		Memory:    DefaultMemoryConfig(),
 	}
 }
 
@@ -264,11 +247,18 @@ func (c *Config) ChannelDisabled(node, channel string) bool {
 	return ok && slices.Contains(n.DisableChannels, channel)
 }
 
-// Validate fills zero values with their defaults (see DefaultConfig; a
+// Validate is the one check of a configuration. It fills zero values with
+// their defaults (see DefaultConfig and the sections' WithDefaults; a
 // node's DataAddress and Devices too), loads the secret from SecretFile or
-// SecretEnv when Secret is empty, and rejects bad values. Every error it
-// returns is a *ConfigError matching ErrInvalidConfig; for configs read from
-// YAML it names the line.
+// SecretEnv when Secret is empty, and rejects bad values: each against its
+// bounds, and across fields (failure_timeout > 2 × heartbeat_interval,
+// reconnect_max ≥ reconnect_min, transport.inline_threshold <
+// transport.max_frame_size, flow.receive_budget_per_peer ≤
+// flow.receive_budget, staging.max_ring_bytes ≥ staging.chunk_size,
+// verbs.window ≤ verbs.send_queue, distinct node names and addresses,
+// pprof only with metrics_address). It reads the TLS files once. Every
+// error it returns is an *Error matching ErrInvalid; for configs read from
+// YAML it names the line. Validating a valid config again changes nothing.
 func (c *Config) Validate() error {
 	c.fillDefaults()
 	if err := c.validateSettings(); err != nil {
@@ -293,28 +283,23 @@ func (c *Config) fillDefaults() {
 		{&c.DialTimeout, &d.DialTimeout},
 		{&c.ReconnectMin, &d.ReconnectMin},
 		{&c.ReconnectMax, &d.ReconnectMax},
-		{&c.TransferTimeout, &d.TransferTimeout},
 	} {
 		if *f.v == 0 {
 			*f.v = *f.def
 		}
 	}
-	for _, f := range []struct{ v, def *int }{
-		{&c.MaxFrameSize, &d.MaxFrameSize},
-		{&c.InlineThreshold, &d.InlineThreshold},
-		{&c.ChunkSize, &d.ChunkSize},
-		{&c.ChunksInFlight, &d.ChunksInFlight},
-	} {
-		if *f.v == 0 {
-			*f.v = *f.def
-		}
-	}
+	c.Transport = c.Transport.WithDefaults()
+	c.Flow = c.Flow.WithDefaults()
+	c.Staging = c.Staging.WithDefaults()
+	c.IPC = c.IPC.WithDefaults()
+	c.Verbs = c.Verbs.WithDefaults()
+	c.Memory = c.Memory.WithDefaults()
 }
 
-// errf returns a *ConfigError for field, with the field's line (or that of
+// errf returns a *Error for field, with the field's line (or that of
 // its nearest recorded parent) when the config came from YAML.
 func (c *Config) errf(field, format string, args ...any) error {
-	return &ConfigError{Line: c.line(field), Field: field, Err: fmt.Errorf(format, args...)}
+	return &Error{Line: c.line(field), Field: field, Err: fmt.Errorf(format, args...)}
 }
 
 func (c *Config) line(field string) int {
@@ -337,24 +322,14 @@ func (c *Config) validateSettings() error {
 	if err := checkName(c.Cluster); err != nil {
 		return c.errf("cluster", "%w", err)
 	}
-	for _, f := range []struct {
-		name string
-		v    time.Duration
-		min  time.Duration // 0: bounded by another field below
-	}{
+	if err := c.checkDurations([]durationField{
 		{"heartbeat_interval", c.HeartbeatInterval, MinHeartbeatInterval},
 		{"failure_timeout", c.FailureTimeout, 0},
 		{"dial_timeout", c.DialTimeout, MinDialTimeout},
 		{"reconnect_min", c.ReconnectMin, MinReconnectMin},
 		{"reconnect_max", c.ReconnectMax, 0},
-		{"transfer_timeout", c.TransferTimeout, MinTransferTimeout},
-	} {
-		if f.v < 0 {
-			return c.errf(f.name, "must be positive, got %v", f.v)
-		}
-		if f.v < f.min {
-			return c.errf(f.name, "%v is below the minimum of %v", f.v, f.min)
-		}
+	}); err != nil {
+		return err
 	}
 	if c.FailureTimeout <= 2*c.HeartbeatInterval {
 		return c.errf("failure_timeout", "%v must exceed 2 × heartbeat_interval (%v)", c.FailureTimeout, c.HeartbeatInterval)
@@ -362,24 +337,60 @@ func (c *Config) validateSettings() error {
 	if c.ReconnectMax < c.ReconnectMin {
 		return c.errf("reconnect_max", "%v is below reconnect_min (%v)", c.ReconnectMax, c.ReconnectMin)
 	}
-	if c.MaxFrameSize < 1<<10 || c.MaxFrameSize > 1<<30 {
-		return c.errf("max_frame_size", "%d bytes is outside 1KiB..1GiB", c.MaxFrameSize)
-	}
-	if c.InlineThreshold < 0 || c.InlineThreshold >= c.MaxFrameSize {
-		return c.errf("inline_threshold", "%d bytes must be below max_frame_size (%d)", c.InlineThreshold, c.MaxFrameSize)
-	}
-	if c.ChunkSize < 0 || c.ChunkSize > 1<<30 {
-		return c.errf("chunk_size", "%d bytes is outside 1B..1GiB", c.ChunkSize)
-	}
-	if c.ChunksInFlight < 0 || c.ChunksInFlight > 1024 {
-		return c.errf("chunks_in_flight", "%d is outside 1..1024", c.ChunksInFlight)
+	for _, check := range []func(*Config) error{
+		c.Transport.validate, c.Flow.validate, c.Staging.validate,
+		c.IPC.validate, c.Verbs.validate, c.Memory.validate,
+	} {
+		if err := check(c); err != nil {
+			return err
+		}
 	}
 	return checkChannels(c, "disable_channels", c.DisableChannels)
 }
 
+// durationField is a duration to check: positive, and at least min.
+type durationField struct {
+	name string
+	v    time.Duration
+	min  time.Duration // 0: bounded by another field, checked apart
+}
+
+func (c *Config) checkDurations(fs []durationField) error {
+	for _, f := range fs {
+		if f.v < 0 {
+			return c.errf(f.name, "must be positive, got %v", f.v)
+		}
+		if f.v < f.min {
+			return c.errf(f.name, "%v is below the minimum of %v", f.v, f.min)
+		}
+	}
+	return nil
+}
+
+// intField is a count or size to check against [min, max].
+type intField struct {
+	name     string
+	v        int64
+	min, max int64
+	unit     string // "bytes" for sizes, "" for counts
+}
+
+func (c *Config) checkInts(fs []intField) error {
+	for _, f := range fs {
+		if f.v >= f.min && f.v <= f.max {
+			continue
+		}
+		if f.unit == "bytes" {
+			return c.errf(f.name, "%d bytes is outside %s..%s", f.v, FormatSize(int(f.min)), FormatSize(int(f.max)))
+		}
+		return c.errf(f.name, "%d is outside %d..%d", f.v, f.min, f.max)
+	}
+	return nil
+}
+
 func checkChannels(c *Config, field string, chans []string) error {
 	for i, ch := range chans {
-		if err := checkChannelName(ch); err != nil {
+		if err := CheckChannelName(ch); err != nil {
 			return c.errf(fmt.Sprintf("%s[%d]", field, i), "%w", err)
 		}
 		if j := slices.Index(chans[:i], ch); j >= 0 {
@@ -389,9 +400,9 @@ func checkChannels(c *Config, field string, chans []string) error {
 	return nil
 }
 
-// checkChannelName accepts a data channel name: a lower-case letter, then
+// CheckChannelName accepts a data channel name: a lower-case letter, then
 // up to 31 characters from [a-z0-9_-].
-func checkChannelName(s string) error {
+func CheckChannelName(s string) error {
 	ok := len(s) >= 1 && len(s) <= MaxChannelNameLen && s[0] >= 'a' && s[0] <= 'z'
 	for i := 1; ok && i < len(s); i++ {
 		b := s[i]
@@ -542,6 +553,22 @@ func (c *Config) validateNodes() error {
 				return c.errf(p+"."+a.field, "duplicate of %s (%q)", of, a.addr)
 			}
 			addrs[a.addr] = owner{i, a.field}
+		}
+		if n.MetricsAddress != "" {
+			mh, mp, err := net.SplitHostPort(n.MetricsAddress)
+			if pn, perr := strconv.Atoi(mp); err != nil || perr != nil || pn < 1 || pn > 65535 {
+				return c.errf(p+".metrics_address", "%q: want host:port (or :port for every interface) with a port in 1..65535", n.MetricsAddress)
+			}
+			if mh != "" {
+				a := net.JoinHostPort(mh, mp)
+				if o, dup := addrs[a]; dup {
+					return c.errf(p+".metrics_address", "duplicate of nodes[%d].%s (%q)", o.node, o.field, a)
+				}
+				addrs[a] = owner{i, "metrics_address"}
+			}
+		}
+		if n.Pprof && n.MetricsAddress == "" {
+			return c.errf(p+".pprof", "pprof is served on metrics_address: set it too")
 		}
 		if len(n.Devices) == 0 {
 			n.Devices = []memory.Device{memory.CPU}

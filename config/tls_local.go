@@ -1,4 +1,4 @@
-package cluster
+package config
 
 import (
 	"crypto/ecdsa"
@@ -23,7 +23,7 @@ import (
 func LocalTLS(dir string, data bool) (*TLSConfig, error) {
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: local tls: %w", err)
+		return nil, fmt.Errorf("config: local tls: %w", err)
 	}
 	now := time.Now()
 	serial := func() *big.Int {
@@ -37,15 +37,15 @@ func LocalTLS(dir string, data bool) (*TLSConfig, error) {
 	}
 	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: local tls: %w", err)
+		return nil, fmt.Errorf("config: local tls: %w", err)
 	}
 	caCert, err := x509.ParseCertificate(caDER)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: local tls: %w", err)
+		return nil, fmt.Errorf("config: local tls: %w", err)
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: local tls: %w", err)
+		return nil, fmt.Errorf("config: local tls: %w", err)
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(), Subject: pkix.Name{CommonName: "tensorferry local node"},
@@ -55,15 +55,15 @@ func LocalTLS(dir string, data bool) (*TLSConfig, error) {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: local tls: %w", err)
+		return nil, fmt.Errorf("config: local tls: %w", err)
 	}
 	keyDER, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: local tls: %w", err)
+		return nil, fmt.Errorf("config: local tls: %w", err)
 	}
 	abs, err := filepath.Abs(dir)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: local tls: %w", err)
+		return nil, fmt.Errorf("config: local tls: %w", err)
 	}
 	t := &TLSConfig{CertFile: filepath.Join(abs, "node.crt"), KeyFile: filepath.Join(abs, "node.key"), CAFile: filepath.Join(abs, "ca.crt"), Data: data}
 	for _, f := range []struct {
@@ -71,7 +71,7 @@ func LocalTLS(dir string, data bool) (*TLSConfig, error) {
 		der       []byte
 	}{{t.CAFile, "CERTIFICATE", caDER}, {t.CertFile, "CERTIFICATE", der}, {t.KeyFile, "EC PRIVATE KEY", keyDER}} {
 		if err := os.WriteFile(f.path, pem.EncodeToMemory(&pem.Block{Type: f.typ, Bytes: f.der}), 0o600); err != nil {
-			return nil, fmt.Errorf("cluster: local tls: %w", err)
+			return nil, fmt.Errorf("config: local tls: %w", err)
 		}
 	}
 	return t, nil

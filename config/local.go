@@ -1,4 +1,4 @@
-package cluster
+package config
 
 import (
 	"crypto/rand"
@@ -14,15 +14,18 @@ import (
 // maxLocalNodes bounds LocalConfig's n.
 const maxLocalNodes = 1024
 
-// LocalConfig returns a validated config for n nodes on loopback, for tests:
-// nodes "node0".."node<n-1>" on 127.0.0.1 with control and data ports picked
-// free by the kernel, a random 32-byte secret, and timings shortened so that
-// failures are noticed quickly (heartbeat 50ms, failure timeout 500ms).
+// LocalConfig returns a validated config for n nodes on loopback, for tests
+// (memberlist's DefaultLocalConfig): DefaultConfig with nodes
+// "node0".."node<n-1>" on 127.0.0.1 with control and data ports picked free
+// by the kernel, a random 32-byte secret, and the liveness timings
+// shortened so that failures and restarts are noticed quickly (heartbeat
+// 100ms, failure timeout 2s, dial timeout 1s, reconnection 10ms..200ms).
+// The sections keep their defaults.
 // The ports were free when picked; another process may take them before the
 // nodes listen.
 func LocalConfig(cluster string, n int) (*Config, error) {
 	if n < 1 || n > maxLocalNodes {
-		return nil, fmt.Errorf("cluster: local config: %d nodes, want 1..%d", n, maxLocalNodes)
+		return nil, fmt.Errorf("config: local config: %d nodes, want 1..%d", n, maxLocalNodes)
 	}
 	c := DefaultConfig()
 	c.Cluster = cluster
@@ -44,7 +47,7 @@ func LocalConfig(cluster string, n int) (*Config, error) {
 	// secret survives a round trip through a file or an environment variable.
 	var raw [24]byte
 	if _, err := rand.Read(raw[:]); err != nil {
-		return nil, fmt.Errorf("cluster: local config: secret: %w", err)
+		return nil, fmt.Errorf("config: local config: secret: %w", err)
 	}
 	c.Secret = []byte(base64.RawURLEncoding.EncodeToString(raw[:]))
 
@@ -58,7 +61,7 @@ func LocalConfig(cluster string, n int) (*Config, error) {
 	pick := func() (string, error) {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			return "", fmt.Errorf("cluster: local config: pick a port: %w", err)
+			return "", fmt.Errorf("config: local config: pick a port: %w", err)
 		}
 		ls = append(ls, l)
 		return l.Addr().String(), nil
@@ -92,10 +95,10 @@ const (
 // c must hold its Secret (as after Validate); c itself is not changed.
 func (c *Config) WriteFiles(dir string) (path string, err error) {
 	if len(c.Secret) < MinSecretLen {
-		return "", fmt.Errorf("cluster: write files: secret is %d bytes, want at least %d (call Validate first)", len(c.Secret), MinSecretLen)
+		return "", fmt.Errorf("config: write files: secret is %d bytes, want at least %d (call Validate first)", len(c.Secret), MinSecretLen)
 	}
 	if last := c.Secret[len(c.Secret)-1]; last == '\n' || last == '\r' {
-		return "", errors.New("cluster: write files: a secret ending in a newline cannot be stored in a secret file")
+		return "", errors.New("config: write files: a secret ending in a newline cannot be stored in a secret file")
 	}
 	cp := *c
 	cp.SecretFile, cp.SecretEnv = SecretFileName, ""
@@ -119,18 +122,18 @@ func (c *Config) WriteFiles(dir string) (path string, err error) {
 func writeFile(path string, b []byte, perm os.FileMode) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, perm)
 	if err != nil {
-		return fmt.Errorf("cluster: write files: %w", err)
+		return fmt.Errorf("config: write files: %w", err)
 	}
 	if err := f.Chmod(perm); err != nil {
 		f.Close()
-		return fmt.Errorf("cluster: write files: %w", err)
+		return fmt.Errorf("config: write files: %w", err)
 	}
 	if _, err := f.Write(b); err != nil {
 		f.Close()
-		return fmt.Errorf("cluster: write files: %w", err)
+		return fmt.Errorf("config: write files: %w", err)
 	}
 	if err := f.Close(); err != nil {
-		return fmt.Errorf("cluster: write files: %w", err)
+		return fmt.Errorf("config: write files: %w", err)
 	}
 	return nil
 }

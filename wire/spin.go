@@ -1,0 +1,101 @@
+package wire
+
+import (
+	"io"
+	"net"
+	"runtime"
+	"syscall"
+	"time"
+)
+
+// DefaultReadSpin is the read spin (ConnOptions.ReadSpin) a node uses on
+// its control connections when it runs with at least SpinMinProcs
+// processors (GOMAXPROCS): long enough to catch the reply of a loopback or
+// same-rack round trip that follows a frame, short enough to cost little
+// when none comes.
+const DefaultReadSpin = 50 * time.Microsecond
+
+// SpinMinProcs is the fewest processors (GOMAXPROCS) at which
+// DefaultReadSpinFor spins: below it a spinning reader would take a
+// processor the goroutines it serves need (on a 2-core machine the
+// handler, the writer and the actors share two).
+const SpinMinProcs = 8
+
+// DefaultReadSpinFor returns DefaultReadSpin when the process runs with
+// at least SpinMinProcs processors, and 0 (no spin) otherwise.
+func DefaultReadSpinFor() time.Duration {
+	if runtime.GOMAXPROCS(0) >= SpinMinProcs {
+		return DefaultReadSpin
+	}
+	return 0
+}
+
+// spinReader reads a socket, and when it has nothing to read, polls it
+// for up to spin before parking in the runtime's network poller. Waking a
+// goroutine parked there costs a thread wake-up (10–30 µs on virtual
+// machines); a reply that comes within the spin is read without one. The
+// spin yields the processor between polls, so goroutines that became
+// runnable on it (an actor the last frame woke) run first.
+type spinReader struct {
+	raw  syscall.RawConn
+	spin time.Duration
+}
+
+// newSpinReader returns a spinning reader of nc, or nil when nc does not
+// expose its file descriptor (TLS, pipes, in-memory networks).
+func newSpinReader(nc net.Conn, spin time.Duration) io.Reader {
+	if spin <= 0 {
+		return nil
+	}
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	return &spinReader{raw: raw, spin: spin}
+}
+
+func (r *spinReader) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	var (
+		n     int
+		rerr  error
+		start time.Time
+		spun  bool
+	)
+	err := r.raw.Read(func(fd uintptr) bool {
+		for {
+			n, rerr = syscall.Read(int(fd), p)
+			switch {
+			case rerr == syscall.EINTR:
+				continue
+			case rerr != syscall.EAGAIN:
+				return true
+			case spun:
+				return false // wait in the poller
+			}
+			if start.IsZero() {
+				start = time.Now()
+			} else if time.Since(start) >= r.spin {
+				spun = true
+				return false
+			}
+			runtime.Gosched()
+		}
+	})
+	if err != nil {
+		return 0, err // closed, or the read deadline passed
+	}
+	if rerr != nil {
+		return 0, rerr
+	}
+	if n <= 0 {
+		return 0, io.EOF
+	}
+	return n, nil
+}

@@ -1,0 +1,107 @@
+package wire
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"testing"
+	"time"
+)
+
+func TestSpinReaderOnlyForSockets(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	if r := newSpinReader(a, time.Millisecond); r != nil {
+		t.Error("a pipe got a spinning reader")
+	}
+	c, _ := tcpPair(t)
+	if r := newSpinReader(c, 0); r != nil {
+		t.Error("spin 0 got a spinning reader")
+	}
+	if r := newSpinReader(c, time.Millisecond); r == nil {
+		t.Error("a TCP connection got no spinning reader")
+	}
+}
+
+// Data written while the reader spins, and data written after it parked,
+// both arrive; the peer's close reads as EOF.
+func TestSpinReaderReadsWhileSpinningAndAfterParking(t *testing.T) {
+	for _, spin := range []time.Duration{time.Hour, time.Nanosecond} {
+		c, d := tcpPair(t)
+		r := newSpinReader(c, spin)
+		got := make(chan []byte, 1)
+		errc := make(chan error, 1)
+		go func() {
+			buf := make([]byte, 16)
+			n, err := r.Read(buf)
+			got <- buf[:n]
+			errc <- err
+			_, err = r.Read(buf)
+			errc <- err
+		}()
+		if _, err := d.Write([]byte("hello")); err != nil {
+			t.Fatal(err)
+		}
+		if b := <-got; string(b) != "hello" {
+			t.Errorf("spin %v: read %q", spin, b)
+		}
+		if err := <-errc; err != nil {
+			t.Errorf("spin %v: %v", spin, err)
+		}
+		d.Close()
+		if err := <-errc; err != io.EOF {
+			t.Errorf("spin %v: after the peer closed: %v, want EOF", spin, err)
+		}
+	}
+}
+
+func TestSpinReaderHonoursReadDeadline(t *testing.T) {
+	c, _ := tcpPair(t)
+	r := newSpinReader(c, time.Nanosecond)
+	if err := c.SetReadDeadline(time.Now().Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	_, err := r.Read(make([]byte, 4))
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("read past the deadline: %v", err)
+	}
+}
+
+// Frames flow both ways between two Conns whose readers spin.
+func TestConnWithReadSpin(t *testing.T) {
+	a, b := tcpPair(t)
+	// The handler copies what it got: a batch's memory is the reader's.
+	in := make(chan *Message, 4)
+	opts := ConnOptions{ReadSpin: time.Millisecond, Handler: func(f Frame) {
+		switch f := f.(type) {
+		case *MessageFrame:
+			in <- &f.Message
+		case *MessagesFrame:
+			for _, m := range f.Messages {
+				in <- &Message{Target: m.Target, Body: bytes.Clone(m.Body)}
+			}
+		}
+	}}
+	ca := NewConn(a, Peer{Node: "b"}, opts)
+	cb := NewConn(b, Peer{Node: "a"}, opts)
+	ca.Start()
+	cb.Start()
+	defer ca.Close(nil)
+	defer cb.Close(nil)
+	for i := range 3 {
+		from, to := ca, "b"
+		if i%2 == 1 {
+			from, to = cb, "a"
+		}
+		if err := from.SendMessage(t.Context(), &Message{Target: to, Type: "x", Body: []byte{byte(i)}}); err != nil {
+			t.Fatal(err)
+		}
+		m := <-in
+		if m == nil || m.Target != to || len(m.Body) != 1 || m.Body[0] != byte(i) {
+			t.Errorf("frame %d: %+v", i, m)
+		}
+	}
+}
