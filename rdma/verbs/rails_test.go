@@ -3,6 +3,7 @@ package verbs
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/tensorferry/tensorferry/internal/poll"
 )
@@ -132,7 +133,13 @@ func TestRailFailsMidTransfer(t *testing.T) {
 // mid-transfer and the owner gone, the transfer fails (no hang, no panic)
 // and the channel serves the next one once the owner is back.
 func TestRailsAllFailingFailCleanly(t *testing.T) {
-	cl := railCluster(t, allRails, "owner", "fetcher")
+	// Soft-RoCE may never complete a read from a destroyed queue pair: the
+	// stall timeout ends it, shortened here.
+	cl := railCluster(t, func(string) Config {
+		var c Config
+		c.StallTimeout = 2 * time.Second
+		return c
+	}, "owner", "fetcher")
 	const n = 16 << 20
 	d, _ := cl.export(t, "owner", "fetcher", 54, n)
 	dst := hostBuf(t, n)
