@@ -127,6 +127,7 @@ type Channel struct {
 	// destPDs maps to the peer's protection domain too.
 	grants     GrantMode
 	grantWhy   string
+	noWindows  sync.Map // memory.Kind -> why windows failed over that memory
 	owned      map[memory.Device]*memory.RegCache
 	ownSeq     atomic.Uint64
 	cancelFree func()

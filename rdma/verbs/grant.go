@@ -190,7 +190,20 @@ const maxWindow = 1 << 31
 // the channel runs windows, buf's allocation can be registered whole and
 // buf fits in one window.
 func (c *Channel) windowed(buf memory.Buffer) bool {
-	return c.grants == GrantWindows && buf.Len() > 0 && buf.Len() <= maxWindow && cacheable(buf)
+	if c.grants != GrantWindows || buf.Len() == 0 || buf.Len() > maxWindow || !cacheable(buf) {
+		return false
+	}
+	_, refused := c.noWindows.Load(buf.Device().Kind)
+	return !refused
+}
+
+// refuseWindows makes exports of dev's kind of memory registered per export
+// from now on, after a window over such memory could not be bound.
+func (c *Channel) refuseWindows(dev memory.Device, err error) {
+	if _, had := c.noWindows.LoadOrStore(dev.Kind, err.Error()); !had {
+		c.log.Warn("memory windows refused: exports of this memory registered per export from now on",
+			zap.Stringer("device", dev), zap.Error(err))
+	}
 }
 
 // grant is one export granted to the peer through a memory window over its

@@ -1,6 +1,7 @@
 package verbs
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 
@@ -237,15 +238,25 @@ func (op *ownerPeer) begin(req *request, rep *reply) error {
 		return nil
 	}
 	if g := op.grants[e.ID]; g != nil && !g.ended {
-		if err := op.bind(g); err != nil {
+		err := op.bind(g)
+		if err == nil {
+			g.active++
+			op.acq[op.token] = &acquisition{grant: g, done: done}
+			rep.Addr = g.addr
+			rep.RKey = g.rkey
+			return nil
+		}
+		// A bind the provider refuses to post (one may not bind windows to
+		// dmabuf regions): this kind of memory is registered per export
+		// from now on, this export first. A bind that failed on the queue
+		// pair (broken: the peer reconnects) fails this read only.
+		var ce *ibverbs.CallError
+		if !errors.As(err, &ce) || g.active > 0 {
 			done()
 			return err
 		}
-		g.active++
-		op.acq[op.token] = &acquisition{grant: g, done: done}
-		rep.Addr = g.addr
-		rep.RKey = g.rkey
-		return nil
+		op.c.refuseWindows(buf.Device(), err)
+		op.revoke(g)
 	}
 	r := op.byExport[e.ID]
 	if r == nil || r.dead {
