@@ -398,6 +398,8 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 	hc := m.handshakeConfig(purpose, "")
 	var admitErr error
 	reserved := ""
+	var tieBreak bool
+	var accepting *slot // set when this connection passed the tie-break
 	hc.Admit = func(p wire.Peer) error {
 		if !m.Known(p.Node) {
 			admitErr = &wire.ConnError{Code: wire.CodeNotFound,
@@ -409,7 +411,23 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 				return admitErr
 			}
 			reserved = p.Node
+			return nil
 		}
+		// Both ends dial; when both dials are in flight, the connection
+		// dialed by the node with the smaller name wins, so the larger
+		// one's is refused here, in the handshake: its dialer retries
+		// after its backoff, and nothing was up to be torn down.
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		s := m.slots[p.Node]
+		if s.dialing && m.self.Name < p.Node {
+			tieBreak = true
+			admitErr = &wire.ConnError{Code: wire.CodeUnavailable,
+				Reason: fmt.Sprintf("both ends dialed; the connection dialed by %s wins", m.self.Name)}
+			return admitErr
+		}
+		s.accepting = true // until attach decided
+		accepting = s
 		return nil
 	}
 	peer, err := wire.Handshake(m.ctx, nc, hc, false)
@@ -417,7 +435,15 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 		if reserved != "" {
 			m.releaseData(reserved)
 		}
+		if accepting != nil {
+			m.mu.Lock()
+			accepting.accepting = false
+			m.mu.Unlock()
+			m.wakeDialer(accepting)
+		}
 		switch {
+		case tieBreak:
+			m.log.Info("inbound connection refused: own dial to it in flight", zap.String("remote", remote))
 		case admitErr != nil:
 			m.log.Warn("connection refused", zap.String("purpose", purpose), zap.String("remote", remote), zap.String("reason", admitErr.Error()))
 		case m.ctx.Err() != nil: // the node is stopping
@@ -431,21 +457,6 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 		dc := &dataConn{Conn: nc}
 		dc.release = func() { m.releaseData(peer.Node) }
 		m.serveData(peer, dc)
-		return
-	}
-	// Both ends dial; when both dials are in flight, the connection dialed
-	// by the node with the smaller name wins, so the larger one's is
-	// refused here.
-	m.mu.Lock()
-	s := m.slots[peer.Node]
-	refuse := s.dialing && m.self.Name < peer.Node
-	if !refuse {
-		s.accepting = true // until attach decided
-	}
-	m.mu.Unlock()
-	if refuse {
-		m.log.Info("inbound connection refused: own dial to it in flight", zap.String("peer", peer.Node))
-		nc.Close()
 		return
 	}
 	m.attach(nc, peer, peer.Node)

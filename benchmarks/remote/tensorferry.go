@@ -13,12 +13,6 @@ import (
 	"github.com/tensorferry/tensorferry/config"
 )
 
-// tfMsg is the 64-byte message of the tensorferry path, a plain Go struct
-// encoded with msgpack.
-type tfMsg struct {
-	Payload []byte
-}
-
 func init() {
 	tfactor.MustRegisterMessage("bench.remote.Msg", &tfMsg{})
 	extraPaths = append(extraPaths,
