@@ -251,6 +251,7 @@ func envelope(sender *pa.PID, header map[string]string, msg any) any {
 // replyDeadLetter tells the sender's node that the target does not exist, so
 // a waiting future fails at once.
 func (n *Node) replyDeadLetter(ps *peerState, sender, target *pa.PID, why string) {
+	n.stats.DeadLetters.Add(1)
 	n.log.Info("message to an absent actor", zap.Stringer("target", target), zap.Stringer("sender", sender), zap.String("why", why))
 	if sender == nil {
 		return

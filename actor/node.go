@@ -20,6 +20,7 @@ import (
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
 	"github.com/tensorferry/tensorferry/transfer"
+	"github.com/tensorferry/tensorferry/wire/shm"
 	"go.uber.org/zap"
 )
 
@@ -46,6 +47,7 @@ type options struct {
 	system            []pa.ConfigOption
 	lendCheck         bool
 	noRemoteLifecycle bool
+	shm               shm.Config // WithSharedMemory
 }
 
 // WithoutRemoteLifecycle makes the node refuse Stop, Poison and PoisonPill
@@ -292,7 +294,7 @@ func (n *Node) Start() error {
 		n.eng.Close()
 		return err
 	}
-	m, err := cluster.NewMembership(n.cfg, n.self.Name, n.incarnation, (*handler)(n), cluster.Options{Logger: n.opts.log, Caps: body})
+	m, err := cluster.NewMembership(n.cfg, n.self.Name, n.incarnation, (*handler)(n), cluster.Options{Logger: n.opts.log, Caps: body, SharedMemory: n.opts.shm})
 	if err != nil {
 		n.eng.Close()
 		return err

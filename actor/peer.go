@@ -22,9 +22,13 @@ type peerState struct {
 	mu      sync.Mutex
 	pending map[string]*pa.PID // futures waiting on a reply from this peer
 
-	// targets caches the PIDs of local actors this peer sends to; only the
-	// peer's reader goroutine (HandleFrame) uses it.
-	targets map[string]*pa.PID
+	// targets caches the PIDs of local actors this peer sends to. The
+	// peer's reader goroutine (HandleFrame) uses it, but a reader whose
+	// inline handler blocks hands reading to a new goroutine
+	// (wire.ConnOptions.HandlerTakeover) with nothing ordering the two, so
+	// it has its own lock.
+	targetsMu sync.Mutex
+	targets   map[string]*pa.PID
 	// held is the reader's reused slice of messages held for an inline
 	// mailbox during one batch (procCache.hold).
 	held []any
@@ -36,6 +40,8 @@ const maxCachedTargets = 1024
 
 // target returns the local PID named id.
 func (ps *peerState) target(self, id string) *pa.PID {
+	ps.targetsMu.Lock()
+	defer ps.targetsMu.Unlock()
 	if pid, ok := ps.targets[id]; ok {
 		return pid
 	}
@@ -141,6 +147,7 @@ func (h *handler) PeerDown(p *cluster.Peer, cause error) {
 	released := n.eng.PeerDown(p.Name)
 	n.log.Info("peer down", zap.String("peer", p.Name), zap.Int("pending_failed", len(pending)+failedReplies),
 		zap.Int("leases_released", released), zap.Error(cause))
+	n.stats.NodeDowns.Add(1)
 	n.system.EventStream.Publish(&cluster.NodeDown{Node: p.Name, Incarnation: p.Incarnation, Reason: errString(cause)})
 }
 

@@ -2,7 +2,10 @@ package actor
 
 import (
 	"sync/atomic"
+	"time"
 
+	"github.com/tensorferry/tensorferry/cluster"
+	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/transfer"
 )
 
@@ -11,6 +14,11 @@ type stats struct {
 	MessagesSent     atomic.Int64
 	MessagesReceived atomic.Int64
 	DeliveryFailures atomic.Int64
+	// DeadLetters counts messages from peers to actors of this node that
+	// do not exist.
+	DeadLetters atomic.Int64
+	// NodeDowns counts the NodeDown events this node published.
+	NodeDowns atomic.Int64
 	// MessagesBatched counts received messages that came in a batch frame
 	// (the rest came alone in their frame).
 	MessagesBatched atomic.Int64
@@ -27,41 +35,90 @@ type StatsSnapshot struct {
 	MessagesSent     int64
 	MessagesReceived int64
 	DeliveryFailures int64
-	TensorsExported  int64
-	MessagesBatched  int64
-	MessagesInline   int64
+	// DeadLetters counts messages from peers to actors of this node that
+	// do not exist.
+	DeadLetters     int64
+	TensorsExported int64
+	MessagesBatched int64
+	MessagesInline  int64
 	// Exports is the number of tensors this node has lent that are not
-	// released yet.
-	Exports int
+	// released yet; LentBytes their bytes.
+	Exports   int
+	LentBytes int64
 	// InboxRefused counts messages refused because their sender's inbox
 	// was full; BudgetInUse is what the node has allocated for tensors
-	// being fetched, Budget its limit.
-	InboxRefused int64
-	BudgetInUse  int64
-	Budget       int64
+	// being fetched, Budget its limit, BudgetWaiting the messages whose
+	// fetches wait for room in it (or in their peer's share).
+	InboxRefused  int64
+	BudgetInUse   int64
+	Budget        int64
+	BudgetWaiting int64
+	// CreditWaits counts messages with tensors that waited for a peer's
+	// credits (it had not fetched earlier tensors yet), CreditWait the
+	// time they waited in all.
+	CreditWaits int64
+	CreditWait  time.Duration
 	// LendViolations counts owners that wrote a tensor while it was lent
 	// (only with WithLendCheck).
 	LendViolations uint64
-	// Channels maps a channel name to what it fetched into this node.
+	// Channels maps a channel name to what it fetched into this node;
+	// Served to what it served from this node's exports (see
+	// transfer.StatsSnapshot.Served); ByPeer maps an owner to what each
+	// channel fetched from it.
 	Channels map[string]ChannelStats
+	Served   map[string]ChannelStats
+	ByPeer   map[string]map[string]ChannelStats
+	// FailedTransfers counts failed fetches by reason (transfer.Fail*).
+	FailedTransfers map[string]int64
+	// Peers maps the peers that are up to what this node holds for them.
+	Peers map[string]transfer.PeerStats
+	// PeersUp maps every other node of the cluster to whether it is up.
+	PeersUp map[string]bool
+	// NodeDowns counts the NodeDown events this node published.
+	NodeDowns int64
+	// Conns counts the node's open connections by purpose and transport.
+	Conns map[cluster.ConnKey]int
+	// RegCaches are the counters of the node's registration caches, by
+	// name.
+	RegCaches map[string]memory.RegStats
 }
 
 // Stats returns a snapshot of the node's counters.
 func (n *Node) Stats() StatsSnapshot {
 	s := &n.stats
 	e := n.eng.Stats()
-	return StatsSnapshot{
+	out := StatsSnapshot{
 		MessagesSent:     s.MessagesSent.Load(),
 		MessagesReceived: s.MessagesReceived.Load(),
 		DeliveryFailures: s.DeliveryFailures.Load(),
+		DeadLetters:      s.DeadLetters.Load(),
 		TensorsExported:  e.TensorsExported,
 		MessagesBatched:  s.MessagesBatched.Load(),
 		MessagesInline:   s.MessagesInline.Load(),
-		Exports:          n.eng.Store().Len(),
+		Exports:          e.Leases,
+		LentBytes:        e.LentBytes,
 		InboxRefused:     e.InboxRefused,
 		BudgetInUse:      e.BudgetInUse,
 		Budget:           e.Budget,
+		BudgetWaiting:    e.BudgetWaiting,
+		CreditWaits:      e.CreditWaits,
+		CreditWait:       e.CreditWait,
 		LendViolations:   n.eng.Store().LendViolations(),
 		Channels:         e.Channels,
+		Served:           e.Served,
+		ByPeer:           e.ByPeer,
+		FailedTransfers:  e.Failures,
+		Peers:            e.Peers,
+		NodeDowns:        s.NodeDowns.Load(),
+		RegCaches:        e.RegCaches,
+		Conns:            map[cluster.ConnKey]int{},
 	}
+	out.PeersUp = make(map[string]bool, len(n.remotes))
+	for name := range n.remotes {
+		out.PeersUp[name] = n.peer(name) != nil
+	}
+	if n.members != nil {
+		out.Conns = n.members.Conns()
+	}
+	return out
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/internal/memnet"
 	"github.com/tensorferry/tensorferry/wire"
+	"github.com/tensorferry/tensorferry/wire/shm"
 )
 
 // Failure tests over memnet: faults are injected between the nodes' hosts
@@ -164,7 +165,9 @@ func startNodes(t *testing.T, nw *memnet.Network, cfg *config.Config) []memNode 
 	nodes := make([]memNode, len(cfg.Nodes))
 	for i, nc := range cfg.Nodes {
 		r := newRecorder()
-		m, err := cluster.NewMembership(cfg, nc.Name, uint64(i+1), r, cluster.Options{Caps: []byte{0x80}, Network: nw.Host(nc.Name)})
+		m, err := cluster.NewMembership(cfg, nc.Name, uint64(i+1), r, cluster.Options{Caps: []byte{0x80}, Network: nw.Host(nc.Name),
+			// A host per node: faults are injected between hosts.
+			SharedMemory: shm.Config{HostID: "memnet host " + nc.Name}})
 		if err != nil {
 			t.Fatal(err)
 		}

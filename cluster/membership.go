@@ -3,6 +3,7 @@ package cluster
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/wire"
+	"github.com/tensorferry/tensorferry/wire/shm"
 	"go.uber.org/zap"
 )
 
@@ -66,6 +68,7 @@ type Peer struct {
 	Caps []byte
 
 	conn      *wire.Conn
+	transport string // what the connection's bytes go over: shm, tcp, tls...
 	initiator string // which end dialed
 	addr      string // the connection's remote address
 	lastSeen  atomic.Int64
@@ -86,6 +89,11 @@ func (p *Peer) Send(ctx context.Context, t wire.FrameType, flags wire.Flags, str
 func (p *Peer) SendMessage(ctx context.Context, m *wire.Message) error {
 	return p.conn.SendMessage(ctx, m)
 }
+
+// Transport names what the peer's control connection runs over: "shm"
+// (shared memory rings, between processes of one host: see wire/shm),
+// "tls", or the socket's network ("tcp").
+func (p *Peer) Transport() string { return p.transport }
 
 // Close starts closing the peer's connection with the given cause and
 // returns at once; it is safe to call from Handler methods.
@@ -131,12 +139,16 @@ type Membership struct {
 	maxData        int
 	dataIdle       time.Duration
 	readSpin       time.Duration
+	shm            shm.Config
+	shmOffer       bool // shm.Usable: offered and accepted in handshakes
 
 	mu        sync.Mutex
 	slots     map[string]*slot
 	dataConns int // open data connections peers dialed to this node
 	lns       []net.Listener
 	closed    bool
+
+	dataByTransport connCounts // open data connections peers dialed to this node (stats.go)
 }
 
 // Options tune a Membership.
@@ -147,6 +159,13 @@ type Options struct {
 	// Network is where the node listens and dials; nil means TCP. Tests
 	// pass an in-memory network to inject faults.
 	Network Network
+	// SharedMemory configures the shared-memory transport (wire/shm) of
+	// control connections between processes of one host, on by default
+	// (and off when the config's transport.shared_memory is false): both
+	// ends that offer it and find they share a host move the connection's
+	// bytes to shared memory rings after the handshake; other connections
+	// stay on their sockets.
+	SharedMemory shm.Config
 }
 
 // Network listens and dials by address: TCP by default, or an in-memory
@@ -186,7 +205,11 @@ func NewMembership(cfg *config.Config, self string, incarnation uint64, h Handle
 		maxDataPerPeer: tr.MaxDataConnsPerPeer,
 		maxData:        tr.MaxDataConns,
 		dataIdle:       cmp.Or(tr.DataIdleTimeout, cfg.DialTimeout),
-		net:            opts.Network}
+		net:            opts.Network,
+		shm:            opts.SharedMemory}
+	if !tr.SharedMemory {
+		m.shm.Disable = true
+	}
 	switch {
 	case tr.ReadSpin == 0:
 		m.readSpin = wire.DefaultReadSpinFor()
@@ -199,6 +222,11 @@ func NewMembership(cfg *config.Config, self string, incarnation uint64, h Handle
 	if m.maxDataPerPeer < 0 || m.maxData < 0 || m.dataIdle < 0 {
 		return nil, fmt.Errorf("cluster: negative transport settings: max_data_conns_per_peer %d, max_data_conns %d, data_idle_timeout %v (call Validate)",
 			m.maxDataPerPeer, m.maxData, m.dataIdle)
+	}
+	if err := m.shm.Usable(); err != nil {
+		m.log.Debug("shared memory transport not offered", zap.Error(err))
+	} else {
+		m.shmOffer = true
 	}
 	for _, n := range cfg.Nodes {
 		if n.Name != self {
@@ -331,6 +359,31 @@ func (m *Membership) handshakeConfig(purpose, expect string) wire.HandshakeConfi
 		Purpose:     purpose,
 		Timeout:     m.cfg.DialTimeout,
 		Expect:      expect,
+		// Only control connections: data connections carry bulk bytes,
+		// which the data channels move.
+		SharedMemory: purpose == wire.PurposeControl && m.shmOffer,
+	}
+}
+
+// upgrade runs shm.Upgrade on a control connection whose handshake agreed
+// to it. It returns the connection to go on with (the rings, or nc when
+// staying on the socket), or an error, with nc closed.
+func (m *Membership) upgrade(ctx context.Context, nc net.Conn, peer wire.Peer, initiator bool) (net.Conn, error) {
+	if !peer.SharedMemory {
+		return nc, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.DialTimeout)
+	defer cancel()
+	c, err := shm.Upgrade(ctx, nc, m.shm, initiator)
+	switch {
+	case err == nil:
+		m.log.Debug("control connection on shared memory", zap.String("peer", peer.Node))
+		return c, nil
+	case errors.Is(err, shm.ErrFallback):
+		m.log.Debug("control connection stays on its socket", zap.String("peer", peer.Node), zap.Error(err))
+		return nc, nil
+	default:
+		return nil, err
 	}
 }
 
@@ -398,10 +451,16 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 	hc := m.handshakeConfig(purpose, "")
 	var admitErr error
 	reserved := ""
+	var tieBreak, duplicate bool
+	var accepting *slot // set when this connection passed the tie-break
 	hc.Admit = func(p wire.Peer) error {
 		if !m.Known(p.Node) {
 			admitErr = &wire.ConnError{Code: wire.CodeNotFound,
 				Reason: fmt.Sprintf("node %q is not in the config of cluster %q at node %q", p.Node, m.cfg.Cluster, m.self.Name)}
+			return admitErr
+		}
+		if !data && m.stopping() {
+			admitErr = &wire.ConnError{Code: wire.CodeShutdown, Reason: "node " + m.self.Name + " shutting down"}
 			return admitErr
 		}
 		if data {
@@ -409,7 +468,31 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 				return admitErr
 			}
 			reserved = p.Node
+			return nil
 		}
+		// Both ends dial; when both dials are in flight, the connection
+		// dialed by the node with the smaller name wins, so the larger
+		// one's is refused here, in the handshake: its dialer retries
+		// after its backoff, and nothing was up to be torn down.
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		s := m.slots[p.Node]
+		if s.dialing && m.self.Name < p.Node {
+			tieBreak = true
+			admitErr = &wire.ConnError{Code: wire.CodeUnavailable,
+				Reason: fmt.Sprintf("both ends dialed; the connection dialed by %s wins", m.self.Name)}
+			return admitErr
+		}
+		// A connection that attach would close as a duplicate is refused
+		// now, before the shared-memory upgrade.
+		if s.cur != nil && s.cur.Incarnation == p.Incarnation && m.keeps(s.cur, p.Node) {
+			duplicate = true
+			admitErr = &wire.ConnError{Code: wire.CodeUnavailable,
+				Reason: fmt.Sprintf("%s already has a connection from this incarnation of %s", m.self.Name, p.Node)}
+			return admitErr
+		}
+		s.accepting = true // until attach decided
+		accepting = s
 		return nil
 	}
 	peer, err := wire.Handshake(m.ctx, nc, hc, false)
@@ -417,7 +500,17 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 		if reserved != "" {
 			m.releaseData(reserved)
 		}
+		if accepting != nil {
+			m.mu.Lock()
+			accepting.accepting = false
+			m.mu.Unlock()
+			m.wakeDialer(accepting)
+		}
 		switch {
+		case tieBreak:
+			m.log.Info("inbound connection refused: own dial to it in flight", zap.String("remote", remote))
+		case duplicate:
+			m.log.Info("duplicate connection refused", zap.String("remote", remote))
 		case admitErr != nil:
 			m.log.Warn("connection refused", zap.String("purpose", purpose), zap.String("remote", remote), zap.String("reason", admitErr.Error()))
 		case m.ctx.Err() != nil: // the node is stopping
@@ -428,24 +521,24 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 		return
 	}
 	if data {
+		tr := transport(nc)
+		m.dataByTransport.add(tr, 1)
 		dc := &dataConn{Conn: nc}
-		dc.release = func() { m.releaseData(peer.Node) }
+		dc.release = func() { m.releaseData(peer.Node); m.dataByTransport.add(tr, -1) }
 		m.serveData(peer, dc)
 		return
 	}
-	// Both ends dial; when both dials are in flight, the connection dialed
-	// by the node with the smaller name wins, so the larger one's is
-	// refused here.
-	m.mu.Lock()
-	s := m.slots[peer.Node]
-	refuse := s.dialing && m.self.Name < peer.Node
-	if !refuse {
-		s.accepting = true // until attach decided
-	}
-	m.mu.Unlock()
-	if refuse {
-		m.log.Info("inbound connection refused: own dial to it in flight", zap.String("peer", peer.Node))
-		nc.Close()
+	// After the tie-break (in Admit): a refused dialer saw a failed dial.
+	if nc, err = m.upgrade(m.ctx, nc, peer, false); err != nil {
+		if m.ctx.Err() != nil { // the node is stopping
+			m.log.Debug("shared memory upgrade ended by the node's stop", zap.String("peer", peer.Node), zap.Error(err))
+		} else {
+			m.log.Warn("shared memory upgrade failed", zap.String("peer", peer.Node), zap.String("remote", remote), zap.Error(err))
+		}
+		m.mu.Lock()
+		accepting.accepting = false
+		m.mu.Unlock()
+		m.wakeDialer(accepting)
 		return
 	}
 	m.attach(nc, peer, peer.Node)
@@ -621,6 +714,9 @@ func (m *Membership) dial(nc config.NodeConfig) error {
 		c.Close()
 		return err
 	}
+	if c, err = m.upgrade(ctx, c, peer, true); err != nil {
+		return err
+	}
 	m.attach(c, peer, m.self.Name)
 	return nil
 }
@@ -630,7 +726,7 @@ func (m *Membership) dial(nc config.NodeConfig) error {
 // up yet gives way to the connection dialed by the node with the smaller
 // name.
 func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
-	p := &Peer{Name: wp.Node, Incarnation: wp.Incarnation, initiator: initiator, up: make(chan struct{}), m: m, addr: remoteAddr(nc)}
+	p := &Peer{Name: wp.Node, Incarnation: wp.Incarnation, initiator: initiator, up: make(chan struct{}), m: m, addr: remoteAddr(nc), transport: transportOf(nc)}
 	p.lastSeen.Store(time.Now().UnixNano())
 	p.conn = wire.NewConn(nc, wp, wire.ConnOptions{
 		MaxFrameSize: uint32(m.transport.MaxFrameSize),
@@ -654,6 +750,10 @@ func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
 	}
 	if m.closed {
 		m.mu.Unlock()
+		// The peer's handshake succeeded: say goodbye, as Close does to
+		// the peers it knew, so that it does not see a failure.
+		_ = nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+		_ = wire.NewFramer(nc, nil).WriteBody(wire.FrameGoAway, 0, 0, &wire.GoAway{Code: wire.CodeShutdown, Reason: "node " + m.self.Name + " shutting down"})
 		_ = p.conn.Close(ErrClosed)
 		return
 	}
@@ -671,15 +771,7 @@ func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
 	}
 	old := s.cur
 	if old != nil && old.Incarnation == wp.Incarnation {
-		preferred := min(m.self.Name, wp.Node)
-		closing := false
-		select {
-		case <-old.conn.Done():
-			closing = true
-		default:
-		}
-		keepOld := isUp(old) || (old.initiator == preferred && initiator != preferred)
-		if !closing && keepOld {
+		if m.keeps(old, initiator) {
 			m.mu.Unlock()
 			m.log.Info("duplicate connection closed", zap.String("peer", wp.Node))
 			_ = nc.Close()
@@ -708,12 +800,33 @@ func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
 	p.conn.Start()
 }
 
+// transportOf names what nc runs over (Peer.Transport).
+func transportOf(nc net.Conn) string {
+	switch nc.(type) {
+	case *shm.Conn:
+		return shm.TransportShm
+	case *tls.Conn:
+		return "tls"
+	}
+	if a := nc.RemoteAddr(); a != nil {
+		return a.Network()
+	}
+	return "?"
+}
+
 // remoteAddr names the other end of nc.
 func remoteAddr(nc net.Conn) string {
 	if a := nc.RemoteAddr(); a != nil {
 		return a.String()
 	}
 	return "?"
+}
+
+// stopping reports whether Close was called.
+func (m *Membership) stopping() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.closed
 }
 
 // wakeDialer wakes the dial loop of s, which may wait for an accepted
@@ -779,6 +892,21 @@ func (m *Membership) connClosed(p *Peer, err error) {
 	if current {
 		m.down(p, err)
 	}
+}
+
+// keeps reports whether old, the current connection to its peer, stays
+// when another one of the same incarnation, dialed by initiator, comes:
+// one that is up never gives way (no flapping), one that is not yet up
+// gives way to the connection dialed by the node with the smaller name,
+// and one that is closing always does. m.mu is held.
+func (m *Membership) keeps(old *Peer, initiator string) bool {
+	select {
+	case <-old.conn.Done():
+		return false
+	default:
+	}
+	preferred := min(m.self.Name, old.Name)
+	return isUp(old) || (old.initiator == preferred && initiator != preferred)
 }
 
 func isUp(p *Peer) bool {

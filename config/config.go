@@ -121,12 +121,12 @@ type NodeConfig struct {
 	// addition to the cluster-wide Config.DisableChannels.
 	DisableChannels []string
 	// MetricsAddress is the host:port where the node serves its metrics
-	// for Prometheus (YAML: metrics_address). Default "": no metrics
-	// listener. Reserved: read and checked here, served by the metrics
-	// work.
+	// for Prometheus (YAML: metrics_address; package metrics serves them,
+	// `ferry node` and `ferry top` read it). Default "": no metrics
+	// listener.
 	MetricsAddress string
 	// Pprof also serves net/http/pprof on MetricsAddress (YAML: pprof).
-	// Default false. Reserved like MetricsAddress.
+	// Default false.
 	Pprof bool
 }
 

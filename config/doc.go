@@ -47,7 +47,7 @@
 //	  max_data_conns_per_peer: 64
 //	  max_data_conns: 1024
 //	  data_idle_timeout: 0s        # 0: dial_timeout
-//	  shared_memory: true          # reserved: shared-memory rings between processes of a host
+//	  shared_memory: true          # control connections between processes of a host on shared-memory rings (wire/shm)
 //	flow:
 //	  transfer_timeout: 60s        # ≥ 100ms
 //	  ref_ttl: 10m
@@ -109,8 +109,8 @@
 // receive_budget, receive_budget_per_peer, receive_window, inbox_messages,
 // chunk_size and chunks_in_flight lived at the top level before the
 // sections: there they are refused with the section key they moved to.
-// shared_memory, metrics_address and pprof are reserved: read and
-// checked, consumed by later work.
+// metrics_address and pprof are reserved: read and checked, consumed by
+// later work.
 //
 // Load reads, checks and completes a file; every error is an *Error
 // naming the field and the line:

@@ -85,10 +85,11 @@ type TransportConfig struct {
 	// processor the handlers need. ReadSpinOff (YAML: read_spin: off)
 	// never spins.
 	ReadSpin time.Duration
-	// SharedMemory lets processes of one host exchange frames through
-	// shared-memory rings, where the shared-memory transport is available,
-	// instead of loopback sockets (YAML: shared_memory). Default true.
-	// Reserved for that transport: no behaviour yet.
+	// SharedMemory lets processes of one host exchange control frames
+	// through shared-memory rings (wire/shm), where both ends can map them,
+	// instead of loopback sockets (YAML: shared_memory). Default true;
+	// false keeps every control connection of the node on its socket
+	// (cluster.Options.SharedMemory holds the transport's finer knobs).
 	SharedMemory bool
 }
 

@@ -47,7 +47,9 @@
 //   - The registration cache (regcache.go, regcache_host.go): pinning and
 //     registering whole allocations once and keeping them after the
 //     transfer (lazy unpinning), evicting under a budget, invalidating when
-//     the allocation is freed; hit, miss and eviction counters.
+//     the allocation is freed; hit, miss and eviction counters. PinBudget
+//     (regcache_budget*.go) is the default budget of NIC registrations:
+//     RLIMIT_MEMLOCK for host memory, free BAR1 for a GPU.
 //   - Checksum (checksum.go): CRC-32C of a buffer, device memory through a
 //     host staging buffer, for the lend check.
 //

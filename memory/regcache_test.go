@@ -476,3 +476,24 @@ func TestRegCacheDropPeerWaitsForConcurrentUnregister(t *testing.T) {
 		t.Fatalf("%d registrations left", len(s.live))
 	}
 }
+
+func TestPinBudgetHost(t *testing.T) {
+	b, err := PinBudget(CPU)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := memlockLimit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case lim > 1<<62 && b.Bytes != 0:
+		t.Fatalf("unlimited memlock gave %+v", b)
+	case lim <= 1<<62 && b.Bytes != int64(lim/4*3):
+		t.Fatalf("memlock %d gave %+v, want three quarters", lim, b)
+	}
+	if _, err := PinBudget(Device{Kind: Kind(99)}); err == nil {
+		t.Fatal("a budget for an unknown kind")
+	}
+	t.Logf("memlock %d: %+v", lim, b)
+}

@@ -95,6 +95,10 @@ type Env struct {
 	Staging config.StagingConfig
 	IPC     config.IPCConfig
 	Verbs   config.VerbsConfig
+	// Served, if not nil, is called by channels in which the owner takes
+	// part in a transfer (staging) with the bytes of each request it
+	// served from Store; it must be quick.
+	Served func(channel string, bytes int64)
 }
 
 // Logger returns Log or a no-op logger.
@@ -103,4 +107,10 @@ func (e *Env) Logger() *zap.Logger {
 		return zap.NewNop()
 	}
 	return e.Log
+}
+
+// CacheHolder is implemented by channels that keep registrations in
+// memory.RegCaches (verbs); a node reports their counters (metrics).
+type CacheHolder interface {
+	RegCaches() []*memory.RegCache
 }

@@ -1,7 +1,8 @@
 #!/bin/sh
 # deps.sh installs what building and checking tensorferry needs beyond Go:
 # rdma-core's headers (the verbs channel compiles against
-# <infiniband/verbs.h> and opens libibverbs at run time), and the pinned
+# <infiniband/verbs.h> and opens libibverbs at run time), Prometheus (for
+# the metrics test), and the pinned
 # static checkers scripts/test runs (staticcheck, deadcode), built with
 # `go install` into $TF_TOOLS (default ~/.cache/tensorferry/tools). CUDA
 # needs nothing at build time: libcuda is opened at run time. Idempotent;
@@ -13,6 +14,15 @@ if ! { [ -f /usr/include/infiniband/verbs.h ] && command -v gcc >/dev/null 2>&1;
 	echo "deps: installing libibverbs-dev and gcc" >&2
 	$SUDO apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libibverbs-dev ibverbs-providers gcc >/dev/null
+fi
+# Prometheus: the metrics test (samples/paramserver) scrapes a cluster with
+# a real server; it skips, saying why, where the binary is missing.
+if ! command -v prometheus >/dev/null 2>&1; then
+	SUDO=
+	[ "$(id -u)" -eq 0 ] || SUDO=sudo
+	echo "deps: installing prometheus" >&2
+	$SUDO apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
 
 GO=${GO:-go}

@@ -3,8 +3,10 @@ package tensor
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tinylib/msgp/msgp"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -78,85 +80,175 @@ func (d *Descriptor) Validate() error {
 // wire (9 known fields, room for later ones).
 const maxFields = 32
 
-var _ msgpack.CustomDecoder = (*Descriptor)(nil)
+var (
+	_ msgpack.CustomDecoder = (*Descriptor)(nil)
+	_ msgp.Marshaler        = (*Descriptor)(nil)
+	_ msgp.Unmarshaler      = (*Descriptor)(nil)
+	_ msgp.Sizer            = (*Descriptor)(nil)
+)
 
-// DecodeMsgpack implements msgpack.CustomDecoder. It applies the limits of
-// Validate while decoding, so that no count read from the input
-// preallocates beyond them (msgpack's own decoder would make a map of up to
-// a million entries from a 5-byte header). Unknown fields are skipped.
-// Encoding is msgpack's default for the struct tags.
-func (d *Descriptor) DecodeMsgpack(dec *msgpack.Decoder) error {
-	n, err := dec.DecodeMapLen()
+// Msgsize implements msgp.Sizer: at least the bytes MarshalMsg appends.
+func (d *Descriptor) Msgsize() int {
+	n := 64 + len(d.Owner) + len(d.Device) + len(d.Holder) + d.Shape.Msgsize()
+	for k, v := range d.Offers {
+		n += 2*msgp.BytesPrefixSize + len(k) + len(v)
+	}
+	return n
+}
+
+// MarshalMsg implements msgp.Marshaler: it appends the encoding msgpack's
+// reflection writes for the struct tags (wire's encoder: compact integers,
+// sorted map keys), written with msgp's primitives.
+func (d *Descriptor) MarshalMsg(b []byte) ([]byte, error) {
+	n := uint32(8)
+	if d.Holder != "" {
+		n++
+	}
+	if len(d.Offers) != 0 {
+		n++
+	}
+	b = msgp.AppendMapHeader(b, n)
+	b = msgp.AppendString(msgp.AppendString(b, "o"), d.Owner)
+	b = msgp.AppendUint64(msgp.AppendString(b, "i"), d.Incarnation)
+	b = msgp.AppendUint64(msgp.AppendString(b, "e"), d.ExportID)
+	b = msgp.AppendUint64(msgp.AppendString(b, "l"), d.Lease)
+	b = msgp.AppendUint8(msgp.AppendString(b, "t"), uint8(d.DType))
+	b, _ = d.Shape.MarshalMsg(msgp.AppendString(b, "s"))
+	b = appendInt(msgp.AppendString(b, "b"), d.Bytes)
+	b = msgp.AppendString(msgp.AppendString(b, "d"), d.Device)
+	if d.Holder != "" {
+		b = msgp.AppendString(msgp.AppendString(b, "h"), d.Holder)
+	}
+	if len(d.Offers) != 0 {
+		b = msgp.AppendMapHeader(msgp.AppendString(b, "f"), uint32(len(d.Offers)))
+		keys := make([]string, 0, len(d.Offers))
+		for k := range d.Offers {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			b = appendBytesOrNil(msgp.AppendString(b, k), d.Offers[k])
+		}
+	}
+	return b, nil
+}
+
+// AppendInt appends v as msgpack's reflection does with compact integers:
+// a non-negative value in the smallest unsigned form, a negative one in the
+// smallest signed form.
+func appendInt(b []byte, v int64) []byte {
+	if v >= 0 {
+		return msgp.AppendUint64(b, uint64(v))
+	}
+	return msgp.AppendInt64(b, v)
+}
+
+// AppendBytesOrNil appends p as a bin, or nil for a nil p, as msgpack's
+// reflection does.
+func appendBytesOrNil(b, p []byte) []byte {
+	if p == nil {
+		return msgp.AppendNil(b)
+	}
+	return msgp.AppendBytes(b, p)
+}
+
+// UnmarshalMsg implements msgp.Unmarshaler: it decodes the descriptor at
+// the start of b and returns the bytes that follow. It applies the limits
+// of Validate while decoding, so that no count read from the input sizes an
+// allocation beyond them. Unknown fields are skipped (their nesting must
+// have been bounded by the caller, as wire's decoders do).
+func (d *Descriptor) UnmarshalMsg(b []byte) ([]byte, error) {
+	n, b, err := msgp.ReadMapHeaderBytes(b)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if n > maxFields {
-		return fmt.Errorf("%w: %d fields", ErrBadDescriptor, n)
+		return nil, fmt.Errorf("%w: %d fields", ErrBadDescriptor, n)
 	}
 	var out Descriptor
-	for range max(n, 0) {
-		key, err := dec.DecodeString()
-		if err != nil {
-			return err
+	for range n {
+		var key []byte
+		if key, b, err = msgp.ReadMapKeyZC(b); err != nil {
+			return nil, fmt.Errorf("%w: field name: %w", ErrBadDescriptor, err)
 		}
-		switch key {
+		switch string(key) {
 		case "o":
-			out.Owner, err = dec.DecodeString()
+			out.Owner, b, err = msgp.ReadStringBytes(b)
 		case "i":
-			out.Incarnation, err = dec.DecodeUint64()
+			out.Incarnation, b, err = msgp.ReadUint64Bytes(b)
 		case "e":
-			out.ExportID, err = dec.DecodeUint64()
+			out.ExportID, b, err = msgp.ReadUint64Bytes(b)
 		case "l":
-			out.Lease, err = dec.DecodeUint64()
+			out.Lease, b, err = msgp.ReadUint64Bytes(b)
 		case "t":
 			var v uint8
-			v, err = dec.DecodeUint8()
+			v, b, err = msgp.ReadUint8Bytes(b)
 			out.DType = DType(v)
 		case "s":
-			err = out.Shape.DecodeMsgpack(dec)
+			b, err = out.Shape.UnmarshalMsg(b)
 		case "b":
-			out.Bytes, err = dec.DecodeInt64()
+			out.Bytes, b, err = msgp.ReadInt64Bytes(b)
 		case "d":
-			out.Device, err = dec.DecodeString()
+			out.Device, b, err = msgp.ReadStringBytes(b)
 		case "f":
-			out.Offers, err = decodeOffers(dec)
+			out.Offers, b, err = readOffers(b)
 		case "h":
-			out.Holder, err = dec.DecodeString()
+			out.Holder, b, err = msgp.ReadStringBytes(b)
 		default:
-			err = dec.Skip()
+			b, err = msgp.Skip(b)
 		}
 		if err != nil {
-			return fmt.Errorf("%w: field %q: %w", ErrBadDescriptor, key, err)
+			return nil, fmt.Errorf("%w: field %q: %w", ErrBadDescriptor, key, err)
 		}
 	}
 	*d = out
-	return nil
+	return b, nil
 }
 
-func decodeOffers(dec *msgpack.Decoder) (map[string][]byte, error) {
-	n, err := dec.DecodeMapLen()
-	if err != nil || n < 0 {
-		return nil, err
+// DecodeMsgpack implements msgpack.CustomDecoder with UnmarshalMsg, for
+// descriptors inside values msgpack's reflection decodes. Encoding is
+// msgpack's default for the struct tags, the bytes MarshalMsg writes.
+func (d *Descriptor) DecodeMsgpack(dec *msgpack.Decoder) error {
+	raw, err := dec.DecodeRaw()
+	if err != nil {
+		return err
+	}
+	rest, err := d.UnmarshalMsg(raw)
+	if err == nil && len(rest) != 0 {
+		err = fmt.Errorf("%w: %d bytes after the descriptor", ErrBadDescriptor, len(rest))
+	}
+	return err
+}
+
+func readOffers(b []byte) (map[string][]byte, []byte, error) {
+	if msgp.IsNil(b) {
+		return nil, b[1:], nil
+	}
+	n, b, err := msgp.ReadMapHeaderBytes(b)
+	if err != nil {
+		return nil, nil, err
 	}
 	if n > maxOffers {
-		return nil, fmt.Errorf("%d offers > %d", n, maxOffers)
+		return nil, nil, fmt.Errorf("%d offers > %d", n, maxOffers)
 	}
 	m := make(map[string][]byte, n)
 	for range n {
-		k, err := dec.DecodeString()
-		if err != nil {
-			return nil, err
+		var k string
+		var v []byte
+		if k, b, err = msgp.ReadStringBytes(b); err != nil {
+			return nil, nil, err
 		}
-		v, err := dec.DecodeBytes()
-		if err != nil {
-			return nil, err
+		if msgp.IsNil(b) {
+			b = b[1:]
+		} else if v, b, err = msgp.ReadBytesBytes(b, nil); err != nil {
+			return nil, nil, err
 		}
 		if len(k) > maxNameLen || len(v) > maxOfferBytes {
-			return nil, fmt.Errorf("offer %q of %d bytes", k, len(v))
+			return nil, nil, fmt.Errorf("offer %q of %d bytes", k, len(v))
 		}
 		m[k] = v
 	}
-	return m, nil
+	return m, b, nil
 }
 
 // String describes the descriptor without its offers.

@@ -31,6 +31,10 @@
 // fills (Fill, FillRef) from the table; a placeholder never filled has no
 // buffer, so outside a node a message with tensor fields cannot be decoded
 // into usable tensors.
+// Tensor, Ref, Shape and Descriptor encode and decode themselves both for
+// vmihailenco/msgpack's reflection and for code tinylib/msgp generates
+// (MarshalMsg, UnmarshalMsg, Msgsize), with the same bytes, so message types
+// with generated codecs may hold them.
 //
 // # Lending
 //

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync/atomic"
 
+	"github.com/tinylib/msgp/msgp"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -33,11 +34,21 @@ var nextWireID atomic.Uint64
 
 func newWireID() uint64 { return nextWireID.Add(1) }
 
+// Both msgpack codecs a message type may use write and read the same
+// field encoding: vmihailenco/msgpack's reflection (EncodeMsgpack,
+// DecodeMsgpack) and the code tinylib/msgp's generator writes for message
+// types (MarshalMsg, UnmarshalMsg, Msgsize).
 var (
 	_ msgpack.CustomEncoder = (*Tensor)(nil)
 	_ msgpack.CustomDecoder = (*Tensor)(nil)
 	_ msgpack.CustomEncoder = Ref{}
 	_ msgpack.CustomDecoder = (*Ref)(nil)
+	_ msgp.Marshaler        = (*Tensor)(nil)
+	_ msgp.Unmarshaler      = (*Tensor)(nil)
+	_ msgp.Sizer            = (*Tensor)(nil)
+	_ msgp.Marshaler        = Ref{}
+	_ msgp.Unmarshaler      = (*Ref)(nil)
+	_ msgp.Sizer            = Ref{}
 )
 
 // WireID identifies the tensor within this process: a message body refers
@@ -81,6 +92,27 @@ func (t *Tensor) DecodeMsgpack(dec *msgpack.Decoder) error {
 	t.id, t.placeholder = id, true
 	return nil
 }
+
+// MarshalMsg implements msgp.Marshaler, for message types whose codecs
+// msgp generated: it appends the reference [1, WireID], as EncodeMsgpack
+// writes it.
+func (t *Tensor) MarshalMsg(b []byte) ([]byte, error) {
+	return appendField(b, fieldTensor, t.id), nil
+}
+
+// UnmarshalMsg implements msgp.Unmarshaler: t becomes a placeholder, as
+// with DecodeMsgpack. It returns the bytes that follow the field.
+func (t *Tensor) UnmarshalMsg(b []byte) ([]byte, error) {
+	id, rest, err := readField(b, fieldTensor)
+	if err != nil {
+		return b, err
+	}
+	t.id, t.placeholder = id, true
+	return rest, nil
+}
+
+// Msgsize implements msgp.Sizer: the most bytes MarshalMsg appends.
+func (t *Tensor) Msgsize() int { return fieldSize }
 
 // WireID identifies the Ref within this process (0 for the empty Ref).
 func (r Ref) WireID() uint64 {
@@ -147,14 +179,68 @@ func (r *Ref) DecodeMsgpack(dec *msgpack.Decoder) error {
 	return nil
 }
 
+// MarshalMsg implements msgp.Marshaler: nil for the empty Ref, else the
+// reference [3, WireID], as EncodeMsgpack writes them.
+func (r Ref) MarshalMsg(b []byte) ([]byte, error) {
+	if r.st == nil {
+		return msgp.AppendNil(b), nil
+	}
+	return appendField(b, fieldRef, r.st.id), nil
+}
+
+// UnmarshalMsg implements msgp.Unmarshaler: r becomes a placeholder (or
+// the empty Ref for nil), as with DecodeMsgpack.
+func (r *Ref) UnmarshalMsg(b []byte) ([]byte, error) {
+	if msgp.IsNil(b) {
+		*r = Ref{}
+		return b[1:], nil
+	}
+	id, rest, err := readField(b, fieldRef)
+	if err != nil {
+		return b, err
+	}
+	*r = Ref{st: &refState{id: id, placeholder: true}}
+	return rest, nil
+}
+
+// Msgsize implements msgp.Sizer: the most bytes MarshalMsg appends.
+func (r Ref) Msgsize() int { return fieldSize }
+
+// fieldSize is the largest encoding of a field: a fixarray header, a
+// fixint kind and a uint64.
+const fieldSize = 2 + msgp.Uint64Size
+
+func appendField(b []byte, kind uint8, id uint64) []byte {
+	return msgp.AppendUint64(msgp.AppendUint8(msgp.AppendArrayHeader(b, 2), kind), id)
+}
+
+func readField(b []byte, want uint8) (uint64, []byte, error) {
+	n, b, err := msgp.ReadArrayHeaderBytes(b)
+	if err != nil {
+		return 0, nil, err
+	}
+	if n != 2 {
+		return 0, nil, fmt.Errorf("tensor: bad field encoding (%d elements, want 2)", n)
+	}
+	kind, b, err := msgp.ReadUint8Bytes(b)
+	if err != nil {
+		return 0, nil, err
+	}
+	if kind != want {
+		return 0, nil, fmt.Errorf("tensor: bad field encoding (kind %d, want %d)", kind, want)
+	}
+	return msgp.ReadUint64Bytes(b)
+}
+
 func encodeField(enc *msgpack.Encoder, kind uint8, id uint64) error {
 	if err := enc.EncodeArrayLen(2); err != nil {
 		return err
 	}
-	if err := enc.EncodeUint8(kind); err != nil {
+	// EncodeUint writes the smallest form, as msgp's appendField does.
+	if err := enc.EncodeUint(uint64(kind)); err != nil {
 		return err
 	}
-	return enc.EncodeUint64(id)
+	return enc.EncodeUint(id)
 }
 
 func decodeField(dec *msgpack.Decoder, want uint8) (uint64, error) {

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tinylib/msgp/msgp"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -111,4 +112,51 @@ func (s *Shape) DecodeMsgpack(dec *msgpack.Decoder) error {
 	}
 	*s = out
 	return nil
+}
+
+var (
+	_ msgp.Marshaler   = Shape(nil)
+	_ msgp.Unmarshaler = (*Shape)(nil)
+	_ msgp.Sizer       = Shape(nil)
+)
+
+// MarshalMsg implements msgp.Marshaler: it appends s as msgpack's
+// reflection encodes it (nil for a nil shape, else an array of compact
+// integers).
+func (s Shape) MarshalMsg(b []byte) ([]byte, error) {
+	if s == nil {
+		return msgp.AppendNil(b), nil
+	}
+	b = msgp.AppendArrayHeader(b, uint32(len(s)))
+	for _, d := range s {
+		b = appendInt(b, d)
+	}
+	return b, nil
+}
+
+// Msgsize implements msgp.Sizer: the most bytes MarshalMsg appends.
+func (s Shape) Msgsize() int { return msgp.ArrayHeaderSize + len(s)*msgp.Int64Size }
+
+// UnmarshalMsg implements msgp.Unmarshaler: it decodes the shape at the
+// start of b, as DecodeMsgpack does, and returns the bytes that follow.
+func (s *Shape) UnmarshalMsg(b []byte) ([]byte, error) {
+	if msgp.IsNil(b) {
+		*s = nil
+		return b[1:], nil
+	}
+	n, b, err := msgp.ReadArrayHeaderBytes(b)
+	if err != nil {
+		return nil, err
+	}
+	if n > MaxDims {
+		return nil, fmt.Errorf("%w: %d dimensions > %d", ErrBadShape, n, MaxDims)
+	}
+	out := make(Shape, n)
+	for i := range out {
+		if out[i], b, err = msgp.ReadInt64Bytes(b); err != nil {
+			return nil, err
+		}
+	}
+	*s = out
+	return b, nil
 }

@@ -307,3 +307,13 @@ func (s *Store) Close() {
 		s.finish(e, drops[i], f)
 	}
 }
+
+// Lent returns the number of live exports and their bytes.
+func (s *Store) Lent() (n int, bytes int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range s.exports {
+		bytes += e.Tensor.ByteSize()
+	}
+	return len(s.exports), bytes
+}

@@ -70,6 +70,13 @@ func (c *credits) release(b int64) {
 	c.mu.Unlock()
 }
 
+// inUse returns the messages and bytes taken.
+func (c *credits) inUse() (int, int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.used, c.bytes
+}
+
 // inFlight is one sent message's exports that count against its peer's
 // credits; the credit comes back when the last of them ends.
 type inFlight struct {
@@ -187,4 +194,11 @@ func (b *budget) inUse() int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.used
+}
+
+// waiting returns the number of acquires waiting for room.
+func (b *budget) waiting() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.waiters)
 }

@@ -22,6 +22,12 @@
 //     allocates the destinations, fetches (channels.go: rdma.Select picks
 //     the channel), releases the leases and delivers in arrival order.
 //
+// stats.go: Engine.Stats reports what the engine did for a node's metrics
+// (package metrics): per channel and owner the transfers, bytes and fetch
+// latency buckets (LatencyBounds), bytes served, failed fetches by reason,
+// credit waits, budgets and leases. The paths keep plain counters; the
+// snapshot is taken at scrape time.
+//
 // With Config.TracerProvider, ExportContext and ImportContext record the
 // export of a message's tensors and each fetch (channel, bytes, and what
 // the channel adds: cache hit or miss, stripes) as spans of the trace in

@@ -205,6 +205,7 @@ func (e *Engine) Start() error {
 		Staging:     e.cfg.Staging,
 		IPC:         e.cfg.IPC,
 		Verbs:       e.cfg.Verbs,
+		Served:      e.stats.addServed,
 	}
 	channels, caps, err := openChannels(env, &e.cfg)
 	if err != nil {

@@ -335,7 +335,11 @@ func (e *Engine) waitCredit(p *Peer, m *posted) error {
 	}
 	ctx, cancel := context.WithDeadline(e.ctx, m.deadline)
 	defer cancel()
-	if err := p.credits.acquire(ctx, p.done, m.o.bytes); err != nil {
+	err := p.credits.acquire(ctx, p.done, m.o.bytes)
+	// Waited since it was queued (its deadline is TransferTimeout after).
+	e.stats.CreditWaits.Add(1)
+	e.stats.CreditWaitNanos.Add(int64(time.Since(m.deadline) + e.cfg.Flow.TransferTimeout))
+	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
 			return fmt.Errorf("%w: waited %v for %s to release earlier tensors", ErrOutboxFull, e.cfg.Flow.TransferTimeout, p.name)
 		}

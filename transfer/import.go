@@ -84,6 +84,7 @@ func (e *Engine) ImportContext(ctx context.Context, peer string, table []byte, m
 	}
 	if err == nil && in.bytes > e.cfg.Flow.ReceiveBudgetPerPeer {
 		err = fmt.Errorf("%w: %d bytes to fetch, the receive budget per peer is %d", ErrOverBudget, in.bytes, e.cfg.Flow.ReceiveBudgetPerPeer)
+		e.stats.addFailure(err)
 	}
 	in.entries = nil
 	if err != nil {
@@ -262,7 +263,9 @@ type refFetcher Engine
 func (f *refFetcher) FetchDescriptor(ctx context.Context, d *tensor.Descriptor, dev memory.Device) (*tensor.Tensor, error) {
 	e := (*Engine)(f)
 	if d.Bytes > e.cfg.Flow.ReceiveBudget {
-		return nil, fmt.Errorf("%w: a Ref of %d bytes, the node's receive budget is %d", ErrOverBudget, d.Bytes, e.cfg.Flow.ReceiveBudget)
+		err := fmt.Errorf("%w: a Ref of %d bytes, the node's receive budget is %d", ErrOverBudget, d.Bytes, e.cfg.Flow.ReceiveBudget)
+		e.stats.addFailure(err)
+		return nil, err
 	}
 	t, err := tensor.NewUninit(dev, d.DType, d.Shape)
 	if err != nil {
@@ -301,16 +304,20 @@ func (e *Engine) ownerCaps(d *tensor.Descriptor) (*rdma.Caps, error) {
 func (e *Engine) fetchInto(ctx context.Context, d *tensor.Descriptor, dst *tensor.Tensor) error {
 	oc, err := e.ownerCaps(d)
 	if err != nil {
+		e.stats.addFailure(err)
 		return err
 	}
 	src, err := memory.ParseDevice(d.Device)
 	if err != nil {
+		e.stats.addFailure(err)
 		return err
 	}
 	choice := rdma.Select(oc, e.fetcherCaps(d), src, dst.Device())
 	ch := e.channels[choice.Channel]
 	if ch == nil {
-		return fmt.Errorf("%w: %s -> %s: %v", ErrNoChannel, src, dst.Device(), choice.Rejected)
+		err := fmt.Errorf("%w: %s -> %s: %v", ErrNoChannel, src, dst.Device(), choice.Rejected)
+		e.stats.addFailure(err)
+		return err
 	}
 	var sp tracehook.Span
 	if e.tr.On() {
@@ -325,10 +332,11 @@ func (e *Engine) fetchInto(ctx context.Context, d *tensor.Descriptor, dst *tenso
 	if err := ch.Fetch(ctx, d, dst.Buffer()); err != nil {
 		err = fmt.Errorf("transfer: fetch %v over %s: %w", d, choice.Channel, err)
 		sp.End(err)
+		e.stats.addFailure(err)
 		return err
 	}
 	sp.End(nil)
-	e.stats.addBytes(choice.Channel, d.Bytes, time.Since(start))
+	e.stats.addBytes(d.Owner, choice.Channel, d.Bytes, time.Since(start))
 	return nil
 }
 

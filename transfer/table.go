@@ -6,7 +6,7 @@ import (
 
 	"github.com/tensorferry/tensorferry/tensor"
 	"github.com/tensorferry/tensorferry/wire"
-	"github.com/vmihailenco/msgpack/v5"
+	"github.com/tinylib/msgp/msgp"
 )
 
 // The tensor table travels beside a message's body (wire.Message.Tensors):
@@ -37,60 +37,129 @@ type entry struct {
 	used bool // a field of the body referred to it (decoding side)
 }
 
+// maxEntryFields bounds the map entries of one table entry on the wire
+// (6 known fields, room for later ones).
+const maxEntryFields = 16
+
+// encodeTable encodes a tensor table with msgp's primitives: the bytes
+// msgpack's reflection writes for the struct tags of entry.
 func encodeTable(entries []entry) ([]byte, error) {
-	return wire.EncodeMsgpack(entries)
+	b := msgp.AppendArrayHeader(nil, uint32(len(entries)))
+	var err error
+	for i := range entries {
+		e := &entries[i]
+		b = msgp.AppendMapHeader(b, 6)
+		b = msgp.AppendUint64(msgp.AppendString(b, "i"), e.ID)
+		b = msgp.AppendUint8(msgp.AppendString(b, "k"), e.Kind)
+		b = msgp.AppendUint8(msgp.AppendString(b, "t"), uint8(e.DType))
+		if b, err = e.Shape.MarshalMsg(msgp.AppendString(b, "s")); err != nil {
+			return nil, err
+		}
+		b = msgp.AppendString(b, "b")
+		if e.Data == nil {
+			b = msgp.AppendNil(b)
+		} else {
+			b = msgp.AppendBytes(b, e.Data)
+		}
+		b = msgp.AppendString(b, "d")
+		if e.Desc == nil {
+			b = msgp.AppendNil(b)
+		} else if b, err = e.Desc.MarshalMsg(b); err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
 }
 
 // decodeTable decodes and validates a tensor table. The input is checked
-// first (declared lengths within the input, bounded nesting: wire's
-// DecodeMsgpack), the count is bounded before anything is allocated for
-// it, and every entry must be complete and consistent: a known kind, an
-// inline size equal to shape × dtype, a valid descriptor, distinct ids.
+// first (one msgpack value, declared lengths and counts within the input,
+// bounded nesting: wire.CheckMsgpack), the count is bounded before anything
+// is allocated for it, and every entry must be complete and consistent: a
+// known kind, an inline size equal to shape × dtype, a valid descriptor,
+// distinct ids.
 func decodeTable(b []byte) ([]entry, error) {
 	if len(b) == 0 {
 		return nil, nil
 	}
-	var t table
-	if err := wire.DecodeMsgpack(b, &t); err != nil {
-		if errors.Is(err, ErrBadTable) {
-			return nil, err
-		}
+	if err := wire.CheckMsgpack(b); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadTable, err)
 	}
-	return t, nil
-}
-
-// table is the decoding side of a tensor table.
-type table []entry
-
-// DecodeMsgpack implements msgpack.CustomDecoder with the bounds of
-// decodeTable.
-func (t *table) DecodeMsgpack(dec *msgpack.Decoder) error {
-	n, err := dec.DecodeArrayLen()
+	n, b, err := msgp.ReadArrayHeaderBytes(b)
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("%w: %w", ErrBadTable, err)
 	}
-	if n < 0 || n > MaxTableEntries {
-		return fmt.Errorf("%w: %d entries (at most %d)", ErrBadTable, n, MaxTableEntries)
+	if n > MaxTableEntries {
+		return nil, fmt.Errorf("%w: %d entries (at most %d)", ErrBadTable, n, MaxTableEntries)
 	}
 	// Sized for the common message (bounded, whatever n says); grows
 	// with the entries actually decoded.
 	out := make([]entry, 0, min(n, 4))
 	for i := range n {
 		var e entry
-		if err := dec.Decode(&e); err != nil {
-			return fmt.Errorf("%w: entry %d: %w", ErrBadTable, i, err)
+		if b, err = e.unmarshal(b); err != nil {
+			return nil, fmt.Errorf("%w: entry %d: %w", ErrBadTable, i, err)
 		}
 		if err := e.validate(); err != nil {
-			return fmt.Errorf("%w: entry %d: %w", ErrBadTable, i, err)
+			return nil, fmt.Errorf("%w: entry %d: %w", ErrBadTable, i, err)
 		}
 		if find(out, e.ID) != nil {
-			return fmt.Errorf("%w: id %d appears twice", ErrBadTable, e.ID)
+			return nil, fmt.Errorf("%w: id %d appears twice", ErrBadTable, e.ID)
 		}
 		out = append(out, e)
 	}
-	*t = out
-	return nil
+	if len(b) != 0 { // CheckMsgpack saw one value: cannot happen
+		return nil, fmt.Errorf("%w: %d bytes after the table", ErrBadTable, len(b))
+	}
+	return out, nil
+}
+
+// unmarshal decodes the entry at the start of b and returns the bytes that
+// follow. Unknown fields are skipped.
+func (e *entry) unmarshal(b []byte) ([]byte, error) {
+	n, b, err := msgp.ReadMapHeaderBytes(b)
+	if err != nil {
+		return nil, err
+	}
+	if n > maxEntryFields {
+		return nil, fmt.Errorf("%d fields", n)
+	}
+	for range n {
+		var key []byte
+		if key, b, err = msgp.ReadMapKeyZC(b); err != nil {
+			return nil, err
+		}
+		switch string(key) {
+		case "i":
+			e.ID, b, err = msgp.ReadUint64Bytes(b)
+		case "k":
+			e.Kind, b, err = msgp.ReadUint8Bytes(b)
+		case "t":
+			var v uint8
+			v, b, err = msgp.ReadUint8Bytes(b)
+			e.DType = tensor.DType(v)
+		case "s":
+			b, err = e.Shape.UnmarshalMsg(b)
+		case "b":
+			if msgp.IsNil(b) {
+				e.Data, b = nil, b[1:]
+			} else {
+				e.Data, b, err = msgp.ReadBytesBytes(b, nil)
+			}
+		case "d":
+			if msgp.IsNil(b) {
+				e.Desc, b = nil, b[1:]
+			} else {
+				e.Desc = new(tensor.Descriptor)
+				b, err = e.Desc.UnmarshalMsg(b)
+			}
+		default:
+			b, err = msgp.Skip(b)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("field %q: %w", key, err)
+		}
+	}
+	return b, nil
 }
 
 func (e *entry) validate() error {

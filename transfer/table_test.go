@@ -1,11 +1,13 @@
 package transfer
 
 import (
+	"bytes"
 	"errors"
 	"runtime"
 	"testing"
 
 	"github.com/tensorferry/tensorferry/tensor"
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 func runtimeGosched() { runtime.Gosched() }
@@ -29,6 +31,45 @@ func TestTableRoundTrip(t *testing.T) {
 	if len(out) != 3 || out[0].ID != 1 || string(out[0].Data) != "\x07\x08\x09" || out[1].Desc.Lease != 5 || out[2].Kind != entryRef ||
 		string(out[1].Desc.Offers["ipc"]) != "\x01\x02" {
 		t.Fatalf("decoded %+v", out)
+	}
+}
+
+// TestTableEncodingMatchesReflection: encodeTable writes the bytes
+// msgpack's reflection writes for the entry struct with wire's settings
+// (what tables were before they were encoded with msgp's primitives), so
+// nodes of either kind read each other's tables.
+func TestTableEncodingMatchesReflection(t *testing.T) {
+	d := &tensor.Descriptor{Owner: "a", Incarnation: 1 << 40, ExportID: 4, Lease: 1<<64 - 1, DType: tensor.Float32, Shape: tensor.Shape{2, 300}, Bytes: 2400,
+		Device: "cuda:0", Holder: "h", Offers: map[string][]byte{"ipc": make([]byte, 64)}}
+	for _, entries := range [][]entry{
+		nil,
+		{{ID: 1, Kind: entryInline, DType: tensor.Uint8, Shape: tensor.Shape{3}, Data: []byte{7, 8, 9}}},
+		{{ID: 1 << 33, Kind: entryInline, DType: tensor.Uint8, Shape: tensor.Shape{}, Data: []byte{}}},
+		{{ID: 2, Kind: entryFetch, Desc: d}, {ID: 300, Kind: entryRef, Desc: &tensor.Descriptor{Owner: "b", Device: "cpu"}}},
+		{{ID: 5, Kind: 9}},
+	} {
+		got, err := encodeTable(entries)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var buf bytes.Buffer
+		enc := msgpack.NewEncoder(&buf)
+		enc.UseCompactInts(true)
+		enc.SetSortMapKeys(true)
+		type reflective entry // no methods: msgpack's reflection
+		refl := make([]reflective, len(entries))
+		for i := range entries {
+			refl[i] = reflective(entries[i])
+		}
+		if entries == nil {
+			refl = []reflective{}
+		}
+		if err := enc.Encode(refl); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, buf.Bytes()) {
+			t.Fatalf("%+v:\nencodeTable %x\nreflection  %x", entries, got, buf.Bytes())
+		}
 	}
 }
 

@@ -4,8 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"math"
-	"slices"
+
+	"github.com/tinylib/msgp/msgp"
 )
 
 // A FrameMessages payload is a msgpack array of Message maps, each encoded
@@ -70,10 +70,11 @@ func (c *stringCache) get(b []byte) string {
 // parseMessage decodes a FrameMessage payload; the body is copied.
 func (fr *Framer) parseMessage(h FrameHeader, p []byte) (Frame, error) {
 	f := &MessageFrame{FrameHeader: h}
-	if err := checkMsgpack(p, MaxMsgpackDepth); err != nil {
-		return nil, bodyError(h, fmt.Errorf("%w: %w", ErrBadBody, err))
+	rest, err := readMessage(p, &f.Message, &fr.strs, true)
+	if err == nil && len(rest) != 0 {
+		err = fmt.Errorf("%w: %w", ErrBadBody, errMsgpackTrailing)
 	}
-	if err := decodeMessageWith(p, &f.Message, &fr.strs, true); err != nil {
+	if err != nil {
 		return nil, bodyError(h, err)
 	}
 	return f, nil
@@ -82,63 +83,30 @@ func (fr *Framer) parseMessage(h FrameHeader, p []byte) (Frame, error) {
 // parseMessages decodes a FrameMessages payload into the Framer's reused
 // frame; the bodies alias p.
 func (fr *Framer) parseMessages(h FrameHeader, p []byte) (Frame, error) {
-	if err := checkMsgpack(p, MaxMsgpackDepth); err != nil {
-		return nil, bodyError(h, fmt.Errorf("%w: %w", ErrBadBody, err))
-	}
-	r := mpReader{b: p}
-	n, err := r.arrayLen()
+	n, rest, err := msgp.ReadArrayHeaderBytes(p)
 	if err != nil {
 		return nil, bodyError(h, fmt.Errorf("%w: messages: %w", ErrBadBody, err))
 	}
-	if n > MaxBatchMessages {
-		return nil, bodyError(h, fmt.Errorf("%w: %d messages in one batch (at most %d)", ErrBadBody, n, MaxBatchMessages))
+	// Each message takes at least one byte: the count is checked against
+	// the bytes that are there before the slice is sized from it.
+	if n > MaxBatchMessages || uint64(n) > uint64(len(rest)) {
+		return nil, bodyError(h, fmt.Errorf("%w: %d messages in one batch of %d bytes (at most %d)", ErrBadBody, n, len(rest), MaxBatchMessages))
 	}
 	f := &fr.batch
 	f.FrameHeader = h
-	if cap(f.Messages) < n {
+	if cap(f.Messages) < int(n) {
 		f.Messages = make([]Message, n, max(n, 64))
 	}
 	f.Messages = f.Messages[:n]
 	for i := range f.Messages {
-		start := r.pos
-		end, err := msgpackValueEnd(p, start)
-		if err != nil {
-			return nil, bodyError(h, fmt.Errorf("%w: message %d: %w", ErrBadBody, i, err))
-		}
-		r.pos = end
-		if err := decodeMessageWith(p[start:end], &f.Messages[i], &fr.strs, false); err != nil {
+		if rest, err = readMessage(rest, &f.Messages[i], &fr.strs, false); err != nil {
 			return nil, bodyError(h, fmt.Errorf("message %d: %w", i, err))
 		}
 	}
-	if r.pos != len(p) {
-		return nil, bodyError(h, errMsgpackTrailing)
+	if len(rest) != 0 {
+		return nil, bodyError(h, fmt.Errorf("%w: %w", ErrBadBody, errMsgpackTrailing))
 	}
 	return f, nil
-}
-
-// arrayLen returns the number of elements of an array (nil counts as 0).
-func (r *mpReader) arrayLen() (int, error) {
-	c, err := r.code()
-	if err != nil {
-		return 0, err
-	}
-	var n uint64
-	switch {
-	case c == 0xc0:
-		return 0, nil
-	case c >= 0x90 && c <= 0x9f:
-		n = uint64(c & 0x0f)
-	case c == 0xdc:
-		n, err = r.n(2)
-	case c == 0xdd:
-		n, err = r.n(4)
-	default:
-		return 0, errMPType
-	}
-	if err == nil && n > uint64(len(r.b)-r.pos) {
-		err = errMsgpackLength
-	}
-	return int(n), err
 }
 
 // AppendMessagesPayload appends the FrameMessages payload carrying msgs to
@@ -169,144 +137,11 @@ func (fr *Framer) WriteMessages(msgs []Message) error {
 	return err
 }
 
+// appendArray32 appends an array header in its 5-byte form (array32),
+// whatever n is: a batch's count is patched in place (sealBatch) when the
+// batch closes, so its header has a fixed width.
 func appendArray32(dst []byte, n uint32) []byte {
-	return append(dst, 0xdd, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
-}
-
-// appendMessage appends the msgpack encoding of m, byte for byte what
-// Message.EncodeMsgpack produces, without an encoder.
-func appendMessage(dst []byte, m *Message) []byte {
-	n := 0
-	if m.Target != "" {
-		n++
-	}
-	if m.SenderNode != "" {
-		n++
-	}
-	if m.SenderID != "" {
-		n++
-	}
-	if m.Type != "" {
-		n++
-	}
-	if m.Ser != 0 {
-		n++
-	}
-	if len(m.Body) != 0 {
-		n++
-	}
-	if len(m.Header) != 0 {
-		n++
-	}
-	if m.Request != 0 {
-		n++
-	}
-	if len(m.Tensors) != 0 {
-		n++
-	}
-	dst = append(dst, 0x80|byte(n)) // at most 9 fields
-	if m.Target != "" {
-		dst = appendMPString(appendMPString(dst, "t"), m.Target)
-	}
-	if m.SenderNode != "" {
-		dst = appendMPString(appendMPString(dst, "sn"), m.SenderNode)
-	}
-	if m.SenderID != "" {
-		dst = appendMPString(appendMPString(dst, "si"), m.SenderID)
-	}
-	if m.Type != "" {
-		dst = appendMPString(appendMPString(dst, "ty"), m.Type)
-	}
-	if m.Ser != 0 {
-		dst = appendMPUint(appendMPString(dst, "s"), uint64(m.Ser))
-	}
-	if len(m.Body) != 0 {
-		dst = appendMPBytes(appendMPString(dst, "b"), m.Body)
-	}
-	if len(m.Header) != 0 {
-		dst = appendMPHeader(appendMPString(dst, "h"), m.Header)
-	}
-	if m.Request != 0 {
-		dst = appendMPUint(appendMPString(dst, "r"), m.Request)
-	}
-	if len(m.Tensors) != 0 {
-		dst = appendMPBytes(appendMPString(dst, "x"), m.Tensors)
-	}
-	return dst
-}
-
-// appendMPHeader appends h as a map with sorted keys. It is kept out of
-// line: messages rarely carry headers, and its locals would otherwise
-// enlarge the stack frame of every message send.
-//
-//go:noinline
-func appendMPHeader(dst []byte, h map[string]string) []byte {
-	dst = appendMPMapLen(dst, len(h))
-	var small [8]string
-	keys := small[:0]
-	for k := range h {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		dst = appendMPString(appendMPString(dst, k), h[k])
-	}
-	return dst
-}
-
-// The append helpers below write msgpack in the compact form the encoder
-// uses (UseCompactInts): the smallest header that fits.
-
-func appendMPString(dst []byte, s string) []byte {
-	switch n := len(s); {
-	case n < 32:
-		dst = append(dst, 0xa0|byte(n))
-	case n <= math.MaxUint8:
-		dst = append(dst, 0xd9, byte(n))
-	case n <= math.MaxUint16:
-		dst = append(dst, 0xda, byte(n>>8), byte(n))
-	default:
-		dst = binary.BigEndian.AppendUint32(append(dst, 0xdb), uint32(n))
-	}
-	return append(dst, s...)
-}
-
-func appendMPBytes(dst []byte, b []byte) []byte {
-	switch n := len(b); {
-	case n <= math.MaxUint8:
-		dst = append(dst, 0xc4, byte(n))
-	case n <= math.MaxUint16:
-		dst = append(dst, 0xc5, byte(n>>8), byte(n))
-	default:
-		dst = binary.BigEndian.AppendUint32(append(dst, 0xc6), uint32(n))
-	}
-	return append(dst, b...)
-}
-
-func appendMPMapLen(dst []byte, n int) []byte {
-	switch {
-	case n < 16:
-		return append(dst, 0x80|byte(n))
-	case n <= math.MaxUint16:
-		return append(dst, 0xde, byte(n>>8), byte(n))
-	default:
-		return binary.BigEndian.AppendUint32(append(dst, 0xdf), uint32(n))
-	}
-}
-
-func appendMPUint(dst []byte, v uint64) []byte {
-	switch {
-	case v <= 0x7f:
-		return append(dst, byte(v))
-	case v <= math.MaxUint8:
-		return append(dst, 0xcc, byte(v))
-	case v <= math.MaxUint16:
-		return append(dst, 0xcd, byte(v>>8), byte(v))
-	case v <= math.MaxUint32:
-		return binary.BigEndian.AppendUint32(append(dst, 0xce), uint32(v))
-	default:
-		return binary.BigEndian.AppendUint64(append(dst, 0xcf), v)
-	}
+	return binary.BigEndian.AppendUint32(append(dst, 0xdd), n)
 }
 
 // SendMessage queues m, ordered with the Conn's other sends. An idle Conn
@@ -420,7 +255,6 @@ func (c *Conn) sealBatch(of *outFrame) {
 	count := of.batch
 	c.bmu.Unlock()
 	putHeader(of.buf, FrameMessages, 0, 0, uint32(len(of.buf)-HeaderSize))
-	binary.BigEndian.PutUint32(of.buf[HeaderSize+1:], uint32(count))
-	of.buf[HeaderSize] = 0xdd
+	appendArray32(of.buf[HeaderSize:HeaderSize], uint32(count))
 	of.isBatch, of.batch = false, 0
 }

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-	"unsafe"
 )
 
 func TestAppendMessageMatchesEncoder(t *testing.T) {
@@ -32,7 +31,7 @@ func TestAppendMessageMatchesEncoder(t *testing.T) {
 		{Tensors: []byte{0x90}}, {Body: []byte{1}, Tensors: make([]byte, 300)},
 		{Target: "a", SenderNode: "n", SenderID: "s", Type: "T", Ser: 1, Body: []byte{1}, Header: map[string]string{"k": "v"}, Request: 3, Tensors: []byte{0x91, 0x01}},
 	} {
-		want, err := EncodeMsgpack(&m)
+		want, err := appendMsgpack(nil, &m) // vmihailenco's reflection
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -58,7 +57,7 @@ func TestMessagesFrameBadInput(t *testing.T) {
 			in := append(unhex(t, hdr(uint32(len(p)), FrameMessages, 0, 0)), p...)
 			_, err := NewFramer(nil, bytes.NewReader(in)).ReadFrame()
 			var ce *ConnError
-			if !errors.As(err, &ce) || !errors.Is(err, ErrBadBody) && !errors.Is(err, errMsgpackTruncated) && !errors.Is(err, errMsgpackLength) && !errors.Is(err, errMsgpackTrailing) {
+			if !errors.As(err, &ce) || !errors.Is(err, ErrBadBody) {
 				t.Fatalf("err = %v, want a ConnError for a bad body", err)
 			}
 		})
@@ -82,9 +81,6 @@ func TestStringCache(t *testing.T) {
 		}
 	}); n != 0 {
 		t.Fatalf("%v allocations for a cached name", n)
-	}
-	if unsafe.StringData(c.get([]byte("sink"))) != unsafe.StringData(first) {
-		t.Fatal("a repeated name is not interned")
 	}
 	long := strings.Repeat("z", stringCacheMaxLen+1)
 	if c.get([]byte(long)) != long {

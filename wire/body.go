@@ -11,6 +11,9 @@ type Hello struct {
 	Cluster string `msgpack:"c,omitempty"`
 	Nonce   []byte `msgpack:"n,omitempty"` // NonceSize random bytes
 	Purpose string `msgpack:"p,omitempty"` // PurposeControl or PurposeData
+	// SharedMemory: the initiator offers to move the connection to shared
+	// memory after the handshake (wire/shm), if both ends are on one host.
+	SharedMemory bool `msgpack:"s,omitempty"`
 }
 
 // Challenge answers Hello (acceptor → initiator). It reveals nothing but the
@@ -33,6 +36,9 @@ type Welcome struct {
 	Node        string `msgpack:"n,omitempty"`
 	Incarnation uint64 `msgpack:"i,omitempty"`
 	MAC         []byte `msgpack:"m,omitempty"`
+	// SharedMemory: the acceptor takes up the initiator's offer; both ends
+	// then run shm.Upgrade before anything else.
+	SharedMemory bool `msgpack:"s,omitempty"`
 }
 
 // Caps carries a node's capabilities. Body is opaque msgpack defined by the

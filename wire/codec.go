@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 
+	"github.com/tinylib/msgp/msgp"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -34,18 +36,26 @@ type Serializer interface {
 	Unmarshal(b []byte, typ reflect.Type) (any, error)
 }
 
-// MsgpackSerializer encodes plain Go values with msgpack (id SerMsgpack).
-// Types can take over their own encoding with msgpack's CustomEncoder and
-// CustomDecoder interfaces. Input is validated before decoding as for frame
-// bodies (see DecodeMsgpack).
+// MsgpackSerializer encodes Go values with msgpack (id SerMsgpack).
 //
-// Plain structs (fields of scalar, string, []byte, [N]byte, slice of scalar
-// or string, and struct, pointer-to-struct or slice-of-struct types, no
-// custom encoders) are
-// encoded and decoded by a codec compiled once per type, which gives the
-// same bytes and the same decoded values as the reflection-based msgpack
-// encoder without its per-message cost; other values use msgpack's own
-// encoder.
+// A type whose pointer implements msgp.Marshaler and msgp.Unmarshaler (the
+// methods tinylib/msgp's generator writes: run go generate with
+// "//go:generate msgp -io=false" beside the message types) is encoded and
+// decoded by those methods, without reflection. Other values go through
+// vmihailenco/msgpack's reflection, which can be customised with its
+// CustomEncoder and CustomDecoder interfaces. Both read and write the same
+// bytes for the same struct (maps keyed by field name, or by the name in a
+// msgpack tag, which both honour), so a body written by either decodes with
+// the other; the generated code encodes a nil slice or map as an empty one
+// unless its field is tagged allownil (msgpack:",allownil", which
+// vmihailenco ignores), and integers in msgp's compact signed form, which
+// vmihailenco reads back. Embedded structs are not interchangeable:
+// vmihailenco inlines their fields, msgp nests them.
+//
+// Input is validated before decoding either way (see DecodeMsgpack):
+// declared lengths and counts must fit in the bytes that are there and
+// nesting is bounded, so neither decoder sizes an allocation from a count
+// that the body does not back with bytes.
 type MsgpackSerializer struct{}
 
 // ID returns SerMsgpack.
@@ -59,24 +69,54 @@ func (s MsgpackSerializer) Marshal(v any) ([]byte, error) { return s.AppendMarsh
 
 // AppendMarshal appends the encoding of v to dst.
 func (MsgpackSerializer) AppendMarshal(dst []byte, v any) ([]byte, error) {
-	if c := structCodecOf(v); c != nil {
-		if out, ok := c.appendValue(dst, v); ok {
-			return out, nil
-		}
+	if m, ok := v.(msgp.Marshaler); ok {
+		return appendGenerated(dst, m)
 	}
 	return appendMsgpack(dst, v)
 }
 
 // Unmarshal decodes b into a new value of typ.
 func (MsgpackSerializer) Unmarshal(b []byte, typ reflect.Type) (any, error) {
-	if c := structCodecFor(typ); c != nil {
-		return c.unmarshal(b)
+	p := reflect.New(typ).Interface()
+	if u, ok := p.(msgp.Unmarshaler); ok {
+		if err := decodeGenerated(b, u); err != nil {
+			return nil, err
+		}
+		return p, nil
 	}
-	p := reflect.New(typ)
-	if err := DecodeMsgpack(b, p.Interface()); err != nil {
+	if err := DecodeMsgpack(b, p); err != nil {
 		return nil, err
 	}
-	return p.Interface(), nil
+	return p, nil
+}
+
+// appendGenerated appends m's encoding to dst through its generated
+// MarshalMsg, growing dst first by its size estimate when it has one.
+func appendGenerated(dst []byte, m msgp.Marshaler) ([]byte, error) {
+	if s, ok := m.(msgp.Sizer); ok {
+		dst = slices.Grow(dst, s.Msgsize())
+	}
+	out, err := m.MarshalMsg(dst)
+	if err != nil {
+		return dst, fmt.Errorf("wire: msgpack encode %T: %w", m, err)
+	}
+	return out, nil
+}
+
+// decodeGenerated decodes b, exactly one value, with u's generated
+// UnmarshalMsg, once checkMsgpack accepted b.
+func decodeGenerated(b []byte, u msgp.Unmarshaler) error {
+	if err := checkMsgpack(b, MaxMsgpackDepth); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadBody, err)
+	}
+	rest, err := u.UnmarshalMsg(b)
+	if err != nil {
+		return fmt.Errorf("%w: decode %T: %w", ErrBadBody, u, err)
+	}
+	if len(rest) != 0 {
+		return fmt.Errorf("%w: decode %T: %w", ErrBadBody, u, errMsgpackTrailing)
+	}
+	return nil
 }
 
 // ProtoSerializer encodes values implementing proto.Message (id
@@ -135,13 +175,19 @@ func (ProtoSerializer) Unmarshal(b []byte, typ reflect.Type) (any, error) {
 	return p, nil
 }
 
-var protoMessageType = reflect.TypeFor[proto.Message]()
+var (
+	protoMessageType    = reflect.TypeFor[proto.Message]()
+	msgpMarshalerType   = reflect.TypeFor[msgp.Marshaler]()
+	msgpUnmarshalerType = reflect.TypeFor[msgp.Unmarshaler]()
+)
 
 type registeredType struct {
 	name string
 	typ  reflect.Type // the value type (not a pointer)
 	ser  Serializer
-	sc   *structCodec // the compiled msgpack codec of typ, if any
+	// gen: ser is MsgpackSerializer and *typ has msgp's generated
+	// MarshalMsg and UnmarshalMsg, which encode and decode it.
+	gen bool
 }
 
 // Registry maps message type names to Go types and their serializers. It
@@ -209,7 +255,8 @@ func (r *Registry) RegisterSerializer(name string, sample any, ser Serializer) e
 	}
 	rt := &registeredType{name: name, typ: typ, ser: ser}
 	if _, ok := ser.(MsgpackSerializer); ok {
-		rt.sc = structCodecFor(typ)
+		pt := reflect.PointerTo(typ)
+		rt.gen = pt.Implements(msgpMarshalerType) && pt.Implements(msgpUnmarshalerType)
 	}
 	t := &registryTables{byName: maps.Clone(old.byName), byType: maps.Clone(old.byType)}
 	t.byName[name] = rt
@@ -243,10 +290,17 @@ func (r *Registry) AppendEncode(dst []byte, msg any) (typeName string, ser uint8
 	if err != nil {
 		return "", 0, dst, err
 	}
-	if rt.sc != nil {
-		if body, ok := rt.sc.appendValue(dst, msg); ok {
-			return rt.name, SerMsgpack, body, nil
+	if rt.gen {
+		m, ok := msg.(msgp.Marshaler)
+		if !ok { // a value whose MarshalMsg has a pointer receiver
+			p := reflect.New(rt.typ)
+			p.Elem().Set(reflect.ValueOf(msg))
+			m = p.Interface().(msgp.Marshaler)
 		}
+		if body, err = appendGenerated(dst, m); err != nil {
+			return "", 0, dst, err
+		}
+		return rt.name, SerMsgpack, body, nil
 	}
 	if am, ok := rt.ser.(appendMarshaler); ok {
 		body, err = am.AppendMarshal(dst, msg)

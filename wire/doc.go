@@ -6,9 +6,10 @@
 // endian) and a msgpack payload. Tensors do not ride here: their bytes go
 // over an rdma channel (frame types 11 to 13 are reserved and read as
 // *UnknownFrame). Framer reads and writes frames without connection state;
-// every msgpack body is validated (declared lengths, nesting) before it is
-// decoded, and a frame's length is checked against the maximum before
-// anything is allocated.
+// in every msgpack body, declared lengths and counts are checked against the
+// bytes that are there, and nesting against MaxMsgpackDepth, before anything
+// is allocated from them, and a frame's length is checked against the
+// maximum before anything is allocated.
 //
 // A connection starts with Handshake (version, cluster, mutual HMAC-SHA256
 // challenge–response over the cluster secret); only then is it wrapped in a
@@ -39,16 +40,39 @@
 //
 //	err = c.SendMessage(ctx, &wire.Message{Target: "ps", Type: name, Ser: ser, Body: body})
 //
+// Between processes of one host, a Conn runs on shared memory: with
+// HandshakeConfig.SharedMemory on both ends (Peer.SharedMemory), package
+// wire/shm's Upgrade moves the connection's bytes to rings in shared memory
+// right after the handshake, and NewConn takes the *shm.Conn it returns.
+//
 // At most 8 such batches wait per Conn: a slow peer holds senders back (in
 // bytes, not only in frames). With ConnOptions.HandlerTakeover, a Handler
 // call that blocks hands the reading to a new goroutine instead of stalling
 // the connection.
 //
-// Registered plain structs (scalars, strings, byte slices and arrays,
-// slices, nested structs; no custom encoders) are encoded and decoded by a
-// codec compiled at registration: the same bytes as vmihailenco/msgpack,
-// and anything its decoder does not expect is decoded again by
-// vmihailenco, so results never differ. Other types use vmihailenco.
+// All msgpack in this package is read and written with one primitive
+// layer, tinylib/msgp's msgp package (Append*, Read*Bytes, Skip): the
+// Message envelope (which implements msgp.Marshaler and msgp.Unmarshaler)
+// and FrameMessages batches are encoded and decoded with it directly, with
+// every declared length and count checked against the bytes that are there
+// before anything is sized from it. Other frame bodies and reflective user
+// messages go through vmihailenco/msgpack once the body has been validated
+// (lengths, counts and nesting, see DecodeMsgpack).
+//
+// The Registry serializes user messages with msgpack (SerMsgpack) or
+// protobuf (SerProtobuf, for proto.Message types). A msgpack type whose
+// pointer implements msgp.Marshaler and msgp.Unmarshaler, the methods msgp's
+// generator writes, is encoded and decoded by them, without reflection;
+// others use vmihailenco's reflection. Both write maps keyed by field name
+// (or msgpack tag name), so a body from either decodes with the other:
+//
+//	//go:generate msgp -io=false -tests=false
+//	type Grad struct {
+//		Step int
+//		G    []float32 `msgpack:",allownil"` // nil stays nil, as with reflection
+//	}
+//
+// There is no unsafe in this package.
 //
 // Errors come in two scopes, as in HTTP/2: a *ConnError kills the
 // connection, a *StreamError fails one request or transfer. Sentinels

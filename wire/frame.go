@@ -414,8 +414,7 @@ func appendFrame(dst []byte, t FrameType, flags Flags, stream uint32, body any, 
 	dst = append(dst, make([]byte, HeaderSize)...)
 	if body != nil {
 		var err error
-		dst, err = appendMsgpack(dst, body)
-		if err != nil {
+		if dst, err = appendBody(dst, body); err != nil {
 			return dst[:start], err
 		}
 	}

@@ -48,7 +48,7 @@ func frameCases() []frameCase {
 			},
 			// {v:1, c:"c1", n:bin(010203), p:"control"}
 			hex:  hdr(26, FrameHello, 0, 0) + "84 a176 01 a163 a26331 a16e c403010203 a170 a7636f6e74726f6c",
-			want: &HelloFrame{FrameHeader{26, FrameHello, 0, 0}, Hello{1, "c1", []byte{1, 2, 3}, "control"}},
+			want: &HelloFrame{FrameHeader{26, FrameHello, 0, 0}, Hello{1, "c1", []byte{1, 2, 3}, "control", false}},
 		},
 		{
 			name:  "challenge",
@@ -68,7 +68,7 @@ func frameCases() []frameCase {
 			write: func(fr *Framer) error { return fr.WriteWelcome(&Welcome{Node: "a", Incarnation: 1 << 40}) },
 			// MAC omitted; 1<<40 is a uint64: cf 0000010000000000
 			hex:  hdr(16, FrameWelcome, 0, 0) + "82 a16e a161 a169 cf0000010000000000",
-			want: &WelcomeFrame{FrameHeader{16, FrameWelcome, 0, 0}, Welcome{"a", 1 << 40, nil}},
+			want: &WelcomeFrame{FrameHeader{16, FrameWelcome, 0, 0}, Welcome{"a", 1 << 40, nil, false}},
 		},
 		{
 			name: "message",

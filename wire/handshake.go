@@ -71,6 +71,11 @@ type HandshakeConfig struct {
 	// Code (else CodeUnavailable); Handshake then returns an error wrapping
 	// it. Nil admits every authenticated initiator. Ignored by the initiator.
 	Admit func(Peer) error
+	// SharedMemory, on the initiator, offers the shared-memory upgrade
+	// (wire/shm) in Hello; on the acceptor, takes up such an offer in
+	// Welcome. Peer.SharedMemory reports whether both ends did: then both
+	// must call shm.Upgrade on the connection before anything else.
+	SharedMemory bool
 }
 
 // Peer is the authenticated other end of a connection.
@@ -78,6 +83,9 @@ type Peer struct {
 	Node        string
 	Incarnation uint64
 	Purpose     string
+	// SharedMemory: both ends agreed to run shm.Upgrade next (see
+	// HandshakeConfig.SharedMemory).
+	SharedMemory bool
 }
 
 func (c *HandshakeConfig) validate(initiator bool) error {
@@ -194,7 +202,7 @@ func (hs *handshake) initiate() (Peer, error) {
 	if _, err := rand.Read(nonceI); err != nil {
 		return Peer{}, fmt.Errorf("wire: handshake: nonce: %w", err)
 	}
-	hello := Hello{Version: ProtocolVersion, Cluster: hs.cfg.Cluster, Nonce: nonceI, Purpose: hs.cfg.Purpose}
+	hello := Hello{Version: ProtocolVersion, Cluster: hs.cfg.Cluster, Nonce: nonceI, Purpose: hs.cfg.Purpose, SharedMemory: hs.cfg.SharedMemory}
 	if err := hs.fr.WriteHello(&hello); err != nil {
 		return Peer{}, fmt.Errorf("wire: handshake: send hello: %w", err)
 	}
@@ -232,7 +240,7 @@ func (hs *handshake) initiate() (Peer, error) {
 		hs.refuse(CodeAuth)
 		return Peer{}, fmt.Errorf("wire: handshake: reached node %q, expected %q: %w", w.Node, hs.cfg.Expect, ErrUnexpectedPeer)
 	}
-	return Peer{Node: w.Node, Incarnation: w.Incarnation, Purpose: hs.cfg.Purpose}, nil
+	return Peer{Node: w.Node, Incarnation: w.Incarnation, Purpose: hs.cfg.Purpose, SharedMemory: hs.cfg.SharedMemory && w.SharedMemory}, nil
 }
 
 func (hs *handshake) accept() (Peer, error) {
@@ -299,7 +307,8 @@ func (hs *handshake) accept() (Peer, error) {
 		}
 	}
 	t.nodeA, t.incA = hs.cfg.Node, hs.cfg.Incarnation
-	welcome := Welcome{Node: hs.cfg.Node, Incarnation: hs.cfg.Incarnation, MAC: t.mac(hs.cfg.Secret, labelAcceptor, true)}
+	peer.SharedMemory = hello.SharedMemory && hs.cfg.SharedMemory
+	welcome := Welcome{Node: hs.cfg.Node, Incarnation: hs.cfg.Incarnation, MAC: t.mac(hs.cfg.Secret, labelAcceptor, true), SharedMemory: peer.SharedMemory}
 	if err := hs.fr.WriteWelcome(&welcome); err != nil {
 		return Peer{}, fmt.Errorf("wire: handshake: send welcome: %w", err)
 	}

@@ -107,10 +107,10 @@ func TestHandshakeSuccess(t *testing.T) {
 		if want == "" {
 			want = PurposeControl
 		}
-		if ini.peer != (Peer{"acc", 22, want}) {
+		if ini.peer != (Peer{"acc", 22, want, false}) {
 			t.Errorf("initiator's peer %+v", ini.peer)
 		}
-		if acc.peer != (Peer{"ini", 11, want}) {
+		if acc.peer != (Peer{"ini", 11, want, false}) {
 			t.Errorf("acceptor's peer %+v", acc.peer)
 		}
 		// The connection works afterwards, with the deadline cleared.
@@ -322,7 +322,7 @@ func TestHandshakeAdmitRefuses(t *testing.T) {
 	why := &ConnError{Code: CodeNotFound, Reason: `node "ini" is not in the config`}
 	ac.Admit = func(p Peer) error { admitted = p; return why }
 	ini, acc, iconn, _ := handshakePair(t, ic, ac)
-	if admitted != (Peer{"ini", 7, PurposeControl}) {
+	if admitted != (Peer{"ini", 7, PurposeControl, false}) {
 		t.Errorf("Admit got %+v", admitted)
 	}
 	if !errors.Is(acc.err, why) {

@@ -2,11 +2,11 @@ package wire
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
 
+	"github.com/tinylib/msgp/msgp"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -15,155 +15,83 @@ import (
 const MaxMsgpackDepth = 32
 
 var (
-	errMsgpackTruncated = errors.New("wire: msgpack: truncated value")
-	errMsgpackLength    = errors.New("wire: msgpack: declared length exceeds input")
-	errMsgpackDepth     = errors.New("wire: msgpack: nesting too deep")
-	errMsgpackTrailing  = errors.New("wire: msgpack: trailing bytes after value")
-	errMsgpackCode      = errors.New("wire: msgpack: invalid type code 0xc1")
+	errMsgpackLength   = errors.New("wire: msgpack: declared length exceeds input")
+	errMsgpackDepth    = errors.New("wire: msgpack: nesting too deep")
+	errMsgpackTrailing = errors.New("wire: msgpack: trailing bytes after value")
 )
 
-// checkMsgpack walks one msgpack value in b without allocating and rejects:
-// any str/bin/ext length larger than the bytes that remain, any array count
-// larger than the bytes that remain (each element takes at least one byte),
-// any map count with more than half the remaining bytes, nesting deeper than
-// maxDepth, the never-used code 0xc1 and bytes after the value. msgpack v5
-// preallocates from declared lengths, so every body is checked before it is
-// decoded.
+// checkMsgpack checks that b is exactly one msgpack value, using msgp's
+// readers: every str/bin/ext length fits in the bytes that remain (msgp.Skip
+// checks it), every array count is at most the bytes that remain (each
+// element takes at least one byte) and every map count at most half of
+// them, nesting is at most maxDepth (at most MaxMsgpackDepth), the
+// never-used code 0xc1 does not appear and no bytes follow the value. It
+// allocates nothing. Decoders that size allocations from declared counts
+// (vmihailenco's, msgp's generated ones) only see bodies it accepted, so a
+// count never promises more than the bytes that are there.
 func checkMsgpack(b []byte, maxDepth int) error {
-	// pending[i] is the number of values still expected at nesting level i.
-	var stack [MaxMsgpackDepth + 1]uint64
-	if maxDepth > MaxMsgpackDepth {
-		maxDepth = MaxMsgpackDepth
+	rest, err := checkValue(b, min(maxDepth, MaxMsgpackDepth))
+	if err != nil {
+		return err
 	}
-	depth := 0
-	stack[0] = 1
-	pos := 0
-	for {
-		for stack[depth] == 0 {
-			if depth == 0 {
-				if pos != len(b) {
-					return fmt.Errorf("%w (%d of %d bytes used)", errMsgpackTrailing, pos, len(b))
-				}
-				return nil
-			}
-			depth--
-		}
-		stack[depth]--
-		if pos >= len(b) {
-			return errMsgpackTruncated
-		}
-		c := b[pos]
-		pos++
-		var skip uint64     // payload bytes to skip
-		var children uint64 // nested values that follow
-		var isMap bool
-		switch {
-		case c <= 0x7f, c >= 0xe0, c == 0xc0, c == 0xc2, c == 0xc3:
-			// fixint, nil, bool
-		case c >= 0x80 && c <= 0x8f:
-			children, isMap = uint64(c&0x0f), true
-		case c >= 0x90 && c <= 0x9f:
-			children = uint64(c & 0x0f)
-		case c >= 0xa0 && c <= 0xbf:
-			skip = uint64(c & 0x1f)
-		case c == 0xc1:
-			return errMsgpackCode
-		case c == 0xc4, c == 0xd9: // bin8, str8
-			n, err := readLen(b, &pos, 1)
-			if err != nil {
-				return err
-			}
-			skip = n
-		case c == 0xc5, c == 0xda: // bin16, str16
-			n, err := readLen(b, &pos, 2)
-			if err != nil {
-				return err
-			}
-			skip = n
-		case c == 0xc6, c == 0xdb: // bin32, str32
-			n, err := readLen(b, &pos, 4)
-			if err != nil {
-				return err
-			}
-			skip = n
-		case c == 0xc7, c == 0xc8, c == 0xc9: // ext8/16/32: len, type, data
-			n, err := readLen(b, &pos, 1<<(c-0xc7))
-			if err != nil {
-				return err
-			}
-			skip = n + 1
-		case c == 0xca, c == 0xce, c == 0xd2: // float32, uint32, int32
-			skip = 4
-		case c == 0xcb, c == 0xcf, c == 0xd3: // float64, uint64, int64
-			skip = 8
-		case c == 0xcc, c == 0xd0: // uint8, int8
-			skip = 1
-		case c == 0xcd, c == 0xd1: // uint16, int16
-			skip = 2
-		case c >= 0xd4 && c <= 0xd8: // fixext 1, 2, 4, 8, 16: type, data
-			skip = 1 + 1<<(c-0xd4)
-		case c == 0xdc: // array16
-			n, err := readLen(b, &pos, 2)
-			if err != nil {
-				return err
-			}
-			children = n
-		case c == 0xdd: // array32
-			n, err := readLen(b, &pos, 4)
-			if err != nil {
-				return err
-			}
-			children = n
-		case c == 0xde: // map16
-			n, err := readLen(b, &pos, 2)
-			if err != nil {
-				return err
-			}
-			children, isMap = n, true
-		case c == 0xdf: // map32
-			n, err := readLen(b, &pos, 4)
-			if err != nil {
-				return err
-			}
-			children, isMap = n, true
-		}
-		rest := uint64(len(b) - pos)
-		if skip > rest {
-			return fmt.Errorf("%w (%d > %d)", errMsgpackLength, skip, rest)
-		}
-		pos += int(skip)
-		if children == 0 {
-			continue
-		}
-		if isMap {
-			children *= 2
-		}
-		if children > rest {
-			return fmt.Errorf("%w (%d values in %d bytes)", errMsgpackLength, children, rest)
-		}
-		if depth+1 > maxDepth {
-			return errMsgpackDepth
-		}
-		depth++
-		stack[depth] = children
+	if len(rest) != 0 {
+		return fmt.Errorf("%w (%d of %d bytes used)", errMsgpackTrailing, len(b)-len(rest), len(b))
 	}
+	return nil
 }
 
-// readLen reads an n-byte big-endian length at *pos.
-func readLen(b []byte, pos *int, n int) (uint64, error) {
-	if len(b)-*pos < n {
-		return 0, errMsgpackTruncated
+// CheckMsgpack reports whether b is exactly one msgpack value within the
+// limits every decoder of this package applies before decoding (ErrBadBody
+// wrapped otherwise): declared lengths and counts fit in the bytes that are
+// there and nesting is at most MaxMsgpackDepth. Decoders outside wire that
+// read bytes from the wire with msgp's readers call it first.
+func CheckMsgpack(b []byte) error {
+	if err := checkMsgpack(b, MaxMsgpackDepth); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadBody, err)
 	}
-	p := b[*pos : *pos+n]
-	*pos += n
-	switch n {
-	case 1:
-		return uint64(p[0]), nil
-	case 2:
-		return uint64(binary.BigEndian.Uint16(p)), nil
+	return nil
+}
+
+// checkValue checks the value at the start of b (see checkMsgpack) with
+// depth more levels of arrays and maps allowed, and returns what follows
+// it.
+func checkValue(b []byte, depth int) ([]byte, error) {
+	var n uint64
+	var rest []byte
+	switch msgp.NextType(b) {
+	case msgp.MapType:
+		sz, r, err := msgp.ReadMapHeaderBytes(b)
+		if err != nil {
+			return nil, err
+		}
+		n, rest = 2*uint64(sz), r
+	case msgp.ArrayType:
+		sz, r, err := msgp.ReadArrayHeaderBytes(b)
+		if err != nil {
+			return nil, err
+		}
+		n, rest = uint64(sz), r
 	default:
-		return uint64(binary.BigEndian.Uint32(p)), nil
+		// A scalar, str, bin or ext: Skip checks its length against b
+		// (and fails on an empty b or the code 0xc1).
+		return msgp.Skip(b)
 	}
+	if n == 0 {
+		return rest, nil
+	}
+	if n > uint64(len(rest)) {
+		return nil, fmt.Errorf("%w (%d values in %d bytes)", errMsgpackLength, n, len(rest))
+	}
+	if depth == 0 {
+		return nil, errMsgpackDepth
+	}
+	for ; n > 0; n-- {
+		var err error
+		if rest, err = checkValue(rest, depth-1); err != nil {
+			return nil, err
+		}
+	}
+	return rest, nil
 }
 
 // sliceWriter appends to a byte slice; the msgpack encoder writes through it
@@ -215,10 +143,22 @@ func appendMsgpack(dst []byte, v any) ([]byte, error) {
 	return out, nil
 }
 
+// appendBody appends the msgpack encoding of v: through its generated
+// MarshalMsg if it has one (a *Message, a type msgp's generator wrote
+// methods for), else through vmihailenco (appendMsgpack).
+func appendBody(dst []byte, v any) ([]byte, error) {
+	if m, ok := v.(msgp.Marshaler); ok {
+		return appendGenerated(dst, m)
+	}
+	return appendMsgpack(dst, v)
+}
+
 // EncodeMsgpack returns the msgpack encoding of v, in the deterministic form
-// used by frame bodies.
+// used by frame bodies: v's own MarshalMsg if it implements msgp.Marshaler,
+// else vmihailenco/msgpack's encoding with compact integers and sorted map
+// keys.
 func EncodeMsgpack(v any) ([]byte, error) {
-	return appendMsgpack(nil, v)
+	return appendBody(nil, v)
 }
 
 type msgpackDecoder struct {
@@ -232,11 +172,17 @@ var decoderPool = sync.Pool{New: func() any {
 	return d
 }}
 
-// DecodeMsgpack decodes the single msgpack value b into v (a pointer). The
-// input is validated first (see ErrBadBody): declared lengths must fit in b,
-// nesting is at most MaxMsgpackDepth and no bytes may follow the value. v
-// does not alias b.
+// DecodeMsgpack decodes the single msgpack value b into v (a pointer), with
+// v's UnmarshalMsg if it implements msgp.Unmarshaler, else with
+// vmihailenco/msgpack. The input is validated first (see ErrBadBody):
+// declared lengths and counts must fit in b, nesting is at most
+// MaxMsgpackDepth and no bytes may follow the value. v does not alias b
+// (for generated decoders: as far as their UnmarshalMsg copies, which
+// msgp's generated code does).
 func DecodeMsgpack(b []byte, v any) error {
+	if u, ok := v.(msgp.Unmarshaler); ok {
+		return decodeGenerated(b, u)
+	}
 	if err := checkMsgpack(b, MaxMsgpackDepth); err != nil {
 		return fmt.Errorf("%w: %w", ErrBadBody, err)
 	}

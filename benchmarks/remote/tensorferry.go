@@ -13,17 +13,11 @@ import (
 	"github.com/tensorferry/tensorferry/config"
 )
 
-// tfMsg is the 64-byte message of the tensorferry path, a plain Go struct
-// encoded with msgpack.
-type tfMsg struct {
-	Payload []byte
-}
-
 func init() {
 	tfactor.MustRegisterMessage("bench.remote.Msg", &tfMsg{})
 	extraPaths = append(extraPaths,
-		path{name: "tensorferry", open: func() (*endpoints, error) { return openTensorferry(true) }},
-		path{name: "tensorferry-future", open: func() (*endpoints, error) { return openTensorferry(false) }})
+		path{name: "tensorferry", open: func() (*endpoints, error) { return openTensorferry(true, false) }},
+		path{name: "tensorferry-future", open: func() (*endpoints, error) { return openTensorferry(false, false) }})
 }
 
 // tensorferryPath is two tensorferry nodes of one loopback cluster in this
@@ -35,23 +29,25 @@ func init() {
 // tensorferry's transport: default mailboxes, RequestFuture.
 type tensorferryPath struct {
 	native         bool
+	shm            bool // control connection over shared memory (shm.go)
 	client, server *tfactor.Node
 	echo, sink     *pa.PID
 	msg            *tfMsg
 	count          counter
 }
 
-func openTensorferry(native bool) (*endpoints, error) {
+func openTensorferry(native, sharedMemory bool) (*endpoints, error) {
 	cfg, err := config.LocalConfig("bench", 2)
 	if err != nil {
 		return nil, err
 	}
-	p := &tensorferryPath{native: native, msg: &tfMsg{Payload: bytes.Repeat([]byte{0xab}, payloadSize)}}
+	p := &tensorferryPath{native: native, shm: sharedMemory, msg: &tfMsg{Payload: bytes.Repeat([]byte{0xab}, payloadSize)}}
 	quiet := tfactor.WithSystemConfig(pa.WithLoggerFactory(quietLogger), pa.WithDeadLetterThrottleInterval(10*time.Millisecond))
-	if p.server, err = tfactor.NewNode(cfg, cfg.Nodes[1].Name, quiet); err != nil {
+	transport := tfactor.WithSharedMemory(shmConfig(sharedMemory))
+	if p.server, err = tfactor.NewNode(cfg, cfg.Nodes[1].Name, quiet, transport); err != nil {
 		return nil, err
 	}
-	if p.client, err = tfactor.NewNode(cfg, cfg.Nodes[0].Name, quiet); err != nil {
+	if p.client, err = tfactor.NewNode(cfg, cfg.Nodes[0].Name, quiet, transport); err != nil {
 		return nil, err
 	}
 	if err := p.server.Start(); err != nil {
@@ -114,6 +110,9 @@ func (p *tensorferryPath) RoundTrip() error {
 }
 
 func (p *tensorferryPath) name() string {
+	if p.shm {
+		return "tensorferry-shm"
+	}
 	if p.native {
 		return "tensorferry"
 	}

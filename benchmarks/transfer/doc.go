@@ -29,6 +29,16 @@
 // host touches both alike. Then rtt_p50_us and rtt_p99_us of a 64-byte
 // message and of a 4 KiB tensor message round trip on the same nodes.
 //
+// With --channel verbs two more paths time the verbs channel alone, an
+// owner and a fetcher channel in one process: verbs-1-nic with one RDMA
+// device, verbs-2-nics with two, each transfer split over both (slices of
+// at least 256 KiB, a queue pair per device); gbps, gbps_best and us of
+// the fetcher's Fetch. --src and --dst put their source tensor and
+// destination on GPUs (GPUDirect RDMA; cpu by default), to compare with
+// perftest's ib_read_bw --use_cuda on the same pair of GPUs (BENCHMARKS.md).
+// A host with one device leaves verbs-2-nics out (said on stderr) unless
+// --paths names it.
+//
 // Targets (issue 3): tensorferry ≥ 85 % of raw-tcp at ≥ 64 MiB; the 4 KiB
 // tensor round trip ≤ 2× the 64-byte round trip. The summary lines after
 // the table state both.

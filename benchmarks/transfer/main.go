@@ -14,6 +14,7 @@ import (
 	"github.com/tensorferry/tensorferry/benchmarks/internal/report"
 	"github.com/tensorferry/tensorferry/benchmarks/internal/size"
 	"github.com/tensorferry/tensorferry/internal/progress"
+	"github.com/tensorferry/tensorferry/memory"
 )
 
 // Path names, as they appear in the report.
@@ -50,6 +51,14 @@ type options struct {
 	chunk    int // staging chunk size; 0: the config's default
 	inflight int // staging chunks in flight; 0: the config's default
 	timeout  time.Duration
+	// verbsSrc and verbsDst are the devices of the verbs pair paths' source
+	// tensor and destination (--src, --dst).
+	verbsSrc, verbsDst memory.Device
+	// nic is the RDMA device of verbs-1-nic (--nic; "": the first usable).
+	nic string
+	// skipVerbs, when set, is told about a verbs pair path that cannot run
+	// here (too few RDMA devices), which is then left out; nil fails.
+	skipVerbs func(path string, err error)
 }
 
 func main() {
@@ -59,11 +68,15 @@ func main() {
 	rtt := flag.Int("rtt-count", 5000, "timed round trips per RTT figure")
 	quick := flag.Bool("quick", false, "stop at 64 MiB, fewer repetitions and round trips")
 	asJSON := flag.Bool("json", false, "print one JSON object per figure per line instead of the table")
-	only := flag.String("paths", "", "comma-separated paths to measure: "+strings.Join(allPaths, ",")+" (default: all)")
+	only := flag.String("paths", "", "comma-separated paths to measure: "+strings.Join(allPaths, ",")+
+		" (with --channel verbs also "+pathVerbs1+" and "+pathVerbs2+"; default: all)")
 	chunk := flag.String("chunk", "", "staging chunk size (default: the config's, 4MiB)")
 	inflight := flag.Int("inflight", 0, "staging chunks in flight per transfer (default: the config's, 4)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	timeout := flag.Duration("timeout", 2*time.Minute, "deadline of one message")
+	nic := flag.String("nic", "", "RDMA device of verbs-1-nic, as ib_read_bw -d names it (default: the first usable)")
+	src := flag.String("src", "cpu", "device of the verbs pair paths' source tensor (cpu, cuda:N)")
+	dst := flag.String("dst", "cpu", "device of the verbs pair paths' destination (cpu, cuda:N)")
 	channel := flag.String("channel", "staging", "data channel the tensorferry nodes must use: staging or verbs (the others are disabled)")
 	showProgress := flag.Bool("progress", false, "print a progress line on stderr even when it is not a terminal")
 	flag.Parse()
@@ -74,8 +87,17 @@ func main() {
 	pathTF = "tensorferry-" + *channel
 	allPaths[2] = pathTF
 	forcedChannel = *channel
+	if *channel == "verbs" {
+		allPaths = append(allPaths, pathVerbs1, pathVerbs2)
+	}
 
-	o := options{reps: *reps, rttCount: *rtt, inflight: *inflight, timeout: *timeout}
+	o := options{reps: *reps, rttCount: *rtt, inflight: *inflight, timeout: *timeout, nic: *nic}
+	if *only == "" {
+		// Paths by default: one the host cannot run is left out, said so.
+		o.skipVerbs = func(path string, err error) {
+			fmt.Fprintf(os.Stderr, "transfer: %s left out: %v\n", path, err)
+		}
+	}
 	lo, err := size.Parse(*minSize)
 	if err == nil {
 		var hi int
@@ -92,6 +114,12 @@ func main() {
 	}
 	if err == nil && *chunk != "" {
 		o.chunk, err = size.Parse(*chunk)
+	}
+	if err == nil {
+		o.verbsSrc, err = memory.ParseDevice(*src)
+	}
+	if err == nil {
+		o.verbsDst, err = memory.ParseDevice(*dst)
 	}
 	if err != nil {
 		fatal(err)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -58,5 +59,30 @@ func TestRun(t *testing.T) {
 		report.Result{Path: pathRaw, Size: 64 << 20, Metric: metricBest, Value: 10}))
 	if len(lines) != 2 || !strings.Contains(lines[0], "90.0 %") || !strings.Contains(lines[0], "best repetitions: 80.0 %") {
 		t.Errorf("summary %q", lines)
+	}
+}
+
+// TestVerbsPaths measures the verbs pair paths where this host has RDMA
+// devices (one, or two for verbs-2-nics), and checks the skip otherwise.
+func TestVerbsPaths(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	var skipped []string
+	o := options{sizes: []int{64 << 10}, reps: 2, paths: []string{pathVerbs1, pathVerbs2}, timeout: 30 * time.Second,
+		skipVerbs: func(p string, err error) { skipped = append(skipped, p); t.Logf("%s: %v", p, err) }}
+	rs, err := run(o, func(report.Result) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, r := range rs {
+		if r.Value <= 0 || r.Channel != "verbs" {
+			t.Errorf("figure %+v", r)
+		}
+		got[r.Path] = true
+	}
+	for _, p := range o.paths {
+		if got[p] == slices.Contains(skipped, p) {
+			t.Errorf("%s: measured %v, skipped %v", p, got[p], skipped)
+		}
 	}
 }

@@ -22,6 +22,11 @@ import (
 // checked byte for byte (CRC-32) by the receiver.
 func warmupsFor(size int) int { return max(2, min(500, (64<<20)/size)) }
 
+// verbsWarmups is the number of untimed fetches of the verbs pair paths:
+// a channel alone has no node to warm up, and under emulation every fetch
+// costs.
+const verbsWarmups = 2
+
 // repsFor returns the timed repetitions at size: about 2 GiB per path,
 // between 5 and 200 messages, unless o fixes the count.
 func repsFor(o options, size int) int {
@@ -61,12 +66,31 @@ func run(o options, progress func(report.Result)) (rs []report.Result, err error
 		defer func() { err = errors.Join(err, pair.Close()) }()
 		raws = append(raws, rawPath{p.name, pair})
 	}
+	var pairs []*verbsPair
+	for _, p := range []struct {
+		name  string
+		rails int
+	}{{pathVerbs1, 1}, {pathVerbs2, 2}} {
+		if !want(p.name) {
+			continue
+		}
+		vp, perr := openVerbsPair(p.name, p.rails, o.nic, o.verbsSrc, o.verbsDst)
+		if perr != nil {
+			if o.skipVerbs != nil {
+				o.skipVerbs(p.name, perr)
+				continue
+			}
+			return nil, perr
+		}
+		defer func() { err = errors.Join(err, vp.close()) }()
+		pairs = append(pairs, vp)
+	}
 	tf := n
 	if !want(pathTF) {
 		tf = nil // n is only for the round trips
 	}
 	for _, size := range o.sizes {
-		if err := measureSize(tf, raws, size, repsFor(o, size), add); err != nil {
+		if err := measureSize(tf, raws, pairs, size, repsFor(o, size), o.timeout, add); err != nil {
 			return rs, err
 		}
 	}
@@ -84,9 +108,9 @@ type rawPath struct {
 	pair *rawtcp.Pair
 }
 
-// measureSize times messages of size bytes on n (unless nil) and each raw
-// path, alternating the paths message by message.
-func measureSize(n *nodes, raws []rawPath, size, reps int, add func(report.Result)) error {
+// measureSize times messages of size bytes on n (unless nil), each raw
+// path and each verbs pair, alternating the paths message by message.
+func measureSize(n *nodes, raws []rawPath, pairs []*verbsPair, size, reps int, timeout time.Duration, add func(report.Result)) error {
 	x, err := tensor.New(memory.CPU, tensor.Uint8, tensor.Shape{int64(size)})
 	if err != nil {
 		return err
@@ -100,8 +124,16 @@ func measureSize(n *nodes, raws []rawPath, size, reps int, add func(report.Resul
 	}()
 	fill(x.Host(), uint64(size))
 	sum := crc32.ChecksumIEEE(x.Host())
+	var vx *verbsBuffers
+	if len(pairs) > 0 {
+		if vx, err = newVerbsBuffers(x, pairs[0].src, pairs[0].dst); err != nil {
+			return err
+		}
+		defer vx.free()
+	}
 
 	rawTimes := make([][]time.Duration, len(raws))
+	pairTimes := make([][]time.Duration, len(pairs))
 	var tfTimes, fetchTimes []time.Duration
 	fetches := 0
 	warmups := warmupsFor(size)
@@ -114,6 +146,23 @@ func measureSize(n *nodes, raws []rawPath, size, reps int, add func(report.Resul
 			}
 			if timed {
 				rawTimes[k] = append(rawTimes[k], d)
+			}
+		}
+		for k, p := range pairs {
+			if i < warmups-verbsWarmups {
+				continue // a channel alone needs few warm-ups
+			}
+			d, err := p.fetch(vx.src, vx.dst, timeout)
+			if err != nil {
+				return fmt.Errorf("%s %d bytes: %w", p.name, size, err)
+			}
+			if i == warmups-verbsWarmups {
+				if err := vx.check(sum); err != nil {
+					return fmt.Errorf("%s %d bytes: %w", p.name, size, err)
+				}
+			}
+			if timed {
+				pairTimes[k] = append(pairTimes[k], d)
 			}
 		}
 		if n == nil {
@@ -137,6 +186,11 @@ func measureSize(n *nodes, raws []rawPath, size, reps int, add func(report.Resul
 		add(bandwidth(r.name, report.GBps, size, rawTimes[k], ""))
 		add(best(r.name, size, rawTimes[k], ""))
 		add(latency(r.name, size, rawTimes[k], ""))
+	}
+	for k, p := range pairs {
+		add(bandwidth(p.name, report.GBps, size, pairTimes[k], "verbs"))
+		add(best(p.name, size, pairTimes[k], "verbs"))
+		add(latency(p.name, size, pairTimes[k], "verbs"))
 	}
 	if n != nil {
 		ch := forcedChannel

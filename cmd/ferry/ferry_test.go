@@ -39,7 +39,7 @@ func TestTopo(t *testing.T) {
 		t.Fatalf("code %d: %s", code, errOut.String())
 	}
 	s := out.String()
-	for _, want := range []string{"OWNER", "a/cuda:0", "staging", "ipc: needs GPU memory at both ends"} {
+	for _, want := range []string{"OWNER", "a/cuda:0", "staging", "ipc: needs GPU memory at both ends", "CONTROL", "both on this host", "VERBS GRANTS"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("topo output lacks %q:\n%s", want, s)
 		}
@@ -78,10 +78,10 @@ func TestPingAndBench(t *testing.T) {
 		t.Fatalf("ping output: %q", out.String())
 	}
 	out.Reset()
-	if code := run([]string{"bench", "--config", path, "--from", "node2", "--to", "node0", "--size", "1MiB", "--count", "3"}, &out, &errOut); code != 0 {
+	if code := run([]string{"bench", "--config", path, "--from", "node2", "--to", "node0", "--size", "1MiB", "--count", "3", "--metrics-address", "127.0.0.1:0", "--pprof"}, &out, &errOut); code != 0 {
 		t.Fatalf("bench: code %d: %s", code, errOut.String())
 	}
-	if !strings.Contains(out.String(), "over staging") {
+	if !strings.Contains(out.String(), "over staging") || !strings.Contains(out.String(), "metrics of node2: http://127.0.0.1:") {
 		t.Fatalf("bench output: %q", out.String())
 	}
 }

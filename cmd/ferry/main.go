@@ -21,6 +21,7 @@ var commands = map[string]func(args []string, stdout io.Writer) error{
 	"ping":  runPing,
 	"bench": runBench,
 	"topo":  runTopo,
+	"top":   runTop,
 }
 
 func usage(w io.Writer) {
@@ -30,7 +31,8 @@ commands:
   node   run one node of a cluster until SIGINT or SIGTERM
   ping   join as a node of the config and measure round trips to another node
   bench  join as a node of the config and measure tensor transfers to another node
-  topo   print the data channel chosen for every pair of nodes and devices, and why
+  topo   print the data channel chosen for every pair of nodes and devices, and the control transport (shm or tcp), and why
+  top    live view of a running cluster from its nodes' metrics (bytes/s, latency, budgets...)
 
 Run "ferry <command> -h" for the flags of a command.
 `)

@@ -41,11 +41,12 @@ func startNode(configPath, name string, log *zap.Logger, opts ...actor.Option) (
 	return node, cfg, nil
 }
 
-func runNode(args []string, _ io.Writer) error {
+func runNode(args []string, stdout io.Writer) error {
 	fs := newFlags("node")
 	configPath := fs.String("config", "", "cluster config file (YAML)")
 	name := fs.String("name", "", "name of this node in the config")
 	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	mf := addMetricsFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -62,10 +63,16 @@ func runNode(args []string, _ io.Writer) error {
 		return err
 	}
 	defer flush()
-	node, _, err := startNode(*configPath, *name, log, traced...)
+	node, cfg, err := startNode(*configPath, *name, log, traced...)
 	if err != nil {
 		return err
 	}
+	stopMetrics, err := mf.serve(node, cfg, stdout)
+	if err != nil {
+		_ = node.Stop()
+		return err
+	}
+	defer stopMetrics()
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	s := <-sig

@@ -157,6 +157,7 @@ func runBench(args []string, stdout io.Writer) error {
 	wait := fs.Duration("timeout", 60*time.Second, "deadline of one transfer")
 	level := fs.String("log-level", "warn", "log level")
 	showProgress := fs.Bool("progress", false, "print a progress line on stderr even when it is not a terminal")
+	mf := addMetricsFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -181,6 +182,11 @@ func runBench(args []string, stdout io.Writer) error {
 		return err
 	}
 	defer node.Stop()
+	stopMetrics, err := mf.serve(node, cfg, stdout)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	t, err := tensor.New(dev, tensor.Uint8, tensor.Shape{int64(size)})
 	if err != nil {
 		return err

@@ -15,6 +15,7 @@ import (
 	"github.com/tensorferry/tensorferry/rdma"
 	_ "github.com/tensorferry/tensorferry/rdma/builtin" // the channels a node runs
 	"github.com/tensorferry/tensorferry/rdma/verbs"
+	"github.com/tensorferry/tensorferry/wire/shm"
 )
 
 func runTopo(args []string, stdout io.Writer) error {
@@ -32,11 +33,18 @@ func runTopo(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := printTopo(stdout, cfg, probeLocal()); err != nil {
+	p := probeLocal()
+	if err := printTopo(stdout, cfg, p); err != nil {
+		return err
+	}
+	if err := printControl(stdout, cfg, probeLocal(), shm.Config{Disable: !cfg.Transport.SharedMemory}); err != nil {
 		return err
 	}
 	fmt.Fprintln(stdout)
-	return printHostNICs(stdout, *sysfs, *gpus)
+	if err := printHostNICs(stdout, *sysfs, *gpus); err != nil {
+		return err
+	}
+	return printVerbsGrants(stdout, cfg, p)
 }
 
 // printHostNICs prints, for each GPU of this host (or of --gpus), the RDMA

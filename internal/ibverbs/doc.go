@@ -10,7 +10,13 @@
 // reliable-connected queue pairs and their RESET→INIT→RTR→RTS state machine,
 // memory regions on host memory, on GPU memory through a dmabuf file
 // descriptor (RegDmabufMR) or through peer memory (RegMR on a device
-// pointer), RDMA READ work requests and completion polling.
+// pointer), RDMA READ work requests and completion polling (CQ.Poll, and
+// CQ.Await for one work request), and type-2 memory windows (window.go):
+// AllocMW, QP.BindMW (IBV_WR_BIND_MW over a region registered with
+// AccessMWBind), QP.LocalInvalidate (IBV_WR_LOCAL_INV), the device's
+// DeviceCap flags, and ProbeWindows, which checks over loopback that a
+// device confines remote reads to a bound window (soft-RoCE up to Linux
+// 6.12 at least does not: a read past a window's end succeeds).
 //
 // Every error names the verbs call and the errno; a failed work completion
 // becomes a *WCError carrying ibv_wc_status_str.

@@ -198,7 +198,27 @@ type DeviceAttr struct {
 	MaxQPRdAtom     int
 	MaxQPInitRdAtom int
 	PhysPortCount   int
+	// CapFlags are the device's capability flags (device_cap_flags).
+	CapFlags DeviceCap
 }
+
+// DeviceCap is a set of device capability flags (IBV_DEVICE_*).
+type DeviceCap uint32
+
+// Device capabilities this package's callers test.
+const (
+	// DeviceMemWindow: the device has memory windows (type 1 at least).
+	DeviceMemWindow DeviceCap = 1 << 17
+	// DeviceMemWindowType2A and DeviceMemWindowType2B: type-2 windows,
+	// bound to one queue pair with IBV_WR_BIND_MW (2B: the window's QP is
+	// checked on remote access).
+	DeviceMemWindowType2A DeviceCap = 1 << 23
+	DeviceMemWindowType2B DeviceCap = 1 << 24
+)
+
+// MemoryWindowType2 reports whether the device has type-2 memory windows
+// that Bind can use (IBV_DEVICE_MEM_WINDOW_TYPE_2B).
+func (a DeviceAttr) MemoryWindowType2() bool { return a.CapFlags&DeviceMemWindowType2B != 0 }
 
 // Access is a set of memory-region / queue-pair access flags.
 type Access uint32
@@ -209,7 +229,15 @@ const (
 	AccessRemoteWrite  Access = 1 << 1
 	AccessRemoteRead   Access = 1 << 2
 	AccessRemoteAtomic Access = 1 << 3
+	// AccessMWBind lets memory windows be bound to the region; a region
+	// registered with it alone grants no remote access of its own.
+	AccessMWBind Access = 1 << 4
 )
+
+// IncRKey returns rkey with its low 8 bits (the key a consumer owns)
+// advanced, as ibv_inc_rkey does: the rkey a window gets at its next bind,
+// so that rkeys of its earlier binds read nothing.
+func IncRKey(rkey uint32) uint32 { return rkey&0xffffff00 | (rkey+1)&0xff }
 
 // QPState is a queue pair state (enum ibv_qp_state).
 type QPState uint8
@@ -360,6 +388,13 @@ const (
 	WCRNRRetryExcErr WCStatus = 13
 	WCRemInvReqErr   WCStatus = 9
 	WCGeneralErr     WCStatus = 21
+)
+
+// Work completion opcodes (enum ibv_wc_opcode) of the send queue.
+const (
+	WCOpRDMARead uint32 = 2
+	WCOpBindMW   uint32 = 5
+	WCOpLocalInv uint32 = 6
 )
 
 // WorkCompletion is one polled completion.

@@ -203,6 +203,7 @@ func (c *Context) QueryDevice() (DeviceAttr, error) {
 		MaxQPRdAtom:     int(a.max_qp_rd_atom),
 		MaxQPInitRdAtom: int(a.max_qp_init_rd_atom),
 		PhysPortCount:   int(a.phys_port_cnt),
+		CapFlags:        DeviceCap(a.device_cap_flags),
 	}, nil
 }
 
@@ -470,6 +471,105 @@ func (m *MR) Close() error {
 		return e
 	}
 	m.mr = nil
+	return nil
+}
+
+// MW is a type-2 memory window: a remote key granting access to a range of
+// a memory region registered with AccessMWBind, bound and invalidated
+// through one queue pair's send queue (BindMW, LocalInvalidate) without
+// registering anything.
+type MW struct {
+	mu   sync.Mutex
+	mw   *C.struct_ibv_mw
+	rkey uint32 // the rkey of the last bind posted
+}
+
+// AllocMW allocates a type-2 memory window in the PD. The window grants
+// nothing until bound. It fails (EOPNOTSUPP or ENOSYS) on a device without
+// memory windows.
+func (p *PD) AllocMW() (*MW, error) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.pd == nil {
+		return nil, ErrClosed
+	}
+	mw, err := C.tf_alloc_mw_type2(p.pd)
+	if mw == nil {
+		return nil, callErr("ibv_alloc_mw(IBV_MW_TYPE_2)", errnoOf(err))
+	}
+	return &MW{mw: mw, rkey: uint32(C.tf_mw_rkey(mw))}, nil
+}
+
+// RKey returns the rkey of the window's last bind (or its initial rkey).
+func (m *MW) RKey() uint32 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.rkey
+}
+
+// Close deallocates the window; its rkey grants nothing after. Closing
+// twice returns ErrClosed.
+func (m *MW) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.mw == nil {
+		return ErrClosed
+	}
+	rc, err := C.tf_dealloc_mw(m.mw)
+	if e := rcErr("ibv_dealloc_mw", rc, err); e != nil {
+		return e
+	}
+	m.mw = nil
+	return nil
+}
+
+// BindMW posts a signaled IBV_WR_BIND_MW on q binding the window to
+// [addr, addr+length) of mr (which must have AccessMWBind) with the given
+// remote access, and returns the rkey the bind gives it (IncRKey of the
+// previous one). The rkey is usable once the bind's work completion
+// (opcode WCOpBindMW, wrid) reports success, through q only. A window must
+// be unbound (fresh, or invalidated) before it is bound again.
+func (q *QP) BindMW(wrid uint64, mw *MW, mr *MR, addr uint64, length int, access Access) (uint32, error) {
+	call := fmt.Sprintf("ibv_post_send(QP %d, BIND_MW %#x+%d, access %#x)", q.qpn, addr, length, uint32(access))
+	if length <= 0 {
+		return 0, callErr(call, syscall.EINVAL)
+	}
+	q.mu.RLock()
+	defer q.mu.RUnlock()
+	if q.qp == nil {
+		return 0, ErrClosed
+	}
+	mw.mu.Lock()
+	defer mw.mu.Unlock()
+	if mw.mw == nil {
+		return 0, ErrClosed
+	}
+	mr.mu.Lock()
+	defer mr.mu.Unlock()
+	if mr.mr == nil {
+		return 0, ErrClosed
+	}
+	rkey := IncRKey(mw.rkey)
+	rc := C.tf_post_bind_mw(q.qp, mw.mw, mr.mr, C.uint64_t(wrid), C.uint64_t(addr), C.uint64_t(length), C.int(access), C.uint32_t(rkey))
+	if rc != 0 {
+		return 0, callErr(call, syscall.Errno(rc))
+	}
+	mw.rkey = rkey
+	return rkey, nil
+}
+
+// LocalInvalidate posts a signaled IBV_WR_LOCAL_INV of rkey (a window
+// bound through q): once it completes (opcode WCOpLocalInv) the rkey
+// grants nothing and the window can be bound again.
+func (q *QP) LocalInvalidate(wrid uint64, rkey uint32) error {
+	q.mu.RLock()
+	defer q.mu.RUnlock()
+	if q.qp == nil {
+		return ErrClosed
+	}
+	if rc := C.tf_post_local_inv(q.qp, C.uint64_t(wrid), C.uint32_t(rkey)); rc != 0 {
+		return callErr(fmt.Sprintf("ibv_post_send(QP %d, LOCAL_INV %#x)", q.qpn, rkey), syscall.Errno(rc))
+	}
 	return nil
 }
 

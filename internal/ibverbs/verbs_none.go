@@ -125,3 +125,23 @@ func (q *QP) State() (QPState, error) { return QPUnknown, errNotBuilt }
 
 // PostReads fails with ErrNoRDMA in this build.
 func (q *QP) PostReads(reqs []ReadRequest) error { return errNotBuilt }
+
+// MW is a memory window (never created in this build).
+type MW struct{}
+
+// AllocMW fails with ErrNoRDMA in this build.
+func (p *PD) AllocMW() (*MW, error) { return nil, errNotBuilt }
+
+// RKey returns 0 in this build.
+func (m *MW) RKey() uint32 { return 0 }
+
+// Close fails with ErrNoRDMA in this build.
+func (m *MW) Close() error { return errNotBuilt }
+
+// BindMW fails with ErrNoRDMA in this build.
+func (q *QP) BindMW(wrid uint64, mw *MW, mr *MR, addr uint64, length int, access Access) (uint32, error) {
+	return 0, errNotBuilt
+}
+
+// LocalInvalidate fails with ErrNoRDMA in this build.
+func (q *QP) LocalInvalidate(wrid uint64, rkey uint32) error { return errNotBuilt }

@@ -138,6 +138,7 @@ int tf_query_device(struct ibv_context *ctx, struct tf_device_attr *out) {
 	out->max_qp_rd_atom = a.max_qp_rd_atom;
 	out->max_qp_init_rd_atom = a.max_qp_init_rd_atom;
 	out->phys_port_cnt = a.phys_port_cnt;
+	out->device_cap_flags = (uint32_t)a.device_cap_flags;
 	return 0;
 }
 
@@ -330,6 +331,49 @@ const char *tf_wc_status_str(uint32_t status) {
 	return fn.wc_status_str((enum ibv_wc_status)status);
 }
 
+// Memory windows: ibv_alloc_mw and ibv_dealloc_mw are header inlines that
+// call the provider's ops (EOPNOTSUPP / ENOSYS where it has none).
+struct ibv_mw *tf_alloc_mw_type2(struct ibv_pd *pd) { return ibv_alloc_mw(pd, IBV_MW_TYPE_2); }
+int tf_dealloc_mw(struct ibv_mw *mw) { return ibv_dealloc_mw(mw); }
+uint32_t tf_mw_rkey(struct ibv_mw *mw) { return mw->rkey; }
+
+// tf_post_bind_mw posts a signaled IBV_WR_BIND_MW binding the type-2 window
+// mw to [addr, addr+length) of mr with the given access and new rkey (the
+// window's rkey with its key byte changed, ibv_inc_rkey).
+int tf_post_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mr *mr, uint64_t wr_id,
+		    uint64_t addr, uint64_t length, int access, uint32_t rkey) {
+	struct ibv_send_wr wr, *bad = NULL;
+	int rc;
+	memset(&wr, 0, sizeof wr);
+	wr.wr_id = wr_id;
+	wr.opcode = IBV_WR_BIND_MW;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.bind_mw.mw = mw;
+	wr.bind_mw.rkey = rkey;
+	wr.bind_mw.bind_info.mr = mr;
+	wr.bind_mw.bind_info.addr = addr;
+	wr.bind_mw.bind_info.length = length;
+	wr.bind_mw.bind_info.mw_access_flags = (unsigned int)access;
+	rc = ibv_post_send(qp, &wr, &bad);
+	if (rc == 0) {
+		// As ibv_bind_mw does: providers (rxe) pass the window's current
+		// rkey with the next bind, and the kernel refuses a stale one.
+		mw->rkey = rkey;
+	}
+	return rc;
+}
+
+// tf_post_local_inv posts a signaled IBV_WR_LOCAL_INV of rkey (a window's).
+int tf_post_local_inv(struct ibv_qp *qp, uint64_t wr_id, uint32_t rkey) {
+	struct ibv_send_wr wr, *bad = NULL;
+	memset(&wr, 0, sizeof wr);
+	wr.wr_id = wr_id;
+	wr.opcode = IBV_WR_LOCAL_INV;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.invalidate_rkey = rkey;
+	return ibv_post_send(qp, &wr, &bad);
+}
+
 // tf_post_reads posts n RDMA READs as one linked list. On failure *bad is
 // the index of the first request not posted.
 int tf_post_reads(struct ibv_qp *qp, struct tf_read *reqs, int n, int *bad) {
@@ -454,6 +498,15 @@ uint32_t tf_mr_lkey(struct ibv_mr *mr) { (void)mr; return 0; }
 uint32_t tf_mr_rkey(struct ibv_mr *mr) { (void)mr; return 0; }
 int tf_dereg_mr(struct ibv_mr *mr) { (void)mr; return ENOSYS; }
 const char *tf_wc_status_str(uint32_t status) { (void)status; return "unknown"; }
+struct ibv_mw *tf_alloc_mw_type2(struct ibv_pd *pd) { (void)pd; errno = ENOSYS; return NULL; }
+int tf_dealloc_mw(struct ibv_mw *mw) { (void)mw; return ENOSYS; }
+uint32_t tf_mw_rkey(struct ibv_mw *mw) { (void)mw; return 0; }
+int tf_post_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mr *mr, uint64_t wr_id,
+		    uint64_t addr, uint64_t length, int access, uint32_t rkey) {
+	(void)qp; (void)mw; (void)mr; (void)wr_id; (void)addr; (void)length; (void)access; (void)rkey;
+	return ENOSYS;
+}
+int tf_post_local_inv(struct ibv_qp *qp, uint64_t wr_id, uint32_t rkey) { (void)qp; (void)wr_id; (void)rkey; return ENOSYS; }
 int tf_post_reads(struct ibv_qp *qp, struct tf_read *reqs, int n, int *bad) { (void)qp; (void)reqs; (void)n; *bad = 0; return ENOSYS; }
 int tf_poll_cq(struct ibv_cq *cq, struct tf_wc *out, int n) { (void)cq; (void)out; (void)n; return -ENOSYS; }
 

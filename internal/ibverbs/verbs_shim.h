@@ -26,6 +26,7 @@ struct ibv_pd;
 struct ibv_cq;
 struct ibv_qp;
 struct ibv_mr;
+struct ibv_mw;
 #endif
 
 // Flat copies of the verbs structs the Go side reads or fills, so that Go
@@ -36,6 +37,7 @@ struct tf_device_attr {
 	int32_t max_qp, max_qp_wr, max_sge, max_cqe, max_mr;
 	int32_t max_qp_rd_atom, max_qp_init_rd_atom;
 	int32_t phys_port_cnt;
+	uint32_t device_cap_flags;
 };
 
 struct tf_port_attr {
@@ -117,6 +119,12 @@ uint32_t tf_mr_lkey(struct ibv_mr *mr);
 uint32_t tf_mr_rkey(struct ibv_mr *mr);
 int tf_dereg_mr(struct ibv_mr *mr);
 const char *tf_wc_status_str(uint32_t status);
+struct ibv_mw *tf_alloc_mw_type2(struct ibv_pd *pd);
+int tf_dealloc_mw(struct ibv_mw *mw);
+uint32_t tf_mw_rkey(struct ibv_mw *mw);
+int tf_post_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mr *mr, uint64_t wr_id,
+		    uint64_t addr, uint64_t length, int access, uint32_t rkey);
+int tf_post_local_inv(struct ibv_qp *qp, uint64_t wr_id, uint32_t rkey);
 int tf_post_reads(struct ibv_qp *qp, struct tf_read *reqs, int n, int *bad);
 int tf_poll_cq(struct ibv_cq *cq, struct tf_wc *out, int n);
 

@@ -442,3 +442,124 @@ func TestReadFromDestroyedQPFails(t *testing.T) {
 	runtime.KeepAlive(src)
 	runtime.KeepAlive(dst)
 }
+
+func TestIncRKey(t *testing.T) {
+	for in, want := range map[uint32]uint32{0x1234_5600: 0x1234_5601, 0x1234_56ff: 0x1234_5600, 0xffff_fffe: 0xffff_ffff} {
+		if got := IncRKey(in); got != want {
+			t.Errorf("IncRKey(%#x) = %#x, want %#x", in, got, want)
+		}
+	}
+	if !(DeviceAttr{CapFlags: DeviceMemWindowType2B}).MemoryWindowType2() || (DeviceAttr{CapFlags: DeviceMemWindow}).MemoryWindowType2() {
+		t.Error("MemoryWindowType2 reads the wrong flag")
+	}
+}
+
+// TestProbeWindows reports what the device does with type-2 windows: the
+// probe's verdict is one of nil, ErrNoWindows or ErrWindowBounds.
+func TestProbeWindows(t *testing.T) {
+	r := newRig(t)
+	attr, err := r.ctx.QueryDevice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = ProbeWindows(r.ctx, r.port)
+	t.Logf("%s: device_cap_flags %#x, window probe: %v", r.ctx.Name(), uint32(attr.CapFlags), err)
+	if err != nil && !errors.Is(err, ErrNoWindows) && !errors.Is(err, ErrWindowBounds) {
+		t.Fatalf("probe failed: %v", err)
+	}
+	if errors.Is(err, ErrNoWindows) == attr.MemoryWindowType2() {
+		t.Fatalf("probe %v but MemoryWindowType2() = %v", err, attr.MemoryWindowType2())
+	}
+}
+
+// TestMemoryWindowGrantsItsRange binds a type-2 window to the middle page of
+// a region registered for binding only: it reads exactly that page, its
+// rkey reads nothing after IBV_WR_LOCAL_INV, and a rebind of the same
+// window gives a new rkey that reads again.
+func TestMemoryWindowGrantsItsRange(t *testing.T) {
+	r := newRig(t)
+	if attr, err := r.ctx.QueryDevice(); err != nil {
+		t.Fatal(err)
+	} else if !attr.MemoryWindowType2() {
+		t.Skipf("%s has no type-2 memory windows", r.ctx.Name())
+	}
+	const page = 4096
+	src := make([]byte, 3*page)
+	for i := range src {
+		src[i] = byte(i * 13)
+	}
+	dst := make([]byte, page)
+	mr, err := r.pd.RegMR(addr(src), len(src), AccessMWBind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mr.Close()
+	dmr, err := r.pd.RegMR(addr(dst), len(dst), AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dmr.Close()
+	mw, err := r.pd.AllocMW()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := mw.Close(); err != nil {
+			t.Error(err)
+		}
+		if err := mw.Close(); !errors.Is(err, ErrClosed) {
+			t.Errorf("second Close = %v, want ErrClosed", err)
+		}
+	}()
+	reader, owner := r.pair(t)
+	win := uint64(addr(src)) + page
+	bindWait := func(wrid uint64) uint32 {
+		rkey, err := owner.BindMW(wrid, mw, mr, win, page, AccessRemoteRead)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := wait(t, r.cq, 1, 30*time.Second); err != nil {
+			t.Fatalf("bind: %v", err)
+		}
+		if mw.RKey() != rkey {
+			t.Fatalf("RKey() = %#x after binding %#x", mw.RKey(), rkey)
+		}
+		return rkey
+	}
+	read := func(wrid uint64, rkey uint32) error {
+		clear(dst)
+		if err := reader.PostReads([]ReadRequest{{WRID: wrid, LocalAddr: addr(dst), LKey: dmr.LKey(), Length: page,
+			RemoteAddr: win, RKey: rkey, Signaled: true}}); err != nil {
+			t.Fatal(err)
+		}
+		return wait(t, r.cq, 1, 30*time.Second)
+	}
+	rkey := bindWait(1)
+	if err := read(2, rkey); err != nil {
+		t.Fatalf("read of the window: %v", err)
+	}
+	if !bytes.Equal(dst, src[page:2*page]) {
+		t.Fatal("the window read other bytes")
+	}
+	if err := owner.LocalInvalidate(3, rkey); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, r.cq, 1, 30*time.Second); err != nil {
+		t.Fatalf("invalidate: %v", err)
+	}
+	rkey2 := bindWait(4)
+	if rkey2 == rkey {
+		t.Fatalf("rebind kept rkey %#x", rkey)
+	}
+	if err := read(5, rkey2); err != nil {
+		t.Fatalf("read after rebinding: %v", err)
+	}
+	// The first bind's rkey is stale: the read fails (and breaks the pair).
+	if err := read(6, rkey); err == nil {
+		t.Fatal("an invalidated window's rkey still reads")
+	} else {
+		t.Logf("stale window rkey: %v", err)
+	}
+	runtime.KeepAlive(src)
+	runtime.KeepAlive(dst)
+}

@@ -621,6 +621,7 @@ func (c *Channel) send(ctx context.Context, sc *serverConn, fr *Framer, stream u
 			}
 			done += k
 		}
+		c.reportServed(n)
 		status(FrameEnd, wire.CodeNoError, "")
 		return
 	}
@@ -654,7 +655,15 @@ func (c *Channel) send(ctx context.Context, sc *serverConn, fr *Framer, stream u
 		}
 		done += len(p)
 	}
+	c.reportServed(n)
 	status(FrameEnd, wire.CodeNoError, "")
+}
+
+// reportServed reports n bytes served to the Env's Served hook.
+func (c *Channel) reportServed(n int) {
+	if c.env.Served != nil {
+		c.env.Served(rdma.Staging, int64(n))
+	}
 }
 
 // PeerDown closes every data connection to and from node; its transfers in

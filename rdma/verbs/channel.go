@@ -36,7 +36,30 @@ type Config struct {
 	// Connect are the queue pair parameters (timeouts, retries, outstanding
 	// reads); NewWithConfig sets them from VerbsConfig's.
 	Connect ibverbs.ConnectOptions
+	// Rails is the most RDMA devices (NICs) one transfer is split across,
+	// each slice on a queue pair of its own between the two nodes' devices
+	// of the same rail index: the NICs of the GPU's nearest distance class
+	// (rail 0 the one Device or GPU picks), or without a GPU every usable
+	// device. Default 0: all of those; 1 with Device set. RailMinBytes is
+	// the smallest slice (default 8 MiB): a transfer of n bytes uses
+	// min(Rails, n / RailMinBytes) rails, at least one. A slice whose rail
+	// fails is read again over the others.
+	Rails        int
+	RailMinBytes int64
+	// Grants is how exports are granted to peers (default GrantAuto:
+	// memory windows where the device confines reads to them, else
+	// per-export registration); see GrantMode.
+	Grants GrantMode
+	// OwnerBudget bounds the allocations the owner keeps registered across
+	// exports with memory windows (memory.RegCache "verbs-owner", one per
+	// memory device, per-peer entries); zero fields get memory.PinBudget of
+	// the device (RLIMIT_MEMLOCK for host memory, free BAR1 for a GPU) and
+	// CacheEntries. Idle ones are deregistered least recently used first.
+	OwnerBudget memory.RegBudget
 }
+
+// defaultRailMinBytes is Config.RailMinBytes's default.
+const defaultRailMinBytes = 8 << 20
 
 // withConnect returns the Config of v, its queue pair parameters copied
 // into Connect.
@@ -50,15 +73,23 @@ func withConnect(v config.VerbsConfig) Config {
 
 // Stats counts registrations, for tests and `ferry topo`.
 type Stats struct {
-	// Owner side: regions registered for exports, offers that found their
-	// region registered already, regions deregistered.
+	// Owner side: regions registered for exports (per export, or per
+	// allocation and peer with windows), offers that found their region
+	// registered already, regions deregistered (with windows: evicted,
+	// dropped with the peer or the freed allocation).
 	OwnerRegistrations, OwnerHits, OwnerDeregistrations int64
+	// Owner side with windows: windows bound, and windows invalidated or
+	// deallocated (export ended, queue pair replaced, peer down).
+	WindowBinds, WindowInvalidations int64
 	// Fetcher side: destination registrations made, reused, evicted or
 	// dropped (LRU, freed allocation, peer down), from the registration
 	// cache's counters.
 	FetchRegistrations, FetchHits, FetchEvictions int64
-	// Connections made to owners (queue pairs connected).
+	// Connections made to owners (queue pairs connected, one per rail).
 	Connections int64
+	// RailFailovers counts transfer slices read again over another rail
+	// after theirs failed.
+	RailFailovers int64
 }
 
 // Channel is the verbs channel: both ends of one-sided RDMA READ transfers.
@@ -67,21 +98,20 @@ type Stats struct {
 // fetcher it connects one RC queue pair per owner, lazily, and reads into
 // its registered destination. It is safe for concurrent use.
 type Channel struct {
-	env  *rdma.Env
-	log  *zap.Logger
-	cfg  Config
-	ctx  *ibverbs.Context
-	port ibverbs.PortInfo
+	env   *rdma.Env
+	log   *zap.Logger
+	cfg   Config
+	rails []rail // rails[0] is the device of Config.Device or Config.GPU
 
 	mu      sync.Mutex
 	closed  bool
-	owners  map[string]*ownerPeer // peers we lent exports to
-	fetches map[string]*fetchPeer // owners we read from
-	bg      sync.WaitGroup        // teardowns and pollers
+	owners  map[railKey]*ownerPeer // peers we lent exports to, by rail
+	fetches map[railKey]*fetchPeer // owners we read from, by rail
+	bg      sync.WaitGroup         // teardowns and pollers
 
 	// dests caches destination registrations; the peer string of an entry
 	// is its connection's key (fetchPeer.destKey), which destPDs maps to the
-	// connection's protection domain.
+	// connection's protection domain (and owner keys to theirs).
 	dests   *memory.RegCache
 	destPDs map[string]*ibverbs.PD // guarded by mu
 	destSeq atomic.Uint64
@@ -89,8 +119,17 @@ type Channel struct {
 	fetching atomic.Int64
 	stats    struct {
 		// fetchReg counts destinations registered outside the cache.
-		ownerReg, ownerHit, ownerDereg, fetchReg, conns atomic.Int64
+		ownerReg, ownerHit, ownerDereg, fetchReg, conns, winBind, winInval, failovers atomic.Int64
 	}
+	// grants is how exports are granted (GrantWindows or GrantRegister),
+	// grantWhy why; owned holds the owner registration caches by memory
+	// device (guarded by mu), under the peer keys of ownerPeer.key, which
+	// destPDs maps to the peer's protection domain too.
+	grants     GrantMode
+	grantWhy   string
+	noWindows  sync.Map // memory.Kind -> why windows failed over that memory
+	owned      map[memory.Device]*memory.RegCache
+	ownSeq     atomic.Uint64
 	cancelFree func()
 }
 
@@ -154,9 +193,12 @@ func NewWithConfig(env *rdma.Env, cfg Config) (*Channel, error) {
 	if env == nil || env.Store == nil || env.Control == nil {
 		return nil, errors.New("verbs: Env with a Store and Control required")
 	}
-	gpu := cfg.GPU
+	mine := cfg
 	cfg = withConnect(cfg.WithDefaults())
-	cfg.GPU = gpu
+	cfg.GPU, cfg.Rails, cfg.RailMinBytes, cfg.Grants, cfg.OwnerBudget = mine.GPU, mine.Rails, mine.RailMinBytes, mine.Grants, mine.OwnerBudget
+	if cfg.RailMinBytes <= 0 {
+		cfg.RailMinBytes = defaultRailMinBytes
+	}
 	cfg.Window = min(cfg.Window, cfg.SendQueue)
 	cfg.ChunkSize = min(cfg.ChunkSize, 1<<30)
 	if cfg.GPU != "" {
@@ -168,21 +210,28 @@ func NewWithConfig(env *rdma.Env, cfg Config) (*Channel, error) {
 	if cfg.Device == "" {
 		plan = planNICs(cfg.GPU, "/")
 	}
-	name, port, class, err := pickPort(cfg, plan)
+	rails, class, err := openRails(cfg, plan)
 	if err != nil {
 		return nil, err
 	}
-	ctx, err := ibverbs.Open(name)
-	if err != nil {
-		return nil, fmt.Errorf("%w: verbs: %w", rdma.ErrNotViable, err)
+	c := &Channel{env: env, log: env.Logger().Named("verbs"), cfg: cfg, rails: rails,
+		owners: map[railKey]*ownerPeer{}, fetches: map[railKey]*fetchPeer{}, destPDs: map[string]*ibverbs.PD{},
+		owned: map[memory.Device]*memory.RegCache{}}
+	c.grants, c.grantWhy = GrantWindows, ""
+	for _, r := range rails {
+		// Windows only where every rail has them.
+		m, why := chooseGrants(r.ctx, r.port, cfg.Grants)
+		if c.grantWhy == "" || m == GrantRegister && c.grants == GrantWindows {
+			c.grants, c.grantWhy = m, why
+		}
 	}
-	c := &Channel{env: env, log: env.Logger().Named("verbs"), cfg: cfg, ctx: ctx, port: port,
-		owners: map[string]*ownerPeer{}, fetches: map[string]*fetchPeer{}, destPDs: map[string]*ibverbs.PD{}}
-	c.dests = memory.NewRegCache("verbs", destRegistrar{c}, memory.RegBudget{Bytes: cfg.CacheBytes, Count: cfg.CacheEntries})
+	name, port := rails[0].ctx.Name(), rails[0].port
+	c.dests = memory.NewRegCache("verbs", pdRegistrar{c: c, access: ibverbs.AccessLocalWrite}, memory.RegBudget{Bytes: cfg.CacheBytes, Count: cfg.CacheEntries})
 	env.Store.OnEnd(c.exportEnded)
 	c.cancelFree = memory.OnFree(c.allocationFreed)
-	c.log.Debug("verbs channel", zap.String("device", name), zap.Uint8("port", port.Num),
-		zap.Stringer("link", port.LinkLayer), zap.Stringer("mtu", port.ActiveMTU))
+	c.log.Debug("verbs channel", zap.String("device", name), zap.Uint8("port", port.Num), zap.Strings("rails", c.Rails()),
+		zap.Stringer("link", port.LinkLayer), zap.Stringer("mtu", port.ActiveMTU),
+		zap.Stringer("grants", c.grants), zap.String("why", c.grantWhy))
 	plan.report(c.log, name, class)
 	return c, nil
 }
@@ -190,17 +239,36 @@ func NewWithConfig(env *rdma.Env, cfg Config) (*Channel, error) {
 // Name returns rdma.Verbs.
 func (c *Channel) Name() string { return rdma.Verbs }
 
-// Device returns the RDMA device and port the channel uses.
-func (c *Channel) Device() (string, ibverbs.PortInfo) { return c.ctx.Name(), c.port }
+// Device returns the RDMA device and port the channel uses first (rail 0).
+func (c *Channel) Device() (string, ibverbs.PortInfo) { return c.rails[0].ctx.Name(), c.rails[0].port }
+
+// Rails returns the RDMA devices the channel splits transfers across, rail
+// 0 first.
+func (c *Channel) Rails() []string {
+	out := make([]string, len(c.rails))
+	for i, r := range c.rails {
+		out[i] = r.ctx.Name()
+	}
+	return out
+}
 
 // Stats returns the registration counters.
 func (c *Channel) Stats() Stats {
 	rs := c.dests.Stats()
+	var os memory.RegStats
+	for _, rc := range c.ownerCaches() {
+		s := rc.Stats()
+		os.Misses += s.Misses - s.RegisterErrors
+		os.Hits += s.Hits
+		os.Evictions += s.Evictions + s.Invalidations
+	}
 	return Stats{
-		OwnerRegistrations: c.stats.ownerReg.Load(), OwnerHits: c.stats.ownerHit.Load(),
-		OwnerDeregistrations: c.stats.ownerDereg.Load(),
-		FetchRegistrations:   rs.Misses - rs.RegisterErrors + c.stats.fetchReg.Load(), FetchHits: rs.Hits,
+		OwnerRegistrations: c.stats.ownerReg.Load() + os.Misses, OwnerHits: c.stats.ownerHit.Load() + os.Hits,
+		OwnerDeregistrations: c.stats.ownerDereg.Load() + os.Evictions,
+		WindowBinds:          c.stats.winBind.Load(), WindowInvalidations: c.stats.winInval.Load(),
+		FetchRegistrations: rs.Misses - rs.RegisterErrors + c.stats.fetchReg.Load(), FetchHits: rs.Hits,
 		FetchEvictions: rs.Evictions + rs.Invalidations, Connections: c.stats.conns.Load(),
+		RailFailovers: c.stats.failovers.Load(),
 	}
 }
 
@@ -224,19 +292,31 @@ func (c *Channel) InFlight() int {
 	return n
 }
 
-// Offer registers the export's bytes in peer's protection domain with
-// remote read access only and returns their address, length and rkey. The
-// region is deregistered when the export ends (released, expired, holder
-// down) and no read of it is in progress, so a released export's rkey reads
-// nothing, and an rkey is useless through another peer's queue pair.
+// Offer prepares the export for peer and returns its address and length
+// (and, with per-export registration, its rkey). With memory windows
+// (Grants) it registers the export's whole allocation in peer's protection
+// domain for window binding, unless the owner cache holds it already; the
+// window granting exactly the export's bytes is bound at the peer's first
+// read (the rkey comes back then) and invalidated when the export ends.
+// With per-export registration it registers the export's bytes with remote
+// read access only and deregisters them when the export ends (released,
+// expired, holder down) and no read of it is in progress. Either way a
+// released export's rkey reads nothing, and an rkey is useless through
+// another peer's queue pair.
 func (c *Channel) Offer(ctx context.Context, e *tensor.Export, peer string) ([]byte, error) {
 	buf := e.Tensor.Buffer()
 	if buf.Len() == 0 {
 		return offer{}.encode(), nil
 	}
-	op, err := c.ownerPeer(peer)
+	op, err := c.ownerPeer(peer, 0)
 	if err != nil {
 		return nil, err
+	}
+	if c.windowed(buf) {
+		if err := op.grantExport(e.ID, buf); err != nil {
+			return nil, fmt.Errorf("verbs: offer of export %d to %s: %w", e.ID, peer, err)
+		}
+		return offer{Addr: uint64(buf.Ptr()), Len: int64(buf.Len())}.encode(), nil
 	}
 	reg, err := op.offer(e.ID, buf)
 	if err != nil {
@@ -254,7 +334,7 @@ func (c *Channel) HandleControl(ctx context.Context, peer string, b []byte) ([]b
 		return nil, err
 	}
 	var rep reply
-	op, err := c.ownerPeer(peer)
+	op, err := c.ownerPeer(peer, int(req.Rail))
 	if err == nil {
 		switch req.Op {
 		case opConnect:
@@ -271,23 +351,28 @@ func (c *Channel) HandleControl(ctx context.Context, peer string, b []byte) ([]b
 	return encode(&rep)
 }
 
-// ownerPeer returns the owner-side state for peer, creating it.
-func (c *Channel) ownerPeer(peer string) (*ownerPeer, error) {
+// ownerPeer returns the owner-side state for peer on a rail, creating it.
+func (c *Channel) ownerPeer(peer string, rail int) (*ownerPeer, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return nil, rdma.ErrClosed
 	}
-	if op := c.owners[peer]; op != nil {
+	if rail < 0 || rail >= len(c.rails) {
+		return nil, fmt.Errorf("verbs: no rail %d here (%d RDMA devices)", rail, len(c.rails))
+	}
+	k := railKey{peer, rail}
+	if op := c.owners[k]; op != nil {
 		return op, nil
 	}
-	pd, err := c.ctx.AllocPD()
+	pd, err := c.rails[rail].ctx.AllocPD()
 	if err != nil {
 		return nil, fmt.Errorf("verbs: protection domain for %s: %w", peer, err)
 	}
-	op := &ownerPeer{c: c, node: peer, pd: pd, byExport: map[uint64]*ownerReg{}, regs: map[regKey]*ownerReg{},
-		acq: map[uint64]*acquisition{}}
-	c.owners[peer] = op
+	op := &ownerPeer{c: c, node: peer, rail: c.rails[rail], pd: pd, byExport: map[uint64]*ownerReg{}, regs: map[regKey]*ownerReg{},
+		acq: map[uint64]*acquisition{}, grants: map[uint64]*grant{}, key: fmt.Sprintf("%s@%d", peer, c.ownSeq.Add(1))}
+	c.owners[k] = op
+	c.destPDs[op.key] = pd
 	return op, nil
 }
 
@@ -322,16 +407,26 @@ func (c *Channel) allocationFreed(a memory.Allocation) {
 // flight from it fail), the regions registered for it and its reads in
 // progress.
 func (c *Channel) PeerDown(node string) {
+	var ops []*ownerPeer
+	var fps []*fetchPeer
 	c.mu.Lock()
-	op := c.owners[node]
-	delete(c.owners, node)
-	fp := c.fetches[node]
-	delete(c.fetches, node)
+	for k, op := range c.owners {
+		if k.node == node {
+			ops = append(ops, op)
+			delete(c.owners, k)
+		}
+	}
+	for k, fp := range c.fetches {
+		if k.node == node {
+			fps = append(fps, fp)
+			delete(c.fetches, k)
+		}
+	}
 	c.mu.Unlock()
-	if op != nil {
+	for _, op := range ops {
 		op.close()
 	}
-	if fp != nil {
+	for _, fp := range fps {
 		fp.teardown(fmt.Errorf("verbs: %w: %s", rdma.ErrPeerDown, node))
 	}
 }
@@ -346,7 +441,7 @@ func (c *Channel) Close() error {
 	}
 	c.closed = true
 	owners, fetches := c.owners, c.fetches
-	c.owners, c.fetches = map[string]*ownerPeer{}, map[string]*fetchPeer{}
+	c.owners, c.fetches = map[railKey]*ownerPeer{}, map[railKey]*fetchPeer{}
 	c.mu.Unlock()
 	c.cancelFree()
 	for _, fp := range fetches {
@@ -356,13 +451,21 @@ func (c *Channel) Close() error {
 		op.close()
 	}
 	c.bg.Wait()
-	// Every connection is destroyed and its registrations dropped: this
-	// only unsubscribes the cache.
+	// Every connection and peer is destroyed and its registrations
+	// dropped: this only unsubscribes the caches.
 	if err := c.dests.Close(); err != nil {
 		c.log.Warn("closing the destination registration cache", zap.Error(err))
 	}
-	if err := c.ctx.Close(); err != nil {
-		return fmt.Errorf("verbs: close: %w", err)
+	for _, rc := range c.ownerCaches() {
+		if err := rc.Close(); err != nil {
+			c.log.Warn("closing an owner registration cache", zap.Error(err))
+		}
 	}
-	return nil
+	var errs []error
+	for _, r := range c.rails {
+		if err := r.ctx.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("verbs: close: %w", err))
+		}
+	}
+	return errors.Join(errs...)
 }

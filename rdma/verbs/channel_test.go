@@ -75,6 +75,18 @@ type cluster struct {
 
 func newCluster(t *testing.T, names ...string) *cluster {
 	t.Helper()
+	return newClusterCfg(t, Config{}, names...)
+}
+
+// newClusterCfg is newCluster with a channel configuration.
+func newClusterCfg(t *testing.T, cfg Config, names ...string) *cluster {
+	t.Helper()
+	return newClusterCfgs(t, func(string) Config { return cfg }, names...)
+}
+
+// newClusterCfgs is newCluster with each node's channel configuration.
+func newClusterCfgs(t *testing.T, cfgOf func(node string) Config, names ...string) *cluster {
+	t.Helper()
 	requireRDMA(t)
 	cl := &cluster{chans: map[string]*Channel{}, envs: map[string]*rdma.Env{}}
 	for _, name := range names {
@@ -89,7 +101,7 @@ func newCluster(t *testing.T, names ...string) *cluster {
 				}
 				return ch.HandleControl(ctx, from, req)
 			}}
-		ch, err := New(env)
+		ch, err := NewWithConfig(env, cfgOf(name))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -116,6 +128,12 @@ func (cl *cluster) export(t *testing.T, owner, peer string, seed uint64, n int) 
 	if err != nil {
 		t.Fatal(err)
 	}
+	return cl.exportTensor(t, owner, peer, seed, tt)
+}
+
+// exportTensor fills tt with seed's data and exports it from owner to peer.
+func (cl *cluster) exportTensor(t *testing.T, owner, peer string, seed uint64, tt *tensor.Tensor) (*tensor.Descriptor, *tensor.Tensor) {
+	t.Helper()
 	rdmatest.Fill(seed, tt.Host())
 	e, d, err := cl.envs[owner].Store.Export(tt, peer, 0)
 	if err != nil {
@@ -135,11 +153,29 @@ func fetchCtx(t *testing.T) context.Context {
 	return ctx
 }
 
+// grantOf begins and ends a read of d by fetcher (connecting first) and
+// returns the address and rkey the owner granted: the offer's rkey with
+// per-export registration, the window's with windows (valid until the
+// export ends).
+func grantOf(t *testing.T, cl *cluster, fetcher string, d *tensor.Descriptor) (uint64, uint32) {
+	t.Helper()
+	c := cl.chans[fetcher]
+	if _, err := c.fetchPeer(fetchCtx(t), d.Owner, 0); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := c.begin(fetchCtx(t), d, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.endRead(fetchCtx(t), d.Owner, 0, rep.Token)
+	return rep.Addr, rep.RKey
+}
+
 // rawRead reads through fetcher's existing connection to owner with an
 // address and rkey of the test's choosing.
 func rawRead(t *testing.T, cl *cluster, fetcher, owner string, raddr uint64, rkey uint32, dst memory.Buffer) error {
 	t.Helper()
-	fp, err := cl.chans[fetcher].fetchPeer(fetchCtx(t), owner)
+	fp, err := cl.chans[fetcher].fetchPeer(fetchCtx(t), owner, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,22 +194,27 @@ func TestStaleRKeyAfterRelease(t *testing.T) {
 	if err := cl.chans["fetcher"].Fetch(fetchCtx(t), d, dst); err != nil {
 		t.Fatal(err)
 	}
-	o, _ := decodeOffer(d.Offers[rdma.Verbs])
+	addr, rkey := grantOf(t, cl, "fetcher", d)
 	// The rkey still reads while the export lives...
-	if err := rawRead(t, cl, "fetcher", "owner", o.Addr, o.RKey, dst); err != nil {
+	if err := rawRead(t, cl, "fetcher", "owner", addr, rkey, dst); err != nil {
 		t.Fatalf("raw read of a live export: %v", err)
 	}
 	if err := cl.envs["owner"].Store.Release(d.ExportID, d.Lease); err != nil {
 		t.Fatal(err)
 	}
 	// ...and not after the release.
-	err = rawRead(t, cl, "fetcher", "owner", o.Addr, o.RKey, dst)
+	err = rawRead(t, cl, "fetcher", "owner", addr, rkey, dst)
 	var wce *ibverbs.WCError
 	if !errors.As(err, &wce) {
 		t.Fatalf("read with a released export's rkey: %v, want a work completion error", err)
 	}
 	t.Logf("stale rkey: %v", err)
-	if s := cl.chans["owner"].Stats(); s.OwnerDeregistrations == 0 {
+	s := cl.chans["owner"].Stats()
+	if m, _ := cl.chans["owner"].Grants(); m == GrantWindows {
+		if s.WindowInvalidations == 0 || s.OwnerDeregistrations != 0 {
+			t.Errorf("after release with windows: %+v, want the window invalidated and the registration kept", s)
+		}
+	} else if s.OwnerDeregistrations == 0 {
 		t.Errorf("no deregistration after release: %+v", s)
 	}
 	// The fetcher recovers: a new connection serves a new export.
@@ -205,8 +246,8 @@ func TestOtherPeersRKeyFails(t *testing.T) {
 		t.Fatalf("fetch of another peer's export: %v, want ErrBadLease", err)
 	}
 	// ...and the rkey itself reads nothing through mallory's queue pair.
-	o, _ := decodeOffer(d.Offers[rdma.Verbs])
-	err = rawRead(t, cl, "mallory", "owner", o.Addr, o.RKey, dst)
+	addr, rkey := grantOf(t, cl, "fetcher", d)
+	err = rawRead(t, cl, "mallory", "owner", addr, rkey, dst)
 	var wce *ibverbs.WCError
 	if !errors.As(err, &wce) {
 		t.Fatalf("read with another peer's rkey: %v, want a work completion error", err)
@@ -250,7 +291,12 @@ func TestRegistrationCacheHits(t *testing.T) {
 	if err := cl.envs["owner"].Store.Release(d.ExportID, d.Lease); err != nil {
 		t.Fatal(err)
 	}
-	if os := cl.chans["owner"].Stats(); os.OwnerDeregistrations != 1 {
+	os = cl.chans["owner"].Stats()
+	if m, _ := cl.chans["owner"].Grants(); m == GrantWindows {
+		if os.OwnerDeregistrations != 0 || os.WindowInvalidations != 1 {
+			t.Errorf("after release: %+v, want the window invalidated and the registration kept", os)
+		}
+	} else if os.OwnerDeregistrations != 1 {
 		t.Errorf("after release: %+v, want 1 deregistration", os)
 	}
 }

@@ -76,6 +76,9 @@ type request struct {
 	ExportID    uint64      `msgpack:"x,omitempty"`
 	Lease       uint64      `msgpack:"l,omitempty"`
 	Token       uint64      `msgpack:"t,omitempty"`
+	// Rail is the fetcher's rail (device index) the message is for: the
+	// owner serves it with its own device of that index.
+	Rail uint8 `msgpack:"r,omitempty"`
 }
 
 // reply is the owner's answer.

@@ -37,8 +37,8 @@ func TestRequestRoundTrip(t *testing.T) {
 	gid[10], gid[11], gid[12], gid[15] = 0xff, 0xff, 10, 1
 	ep := ibverbs.Endpoint{QPN: 17, PSN: 0x123456, GID: gid, HasGID: true, MTU: ibverbs.MTU1024}
 	for _, r := range []request{
-		{Op: opConnect, Endpoint: endpointToMsg(ep)},
-		{Op: opBegin, Incarnation: 3, ExportID: 9, Lease: 0xdeadbeef},
+		{Op: opConnect, Endpoint: endpointToMsg(ep), Rail: 1},
+		{Op: opBegin, Incarnation: 3, ExportID: 9, Lease: 0xdeadbeef, Rail: 3},
 		{Op: opEnd, Token: 4},
 	} {
 		b, err := encode(&r)
@@ -49,7 +49,7 @@ func TestRequestRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatalf("decode %+v: %v", r, err)
 		}
-		if got.Op != r.Op || got.Token != r.Token || got.Lease != r.Lease || got.ExportID != r.ExportID {
+		if got.Op != r.Op || got.Token != r.Token || got.Lease != r.Lease || got.ExportID != r.ExportID || got.Rail != r.Rail {
 			t.Fatalf("round trip %+v -> %+v", r, got)
 		}
 		if r.Op == opConnect {

@@ -1,7 +1,6 @@
 package verbs
 
 import (
-	"fmt"
 	"sync/atomic"
 
 	"github.com/tensorferry/tensorferry/internal/ibverbs"
@@ -17,7 +16,8 @@ import (
 // DropPeer when it breaks and again, before its protection domain is freed,
 // when it is destroyed.
 
-// destReg is a destination allocation registered for local writes.
+// destReg is an allocation registered in one protection domain: for local
+// writes (a destination) or for binding windows (an owner's, GrantWindows).
 type destReg struct {
 	alloc memory.Allocation
 	mr    *ibverbs.MR
@@ -28,37 +28,6 @@ type destReg struct {
 
 // Allocation returns the registered allocation.
 func (r *destReg) Allocation() memory.Allocation { return r.alloc }
-
-// destRegistrar registers whole destination allocations in the protection
-// domain named by the cache's peer string (a connection key).
-type destRegistrar struct{ c *Channel }
-
-// Register registers a in the protection domain of connection key.
-func (r destRegistrar) Register(a memory.Allocation, key string) (memory.Registration, error) {
-	r.c.mu.Lock()
-	pd := r.c.destPDs[key]
-	r.c.mu.Unlock()
-	if pd == nil {
-		return nil, fmt.Errorf("verbs: no protection domain for %s: %w", key, errCacheClosed)
-	}
-	mr, err := regBuffer(pd, allocationBuffer{a}, 0, a.Size, ibverbs.AccessLocalWrite)
-	if err != nil {
-		return nil, fmt.Errorf("verbs: registering a destination: %w", err)
-	}
-	return &destReg{alloc: a, mr: mr}, nil
-}
-
-// Unregister deregisters a registration made by Register.
-func (r destRegistrar) Unregister(reg memory.Registration) error {
-	d, ok := reg.(*destReg)
-	if !ok {
-		return fmt.Errorf("verbs: foreign registration %T", reg)
-	}
-	if err := d.mr.Close(); err != nil {
-		return fmt.Errorf("verbs: deregistering a destination: %w", err)
-	}
-	return nil
-}
 
 // cacheable reports whether dst can be registered through the cache: its
 // allocation is known and contains it, and registering the allocation does

@@ -33,6 +33,7 @@ var errCacheClosed = errors.New("verbs: connection closed")
 type fetchPeer struct {
 	c     *Channel
 	node  string
+	rail  int           // index in c.rails, and of the owner's device it connects to
 	ready chan struct{} // closed when set-up finished; err says how
 	err   error
 
@@ -113,74 +114,209 @@ func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 	defer c.bg.Done()
 	defer c.fetching.Add(-1)
 
-	// Begin is not cancelled half way: an acquisition the owner made but
-	// whose reply was dropped would stay until PeerDown.
-	bctx, bcancel := context.WithTimeout(context.WithoutCancel(ctx), controlTimeout)
-	rep, err := c.control(bctx, d.Owner, &request{Op: opBegin, Incarnation: d.Incarnation, ExportID: d.ExportID, Lease: d.Lease})
-	bcancel()
-	if err != nil {
-		return fmt.Errorf("verbs: fetch %v: %w", d, err)
-	}
-	defer c.endRead(ctx, d.Owner, rep.Token)
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("verbs: fetch %v: %w", d, err)
-	}
-	if rep.Len != d.Bytes {
-		return fmt.Errorf("verbs: fetch %v: owner holds %d bytes: %w", d, rep.Len, tensor.ErrBadSize)
-	}
 	if d.Bytes == 0 {
+		// Nothing to read: the owner only checks the lease.
+		rep, err := c.begin(ctx, d, 0)
+		if err != nil {
+			return fmt.Errorf("verbs: fetch %v: %w", d, err)
+		}
+		c.endRead(ctx, d.Owner, 0, rep.Token)
+		if rep.Len != 0 {
+			return fmt.Errorf("verbs: fetch %v: owner holds %d bytes: %w", d, rep.Len, tensor.ErrBadSize)
+		}
 		return nil
 	}
 	out, err := dst.Slice(0, int(d.Bytes))
 	if err != nil {
 		return fmt.Errorf("verbs: fetch %v: %w", d, err)
 	}
-	for attempt := 0; ; attempt++ {
-		fp, err := c.fetchPeer(ctx, d.Owner)
-		if err != nil {
-			return fmt.Errorf("verbs: fetch %v: %w", d, err)
+	if err := c.fetchSlices(ctx, d, out); err != nil {
+		return fmt.Errorf("verbs: fetch %v: %w", d, err)
+	}
+	return nil
+}
+
+// railsFor returns how many rails a transfer of n bytes uses.
+func (c *Channel) railsFor(n int64) int {
+	return int(max(1, min(int64(len(c.rails)), n/c.cfg.RailMinBytes)))
+}
+
+// fetchSlices reads d into out, split in railsFor(d.Bytes) slices read
+// concurrently, slice i over rail i (fetchSlice). A slice that fails
+// cancels the others.
+func (c *Channel) fetchSlices(ctx context.Context, d *tensor.Descriptor, out memory.Buffer) error {
+	k := c.railsFor(d.Bytes)
+	if k == 1 {
+		return c.fetchSlice(ctx, d, out, 0, 0)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	per := (d.Bytes + int64(k) - 1) / int64(k)
+	parts := make([]memory.Buffer, k)
+	for i := range k {
+		off := int64(i) * per
+		var err error
+		if parts[i], err = out.Slice(int(off), int(min(per, d.Bytes-off))); err != nil {
+			return err
 		}
-		err = fp.read(ctx, out, rep.Addr, rep.RKey)
+	}
+	errs := make([]error, k)
+	var wg sync.WaitGroup
+	for i, part := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if errs[i] = c.fetchSlice(ctx, d, part, int64(i)*per, i); errs[i] != nil {
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	var failed []error
+	for _, err := range errs {
+		if err != nil {
+			failed = append(failed, err)
+		}
+	}
+	return telling(failed)
+}
+
+// fetchSlice reads the bytes of d from off into part over rail first. When
+// that rail fails (its connection breaks, a read fails or stalls, the owner
+// has no such rail) the slice is read again over the other rails in turn;
+// errors no other rail can mend (the lease, the size, ctx, the channel
+// closing) end it at once.
+func (c *Channel) fetchSlice(ctx context.Context, d *tensor.Descriptor, part memory.Buffer, off int64, first int) error {
+	var errs []error
+	for try := range len(c.rails) {
+		r := (first + try) % len(c.rails)
+		err := c.fetchRail(ctx, d, part, off, r)
+		if err == nil {
+			return nil
+		}
+		errs = append(errs, err)
+		if final(ctx, err) {
+			break
+		}
+		if try+1 < len(c.rails) {
+			c.log.Debug("rail failed: reading its slice over another", zap.String("owner", d.Owner),
+				zap.Int("rail", r), zap.Int64("offset", off), zap.Error(err))
+			c.stats.failovers.Add(1)
+		}
+	}
+	return telling(errs)
+}
+
+// telling returns the error of errs (attempts at a transfer or its slices,
+// in order) that explains the failure best: one no rail could mend (the
+// lease, the size; a cancellation only if nothing else failed), else the
+// owner being down (its NICs all fail; which error each read saw depends
+// on how far the owner's teardown got), else the first.
+func telling(errs []error) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	for _, err := range errs {
+		if final(context.Background(), err) {
+			return err
+		}
+	}
+	for _, err := range errs {
+		if errors.Is(err, rdma.ErrPeerDown) {
+			return err
+		}
+	}
+	for _, err := range errs {
+		if !errors.Is(err, context.Canceled) {
+			return err
+		}
+	}
+	return errs[0]
+}
+
+// final reports whether err fails a transfer whichever rail it uses.
+func final(ctx context.Context, err error) bool {
+	return ctx.Err() != nil || errors.Is(err, tensor.ErrBadLease) || errors.Is(err, tensor.ErrUnknownExport) ||
+		errors.Is(err, tensor.ErrStale) || errors.Is(err, tensor.ErrBadSize) || errors.Is(err, rdma.ErrClosed) ||
+		errors.Is(err, tensor.ErrStoreClosed)
+}
+
+// fetchRail reads bytes [off, off+out.Len()) of d into out over one rail,
+// connecting first (a window is bound through the owner's queue pair for
+// this connection when the read begins); a connection torn down under it
+// is set up again once.
+func (c *Channel) fetchRail(ctx context.Context, d *tensor.Descriptor, out memory.Buffer, off int64, rail int) error {
+	for attempt := 0; ; attempt++ {
+		fp, err := c.fetchPeer(ctx, d.Owner, rail)
+		if err != nil {
+			return err
+		}
+		err = c.fetchOnce(ctx, fp, d, out, off)
 		if errors.Is(err, errCacheClosed) && attempt == 0 {
 			continue // the connection was torn down under us: one retry
 		}
-		if err != nil {
-			return fmt.Errorf("verbs: fetch %v: %w", d, err)
-		}
-		return nil
+		return err
 	}
 }
 
+// begin asks d's owner to begin a read on a rail. It is not cancelled half
+// way: an acquisition the owner made but whose reply was dropped would stay
+// until PeerDown.
+func (c *Channel) begin(ctx context.Context, d *tensor.Descriptor, rail int) (*reply, error) {
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), controlTimeout)
+	defer cancel()
+	return c.control(bctx, d.Owner, &request{Op: opBegin, Incarnation: d.Incarnation, ExportID: d.ExportID, Lease: d.Lease, Rail: uint8(rail)})
+}
+
+// fetchOnce begins a read of d on fp's connection, reads its bytes from off
+// into out and ends the read.
+func (c *Channel) fetchOnce(ctx context.Context, fp *fetchPeer, d *tensor.Descriptor, out memory.Buffer, off int64) error {
+	rep, err := c.begin(ctx, d, fp.rail)
+	if err != nil {
+		return err
+	}
+	defer c.endRead(ctx, d.Owner, fp.rail, rep.Token)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if rep.Len != d.Bytes {
+		return fmt.Errorf("owner holds %d bytes: %w", rep.Len, tensor.ErrBadSize)
+	}
+	return fp.read(ctx, out, rep.Addr+uint64(off), rep.RKey)
+}
+
 // endRead tells the owner the read is over, even when ctx was cancelled.
-func (c *Channel) endRead(ctx context.Context, owner string, token uint64) {
+func (c *Channel) endRead(ctx context.Context, owner string, rail int, token uint64) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), controlTimeout)
 	defer cancel()
-	if _, err := c.control(ctx, owner, &request{Op: opEnd, Token: token}); err != nil {
+	if _, err := c.control(ctx, owner, &request{Op: opEnd, Token: token, Rail: uint8(rail)}); err != nil {
 		c.log.Debug("ending a read", zap.String("owner", owner), zap.Error(err))
 	}
 }
 
-// fetchPeer returns the connection to owner, setting it up on first use.
-func (c *Channel) fetchPeer(ctx context.Context, owner string) (*fetchPeer, error) {
+// fetchPeer returns the connection to owner on a rail, setting it up on
+// first use.
+func (c *Channel) fetchPeer(ctx context.Context, owner string, rail int) (*fetchPeer, error) {
+	k := railKey{owner, rail}
 	for attempt := 0; ; attempt++ {
 		c.mu.Lock()
 		if c.closed {
 			c.mu.Unlock()
 			return nil, rdma.ErrClosed
 		}
-		fp := c.fetches[owner]
+		fp := c.fetches[k]
 		create := fp == nil
 		if create {
-			fp = &fetchPeer{c: c, node: owner, ready: make(chan struct{})}
-			c.fetches[owner] = fp
+			fp = &fetchPeer{c: c, node: owner, rail: rail, ready: make(chan struct{})}
+			c.fetches[k] = fp
 		}
 		c.mu.Unlock()
 		if create {
 			fp.err = fp.setup(ctx)
 			if fp.err != nil {
 				c.mu.Lock()
-				if c.fetches[owner] == fp {
-					delete(c.fetches, owner)
+				if c.fetches[k] == fp {
+					delete(c.fetches, k)
 				}
 				c.mu.Unlock()
 			}
@@ -204,7 +340,8 @@ func (c *Channel) fetchPeer(ctx context.Context, owner string) (*fetchPeer, erro
 // starts the poller.
 func (fp *fetchPeer) setup(ctx context.Context) (err error) {
 	c := fp.c
-	if fp.pd, err = c.ctx.AllocPD(); err != nil {
+	r := c.rails[fp.rail]
+	if fp.pd, err = r.ctx.AllocPD(); err != nil {
 		return err
 	}
 	defer func() {
@@ -212,15 +349,15 @@ func (fp *fetchPeer) setup(ctx context.Context) (err error) {
 			fp.destroy()
 		}
 	}()
-	if fp.cq, err = c.ctx.CreateCQ(c.cfg.SendQueue); err != nil {
+	if fp.cq, err = r.ctx.CreateCQ(c.cfg.SendQueue); err != nil {
 		return err
 	}
 	if fp.qp, err = fp.pd.CreateRCQP(fp.cq, ibverbs.QPCaps{MaxSendWR: uint32(c.cfg.SendQueue), MaxRecvWR: 1}); err != nil {
 		return err
 	}
 	psn := randomPSN()
-	local := fp.qp.LocalEndpoint(c.port, psn)
-	rep, err := c.control(ctx, fp.node, &request{Op: opConnect, Endpoint: endpointToMsg(local)})
+	local := fp.qp.LocalEndpoint(r.port, psn)
+	rep, err := c.control(ctx, fp.node, &request{Op: opConnect, Endpoint: endpointToMsg(local), Rail: uint8(fp.rail)})
 	if err != nil {
 		return fmt.Errorf("connecting to %s: %w", fp.node, err)
 	}
@@ -231,7 +368,7 @@ func (fp *fetchPeer) setup(ctx context.Context) (err error) {
 	if remote.HasGID != local.HasGID {
 		return fmt.Errorf("connecting to %s: link layers differ (GID here %v, there %v)", fp.node, local.HasGID, remote.HasGID)
 	}
-	if err := fp.qp.Connect(c.port, 0, remote, psn, c.cfg.Connect); err != nil {
+	if err := fp.qp.Connect(r.port, 0, remote, psn, c.cfg.Connect); err != nil {
 		return fmt.Errorf("connecting to %s: %w", fp.node, err)
 	}
 	fp.destKey = fmt.Sprintf("%s#%d", fp.node, c.destSeq.Add(1))
@@ -288,8 +425,8 @@ func (fp *fetchPeer) fail(err error) {
 	fp.mu.Unlock()
 	c := fp.c
 	c.mu.Lock()
-	if c.fetches[fp.node] == fp {
-		delete(c.fetches, fp.node)
+	if k := (railKey{fp.node, fp.rail}); c.fetches[k] == fp {
+		delete(c.fetches, k)
 	}
 	c.mu.Unlock()
 	if e := fp.qp.SetError(); e != nil {

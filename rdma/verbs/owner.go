@@ -1,6 +1,7 @@
 package verbs
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 
@@ -31,19 +32,24 @@ type ownerReg struct {
 	dead    bool // allocation freed: deregister when idle, offer no more
 }
 
-// acquisition is one read of an export by the peer, between begin and end.
+// acquisition is one read of an export by the peer, between begin and end:
+// through a per-export registration (reg) or a window (grant).
 type acquisition struct {
-	reg  *ownerReg
-	done func()
+	reg   *ownerReg
+	grant *grant
+	done  func()
 }
 
 // ownerPeer is what the owner holds for one fetching peer: a protection
 // domain (so its rkeys work through this peer's queue pair only), the queue
-// pair the peer connected to, the regions registered for it and its reads
-// in progress.
+// pair the peer connected to, the regions registered for it (per export, or
+// per allocation in the owner caches under key, with a window per export)
+// and its reads in progress.
 type ownerPeer struct {
 	c    *Channel
 	node string
+	rail rail   // the device serving the peer's rail of the same index
+	key  string // the owner caches' peer string for this peer's registrations
 
 	mu       sync.Mutex
 	closed   bool
@@ -54,6 +60,9 @@ type ownerPeer struct {
 	byExport map[uint64]*ownerReg
 	acq      map[uint64]*acquisition
 	token    uint64
+	grants   map[uint64]*grant // by export ID (GrantWindows)
+	freeMWs  []*ibverbs.MW     // invalidated windows, for reuse
+	wrid     uint64
 }
 
 func (op *ownerPeer) acquired() int {
@@ -80,7 +89,7 @@ func (op *ownerPeer) register(buf memory.Buffer) (*ownerReg, error) {
 	return r, nil
 }
 
-// offer registers an export for the peer.
+// offer registers an export for the peer (GrantRegister).
 func (op *ownerPeer) offer(id uint64, buf memory.Buffer) (*ownerReg, error) {
 	op.mu.Lock()
 	defer op.mu.Unlock()
@@ -123,6 +132,13 @@ func (op *ownerPeer) maybeDereg(r *ownerReg) {
 func (op *ownerPeer) exportEnded(id uint64) {
 	op.mu.Lock()
 	defer op.mu.Unlock()
+	if g := op.grants[id]; g != nil {
+		g.ended = true
+		if g.active == 0 {
+			op.revoke(g)
+		}
+		return
+	}
 	r := op.byExport[id]
 	if r == nil {
 		return
@@ -156,29 +172,32 @@ func (op *ownerPeer) connect(m endpointMsg, rep *reply) error {
 		return rdma.ErrClosed
 	}
 	if op.qp != nil {
-		// The peer reconnects after an error: its old queue pair is gone.
+		// The peer reconnects after an error: its old queue pair is gone,
+		// and the windows bound through it with it.
+		op.dropWindows()
 		if err := op.qp.Close(); err != nil {
 			op.c.log.Warn("destroying an old queue pair", zap.String("peer", op.node), zap.Error(err))
 		}
 		op.qp = nil
 	}
 	if op.cq == nil {
-		// A responder to READs completes nothing; the CQ is only required.
-		if op.cq, err = op.c.ctx.CreateCQ(4); err != nil {
+		// A responder to READs completes nothing; the CQ gets the completions of
+		// binds and invalidations of windows, awaited one at a time.
+		if op.cq, err = op.rail.ctx.CreateCQ(16); err != nil {
 			return err
 		}
 	}
-	qp, err := op.pd.CreateRCQP(op.cq, ibverbs.QPCaps{MaxSendWR: 1, MaxRecvWR: 1})
+	qp, err := op.pd.CreateRCQP(op.cq, ibverbs.QPCaps{MaxSendWR: 8, MaxRecvWR: 1})
 	if err != nil {
 		return err
 	}
 	psn := randomPSN()
-	if err := qp.Connect(op.c.port, ibverbs.AccessRemoteRead, remote, psn, op.c.cfg.Connect); err != nil {
+	if err := qp.Connect(op.rail.port, ibverbs.AccessRemoteRead, remote, psn, op.c.cfg.Connect); err != nil {
 		_ = qp.Close()
 		return err
 	}
 	op.qp = qp
-	rep.Endpoint = endpointToMsg(qp.LocalEndpoint(op.c.port, psn))
+	rep.Endpoint = endpointToMsg(qp.LocalEndpoint(op.rail.port, psn))
 	return nil
 }
 
@@ -194,6 +213,13 @@ func (op *ownerPeer) begin(req *request, rep *reply) error {
 		return fmt.Errorf("verbs: export %d was lent to %s, not %s: %w", e.ID, e.Holder, op.node, tensor.ErrBadLease)
 	}
 	buf := e.Tensor.Buffer()
+	if op.c.windowed(buf) {
+		// Registered at Offer, unless it was not offered to this peer.
+		if err := op.grantExport(e.ID, buf); err != nil {
+			done()
+			return err
+		}
+	}
 	op.mu.Lock()
 	defer op.mu.Unlock()
 	if op.closed {
@@ -210,6 +236,27 @@ func (op *ownerPeer) begin(req *request, rep *reply) error {
 	if buf.Len() == 0 {
 		op.acq[op.token] = &acquisition{done: done}
 		return nil
+	}
+	if g := op.grants[e.ID]; g != nil && !g.ended {
+		err := op.bind(g)
+		if err == nil {
+			g.active++
+			op.acq[op.token] = &acquisition{grant: g, done: done}
+			rep.Addr = g.addr
+			rep.RKey = g.rkey
+			return nil
+		}
+		// A bind the provider refuses to post (one may not bind windows to
+		// dmabuf regions): this kind of memory is registered per export
+		// from now on, this export first. A bind that failed on the queue
+		// pair (broken: the peer reconnects) fails this read only.
+		var ce *ibverbs.CallError
+		if !errors.As(err, &ce) || g.active > 0 {
+			done()
+			return err
+		}
+		op.c.refuseWindows(buf.Device(), err)
+		op.revoke(g)
 	}
 	r := op.byExport[e.ID]
 	if r == nil || r.dead {
@@ -237,6 +284,12 @@ func (op *ownerPeer) end(token uint64) error {
 		a.reg.active--
 		op.maybeDereg(a.reg)
 	}
+	if a != nil && a.grant != nil {
+		a.grant.active--
+		if a.grant.ended && a.grant.active == 0 {
+			op.revoke(a.grant)
+		}
+	}
 	op.mu.Unlock()
 	if a == nil {
 		return fmt.Errorf("%w: no read %d in progress", errBadMessage, token)
@@ -248,6 +301,12 @@ func (op *ownerPeer) end(token uint64) error {
 // close destroys the queue pair, ends the reads in progress and
 // deregisters everything.
 func (op *ownerPeer) close() {
+	// No more registrations in the peer's protection domain (c.mu is taken
+	// before op.mu elsewhere, so here before it too).
+	op.c.mu.Lock()
+	delete(op.c.destPDs, op.key)
+	op.c.mu.Unlock()
+	caches := op.c.ownerCaches()
 	op.mu.Lock()
 	defer op.mu.Unlock()
 	if op.closed {
@@ -259,12 +318,26 @@ func (op *ownerPeer) close() {
 			op.c.log.Warn(what, zap.String("peer", op.node), zap.Error(err))
 		}
 	}
-	if op.qp != nil {
-		warn("destroying a queue pair", op.qp.Close())
-	}
 	for t, a := range op.acq {
 		delete(op.acq, t)
 		a.done()
+	}
+	// Windows first (a region with windows bound cannot be deregistered),
+	// then the cached registrations, before the protection domain.
+	op.dropWindows()
+	for id, g := range op.grants {
+		delete(op.grants, id)
+		g.put()
+	}
+	for _, mw := range op.freeMWs {
+		op.closeMW(mw)
+	}
+	op.freeMWs = nil
+	for _, rc := range caches {
+		warn("dropping owner registrations", rc.DropPeer(op.key))
+	}
+	if op.qp != nil {
+		warn("destroying a queue pair", op.qp.Close())
 	}
 	for k, r := range op.regs {
 		delete(op.regs, k)

@@ -66,7 +66,7 @@ func TestOwnerKilledMidTransfer(t *testing.T) {
 		for name, fp := range c.fetches {
 			st, err := fp.qp.State()
 			fp.mu.Lock()
-			t.Logf("connection to %s: QP %v %v, %d waiters, broken %v", name, st, err, len(fp.waiters), fp.broken)
+			t.Logf("connection to %v: QP %v %v, %d waiters, broken %v", name, st, err, len(fp.waiters), fp.broken)
 			fp.mu.Unlock()
 		}
 		c.mu.Unlock()

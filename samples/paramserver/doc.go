@@ -45,4 +45,8 @@
 //
 // With OTEL_EXPORTER_OTLP_ENDPOINT set (see tracing.FromEnv) the nodes
 // trace their messages and export the spans there.
+//
+// --metrics-address host:port serves the Prometheus metrics of the node
+// (of the three nodes, each series labelled with its node, when embedded):
+// package metrics lists them.
 package main

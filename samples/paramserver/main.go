@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/metrics"
 	"github.com/tensorferry/tensorferry/samples/paramserver/ps"
 	"github.com/tensorferry/tensorferry/tracing"
 	"go.opentelemetry.io/otel/trace"
@@ -35,6 +37,7 @@ type options struct {
 	tol     float64
 	timeout time.Duration
 	tracer  trace.TracerProvider // from the OTEL_* variables; nil: none
+	metrics string
 }
 
 func parse(args []string, stderr io.Writer) (*options, error) {
@@ -55,6 +58,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.log, "log", false, "log what the nodes do to stderr")
 	fs.Float64Var(&o.tol, "tol", 1e-2, "largest ‖w−w*‖/‖w*‖ counted as converged")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up after this long")
+	fs.StringVar(&o.metrics, "metrics-address", "", "serve Prometheus metrics of the node(s) at this host:port (/metrics); with --config, default: the node's metrics_address")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -161,6 +165,38 @@ func progress(w io.Writer, quiet bool) func(int, float64) {
 // embedded runs a 3-node cluster on loopback in this process: node0 holds
 // the shards (on the GPUs if there are any), node1 and node2 the workers.
 func embedded(ctx context.Context, o *options, stdout io.Writer) (*ps.Result, error) {
+	c, err := startEmbedded(ctx, o, stdout)
+	if err != nil {
+		return nil, err
+	}
+	defer c.stop()
+	return c.drive(ctx, o, stdout)
+}
+
+// embeddedCluster is the 3-node cluster of embedded, started.
+type embeddedCluster struct {
+	nodes   []*actor.Node
+	driver  *actor.Node
+	layout  ps.Layout
+	metrics *metrics.Server // nil without --metrics-address
+}
+
+func (c *embeddedCluster) stop() {
+	if c.metrics != nil {
+		_ = c.metrics.Close()
+	}
+	for _, n := range c.nodes {
+		_ = n.Stop()
+	}
+}
+
+func (c *embeddedCluster) drive(ctx context.Context, o *options, stdout io.Writer) (*ps.Result, error) {
+	return ps.Drive(ctx, c.driver, o.train, c.layout, progress(stdout, o.json))
+}
+
+// startEmbedded starts embedded's cluster, and its metrics listener with
+// --metrics-address.
+func startEmbedded(ctx context.Context, o *options, stdout io.Writer) (_ *embeddedCluster, err error) {
 	cc, err := config.LocalConfig("paramserver", 3)
 	if err != nil {
 		return nil, err
@@ -173,10 +209,10 @@ func embedded(ctx context.Context, o *options, stdout io.Writer) (*ps.Result, er
 	if !o.json {
 		fmt.Fprintf(stdout, "embedded cluster: 3 nodes on loopback; shards on %s use %v\n", cc.Nodes[0].Name, cc.Nodes[0].Devices)
 	}
-	var nodes []*actor.Node
+	c := &embeddedCluster{}
 	defer func() {
-		for _, n := range nodes {
-			_ = n.Stop()
+		if err != nil {
+			c.stop()
 		}
 	}()
 	for _, nc := range cc.Nodes {
@@ -190,19 +226,25 @@ func embedded(ctx context.Context, o *options, stdout io.Writer) (*ps.Result, er
 		if err := n.Start(); err != nil {
 			return nil, err
 		}
-		nodes = append(nodes, n)
+		c.nodes = append(c.nodes, n)
 	}
-	layout, err := ps.Roles([]string{"node0", "node1", "node2"}, o.train.Shards, o.train.Workers)
-	if err != nil {
+	if c.layout, err = ps.Roles([]string{"node0", "node1", "node2"}, o.train.Shards, o.train.Workers); err != nil {
 		return nil, err
 	}
-	var driver *actor.Node
-	for _, n := range nodes {
-		if n.Name() == layout.Driver() {
-			driver = n
+	for _, n := range c.nodes {
+		if n.Name() == c.layout.Driver() {
+			c.driver = n
 		}
 	}
-	return ps.Drive(ctx, driver, o.train, layout, progress(stdout, o.json))
+	if o.metrics != "" {
+		if c.metrics, err = metrics.Serve(ctx, o.metrics, metrics.Options{}, c.nodes...); err != nil {
+			return nil, err
+		}
+		if !o.json {
+			fmt.Fprintf(stdout, "metrics of the 3 nodes: http://%s/metrics\n", c.metrics.Addr())
+		}
+	}
+	return c, nil
 }
 
 // shardDevices returns cuda:0 (and cuda:1) when CUDA memory can be
@@ -247,6 +289,18 @@ func member(ctx context.Context, o *options, stdout io.Writer) (*ps.Result, erro
 		return nil, err
 	}
 	defer n.Stop()
+	// --metrics-address, else the node's metrics_address in the config.
+	nc, _ := cc.Node(o.node)
+	if addr := cmp.Or(o.metrics, nc.MetricsAddress); addr != "" {
+		srv, err := metrics.Serve(ctx, addr, metrics.Options{Pprof: nc.Pprof}, n)
+		if err != nil {
+			return nil, err
+		}
+		defer srv.Close()
+		if !o.json {
+			fmt.Fprintf(stdout, "metrics: http://%s/metrics\n", srv.Addr())
+		}
+	}
 	if n.Name() == layout.Driver() {
 		if !o.json {
 			fmt.Fprintf(stdout, "%s drives: shards on %v, workers on %v\n", n.Name(), layout.ShardNodes, layout.WorkerNodes)

@@ -15,7 +15,8 @@
 //
 // It prints each micro-batch's latency and OK, the bytes each node fetched
 // and over which channel, and exits with status 1 if any output differs from
-// the in-process reference (compared bit for bit). With
+// the in-process reference (compared bit for bit). --metrics-address
+// host:port serves the three nodes' Prometheus metrics (package metrics). With
 // OTEL_EXPORTER_OTLP_ENDPOINT set (see tracing.FromEnv) the nodes trace
 // their messages and export the spans there.
 package main

@@ -14,6 +14,7 @@ import (
 	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/metrics"
 	"github.com/tensorferry/tensorferry/samples/pipeline/pipe"
 	"github.com/tensorferry/tensorferry/tracing"
 	"go.uber.org/zap"
@@ -35,6 +36,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the weights and inputs")
 	logs := fs.Bool("log", false, "log what the nodes do to stderr")
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up after this long")
+	metricsAddr := fs.String("metrics-address", "", "serve Prometheus metrics of the 3 nodes at this host:port (/metrics)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -60,7 +62,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	defer flush(context.Background())
-	if err := pipeline(ctx, cfg, *logs, stdout, actor.WithTracerProvider(tp)); err != nil {
+	if err := pipeline(ctx, cfg, *logs, *metricsAddr, stdout, actor.WithTracerProvider(tp)); err != nil {
 		fmt.Fprintln(stderr, "pipeline:", err)
 		return 1
 	}
@@ -83,7 +85,7 @@ func stageDevices() [3]memory.Device {
 	return [3]memory.Device{memory.CUDA(0), second, memory.CUDA(0)}
 }
 
-func pipeline(ctx context.Context, cfg pipe.Config, logs bool, w io.Writer, opts ...actor.Option) error {
+func pipeline(ctx context.Context, cfg pipe.Config, logs bool, metricsAddr string, w io.Writer, opts ...actor.Option) error {
 	cc, err := config.LocalConfig("pipeline", 3)
 	if err != nil {
 		return err
@@ -118,6 +120,14 @@ func pipeline(ctx context.Context, cfg pipe.Config, logs bool, w io.Writer, opts
 			return err
 		}
 		nodes = append(nodes, n)
+	}
+	if metricsAddr != "" {
+		srv, err := metrics.Serve(ctx, metricsAddr, metrics.Options{}, nodes...)
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+		fmt.Fprintf(w, "metrics of the 3 nodes: http://%s/metrics\n", srv.Addr())
 	}
 	for _, a := range nodes {
 		for _, b := range nodes {

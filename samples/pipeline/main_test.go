@@ -21,11 +21,12 @@ func TestMain(m *testing.M) {
 
 func TestRun(t *testing.T) {
 	var out, errb bytes.Buffer
-	if rc := run([]string{"--batches", "5", "--rows", "32", "--dim", "520", "--out", "8", "--inflight", "3"}, &out, &errb); rc != 0 {
+	if rc := run([]string{"--batches", "5", "--rows", "32", "--dim", "520", "--out", "8", "--inflight", "3", "--metrics-address", "127.0.0.1:0"}, &out, &errb); rc != 0 {
 		t.Fatalf("exit %d: %s\n%s", rc, errb.String(), out.String())
 	}
 	s := out.String()
-	if strings.Count(s, "  OK") != 5 || !strings.Contains(s, "OK: every output equals") || !strings.Contains(s, "over staging") {
+	if strings.Count(s, "  OK") != 5 || !strings.Contains(s, "OK: every output equals") || !strings.Contains(s, "over staging") ||
+		!strings.Contains(s, "metrics of the 3 nodes: http://127.0.0.1:") {
 		t.Fatalf("output:\n%s", s)
 	}
 }

@@ -1,6 +1,8 @@
 #!/bin/sh
 # /init of the soft-RoCE test VM (see setup.sh). It loads the rxe and 9p
-# modules, creates rxe0 on an isolated dummy interface, mounts the host's root
+# modules, creates rxe0 and rxe1 on two isolated dummy interfaces (two NICs,
+# for the verbs channel's rails; tf.rxe=1 on the kernel command line makes
+# rxe0 only), mounts the host's root
 # read-only and the results directory writable, and runs the results
 # directory's cmd.sh chrooted into the host root. Then it powers off.
 export PATH=/bin
@@ -9,8 +11,12 @@ mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 
 results=""
+rxe=2
 for a in $(cat /proc/cmdline); do
-	case "$a" in tf.results=*) results=${a#tf.results=} ;; esac
+	case "$a" in
+	tf.results=*) results=${a#tf.results=} ;;
+	tf.rxe=*) rxe=${a#tf.rxe=} ;;
+	esac
 done
 
 say() { echo "vm-init: $*"; }
@@ -45,7 +51,15 @@ chroot /host /bin/sh -c '
 	ip addr add 10.99.0.1/24 dev dummy0 &&
 	rdma link add rxe0 type rxe netdev dummy0
 ' || fail "rxe0 setup"
-say "uptime $(cut -d' ' -f1 /proc/uptime) s: rxe0 up"
+if [ "$rxe" -ge 2 ]; then
+	chroot /host /bin/sh -c '
+		{ ip link show dummy1 >/dev/null 2>&1 || ip link add dummy1 type dummy; } &&
+		ip link set dummy1 up &&
+		ip addr add 10.99.1.1/24 dev dummy1 &&
+		rdma link add rxe1 type rxe netdev dummy1
+	' || fail "rxe1 setup"
+fi
+say "uptime $(cut -d' ' -f1 /proc/uptime) s: $rxe rxe device(s) up"
 cut -d' ' -f1 /proc/uptime >"/host$results/boot_s"
 
 chroot /host /bin/sh -c "ulimit -l unlimited; cd '$results' && TMPDIR=/tmp HOME=/tmp /bin/sh ./cmd.sh >out.log 2>&1; echo \$? >rc"

@@ -2,7 +2,7 @@
 # run-tests.sh boots the soft-RoCE VM (QEMU, TCG) and runs test binaries built
 # on this machine inside it, chrooted into this machine's root (shared
 # read-only over 9p) so they use the host's rdma-core with the rxe provider.
-# The guest has no NIC: rxe0 sits on an isolated dummy interface.
+# The guest has no NIC: rxe0 and rxe1 sit on isolated dummy interfaces.
 #
 # Usage: scripts/vm/run-tests.sh BINARY [ARGS...] [:: BINARY [ARGS...]]...
 #   e.g. go test -c -o /tmp/ibverbs.test ./internal/ibverbs &&
@@ -17,6 +17,7 @@
 #   VM_DIR      kernel and initramfs made by setup.sh (default: <repo>/.vm)
 #   VM_TIMEOUT  hard limit on QEMU in seconds (default 300)
 #   VM_KEEP     keep the results directory when set to 1
+#   VM_RXE      soft-RoCE devices in the guest, 1 or 2 (default 2)
 set -eu
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -94,7 +95,7 @@ timeout -k 10 "$VM_TIMEOUT" qemu-system-x86_64 \
 	-machine q35,accel=tcg -cpu max -m 2048 -smp 2 \
 	-nographic -no-reboot -nic none \
 	-kernel "$VM_DIR/kernel/vmlinuz" -initrd "$VM_DIR/initramfs.cpio.gz" \
-	-append "console=ttyS0 quiet loglevel=4 panic=-1 tf.results=$RES" \
+	-append "console=ttyS0 quiet loglevel=4 panic=-1 tf.results=$RES tf.rxe=${VM_RXE:-2}" \
 	-virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
 	-virtfs "local,path=$RES,mount_tag=results,security_model=none" \
 	</dev/null >"$LOG" 2>&1

@@ -1,18 +1,26 @@
 #!/bin/sh
 # setup.sh prepares the soft-RoCE test VM: it installs the host packages
-# (QEMU, busybox, rdma-core), downloads a Debian 6.1 kernel package and unpacks
-# it (never installs it) into .vm/, and builds a busybox initramfs that loads
-# the rxe and 9p modules. It is idempotent: a second run only checks.
+# (QEMU, busybox, rdma-core), downloads a Debian 6.12 kernel package (Debian
+# 12 carries linux-image-6.12.*+deb12-amd64 in bookworm-security and
+# bookworm-backports; the latter is added to the apt sources when no suite
+# lists one) and unpacks it (never installs it) into .vm/, and builds a
+# busybox initramfs that loads the rxe and 9p modules. It is idempotent: a
+# second run only checks.
+#
+# 6.12 rather than bookworm's own 6.1: rxe gained type-2 memory window fixes
+# after 6.1; the verbs tests report whether window bounds are enforced.
 #
 # Usage: scripts/vm/setup.sh        (as root, on Debian 12)
 #
 # Environment:
 #   VM_DIR      where the kernel and initramfs go (default: <repo>/.vm)
-#   VM_KERNEL   Debian kernel package to use (default: newest linux-image-6.1.0-*-amd64)
+#   VM_SERIES   kernel series (default 6.12; 6.1 picks bookworm's linux-image-6.1.0-*-amd64)
+#   VM_KERNEL   Debian kernel package to use (default: newest of VM_SERIES)
 set -eu
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 VM_DIR=${VM_DIR:-$REPO/.vm}
+VM_SERIES=${VM_SERIES:-6.12}
 PKGS="qemu-system-x86 busybox-static rdma-core ibverbs-providers ibverbs-utils libibverbs-dev iproute2 xz-utils zstd cpio kmod"
 
 log() { echo "vm-setup: $*" >&2; }
@@ -40,15 +48,29 @@ mkdir -p "$VM_DIR"
 cd "$VM_DIR"
 
 # --- kernel ---------------------------------------------------------------
+case "$VM_SERIES" in
+6.1) KPAT='^linux-image-6\.1\.0-[0-9]+-amd64$' ;;
+*) KPAT="^linux-image-$(echo "$VM_SERIES" | sed 's/\./\\./g')\\.[0-9]+\\+deb12-amd64\$" ;;
+esac
+# A kernel of another series (an older .vm/) is replaced.
+if [ -f kernel/version ]; then
+	case "$(cat kernel/version)" in "$VM_SERIES".*) ;; *) rm -rf kernel ;; esac
+fi
 if [ ! -f kernel/vmlinuz ] || [ ! -f kernel/version ] || [ ! -f kernel/modules/modules.dep ]; then
-	newest() { apt-cache search --names-only '^linux-image-6\.1\.0-[0-9]+-amd64$' | awk '{print $1}' | sort -V | tail -n 1; }
+	newest() { apt-cache search --names-only "$KPAT" | awk '{print $1}' | sort -V | tail -n 1; }
 	pkg=${VM_KERNEL:-$(newest)}
 	if [ -z "$pkg" ] && [ "$(id -u)" -eq 0 ]; then
 		apt-get update -q >/dev/null # package lists may have been cleaned
 		pkg=$(newest)
 	fi
+	if [ -z "$pkg" ] && [ "$(id -u)" -eq 0 ] && [ "$VM_SERIES" != 6.1 ]; then
+		log "no $KPAT in the apt sources: adding bookworm-backports"
+		echo "deb http://deb.debian.org/debian bookworm-backports main" >/etc/apt/sources.list.d/tf-vm-backports.list
+		apt-get update -q >/dev/null
+		pkg=$(newest)
+	fi
 	if [ -z "$pkg" ]; then
-		log "no linux-image-6.1.0-*-amd64 package in the apt sources"
+		log "no package matching $KPAT in the apt sources"
 		exit 1
 	fi
 	log "downloading $pkg"

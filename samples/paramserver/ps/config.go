@@ -1,5 +1,9 @@
 package ps
 
+//go:generate msgp -file config.go -o config_gen.go -io=false -tests=false
+
+//msgp:limit arrays:65536 maps:1024
+
 import (
 	"errors"
 	"fmt"
@@ -91,8 +95,8 @@ func (c *Config) shardRange(i int) (lo, hi int) {
 
 // Layout places shards and workers on the nodes of a cluster.
 type Layout struct {
-	ShardNodes  []string // ShardNodes[i] runs shard i
-	WorkerNodes []string // WorkerNodes[j] runs worker j
+	ShardNodes  []string `msgpack:",allownil"` // ShardNodes[i] runs shard i
+	WorkerNodes []string `msgpack:",allownil"` // WorkerNodes[j] runs worker j
 }
 
 // Driver returns the node that drives training: the node of worker 0.

@@ -1,5 +1,14 @@
 package ps
 
+// The message types' codecs are written by msgp's generator
+// (messages_gen.go; config_gen.go for Config and Layout, which Setup
+// carries); the registry uses them instead of reflection. Slices and maps
+// are tagged allownil so that nil stays nil as with reflection.
+
+//go:generate msgp -file messages.go -o messages_gen.go -io=false -tests=false
+
+//msgp:limit arrays:65536 maps:1024
+
 import (
 	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/tensor"
@@ -15,7 +24,7 @@ type Setup struct {
 
 // Ready answers Setup.
 type Ready struct {
-	Shards []ShardPlace // the shards this node started
+	Shards []ShardPlace `msgpack:",allownil"` // the shards this node started
 	Err    string
 }
 
@@ -78,7 +87,7 @@ type Finish struct{}
 type Finished struct {
 	Node         string
 	MessagesSent int64
-	Channels     map[string]ChannelBytes
+	Channels     map[string]ChannelBytes `msgpack:",allownil"`
 }
 
 // ChannelBytes is what one data channel moved into a node.

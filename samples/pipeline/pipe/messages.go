@@ -1,5 +1,10 @@
 package pipe
 
+// The message types' codecs are written by msgp's generator
+// (messages_gen.go); the registry uses them instead of reflection.
+
+//go:generate msgp -file messages.go -o messages_gen.go -io=false -tests=false
+
 import (
 	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/tensor"

@@ -1,0 +1,22 @@
+package actor
+
+import "github.com/tensorferry/tensorferry/wire/shm"
+
+// WithSharedMemory configures the transport of control connections between
+// processes of one host (wire/shm): by default (the zero shm.Config) two
+// nodes that find they run on one host move their control connection to
+// rings in shared memory after the handshake, and stay on TCP otherwise.
+// shm.Config{Disable: true} keeps every connection on its socket.
+func WithSharedMemory(c shm.Config) Option { return func(o *options) { o.shm = c } }
+
+// PeerTransport names what the control connection to the named node runs
+// over: "shm" (shared memory), "tcp" or "tls"; "" when the node is not up.
+func (n *Node) PeerTransport(node string) string {
+	if n.members == nil {
+		return ""
+	}
+	if p, ok := n.members.Peer(node); ok {
+		return p.Transport()
+	}
+	return ""
+}

@@ -1,0 +1,48 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"text/tabwriter"
+
+	"github.com/tensorferry/tensorferry/config"
+	"github.com/tensorferry/tensorferry/wire/shm"
+)
+
+// printControl prints, for every pair of nodes, what their control
+// connection would run over (a live node reports it: Peer.Transport) and
+// why: shared memory between nodes of this host when this host can make
+// the rings, and between nodes whose addresses name one other host; TCP
+// (or TLS) otherwise.
+func printControl(w io.Writer, cfg *config.Config, p localProbe, sc shm.Config) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nNODE\tPEER\tCONTROL\tWHY")
+	socket := "tcp"
+	if cfg.TLS != nil {
+		socket = "tls"
+	}
+	for i, a := range cfg.Nodes {
+		for _, b := range cfg.Nodes[i+1:] {
+			transport, why := socket, ""
+			ha, _, _ := net.SplitHostPort(a.Address)
+			hb, _, _ := net.SplitHostPort(b.Address)
+			switch {
+			case sc.Disable:
+				why = "shared memory disabled"
+			case p.isLocal(a.Address) && p.isLocal(b.Address):
+				if err := sc.Usable(); err != nil {
+					why = err.Error()
+				} else {
+					transport, why = shm.TransportShm, "both on this host"
+				}
+			case ha == hb && ha != "":
+				transport, why = shm.TransportShm, "one host address (not this host: assumed able to share memory)"
+			default:
+				why = "on different hosts"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", a.Name, b.Name, transport, why)
+		}
+	}
+	return tw.Flush()
+}
