@@ -34,7 +34,9 @@ PEERS=${PEERS:-$REPO/../shared/peers}
 cp "$REPO/scripts/gpu/run.sh" "$OUTDIR/run.sh"
 rm -rf "$REPO/.gpu"
 mkdir -p "$REPO/.gpu"
-tar -C "$STAGE" -cf - g | xz -T2 -4 > "$REPO/.gpu/bundle.tar.xz"
+# -9: its 64 MiB dictionary spans several binaries, which share most of
+# their code (about 29 MiB instead of 71 MiB at -4).
+tar -C "$STAGE" -cf - g | xz -T2 -9 > "$REPO/.gpu/bundle.tar.xz"
 ls "$OUTDIR/tests" "$OUTDIR/bin"
 du -sh "$OUTDIR" "$REPO/.gpu/bundle.tar.xz"
 echo "on the GPU machine (carry .gpu): scripts/gpu/run.sh"
