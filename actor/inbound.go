@@ -146,7 +146,7 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 		dl := n.startDelivery(rs, &m.Header)
 		if pc == nil { // a message alone in its frame
 			if mb := n.inlineFor(m.Target, proc); mb != nil {
-				mb.postInline(envelope(sender, m.Header, msg))
+				mb.postInline(envelope(sender, m.Header, msg), ps.peer.HandlerMayBlock)
 				dl.end()
 				return
 			}

@@ -119,30 +119,49 @@ func (m *inlineMailbox) UserMessageCount() int { return int(m.userMessages.Load(
 
 // PostUserMessage implements pa.Mailbox: the message is run by the
 // dispatcher.
-func (m *inlineMailbox) PostUserMessage(message any) { m.post(message, false) }
+func (m *inlineMailbox) PostUserMessage(message any) { m.post(message) }
 
 // postInline posts message and, if the mailbox was idle, runs it (and up to
-// the dispatcher's throughput of messages) on the calling goroutine.
-func (m *inlineMailbox) postInline(message any) { m.post(message, true) }
+// the dispatcher's throughput of messages) on the calling goroutine, after
+// calling mayBlock: the message has its place in the mailbox, so the
+// connection's reader may be taken over while the actor runs
+// (wire.Conn.MayBlock).
+func (m *inlineMailbox) postInline(message any, mayBlock func()) {
+	if isBatch(message) {
+		m.post(message) // unpacked, run by the dispatcher
+		return
+	}
+	m.push(message)
+	if m.status.CompareAndSwap(mailboxIdle, mailboxRunning) {
+		mayBlock()
+		m.n.stats.MessagesInline.Add(1)
+		m.process(true)
+	}
+}
 
-func (m *inlineMailbox) post(message any, inline bool) {
+func (m *inlineMailbox) post(message any) {
 	// Batches are unpacked as protoactor's default mailbox does: their
 	// messages, then the batch itself.
 	if batch, ok := message.(pa.MessageBatch); ok {
 		for _, msg := range batch.GetMessages() {
-			m.post(msg, false)
+			m.post(msg)
 		}
 	}
 	if env, ok := message.(*pa.MessageEnvelope); ok {
 		if batch, ok := env.Message.(pa.MessageBatch); ok {
 			for _, msg := range batch.GetMessages() {
-				m.post(msg, false)
+				m.post(msg)
 			}
 		}
 	}
+	m.push(message)
+	m.schedule()
+}
+
+// push queues message as a user message.
+func (m *inlineMailbox) push(message any) {
 	m.user.push(message)
 	m.userMessages.Add(1)
-	m.schedule(inline)
 }
 
 // postMany posts msgs, in order, to be run by the dispatcher: one lock and
@@ -152,7 +171,7 @@ func (m *inlineMailbox) postMany(msgs []any) {
 	for i, msg := range msgs {
 		if isBatch(msg) {
 			m.pushMany(msgs[start:i])
-			m.post(msg, false)
+			m.post(msg)
 			start = i + 1
 		}
 	}
@@ -165,7 +184,7 @@ func (m *inlineMailbox) pushMany(msgs []any) {
 	}
 	m.user.pushMany(msgs)
 	m.userMessages.Add(int32(len(msgs)))
-	m.schedule(false)
+	m.schedule()
 }
 
 // isBatch reports whether msg is a protoactor MessageBatch, bare or in an
@@ -185,17 +204,11 @@ func (m *inlineMailbox) PostSystemMessage(message any) {
 	}
 	m.system.push(message)
 	m.sysMessages.Add(1)
-	m.schedule(false)
+	m.schedule()
 }
 
-func (m *inlineMailbox) schedule(inline bool) {
-	if !m.status.CompareAndSwap(mailboxIdle, mailboxRunning) {
-		return
-	}
-	if inline {
-		m.n.stats.MessagesInline.Add(1)
-		m.process(true)
-	} else {
+func (m *inlineMailbox) schedule() {
+	if m.status.CompareAndSwap(mailboxIdle, mailboxRunning) {
 		m.dispatcher.Schedule(m.processScheduled)
 	}
 }

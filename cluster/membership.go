@@ -95,6 +95,15 @@ func (p *Peer) SendMessage(ctx context.Context, m *wire.Message) error {
 // "tls", or the socket's network ("tcp").
 func (p *Peer) Transport() string { return p.transport }
 
+// HandlerMayBlock says, from within Handler.HandleFrame for a message,
+// that the message has its place downstream (an actor's mailbox, the
+// engine's inbox) and that the rest of the call may block, running actor
+// code: a call that runs longer than the transport's handler_takeover then
+// hands the connection's reading to a new goroutine (wire.Conn.MayBlock).
+// A call that does not say so is waited for, so that the next message
+// never overtakes it.
+func (p *Peer) HandlerMayBlock() { p.conn.MayBlock() }
+
 // Close starts closing the peer's connection with the given cause and
 // returns at once; it is safe to call from Handler methods.
 func (p *Peer) Close(cause error) { p.conn.Fail(cause) }

@@ -47,9 +47,11 @@ type ConnOptions struct {
 	Handler func(Frame)
 	// HandlerTakeover, when positive, lets Handler block on a single
 	// message: a call for a FrameMessage (whose memory Handler owns; the
-	// frame that may run an actor's handler inline) that has not returned
-	// after between HandlerTakeover/2 and HandlerTakeover no longer holds
-	// up the connection. Calls for other frames (batches alias the
+	// frame that may run an actor's handler inline) that called MayBlock
+	// and has not returned between HandlerTakeover/2 and HandlerTakeover
+	// after it no longer holds up the connection. A call that did not
+	// call MayBlock is never taken over, however long it runs: the frame
+	// behind it must not overtake it. Calls for other frames (batches alias the
 	// reader's buffers; connection-level frames must stay in order) are
 	// never taken over. A new goroutine takes over reading and handling the next
 	// frames; the goroutine in Handler ends when Handler returns. Frames
@@ -581,7 +583,7 @@ func (c *Conn) readFrames() bool {
 				c.rstate.Store(s)
 				takeoverWatch.poke()
 				c.opts.Handler(f)
-				if !c.rstate.CompareAndSwap(s, s&^phaseMask) {
+				if !c.endGuarded(s) {
 					return false // a new reader took over
 				}
 			} else {
@@ -592,6 +594,15 @@ func (c *Conn) readFrames() bool {
 			}
 		}
 	}
+}
+
+// endGuarded ends the reader's guarded Handler call, which it marked s
+// (phaseHandling): false when the watchdog handed the reading to a new
+// goroutine meanwhile (rstate is then the abandoned s, or already a call
+// of the new reader).
+func (c *Conn) endGuarded(s uint64) bool {
+	done := s &^ phaseMask
+	return c.rstate.CompareAndSwap(s, done) || c.rstate.CompareAndSwap(done|phaseBlocking, done)
 }
 
 func (c *Conn) readError(err error) error {

@@ -48,7 +48,9 @@
 // At most 8 such batches wait per Conn: a slow peer holds senders back (in
 // bytes, not only in frames). With ConnOptions.HandlerTakeover, a Handler
 // call that blocks hands the reading to a new goroutine instead of stalling
-// the connection.
+// the connection, once it called Conn.MayBlock (its message has its place
+// downstream): a call merely slow is waited for, so frames keep their
+// order.
 //
 // All msgpack in this package is read and written with one primitive
 // layer, tinylib/msgp's msgp package (Append*, Read*Bytes, Skip): the

@@ -22,12 +22,30 @@ import (
 // during a tick, and the next guarded call wakes it.
 
 // Phases of Conn.rstate (low two bits; the rest is the call sequence).
+// Only a call that Handler marked with Conn.MayBlock (phaseBlocking) is
+// taken over: until then the frame has no place in any order downstream (an
+// actor's mailbox, a peer's inbox), and a new reader handling the next
+// frame meanwhile could put it first. A call merely slow (a starved
+// processor) is waited for.
 const (
 	phaseReading   uint64 = 0
 	phaseHandling  uint64 = 1
 	phaseAbandoned uint64 = 2
+	phaseBlocking  uint64 = 3
 	phaseMask      uint64 = 3
 )
+
+// MayBlock tells the Conn, from within Handler, that the frame being
+// handled has taken its place downstream (the handler queued it where later
+// frames will queue behind it) and that the rest of the call may block:
+// with ConnOptions.HandlerTakeover, a new reader may now take over. Outside
+// a guarded Handler call it does nothing.
+func (c *Conn) MayBlock() {
+	s := c.rstate.Load()
+	if s&phaseMask == phaseHandling {
+		c.rstate.CompareAndSwap(s, s&^phaseMask|phaseBlocking)
+	}
+}
 
 // takeoverWatch is the process's watchdog.
 var takeoverWatch = &watchdog{wake: make(chan struct{}, 1)}
@@ -135,9 +153,9 @@ func (w *watchdog) scan() bool {
 		if s != seen {
 			active = true
 		}
-		if s&phaseMask == phaseHandling {
+		if ph := s & phaseMask; ph == phaseHandling || ph == phaseBlocking {
 			active = true
-			if s == seen && c.rstate.CompareAndSwap(s, s&^phaseMask|phaseAbandoned) {
+			if ph == phaseBlocking && s == seen && c.rstate.CompareAndSwap(s, s&^phaseMask|phaseAbandoned) {
 				c.takeovers.Add(1)
 				c.log.Debug("wire: handler still running, reading goes on in a new goroutine", zap.Duration("after", c.opts.HandlerTakeover))
 				go c.readLoop()
@@ -154,7 +172,7 @@ func (w *watchdog) busy() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for c := range w.conns {
-		if c.rstate.Load()&phaseMask == phaseHandling {
+		if ph := c.rstate.Load() & phaseMask; ph == phaseHandling || ph == phaseBlocking {
 			return true
 		}
 	}

@@ -12,10 +12,12 @@ import (
 // takeoverPair connects a plain Conn (ca, the sender) to one whose Handler
 // is h and whose calls are taken over after d (cb); both close at the end
 // of the test.
-func takeoverPair(t *testing.T, d time.Duration, h func(Frame)) (ca, cb *Conn) {
+func takeoverPair(t *testing.T, d time.Duration, h func(c *Conn, f Frame)) (ca, cb *Conn) {
 	t.Helper()
 	a, b := tcpPair(t)
-	cb = NewConn(b, Peer{Node: "a"}, ConnOptions{HandlerTakeover: d, Handler: h})
+	var c *Conn
+	cb = NewConn(b, Peer{Node: "a"}, ConnOptions{HandlerTakeover: d, Handler: func(f Frame) { h(c, f) }})
+	c = cb
 	ca = NewConn(a, Peer{Node: "b"}, ConnOptions{})
 	ca.Start()
 	cb.Start()
@@ -35,7 +37,7 @@ func TestConnHandlerTakeover(t *testing.T) {
 	var order []uint64
 	handled := make(chan struct{}, 3) // one per frame handled
 	firstDone := make(chan struct{})
-	ca, cb := takeoverPair(t, 2*time.Millisecond, func(f Frame) {
+	ca, cb := takeoverPair(t, 2*time.Millisecond, func(c *Conn, f Frame) {
 		m, ok := f.(*MessageFrame)
 		if !ok {
 			return
@@ -46,6 +48,7 @@ func TestConnHandlerTakeover(t *testing.T) {
 		handled <- struct{}{}
 		switch m.Message.Request {
 		case 1:
+			c.MayBlock()
 			<-release // blocks until frame 2 is handled
 			close(firstDone)
 		case 2:
@@ -87,7 +90,8 @@ func TestConnHandlerTakeover(t *testing.T) {
 func TestConnHandlerTakeoverSparesBatches(t *testing.T) {
 	release := make(chan struct{})
 	handled := make(chan uint64, 16)
-	ca, cb := takeoverPair(t, time.Millisecond, func(f Frame) {
+	ca, cb := takeoverPair(t, time.Millisecond, func(c *Conn, f Frame) {
+		c.MayBlock() // ignored for a batch
 		switch f := f.(type) {
 		case *MessagesFrame:
 			<-release
@@ -130,8 +134,9 @@ func TestConnHandlerTakeoverSparesBatches(t *testing.T) {
 func TestConnHandlerTakeoverCloseWhileBlocked(t *testing.T) {
 	release := make(chan struct{})
 	entered := make(chan struct{})
-	ca, cb := takeoverPair(t, time.Millisecond, func(f Frame) {
+	ca, cb := takeoverPair(t, time.Millisecond, func(c *Conn, f Frame) {
 		if _, ok := f.(*MessageFrame); ok {
+			c.MayBlock()
 			close(entered)
 			<-release
 		}
@@ -171,10 +176,11 @@ func BenchmarkConnHandlerGuard(b *testing.B) {
 func TestTakeoverWatchdogParksWhenIdle(t *testing.T) {
 	release := make(chan struct{})
 	third := make(chan struct{})
-	ca, cb := takeoverPair(t, 2*time.Millisecond, func(f Frame) {
+	ca, cb := takeoverPair(t, 2*time.Millisecond, func(c *Conn, f Frame) {
 		if m, ok := f.(*MessageFrame); ok {
 			switch m.Message.Request {
 			case 2:
+				c.MayBlock()
 				<-release
 			case 3:
 				close(third)
@@ -204,4 +210,40 @@ func TestTakeoverWatchdogParksWhenIdle(t *testing.T) {
 		t.Fatal("frame 3 handled without a take-over")
 	}
 	close(release)
+}
+
+// TestConnHandlerTakeoverNeedsMayBlock: a call that did not say it may
+// block is waited for, however long it runs: the next frame must not be
+// handled before the frame in the call took its place downstream.
+func TestConnHandlerTakeoverNeedsMayBlock(t *testing.T) {
+	release := make(chan struct{})
+	handled := make(chan uint64, 4)
+	ca, cb := takeoverPair(t, time.Millisecond, func(c *Conn, f Frame) {
+		if m, ok := f.(*MessageFrame); ok {
+			if m.Message.Request == 1 {
+				<-release // slow, not marked: no take-over
+			}
+			handled <- m.Message.Request
+		}
+	})
+	ctx := context.Background()
+	for i := uint64(1); i <= 2; i++ {
+		if err := ca.Send(ctx, FrameMessage, 0, 0, &Message{Target: "x", Request: i}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case r := <-handled:
+		t.Fatalf("frame %d handled while the unmarked call for frame 1 ran", r)
+	case <-time.After(20 * time.Millisecond): // many take-over periods
+	}
+	close(release)
+	for _, want := range []uint64{1, 2} {
+		if r := <-handled; r != want {
+			t.Fatalf("handled %d, want %d", r, want)
+		}
+	}
+	if got := cb.Takeovers(); got != 0 {
+		t.Fatalf("Takeovers() = %d, want 0", got)
+	}
 }
