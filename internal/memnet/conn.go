@@ -171,6 +171,12 @@ func (c *Conn) Write(b []byte) (int, error) {
 		default:
 		}
 		p.mu.Lock()
+		if written > 0 && written == len(b) {
+			// Every byte was queued for the peer: a close after that
+			// does not make this write fail.
+			p.mu.Unlock()
+			return written, nil
+		}
 		switch {
 		case p.reset:
 			p.mu.Unlock()
