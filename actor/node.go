@@ -18,9 +18,9 @@ import (
 	"github.com/tensorferry/tensorferry/internal/tracehook"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
+	"github.com/tensorferry/tensorferry/shm"
 	"github.com/tensorferry/tensorferry/tensor"
 	"github.com/tensorferry/tensorferry/transfer"
-	"github.com/tensorferry/tensorferry/wire/shm"
 	"go.uber.org/zap"
 )
 

@@ -1,9 +1,9 @@
 package actor
 
-import "github.com/tensorferry/tensorferry/wire/shm"
+import "github.com/tensorferry/tensorferry/shm"
 
 // WithSharedMemory configures the transport of control connections between
-// processes of one host (wire/shm): by default (the zero shm.Config) two
+// processes of one host (package shm): by default (the zero shm.Config) two
 // nodes that find they run on one host move their control connection to
 // rings in shared memory after the handshake, and stay on TCP otherwise.
 // shm.Config{Disable: true} keeps every connection on its socket.

@@ -13,7 +13,7 @@ import (
 	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/cluster"
 	"github.com/tensorferry/tensorferry/config"
-	"github.com/tensorferry/tensorferry/wire/shm"
+	"github.com/tensorferry/tensorferry/shm"
 )
 
 // TestHelperShmNode is not a test: it is the body of the node processes of

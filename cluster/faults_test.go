@@ -13,8 +13,8 @@ import (
 	"github.com/tensorferry/tensorferry/cluster"
 	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/internal/memnet"
+	"github.com/tensorferry/tensorferry/shm"
 	"github.com/tensorferry/tensorferry/wire"
-	"github.com/tensorferry/tensorferry/wire/shm"
 )
 
 // Failure tests over memnet: faults are injected between the nodes' hosts

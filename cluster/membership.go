@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/config"
+	"github.com/tensorferry/tensorferry/shm"
 	"github.com/tensorferry/tensorferry/wire"
-	"github.com/tensorferry/tensorferry/wire/shm"
 	"go.uber.org/zap"
 )
 
@@ -91,7 +91,7 @@ func (p *Peer) SendMessage(ctx context.Context, m *wire.Message) error {
 }
 
 // Transport names what the peer's control connection runs over: "shm"
-// (shared memory rings, between processes of one host: see wire/shm),
+// (shared memory rings, between processes of one host: see package shm),
 // "tls", or the socket's network ("tcp").
 func (p *Peer) Transport() string { return p.transport }
 
@@ -168,7 +168,7 @@ type Options struct {
 	// Network is where the node listens and dials; nil means TCP. Tests
 	// pass an in-memory network to inject faults.
 	Network Network
-	// SharedMemory configures the shared-memory transport (wire/shm) of
+	// SharedMemory configures the shared-memory transport (package shm) of
 	// control connections between processes of one host, on by default
 	// (and off when the config's transport.shared_memory is false): both
 	// ends that offer it and find they share a host move the connection's

@@ -7,8 +7,8 @@ import (
 
 	"github.com/tensorferry/tensorferry/cluster"
 	"github.com/tensorferry/tensorferry/config"
+	"github.com/tensorferry/tensorferry/shm"
 	"github.com/tensorferry/tensorferry/wire"
-	"github.com/tensorferry/tensorferry/wire/shm"
 )
 
 // TestMembershipSharedMemory: two nodes of one host move their control

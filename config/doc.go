@@ -47,7 +47,7 @@
 //	  max_data_conns_per_peer: 64
 //	  max_data_conns: 1024
 //	  data_idle_timeout: 0s        # 0: dial_timeout
-//	  shared_memory: true          # control connections between processes of a host on shared-memory rings (wire/shm)
+//	  shared_memory: true          # control connections between processes of a host on shared-memory rings (package shm)
 //	flow:
 //	  transfer_timeout: 60s        # ≥ 100ms
 //	  ref_ttl: 10m

@@ -86,7 +86,7 @@ type TransportConfig struct {
 	// never spins.
 	ReadSpin time.Duration
 	// SharedMemory lets processes of one host exchange control frames
-	// through shared-memory rings (wire/shm), where both ends can map them,
+	// through shared-memory rings (package shm), where both ends can map them,
 	// instead of loopback sockets (YAML: shared_memory). Default true;
 	// false keeps every control connection of the node on its socket
 	// (cluster.Options.SharedMemory holds the transport's finer knobs).

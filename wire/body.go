@@ -12,7 +12,7 @@ type Hello struct {
 	Nonce   []byte `msgpack:"n,omitempty"` // NonceSize random bytes
 	Purpose string `msgpack:"p,omitempty"` // PurposeControl or PurposeData
 	// SharedMemory: the initiator offers to move the connection to shared
-	// memory after the handshake (wire/shm), if both ends are on one host.
+	// memory after the handshake (package shm), if both ends are on one host.
 	SharedMemory bool `msgpack:"s,omitempty"`
 }
 

@@ -42,7 +42,7 @@
 //
 // Between processes of one host, a Conn runs on shared memory: with
 // HandshakeConfig.SharedMemory on both ends (Peer.SharedMemory), package
-// wire/shm's Upgrade moves the connection's bytes to rings in shared memory
+// package shm's Upgrade moves the connection's bytes to rings in shared memory
 // right after the handshake, and NewConn takes the *shm.Conn it returns.
 //
 // At most 8 such batches wait per Conn: a slow peer holds senders back (in

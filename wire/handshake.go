@@ -72,7 +72,7 @@ type HandshakeConfig struct {
 	// it. Nil admits every authenticated initiator. Ignored by the initiator.
 	Admit func(Peer) error
 	// SharedMemory, on the initiator, offers the shared-memory upgrade
-	// (wire/shm) in Hello; on the acceptor, takes up such an offer in
+	// (package shm) in Hello; on the acceptor, takes up such an offer in
 	// Welcome. Peer.SharedMemory reports whether both ends did: then both
 	// must call shm.Upgrade on the connection before anything else.
 	SharedMemory bool

@@ -13,11 +13,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tensorferry/tensorferry/wire/shm"
+	"github.com/tensorferry/tensorferry/shm"
 )
 
 // The two-process floors: raw-tcp's echo and count servers in a child
-// process of this program, on TCP (raw-tcp-procs) or on wire/shm's rings
+// process of this program, on TCP (raw-tcp-procs) or on package shm's rings
 // (raw-shm-procs): the floors of tensorferry-procs-tcp and
 // tensorferry-procs-shm, in the same run. One-way counts come back on
 // request: a message of payloadSize 0xff bytes asks the count server for

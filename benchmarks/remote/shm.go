@@ -10,15 +10,15 @@ import (
 	"os"
 	"time"
 
-	"github.com/tensorferry/tensorferry/wire/shm"
+	"github.com/tensorferry/tensorferry/shm"
 )
 
 // The same-host paths: raw-shm is raw-tcp's echo and count servers on
-// wire/shm's rings (the floor of the shared-memory transport: no framing
+// package shm's rings (the floor of the shared-memory transport: no framing
 // beyond the size), tensorferry-shm is the tensorferry path with its control
 // connection moved to shared memory, as two nodes of one host do by default.
 // Both run beside raw-tcp in the same run.
-var shmSpin = flag.Duration("shm-spin", 0, "longest spin of the shared-memory paths before sleeping (0: wire/shm's default, shm.DefaultSpin with GOMAXPROCS ≥ wire.SpinMinProcs and none below; negative: never)")
+var shmSpin = flag.Duration("shm-spin", 0, "longest spin of the shared-memory paths before sleeping (0: package shm's default, shm.DefaultSpin with GOMAXPROCS ≥ wire.SpinMinProcs and none below; negative: never)")
 
 func init() {
 	extraPaths = append(extraPaths,

@@ -15,7 +15,7 @@ import (
 	"github.com/tensorferry/tensorferry/rdma"
 	_ "github.com/tensorferry/tensorferry/rdma/builtin" // the channels a node runs
 	"github.com/tensorferry/tensorferry/rdma/verbs"
-	"github.com/tensorferry/tensorferry/wire/shm"
+	"github.com/tensorferry/tensorferry/shm"
 )
 
 func runTopo(args []string, stdout io.Writer) error {

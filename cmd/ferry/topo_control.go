@@ -7,7 +7,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/tensorferry/tensorferry/config"
-	"github.com/tensorferry/tensorferry/wire/shm"
+	"github.com/tensorferry/tensorferry/shm"
 )
 
 // printControl prints, for every pair of nodes, what their control

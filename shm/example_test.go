@@ -9,7 +9,7 @@ import (
 	"net"
 	"os"
 
-	"github.com/tensorferry/tensorferry/wire/shm"
+	"github.com/tensorferry/tensorferry/shm"
 )
 
 // Both ends of a socket that has passed the handshake upgrade it; the
