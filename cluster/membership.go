@@ -468,10 +468,6 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 				Reason: fmt.Sprintf("node %q is not in the config of cluster %q at node %q", p.Node, m.cfg.Cluster, m.self.Name)}
 			return admitErr
 		}
-		if !data && m.stopping() {
-			admitErr = &wire.ConnError{Code: wire.CodeShutdown, Reason: "node " + m.self.Name + " shutting down"}
-			return admitErr
-		}
 		if data {
 			if admitErr = m.reserveData(p); admitErr != nil {
 				return admitErr
@@ -485,6 +481,10 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 		// after its backoff, and nothing was up to be torn down.
 		m.mu.Lock()
 		defer m.mu.Unlock()
+		if m.closed {
+			admitErr = &wire.ConnError{Code: wire.CodeShutdown, Reason: "node " + m.self.Name + " shutting down"}
+			return admitErr
+		}
 		s := m.slots[p.Node]
 		if s.dialing && m.self.Name < p.Node {
 			tieBreak = true
@@ -530,7 +530,7 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 		return
 	}
 	if data {
-		tr := transport(nc)
+		tr := transportOf(nc)
 		m.dataByTransport.add(tr, 1)
 		dc := &dataConn{Conn: nc}
 		dc.release = func() { m.releaseData(peer.Node); m.dataByTransport.add(tr, -1) }
@@ -829,13 +829,6 @@ func remoteAddr(nc net.Conn) string {
 		return a.String()
 	}
 	return "?"
-}
-
-// stopping reports whether Close was called.
-func (m *Membership) stopping() bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.closed
 }
 
 // wakeDialer wakes the dial loop of s, which may wait for an accepted

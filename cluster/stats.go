@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"net"
 	"sync"
 
 	"github.com/tensorferry/tensorferry/wire"
@@ -29,9 +28,6 @@ func (c *connCounts) add(transport string, d int) {
 	}
 	c.n[transport] += d
 }
-
-// transport names the transport of nc (transportOf).
-func transport(nc net.Conn) string { return transportOf(nc) }
 
 // Conns returns the open connections of this node by purpose and
 // transport: the control connections to peers (up or coming up) and the
