@@ -132,10 +132,7 @@ func (d *DiscoveryConfig) validate(c *Config) error {
 // path, query or credentials.
 func checkEndpoint(s string) error {
 	u, err := url.Parse(s)
-	if err != nil {
-		return fmt.Errorf("%q: %w", s, err)
-	}
-	if u.Scheme != "http" && u.Scheme != "https" {
+	if err != nil || u.Scheme != "http" && u.Scheme != "https" {
 		return fmt.Errorf("%q: want http://host:port or https://host:port", s)
 	}
 	if u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
