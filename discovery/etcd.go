@@ -120,13 +120,13 @@ func (d *etcd) Start(ctx context.Context, self config.NodeConfig, fn func(Event)
 		d.c.close()
 		return err
 	}
-	kvs, rev, err := d.c.rangePrefix(ctx, []byte(d.dir))
+	cur, rev, err := d.read(ctx)
 	if err != nil {
 		d.revoke(lease)
 		d.c.close()
 		return err
 	}
-	d.resync(kvs, nil)
+	d.resync(cur, nil)
 	d.rev = rev
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -297,11 +297,11 @@ func (d *etcd) watch(ctx context.Context) {
 		var compacted *errCompacted
 		if errors.As(err, &compacted) {
 			d.log.Info("watch: history compacted, reading the registrations again", zap.Int64("from", d.rev+1), zap.Int64("compacted", compacted.rev))
-			kvs, rev, rerr := d.c.rangePrefix(ctx, []byte(d.dir))
+			cur, rev, rerr := d.read(ctx)
 			if rerr != nil {
 				err = rerr
 			} else {
-				d.resync(kvs, func(m member) string {
+				d.resync(cur, func(m member) string {
 					if m.leaving {
 						return ReasonLeft
 					}
@@ -430,26 +430,34 @@ func (d *etcd) update(name string, m member) {
 	}
 }
 
-// resync reports the difference between the known nodes and kvs, a range
-// of every registration: a Left for each known node missing from kvs
-// (with the reason gone says), a Joined for each new one.
-func (d *etcd) resync(kvs []keyValue, gone func(member) string) {
-	seen := make(map[string]bool, len(kvs))
-	for _, kv := range kvs {
+// read returns the valid registrations in etcd but this node's, by name,
+// and the revision they were read at. It logs and skips invalid ones.
+func (d *etcd) read(ctx context.Context) (map[string]member, int64, error) {
+	cur := make(map[string]member)
+	rev, err := d.c.rangePrefix(ctx, []byte(d.dir), func(kv keyValue) {
 		name, n, leaving, err := d.parse(kv)
-		if name == d.self.Name && name != "" {
-			continue
-		}
-		if err != nil {
+		switch {
+		case name == d.self.Name && name != "":
+		case err != nil:
 			d.skip(kv, err)
-			continue
+		default:
+			cur[name] = member{node: n, leaving: leaving}
 		}
-		seen[name] = true
-		d.update(name, member{node: n, leaving: leaving})
+	})
+	if err != nil {
+		return nil, 0, err
 	}
+	return cur, rev, nil
+}
+
+// resync reports the difference between the known nodes and cur, every
+// registration as read: a Left for each known node missing from cur (with
+// the reason gone says; ReasonMissed when gone is nil), a Joined for each
+// new one. Both in the order of the names.
+func (d *etcd) resync(cur map[string]member, gone func(member) string) {
 	var left []string
 	for name := range d.known {
-		if !seen[name] {
+		if _, ok := cur[name]; !ok {
 			left = append(left, name)
 		}
 	}
@@ -462,6 +470,14 @@ func (d *etcd) resync(kvs []keyValue, gone func(member) string) {
 			reason = gone(m)
 		}
 		d.fn(Event{Kind: Left, Node: m.node, Reason: reason})
+	}
+	names := make([]string, 0, len(cur))
+	for name := range cur {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		d.update(name, cur[name])
 	}
 }
 

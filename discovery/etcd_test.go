@@ -157,7 +157,9 @@ func TestEtcdJoinAndLeave(t *testing.T) {
 	// The node known at Start is delivered before Start returns.
 	b.rec.expect(t, Joined, "node0", "")
 
-	c := startNode(t, cfg, 2)
+	c := newNode(t, cfg, nil)
+	c.d.c.page = 1 // its first range reads three pages
+	c.start(t, 2)
 	a.rec.expect(t, Joined, "node2", "")
 	b.rec.expect(t, Joined, "node2", "")
 	first := []string{c.rec.next(t).Node.Name, c.rec.next(t).Node.Name}
@@ -249,9 +251,10 @@ func TestEtcdCompactedHistory(t *testing.T) {
 	}
 	srv.compact(srv.revision())
 	close(gate)
-	// The history is gone: node0 ranges again and reports the difference.
-	a.rec.expect(t, Joined, "node2", "")
+	// The history is gone: node0 ranges again and reports the difference,
+	// the nodes gone first.
 	a.rec.expect(t, Left, "node1", ReasonMissed)
+	a.rec.expect(t, Joined, "node2", "")
 }
 
 func TestEtcdHostileValues(t *testing.T) {

@@ -73,6 +73,7 @@ type client struct {
 	tr        *http.Transport
 	hc        *http.Client
 	timeout   time.Duration // of each unary request
+	page      int64         // keys per range request: rangePage (tests lower it)
 }
 
 func newClient(endpoints []string, timeout time.Duration) *client {
@@ -83,7 +84,7 @@ func newClient(endpoints []string, timeout time.Duration) *client {
 		MaxIdleConnsPerHost:   4,
 		IdleConnTimeout:       90 * time.Second,
 	}
-	return &client{endpoints: endpoints, tr: tr, hc: &http.Client{Transport: tr}, timeout: timeout}
+	return &client{endpoints: endpoints, tr: tr, hc: &http.Client{Transport: tr}, timeout: timeout, page: rangePage}
 }
 
 // close drops the idle connections (and their goroutines).
@@ -364,37 +365,37 @@ type rangeRequest struct {
 	Revision int64  `json:"revision,string,omitempty"`
 }
 
-// rangePrefix returns every key under prefix and the revision they were
-// read at, reading pages of rangePage keys, all at the first page's
-// revision.
-func (c *client) rangePrefix(ctx context.Context, prefix []byte) ([]keyValue, int64, error) {
-	end := prefixEnd(prefix)
-	req := rangeRequest{Key: prefix, RangeEnd: end, Limit: rangePage}
-	var all []keyValue
+// rangePrefix calls each for every key under prefix, reading pages of
+// rangePage keys, all at the first page's revision, which it returns. Only
+// a page is held at a time.
+func (c *client) rangePrefix(ctx context.Context, prefix []byte, each func(keyValue)) (int64, error) {
+	req := rangeRequest{Key: prefix, RangeEnd: prefixEnd(prefix), Limit: c.page}
+	n := 0
 	for {
 		b, err := c.unary(ctx, "/v3/kv/range", req)
 		if err != nil {
-			return nil, 0, err
+			return 0, err
 		}
 		r, err := decodeRange(b)
 		if err != nil {
-			return nil, 0, err
+			return 0, err
 		}
 		if req.Revision == 0 {
 			req.Revision = int64(r.Header.Revision)
 		}
-		all = append(all, r.Kvs...)
-		if len(all) > maxNodes {
-			return nil, 0, fmt.Errorf("discovery: etcd: more than %d keys under %q", maxNodes, prefix)
+		if n += len(r.Kvs); n > maxNodes {
+			return 0, fmt.Errorf("discovery: etcd: more than %d keys under %q", maxNodes, prefix)
+		}
+		for _, kv := range r.Kvs {
+			if bytes.Compare(kv.Key, req.Key) < 0 {
+				return 0, errors.New("discovery: etcd: range: keys out of order")
+			}
+			each(kv)
 		}
 		if !r.More || len(r.Kvs) == 0 {
-			return all, req.Revision, nil
+			return req.Revision, nil
 		}
-		last := r.Kvs[len(r.Kvs)-1].Key
-		if bytes.Compare(last, req.Key) < 0 {
-			return nil, 0, errors.New("discovery: etcd: range: keys out of order")
-		}
-		req.Key = append(bytes.Clone(last), 0)
+		req.Key = append(bytes.Clone(r.Kvs[len(r.Kvs)-1].Key), 0)
 	}
 }
 
