@@ -3,7 +3,6 @@ package discovery
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -174,5 +173,3 @@ func (s *etcdServer) compact(rev int64) {
 	s.t.Helper()
 	s.do("/v3/kv/compaction", map[string]any{"revision": strconv.FormatInt(rev, 10), "physical": true}, nil)
 }
-
-func (s *etcdServer) String() string { return fmt.Sprintf("etcd(%s)", s.clientURL) }
