@@ -65,9 +65,9 @@ type etcd struct {
 	c         *client
 	log       *zap.Logger
 
+	startMu sync.Mutex // held by Start and Close
 	mu      sync.Mutex
 	used    bool // Start was called (or Close)
-	closed  bool // Close was called
 	running bool // the goroutines run
 	lease   int64
 	cancel  context.CancelFunc
@@ -99,6 +99,8 @@ type member struct {
 func (d *etcd) String() string { return "etcd(" + strings.Join(d.endpoints, ",") + ")" }
 
 func (d *etcd) Start(ctx context.Context, self config.NodeConfig, fn func(Event)) error {
+	d.startMu.Lock()
+	defer d.startMu.Unlock()
 	d.mu.Lock()
 	if d.used {
 		d.mu.Unlock()
@@ -120,25 +122,21 @@ func (d *etcd) Start(ctx context.Context, self config.NodeConfig, fn func(Event)
 		d.c.close()
 		return err
 	}
+	// The keepalives start before the range, which may take long.
+	bg, cancel := context.WithCancel(context.Background())
+	d.mu.Lock()
+	d.cancel, d.lease, d.running = cancel, lease, true
+	d.mu.Unlock()
+	d.wg.Add(1)
+	go d.keepalives(bg)
 	cur, rev, err := d.read(ctx)
 	if err != nil {
-		d.revoke(lease)
-		d.c.close()
+		_ = d.shutdown()
 		return err
 	}
 	d.resync(cur, nil)
 	d.rev = rev
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		d.revoke(lease)
-		d.c.close()
-		return errors.New("discovery: closed during Start")
-	}
-	bg, cancel := context.WithCancel(context.Background())
-	d.cancel, d.lease, d.running = cancel, lease, true
-	d.wg.Add(2)
-	go d.keepalives(bg)
+	d.wg.Add(1)
 	go d.watch(bg)
 	d.log.Info("registered", zap.String("key", string(d.key)), zap.Int64("ttl_s", d.ttl), zap.Int("members", len(d.known)))
 	return nil
@@ -190,10 +188,17 @@ func (d *etcd) revoke(lease int64) {
 }
 
 // Close marks the registration as leaving, revokes its lease (which
-// deletes it) and waits for the goroutines.
+// deletes it) and waits for the goroutines. It waits for a Start under
+// way to return.
 func (d *etcd) Close() error {
+	d.startMu.Lock()
+	defer d.startMu.Unlock()
+	return d.shutdown()
+}
+
+func (d *etcd) shutdown() error {
 	d.mu.Lock()
-	d.used, d.closed = true, true
+	d.used = true
 	running := d.running
 	d.running = false
 	cancel := d.cancel
@@ -295,8 +300,11 @@ func (d *etcd) watch(ctx context.Context) {
 		}
 		err := d.follow(ctx, &delay)
 		var compacted *errCompacted
-		if errors.As(err, &compacted) {
-			d.log.Info("watch: history compacted, reading the registrations again", zap.Int64("from", d.rev+1), zap.Int64("compacted", compacted.rev))
+		if errors.As(err, &compacted) || errors.Is(err, errTooLarge) {
+			// The history is gone, or a batch of changes is beyond
+			// what this node reads: the registrations as they are now
+			// replace it.
+			d.log.Info("watch: reading the registrations again", zap.Int64("from", d.rev+1), zap.Error(err))
 			cur, rev, rerr := d.read(ctx)
 			if rerr != nil {
 				err = rerr
@@ -369,6 +377,9 @@ func (d *etcd) parse(kv keyValue) (string, config.NodeConfig, bool, error) {
 	name, err := d.nameOf(kv.Key)
 	if err != nil {
 		return "", config.NodeConfig{}, false, err
+	}
+	if kv.oversized {
+		return name, config.NodeConfig{}, false, fmt.Errorf("value beyond the %d bytes an answer may hold", d.c.max)
 	}
 	n, leaving, err := decodeNode(kv.Value)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -266,37 +267,57 @@ func TestEtcdHostileValues(t *testing.T) {
 		dir + "liar":        encodeTest(t, "someone-else", "127.0.0.1:7100"),
 		dir + "badaddr":     []byte(`{"name":"badaddr","address":"nohost","devices":["cpu"]}`),
 		dir + "baddev":      []byte(`{"name":"baddev","address":"127.0.0.1:7300","devices":["tpu:0"]}`),
-		dir + "big":         []byte(`{"name":"big","address":"127.0.0.1:7400","pad":"` + strings.Repeat("x", 1<<20) + `"}`),
+		dir + "0big":        []byte(`{"name":"0big","address":"127.0.0.1:7400","pad":"` + strings.Repeat("x", 1<<20) + `"}`),
 		dir + "bad name!":   encodeTest(t, "bad name!", "127.0.0.1:7500"),
 		dir + "trailing":    []byte(`{"name":"trailing","address":"127.0.0.1:7600"} {}`),
 		dir + "nested/node": encodeTest(t, "node", "127.0.0.1:7700"),
 		dir + "manydevs":    []byte(`{"name":"manydevs","address":"127.0.0.1:7800","devices":[` + strings.Repeat(`"cpu",`, 300) + `"cpu"]}`),
 	}
-	// Some before node0 starts (its first range), the rest while it
-	// watches.
-	n := 0
-	for k, v := range hostile {
-		if n%2 == 0 {
-			srv.put(k, v)
+	// Large values fill node0's first range beyond what one answer may
+	// hold (lowered to 1 MiB here, 16 MiB in earnest): it reads smaller
+	// pages.
+	for i := range 12 {
+		k := fmt.Sprintf("%shuge%02d", dir, i)
+		hostile[k] = []byte(strings.Repeat("h", 200<<10))
+		srv.put(k, hostile[k])
+	}
+	// The first key's value alone is beyond that bound: it is skipped.
+	srv.put(dir+"0big", hostile[dir+"0big"])
+	// Of the others, every second one before node0 starts (its first
+	// range), the rest while it watches.
+	var others []string
+	for k := range hostile {
+		if !strings.Contains(k, "huge") && !strings.Contains(k, "0big") {
+			others = append(others, k)
 		}
-		n++
+	}
+	slices.Sort(others)
+	for i, k := range others {
+		if i%2 == 0 {
+			srv.put(k, hostile[k])
+		}
 	}
 	core, logs := observer.New(zap.WarnLevel)
 	a := newNode(t, cfg, zap.New(core))
+	a.d.c.max = 1 << 20
 	a.start(t, 0)
-	n = 0
-	for k, v := range hostile {
-		if n%2 == 1 {
-			srv.put(k, v)
+	for i, k := range others {
+		if i%2 == 1 {
+			srv.put(k, hostile[k])
 		}
-		n++
 	}
 	startNode(t, cfg, 1)
 	a.rec.expect(t, Joined, "node1", "") // the one valid registration
 	a.rec.quiet(t)
 	poll.Until(t, "every hostile value logged", func() bool {
-		return logs.FilterMessage("skipping an invalid registration").Len() == len(hostile)
+		return logs.FilterMessage("skipping an invalid registration").Len() >= len(hostile)
 	})
+	if n := logs.FilterMessage("skipping an invalid registration").Len(); n != len(hostile) {
+		for _, e := range logs.FilterMessage("skipping an invalid registration").All() {
+			t.Log(e.ContextMap()["key"], e.ContextMap()["error"])
+		}
+		t.Errorf("%d invalid registrations logged, want %d", n, len(hostile))
+	}
 
 	// A known node's registration overwritten with garbage is a Left.
 	srv.put(dir+"node1", []byte("garbage"))
@@ -330,6 +351,17 @@ func TestEtcdNameTaken(t *testing.T) {
 	b := startNode(t, cfg, 1)
 	b.rec.expect(t, Joined, "node0", "")
 	b.rec.quiet(t)
+	a.rec.expect(t, Joined, "node1", "")
+}
+
+func TestEtcdSecondEndpoint(t *testing.T) {
+	srv := startEtcd(t)
+	cfg := etcdConfig(t, srv)
+	// The first endpoint refuses connections: every request goes on to
+	// the second.
+	cfg.Discovery.Etcd.Endpoints = []string{"http://" + freeAddr(t), srv.clientURL}
+	a := startNode(t, cfg, 0)
+	startNode(t, cfg, 1)
 	a.rec.expect(t, Joined, "node1", "")
 }
 

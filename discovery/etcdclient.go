@@ -74,6 +74,7 @@ type client struct {
 	hc        *http.Client
 	timeout   time.Duration // of each unary request
 	page      int64         // keys per range request: rangePage (tests lower it)
+	max       int64         // bytes of a unary answer: maxResponse (tests lower it)
 }
 
 func newClient(endpoints []string, timeout time.Duration) *client {
@@ -84,7 +85,7 @@ func newClient(endpoints []string, timeout time.Duration) *client {
 		MaxIdleConnsPerHost:   4,
 		IdleConnTimeout:       90 * time.Second,
 	}
-	return &client{endpoints: endpoints, tr: tr, hc: &http.Client{Transport: tr}, timeout: timeout, page: rangePage}
+	return &client{endpoints: endpoints, tr: tr, hc: &http.Client{Transport: tr}, timeout: timeout, page: rangePage, max: maxResponse}
 }
 
 // close drops the idle connections (and their goroutines).
@@ -134,7 +135,7 @@ func (c *client) post(ctx context.Context, path string, req any) (*http.Response
 		if derr != nil {
 			return nil, fmt.Errorf("discovery: etcd %s%s: %s", ep, path, resp.Status)
 		}
-		if resp.StatusCode >= 500 && e.Code == 14 { // Unavailable: no leader here
+		if e.Code == codeUnavailable {
 			c.failed(ep)
 		}
 		return nil, e
@@ -143,7 +144,22 @@ func (c *client) post(ctx context.Context, path string, req any) (*http.Response
 }
 
 // unary posts req and returns the whole answer, at most maxResponse bytes.
+// An endpoint that cannot be reached is followed by the next one, each
+// tried once.
 func (c *client) unary(ctx context.Context, path string, req any) ([]byte, error) {
+	var err error
+	for range c.endpoints {
+		var b []byte
+		b, err = c.unaryOnce(ctx, path, req)
+		var ee *etcdError
+		if err == nil || errors.As(err, &ee) && ee.Code != codeUnavailable || errors.Is(err, errTooLarge) || ctx.Err() != nil {
+			return b, err
+		}
+	}
+	return nil, err
+}
+
+func (c *client) unaryOnce(ctx context.Context, path string, req any) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	resp, err := c.post(ctx, path, req)
@@ -151,12 +167,19 @@ func (c *client) unary(ctx context.Context, path string, req any) ([]byte, error
 		return nil, err
 	}
 	defer resp.Body.Close()
-	b, err := readBounded(resp.Body, maxResponse)
+	b, err := readBounded(resp.Body, c.max)
 	if err != nil {
 		return nil, fmt.Errorf("discovery: etcd %s: %w", path, err)
 	}
 	return b, nil
 }
+
+// codeUnavailable is gRPC's Unavailable: the etcd member has no leader or
+// is shutting down.
+const codeUnavailable = 14
+
+// errTooLarge reports an answer beyond the bound of its kind.
+var errTooLarge = errors.New("answer too large")
 
 // readBounded reads r to its end, failing when it holds more than max
 // bytes.
@@ -166,7 +189,7 @@ func readBounded(r io.Reader, max int64) ([]byte, error) {
 		return nil, err
 	}
 	if int64(len(b)) > max {
-		return nil, fmt.Errorf("answer longer than %d bytes", max)
+		return nil, fmt.Errorf("%w: more than %d bytes", errTooLarge, max)
 	}
 	return b, nil
 }
@@ -202,6 +225,9 @@ type keyValue struct {
 	Value       []byte `json:"value"`
 	ModRevision i64    `json:"mod_revision"`
 	Lease       i64    `json:"lease"`
+	// oversized: the value was beyond what an answer may hold, and was
+	// not read.
+	oversized bool
 }
 
 // errorResponse is the gateway's answer to a failed unary request.
@@ -363,19 +389,57 @@ type rangeRequest struct {
 	RangeEnd []byte `json:"range_end,omitempty"`
 	Limit    int64  `json:"limit,string,omitempty"`
 	Revision int64  `json:"revision,string,omitempty"`
+	KeysOnly bool   `json:"keys_only,omitempty"`
 }
 
 // rangePrefix calls each for every key under prefix, reading pages of
 // rangePage keys, all at the first page's revision, which it returns. Only
-// a page is held at a time.
+// a page is held at a time; a page beyond maxResponse (large values) is
+// asked again with half the keys, down to one.
 func (c *client) rangePrefix(ctx context.Context, prefix []byte, each func(keyValue)) (int64, error) {
 	req := rangeRequest{Key: prefix, RangeEnd: prefixEnd(prefix), Limit: c.page}
 	n := 0
 	for {
 		b, err := c.unary(ctx, "/v3/kv/range", req)
+		if errors.Is(err, errTooLarge) && req.Limit > 1 {
+			req.Limit /= 2
+			continue
+		}
+		if errors.Is(err, errTooLarge) {
+			// One key whose value alone is beyond the bound: learn
+			// its key only, report it oversized, and go on after it.
+			kr := req
+			kr.KeysOnly = true
+			b, err = c.unary(ctx, "/v3/kv/range", kr)
+			if err != nil {
+				return 0, err
+			}
+			r, err := decodeRange(b)
+			if err != nil {
+				return 0, err
+			}
+			if req.Revision == 0 {
+				req.Revision = int64(r.Header.Revision)
+			}
+			if len(r.Kvs) == 0 {
+				return req.Revision, nil
+			}
+			if n++; n > maxNodes {
+				return 0, fmt.Errorf("discovery: etcd: more than %d keys under %q", maxNodes, prefix)
+			}
+			kv := r.Kvs[0]
+			kv.oversized = true
+			each(kv)
+			if !r.More {
+				return req.Revision, nil
+			}
+			req.Key = append(bytes.Clone(kv.Key), 0)
+			continue
+		}
 		if err != nil {
 			return 0, err
 		}
+		req.Limit = min(2*req.Limit, c.page)
 		r, err := decodeRange(b)
 		if err != nil {
 			return 0, err
@@ -592,7 +656,7 @@ func readLine(r *bufio.Reader, max int) ([]byte, error) {
 	for {
 		frag, err := r.ReadSlice('\n')
 		if len(line)+len(frag) > max {
-			return nil, fmt.Errorf("line longer than %d bytes", max)
+			return nil, fmt.Errorf("%w: a line longer than %d bytes", errTooLarge, max)
 		}
 		line = append(line, frag...)
 		switch {
