@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -78,6 +79,9 @@ type client struct {
 }
 
 func newClient(endpoints []string, timeout time.Duration) *client {
+	for i, ep := range endpoints {
+		endpoints[i] = strings.TrimSuffix(ep, "/")
+	}
 	tr := &http.Transport{
 		DialContext:           (&net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}).DialContext,
 		TLSHandshakeTimeout:   timeout,
@@ -118,6 +122,10 @@ func (c *client) post(ctx context.Context, path string, req any) (*http.Response
 		return nil, fmt.Errorf("discovery: etcd: %s: %w", path, err)
 	}
 	hr.Header.Set("Content-Type", "application/json")
+	// etcd's require-leader flag (what clientv3.WithRequireLeader sets):
+	// a member cut off from its cluster's leader refuses the request, or
+	// ends the watch, instead of serving what it has.
+	hr.Header.Set("Grpc-Metadata-hasleader", "true")
 	resp, err := c.hc.Do(hr)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -612,6 +620,8 @@ func decodeWatch(b []byte) (watchResult, error) {
 
 // watchStream is an open watch.
 type watchStream struct {
+	c    *client
+	ep   string // the endpoint it reads from
 	body io.ReadCloser
 	r    *bufio.Reader
 }
@@ -630,7 +640,7 @@ func (c *client) watch(ctx context.Context, prefix []byte, start int64) (*watchS
 	if err != nil {
 		return nil, err
 	}
-	return &watchStream{body: resp.Body, r: bufio.NewReaderSize(resp.Body, 64<<10)}, nil
+	return &watchStream{c: c, ep: resp.Request.URL.Scheme + "://" + resp.Request.URL.Host, body: resp.Body, r: bufio.NewReaderSize(resp.Body, 64<<10)}, nil
 }
 
 // next returns the stream's next answer.
@@ -643,7 +653,12 @@ func (w *watchStream) next() (watchResult, error) {
 		if len(bytes.TrimSpace(line)) == 0 {
 			continue
 		}
-		return decodeWatch(line)
+		r, err := decodeWatch(line)
+		var ee *etcdError
+		if errors.As(err, &ee) && ee.Code == codeUnavailable {
+			w.c.failed(w.ep) // this member lost its leader
+		}
+		return r, err
 	}
 }
 
