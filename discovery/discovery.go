@@ -128,7 +128,9 @@ func (s *static) Close() error {
 func (s *static) String() string { return "static" }
 
 // FromConfig returns the Discovery cfg.Discovery names: NewEtcd's when
-// discovery.etcd is set, else Static. cfg must be validated.
+// discovery.etcd is set, else Static. With etcd, the nodes cfg.Nodes lists
+// are not reported from the file: like every node, they register. cfg
+// must be validated.
 func FromConfig(cfg *config.Config, log *zap.Logger) (Discovery, error) {
 	if cfg.Discovery != nil && cfg.Discovery.Etcd != nil {
 		return NewEtcd(cfg, log)
