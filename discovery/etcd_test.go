@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -356,13 +357,28 @@ func TestEtcdNameTaken(t *testing.T) {
 
 func TestEtcdSecondEndpoint(t *testing.T) {
 	srv := startEtcd(t)
-	cfg := etcdConfig(t, srv)
-	// The first endpoint refuses connections: every request goes on to
-	// the second.
-	cfg.Discovery.Etcd.Endpoints = []string{"http://" + freeAddr(t), srv.clientURL}
-	a := startNode(t, cfg, 0)
-	startNode(t, cfg, 1)
-	a.rec.expect(t, Joined, "node1", "")
+	// A listener that never answers: requests to it time out.
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	for _, tc := range []struct{ name, first string }{
+		{"refused", "http://" + freeAddr(t)},
+		{"silent", "http://" + silent.Addr().String()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := etcdConfig(t, srv)
+			cfg.Cluster = tc.name
+			cfg.Discovery.Etcd.DialTimeout = 200 * time.Millisecond
+			// Every request fails on the first endpoint and goes on to
+			// the second.
+			cfg.Discovery.Etcd.Endpoints = []string{tc.first, srv.clientURL}
+			a := startNode(t, cfg, 0)
+			startNode(t, cfg, 1)
+			a.rec.expect(t, Joined, "node1", "")
+		})
+	}
 }
 
 func TestEtcdUnreachable(t *testing.T) {

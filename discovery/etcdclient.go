@@ -89,7 +89,12 @@ func newClient(endpoints []string, timeout time.Duration) *client {
 		MaxIdleConnsPerHost:   4,
 		IdleConnTimeout:       90 * time.Second,
 	}
-	return &client{endpoints: endpoints, tr: tr, hc: &http.Client{Transport: tr}, timeout: timeout, page: rangePage, max: maxResponse}
+	hc := &http.Client{
+		Transport: tr,
+		// etcd never redirects: a redirect is not followed anywhere.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	return &client{endpoints: endpoints, tr: tr, hc: hc, timeout: timeout, page: rangePage, max: maxResponse}
 }
 
 // close drops the idle connections (and their goroutines).
@@ -128,7 +133,7 @@ func (c *client) post(ctx context.Context, path string, req any) (*http.Response
 	hr.Header.Set("Grpc-Metadata-hasleader", "true")
 	resp, err := c.hc.Do(hr)
 	if err != nil {
-		if ctx.Err() == nil {
+		if !errors.Is(ctx.Err(), context.Canceled) { // refused, reset or timed out
 			c.failed(ep)
 		}
 		return nil, fmt.Errorf("discovery: etcd %s: %w", ep, err)
