@@ -320,7 +320,14 @@ func TestEtcdHostileValues(t *testing.T) {
 		t.Errorf("%d invalid registrations logged, want %d", n, len(hostile))
 	}
 
-	// A known node's registration overwritten with garbage is a Left.
+	// A known node's registration replaced by one with other addresses is
+	// a Left and a Joined.
+	srv.put(dir+"node1", encodeTest(t, "node1", "127.0.0.1:9001"))
+	a.rec.expect(t, Left, "node1", ReasonChanged)
+	if ev := a.rec.expect(t, Joined, "node1", ""); ev.Node.Address != "127.0.0.1:9001" {
+		t.Errorf("node1 joined again at %s", ev.Node.Address)
+	}
+	// One replaced by garbage is a Left.
 	srv.put(dir+"node1", []byte("garbage"))
 	a.rec.expect(t, Left, "node1", ReasonInvalid)
 }
