@@ -81,6 +81,15 @@ type Config struct {
 	// cluster must agree on it. Default nil (no TLS).
 	TLS *TLSConfig
 
+	// Membership chooses how nodes learn who is alive and when they
+	// connect (YAML: membership): MembershipMesh keeps a control connection
+	// to every node with heartbeats on each; MembershipGossip runs SWIM
+	// gossip (hashicorp/memberlist, section gossip) for liveness and dials
+	// control connections on first use, closing them after
+	// transport.idle_timeout. Default "" (MembershipAuto): the mesh up to
+	// AutoMeshNodes nodes in the node list, gossip above.
+	Membership string
+
 	// Transport tunes the control connections (YAML: transport).
 	Transport TransportConfig
 	// Flow bounds what tensors in flight may hold (YAML: flow).
@@ -102,6 +111,30 @@ type Config struct {
 	// lines maps field paths ("nodes[1].address") to their YAML line, for
 	// error messages; nil for configs built in code.
 	lines map[string]int
+}
+
+// Membership modes (Config.Membership).
+const (
+	MembershipAuto   = ""
+	MembershipMesh   = "mesh"
+	MembershipGossip = "gossip"
+)
+
+// AutoMeshNodes is the largest node list for which MembershipAuto runs
+// the full mesh (see BENCHMARKS.md, "Scale: membership").
+const AutoMeshNodes = 16
+
+// MembershipMode returns the membership the cluster runs: Membership, or
+// for MembershipAuto the mesh for at most AutoMeshNodes nodes and gossip
+// above.
+func (c *Config) MembershipMode() string {
+	if c.Membership != MembershipAuto {
+		return c.Membership
+	}
+	if len(c.Nodes) <= AutoMeshNodes {
+		return MembershipMesh
+	}
+	return MembershipGossip
 }
 
 // NodeConfig describes one node of the cluster.
@@ -319,6 +352,11 @@ func (c *Config) line(field string) int {
 }
 
 func (c *Config) validateSettings() error {
+	switch c.Membership {
+	case MembershipAuto, MembershipMesh, MembershipGossip:
+	default:
+		return c.errf("membership", "%q is not a membership: use %q or %q (or leave it out)", c.Membership, MembershipMesh, MembershipGossip)
+	}
 	if err := checkName(c.Cluster); err != nil {
 		return c.errf("cluster", "%w", err)
 	}

@@ -183,6 +183,8 @@ func (c *Config) decode(root *yaml.Node) error {
 			c.ReconnectMin, err = duration(v, field)
 		case "reconnect_max":
 			c.ReconnectMax, err = duration(v, field)
+		case "membership":
+			c.Membership, err = scalar(v, field)
 		case "disable_channels":
 			c.DisableChannels, err = c.channels(v, field)
 		case "nodes":
@@ -200,6 +202,7 @@ func (c *Config) decode(root *yaml.Node) error {
 				"max_data_conns_per_peer": countOf(&t.MaxDataConnsPerPeer),
 				"max_data_conns":          countOf(&t.MaxDataConns),
 				"data_idle_timeout":       durationOf(&t.DataIdleTimeout),
+				"idle_timeout":            durationOf(&t.IdleTimeout),
 				"read_spin":               readSpinOf(&t.ReadSpin),
 				"shared_memory":           boolOf(&t.SharedMemory),
 			})
@@ -224,6 +227,7 @@ func (c *Config) decode(root *yaml.Node) error {
 				"max_ring_bytes":   sizeOf(&s.MaxRingBytes),
 				"stripes":          countOf(&s.Stripes),
 				"stripe_min":       sizeOf(&s.StripeMin),
+				"idle_timeout":     durationOf(&s.IdleTimeout),
 			})
 		case "ipc":
 			i := &c.IPC
@@ -560,6 +564,7 @@ type fileConfig struct {
 	DialTimeout       string         `yaml:"dial_timeout,omitempty"`
 	ReconnectMin      string         `yaml:"reconnect_min,omitempty"`
 	ReconnectMax      string         `yaml:"reconnect_max,omitempty"`
+	Membership        string         `yaml:"membership,omitempty"`
 	DisableChannels   []string       `yaml:"disable_channels,omitempty,flow"`
 	TLS               *fileTLS       `yaml:"tls,omitempty"`
 	Transport         *fileTransport `yaml:"transport,omitempty"`
@@ -587,6 +592,7 @@ type fileTransport struct {
 	MaxDataConnsPerPeer int    `yaml:"max_data_conns_per_peer,omitempty"`
 	MaxDataConns        int    `yaml:"max_data_conns,omitempty"`
 	DataIdleTimeout     string `yaml:"data_idle_timeout,omitempty"`
+	IdleTimeout         string `yaml:"idle_timeout,omitempty"`
 	ReadSpin            string `yaml:"read_spin,omitempty"`
 	SharedMemory        *bool  `yaml:"shared_memory,omitempty"` // written only when off
 }
@@ -609,6 +615,7 @@ type fileStaging struct {
 	MaxRingBytes   string `yaml:"max_ring_bytes,omitempty"`
 	Stripes        int    `yaml:"stripes,omitempty"`
 	StripeMin      string `yaml:"stripe_min,omitempty"`
+	IdleTimeout    string `yaml:"idle_timeout,omitempty"`
 }
 
 type fileIPC struct {
@@ -695,7 +702,7 @@ func (c *Config) Marshal() ([]byte, error) {
 		InlineDevice: t.InlineDevice,
 		SendQueue:    t.SendQueue, HandlerTakeover: dur(t.HandlerTakeover),
 		MaxDataConnsPerPeer: t.MaxDataConnsPerPeer, MaxDataConns: t.MaxDataConns,
-		DataIdleTimeout: dur(t.DataIdleTimeout),
+		DataIdleTimeout: dur(t.DataIdleTimeout), IdleTimeout: dur(t.IdleTimeout),
 	}
 	switch {
 	case t.ReadSpin < 0:
@@ -716,6 +723,7 @@ func (c *Config) Marshal() ([]byte, error) {
 		FailureTimeout:    dur(c.FailureTimeout),
 		DialTimeout:       dur(c.DialTimeout),
 		ReconnectMin:      dur(c.ReconnectMin),
+		Membership:        c.Membership,
 		ReconnectMax:      dur(c.ReconnectMax),
 		DisableChannels:   c.DisableChannels,
 		Transport:         &ft,
@@ -728,6 +736,7 @@ func (c *Config) Marshal() ([]byte, error) {
 		Staging: nonZero(&fileStaging{
 			ChunkSize: sz(int64(st.ChunkSize)), ChunksInFlight: st.ChunksInFlight,
 			MaxRingBytes: sz(int64(st.MaxRingBytes)), Stripes: st.Stripes, StripeMin: sz(st.StripeMin),
+			IdleTimeout: dur(st.IdleTimeout),
 		}),
 		IPC: nonZero(&fileIPC{
 			ShmDir: ip.ShmDir, ChallengeTTL: dur(ip.ChallengeTTL), CopyChunk: sz(int64(ip.CopyChunk)),
