@@ -102,8 +102,14 @@ type Config struct {
 	Verbs VerbsConfig
 	// Memory tunes the node's allocators (YAML: memory).
 	Memory MemoryConfig
+	// Discovery, when set, is where nodes learn the cluster's members
+	// besides Nodes (YAML: discovery; package discovery). Default nil:
+	// Nodes is the whole cluster.
+	Discovery *DiscoveryConfig
 
-	// Nodes lists every node of the cluster; there is at least one.
+	// Nodes lists every node of the cluster; there is at least one, unless
+	// Discovery is set: then it may be empty or list some nodes only (the
+	// others register themselves).
 	Nodes []NodeConfig
 
 	// dir is the directory relative secret paths resolve against.
@@ -288,7 +294,8 @@ func (c *Config) ChannelDisabled(node, channel string) bool {
 // reconnect_max ≥ reconnect_min, transport.inline_threshold <
 // transport.max_frame_size, flow.receive_budget_per_peer ≤
 // flow.receive_budget, staging.max_ring_bytes ≥ staging.chunk_size,
-// verbs.window ≤ verbs.send_queue, distinct node names and addresses,
+// verbs.window ≤ verbs.send_queue, distinct node names and addresses, at
+// least one node unless Discovery is set,
 // pprof only with metrics_address). It reads the TLS files once. Every
 // error it returns is an *Error matching ErrInvalid; for configs read from
 // YAML it names the line. Validating a valid config again changes nothing.
@@ -327,6 +334,7 @@ func (c *Config) fillDefaults() {
 	c.IPC = c.IPC.WithDefaults()
 	c.Verbs = c.Verbs.WithDefaults()
 	c.Memory = c.Memory.WithDefaults()
+	c.Discovery.fillDefaults()
 }
 
 // errf returns a *Error for field, with the field's line (or that of
@@ -378,6 +386,7 @@ func (c *Config) validateSettings() error {
 	for _, check := range []func(*Config) error{
 		c.Transport.validate, c.Flow.validate, c.Staging.validate,
 		c.IPC.validate, c.Verbs.validate, c.Memory.validate,
+		c.Discovery.validate,
 	} {
 		if err := check(c); err != nil {
 			return err
@@ -543,8 +552,8 @@ func trimNewline(b []byte) []byte {
 }
 
 func (c *Config) validateNodes() error {
-	if len(c.Nodes) == 0 {
-		return c.errf("nodes", "at least one node is required")
+	if len(c.Nodes) == 0 && c.Discovery == nil {
+		return c.errf("nodes", "at least one node is required (or a discovery section)")
 	}
 	names := make(map[string]int, len(c.Nodes))
 	type owner struct {

@@ -17,6 +17,7 @@
 //	Config.IPC        IPCConfig        the CUDA IPC channel (rdma/ipc)
 //	Config.Verbs      VerbsConfig      the RDMA verbs channel (rdma/verbs)
 //	Config.Memory     MemoryConfig     the caching CUDA allocators (memory)
+//	Config.Discovery  *DiscoveryConfig where members are learnt besides Nodes (discovery)
 //
 // # The file
 //
@@ -95,7 +96,13 @@
 //	  service_level: 0             # InfiniBand QoS; ≤ 15
 //	memory:
 //	  cuda_cache_bytes: 0          # 0: max(1GiB, an eighth of the device)
-//	nodes:
+//	discovery:                     # optional: nodes register in etcd (package discovery)
+//	  etcd:
+//	    endpoints: [http://10.0.0.9:2379]  # required; http:// or https://, tried in turn
+//	    prefix: /tensorferry/      # keys: {prefix}{cluster}/nodes/{name}
+//	    lease_ttl: 10s             # whole seconds, 2s..1h; kept alive every ttl/3
+//	    dial_timeout: 2s           # each request to etcd but the watch; ≥ 10ms
+//	nodes:                         # with discovery: may be empty or list some nodes only
 //	  - name: a
 //	    address: 127.0.0.1:7001    # control listener
 //	    data_address: 127.0.0.1:7101  # default: control port + 100

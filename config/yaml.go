@@ -191,6 +191,8 @@ func (c *Config) decode(root *yaml.Node) error {
 			err = c.decodeNodes(v, field)
 		case "tls":
 			err = c.decodeTLS(v, field)
+		case "discovery":
+			err = c.decodeDiscovery(v, field)
 		case "transport":
 			t := &c.Transport
 			err = c.section(v, field, map[string]setter{
@@ -573,6 +575,7 @@ type fileConfig struct {
 	IPC               *fileIPC       `yaml:"ipc,omitempty"`
 	Verbs             *fileVerbs     `yaml:"verbs,omitempty"`
 	Memory            *fileMemory    `yaml:"memory,omitempty"`
+	Discovery         *fileDiscovery `yaml:"discovery,omitempty"`
 	Nodes             []fileNode     `yaml:"nodes"`
 }
 
@@ -756,6 +759,7 @@ func (c *Config) Marshal() ([]byte, error) {
 		Nodes:  make([]fileNode, len(c.Nodes)),
 	}
 	f.Transport = nonZero(f.Transport)
+	f.Discovery = c.Discovery.file()
 	if t := c.TLS; t != nil {
 		f.TLS = &fileTLS{CertFile: t.CertFile, KeyFile: t.KeyFile, CAFile: t.CAFile, Data: t.Data}
 	}
