@@ -136,9 +136,10 @@ func TestParseValid(t *testing.T) {
 			want.SecretFile = "secret.key"
 			want.Secret = []byte(testSecret)
 			want.Nodes = []NodeConfig{
-				{Name: "a", Address: "127.0.0.1:7001", DataAddress: "127.0.0.1:7101", Devices: []memory.Device{memory.CPU}},
-				{Name: "b", Address: "127.0.0.1:7002", DataAddress: "127.0.0.1:7102", Devices: []memory.Device{memory.CPU}},
+				{Name: "a", Address: "127.0.0.1:7001", DataAddress: "127.0.0.1:7101", GossipAddress: "127.0.0.1:7201", Devices: []memory.Device{memory.CPU}},
+				{Name: "b", Address: "127.0.0.1:7002", DataAddress: "127.0.0.1:7102", GossipAddress: "127.0.0.1:7202", Devices: []memory.Device{memory.CPU}},
 			}
+			want.Gossip = DefaultGossipConfig(want.FailureTimeout)
 			if got := public(c); !reflect.DeepEqual(got, *want) {
 				t.Errorf("got  %+v\nwant %+v", got, *want)
 			}
@@ -542,9 +543,9 @@ func TestLoadTestdata(t *testing.T) {
 		t.Fatalf("got %+v", c)
 	}
 	want := []NodeConfig{
-		{Name: "a", Address: "127.0.0.1:7001", DataAddress: "127.0.0.1:7101", Devices: []memory.Device{memory.CUDA(0)}, MetricsAddress: "127.0.0.1:9001"},
-		{Name: "b", Address: "127.0.0.1:7002", DataAddress: "127.0.0.1:7202", Devices: []memory.Device{memory.CUDA(1)}},
-		{Name: "c", Address: "127.0.0.1:7003", DataAddress: "127.0.0.1:7103", Devices: []memory.Device{memory.CPU}, DisableChannels: []string{"verbs"}},
+		{Name: "a", Address: "127.0.0.1:7001", DataAddress: "127.0.0.1:7101", GossipAddress: "127.0.0.1:7201", Devices: []memory.Device{memory.CUDA(0)}, MetricsAddress: "127.0.0.1:9001"},
+		{Name: "b", Address: "127.0.0.1:7002", DataAddress: "127.0.0.1:7202", GossipAddress: "127.0.0.1:7302", Devices: []memory.Device{memory.CUDA(1)}},
+		{Name: "c", Address: "127.0.0.1:7003", DataAddress: "127.0.0.1:7103", GossipAddress: "127.0.0.1:7203", Devices: []memory.Device{memory.CPU}, DisableChannels: []string{"verbs"}},
 	}
 	if !reflect.DeepEqual(c.Nodes, want) {
 		t.Errorf("nodes\n%+v\nwant\n%+v", c.Nodes, want)
@@ -625,7 +626,7 @@ func TestLocalConfigWriteFilesLoad(t *testing.T) {
 		if want := "node" + string(rune('0'+i)); n.Name != want {
 			t.Errorf("node %d named %q, want %q", i, n.Name, want)
 		}
-		for _, a := range []string{n.Address, n.DataAddress} {
+		for _, a := range []string{n.Address, n.DataAddress, n.GossipAddress} {
 			if !strings.HasPrefix(a, "127.0.0.1:") || seen[a] {
 				t.Errorf("address %q: want a distinct 127.0.0.1 address", a)
 			}

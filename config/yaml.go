@@ -266,6 +266,8 @@ func (c *Config) decode(root *yaml.Node) error {
 				"traffic_class":      byteOf(&vb.TrafficClass),
 				"service_level":      byteOf(&vb.ServiceLevel),
 			})
+		case "gossip":
+			err = c.decodeGossip(v, field)
 		case "memory":
 			m := &c.Memory
 			err = c.section(v, field, map[string]setter{
@@ -425,6 +427,8 @@ func (c *Config) decodeNodes(v *yaml.Node, field string) error {
 				n.Address, err = scalar(v, field)
 			case "data_address":
 				n.DataAddress, err = scalar(v, field)
+			case "gossip_address":
+				n.GossipAddress, err = scalar(v, field)
 			case "devices":
 				n.Devices, err = c.devices(v, field)
 			case "disable_channels":
@@ -575,6 +579,7 @@ type fileConfig struct {
 	IPC               *fileIPC       `yaml:"ipc,omitempty"`
 	Verbs             *fileVerbs     `yaml:"verbs,omitempty"`
 	Memory            *fileMemory    `yaml:"memory,omitempty"`
+	Gossip            *fileGossip    `yaml:"gossip,omitempty"`
 	Discovery         *fileDiscovery `yaml:"discovery,omitempty"`
 	Nodes             []fileNode     `yaml:"nodes"`
 }
@@ -663,6 +668,7 @@ type fileNode struct {
 	Name            string   `yaml:"name"`
 	Address         string   `yaml:"address"`
 	DataAddress     string   `yaml:"data_address,omitempty"`
+	GossipAddress   string   `yaml:"gossip_address,omitempty"`
 	Devices         []string `yaml:"devices,omitempty,flow"`
 	DisableChannels []string `yaml:"disable_channels,omitempty,flow"`
 	MetricsAddress  string   `yaml:"metrics_address,omitempty"`
@@ -756,6 +762,7 @@ func (c *Config) Marshal() ([]byte, error) {
 			HopLimit: vb.HopLimit, TrafficClass: vb.TrafficClass, ServiceLevel: vb.ServiceLevel,
 		}),
 		Memory: nonZero(&fileMemory{CUDACacheBytes: sz(c.Memory.CUDACacheBytes)}),
+		Gossip: c.Gossip.file(),
 		Nodes:  make([]fileNode, len(c.Nodes)),
 	}
 	f.Transport = nonZero(f.Transport)
@@ -764,7 +771,7 @@ func (c *Config) Marshal() ([]byte, error) {
 		f.TLS = &fileTLS{CertFile: t.CertFile, KeyFile: t.KeyFile, CAFile: t.CAFile, Data: t.Data}
 	}
 	for i, n := range c.Nodes {
-		fn := fileNode{Name: n.Name, Address: n.Address, DataAddress: n.DataAddress, DisableChannels: n.DisableChannels,
+		fn := fileNode{Name: n.Name, Address: n.Address, DataAddress: n.DataAddress, GossipAddress: n.GossipAddress, DisableChannels: n.DisableChannels,
 			MetricsAddress: n.MetricsAddress, Pprof: n.Pprof}
 		for _, d := range n.Devices {
 			fn.Devices = append(fn.Devices, d.String())
