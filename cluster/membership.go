@@ -33,14 +33,20 @@ var (
 )
 
 // NodeUp is published when a peer has connected, authenticated and sent its
-// capabilities. A peer that restarted comes back with a new Incarnation.
+// capabilities: with the mesh as soon as the connection to it is up, with
+// gossip membership when this node first reaches it (a node never written
+// to is a member — Membership.Members — but not up here). A peer that
+// restarted comes back with a new Incarnation.
 type NodeUp struct {
 	Node        string
 	Incarnation uint64
 }
 
-// NodeDown is published when a peer's control connection is lost or the
-// peer stayed silent longer than FailureTimeout.
+// NodeDown is published when a peer that was up is gone: with the mesh,
+// its control connection is lost or it stayed silent longer than
+// FailureTimeout; with gossip membership, gossip declared it dead, it left
+// or restarted, discovery reported it gone, or a control connection to it
+// broke (not one closed for idleness).
 type NodeDown struct {
 	Node        string
 	Incarnation uint64
@@ -219,9 +225,11 @@ type slot struct {
 	failures   int // dials failed in a row (connect's backoff)
 }
 
-// Membership keeps one authenticated control connection to every other node
-// in the config, with heartbeats, reconnection with backoff, and NodeUp /
-// NodeDown reports.
+// Membership tracks the other nodes of the cluster and the control
+// connections to them: with the mesh, one to every node of the config,
+// with heartbeats and reconnection with backoff; with gossip membership,
+// the members gossip reports, connected on demand. It reports NodeUp and
+// NodeDown (to its Handler, as PeerUp and PeerDown).
 type Membership struct {
 	cfg         *config.Config
 	transport   config.TransportConfig // cfg.Transport with its defaults
