@@ -1164,6 +1164,14 @@ func (m *Membership) connClosed(p *Peer, l *link, err error) {
 		m.wake(p.Name)
 		return
 	}
+	if m.retire(p) {
+		m.down(p, err)
+	}
+}
+
+// retire makes p no longer its node's current Peer, reporting whether it
+// was.
+func (m *Membership) retire(p *Peer) bool {
 	m.mu.Lock()
 	s := m.slots[p.Name]
 	current := s != nil && s.cur == p
@@ -1173,23 +1181,13 @@ func (m *Membership) connClosed(p *Peer, l *link, err error) {
 	}
 	m.mu.Unlock()
 	p.gone.Store(true)
-	if current {
-		m.down(p, err)
-	}
+	return current
 }
 
 // dropPeer takes p down without a connection of its own to close (gossip
 // membership: the node left, or p is idle and its Close was called).
 func (m *Membership) dropPeer(p *Peer, cause error) {
-	m.mu.Lock()
-	s := m.slots[p.Name]
-	current := s != nil && s.cur == p
-	if current {
-		s.cur = nil
-		s.signal()
-	}
-	m.mu.Unlock()
-	p.gone.Store(true)
+	current := m.retire(p)
 	if c := p.conn(); c != nil {
 		c.Fail(cause)
 	}
