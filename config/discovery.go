@@ -179,6 +179,20 @@ func CheckNode(n *NodeConfig) error {
 	if n.DataAddress == n.Address {
 		return fmt.Errorf("data_address: same as address (%q)", n.Address)
 	}
+	if n.GossipAddress == "" {
+		if n.GossipAddress, err = defaultGossipAddress(host, port); err != nil {
+			return fmt.Errorf("address: %w", err)
+		}
+	} else {
+		gh, gp, err := splitAddr(n.GossipAddress)
+		if err != nil {
+			return fmt.Errorf("gossip_address: %w", err)
+		}
+		n.GossipAddress = net.JoinHostPort(gh, strconv.Itoa(gp))
+	}
+	if n.GossipAddress == n.Address || n.GossipAddress == n.DataAddress {
+		return fmt.Errorf("gossip_address: same as address or data_address (%q)", n.GossipAddress)
+	}
 	if len(n.DisableChannels) > 0 || n.MetricsAddress != "" || n.Pprof {
 		return fmt.Errorf("disable_channels, metrics_address and pprof are the node's own settings, not announced")
 	}

@@ -105,7 +105,7 @@ func TestCheckNode(t *testing.T) {
 	if err := CheckNode(&n); err != nil {
 		t.Fatal(err)
 	}
-	if n.DataAddress != "localhost:7100" || !reflect.DeepEqual(n.Devices, []memory.Device{memory.CPU}) {
+	if n.DataAddress != "localhost:7100" || n.GossipAddress != "localhost:7200" || !reflect.DeepEqual(n.Devices, []memory.Device{memory.CPU}) {
 		t.Errorf("completed as %+v", n)
 	}
 	for _, tt := range []struct {
@@ -119,6 +119,9 @@ func TestCheckNode(t *testing.T) {
 		{NodeConfig{Name: "a", Address: "h:1", DataAddress: "h:0"}, "data_address: "},
 		{NodeConfig{Name: "a", Address: "h:1", DataAddress: "h:1"}, "same as address"},
 		{NodeConfig{Name: "a", Address: "h:1", Pprof: true}, "the node's own settings"},
+		{NodeConfig{Name: "a", Address: "h:65400"}, "no room for the default gossip port"},
+		{NodeConfig{Name: "a", Address: "h:1", GossipAddress: "h:x"}, "gossip_address: "},
+		{NodeConfig{Name: "a", Address: "h:1", GossipAddress: "h:101"}, "gossip_address: same as"},
 		{NodeConfig{Name: "a", Address: "h:1", Devices: []memory.Device{memory.CPU, memory.CPU}}, "devices[1]: duplicate"},
 		{NodeConfig{Name: "a", Address: "h:1", Devices: []memory.Device{{Kind: 99}}}, "devices[0]: "},
 		{NodeConfig{Name: "a", Address: "h:1", Devices: make([]memory.Device, MaxNodeDevices+1)}, "at most"},

@@ -14,16 +14,19 @@ import (
 // lease, so that the others tell a node that left from one whose lease
 // expired.
 type registration struct {
-	Name        string   `json:"name"`
-	Address     string   `json:"address"`
-	DataAddress string   `json:"data_address"`
-	Devices     []string `json:"devices"`
-	Leaving     bool     `json:"leaving,omitempty"`
+	Name        string `json:"name"`
+	Address     string `json:"address"`
+	DataAddress string `json:"data_address"`
+	// GossipAddress is where the node gossips (gossip membership); empty
+	// from a registration without it: the control port + 200.
+	GossipAddress string   `json:"gossip_address,omitempty"`
+	Devices       []string `json:"devices"`
+	Leaving       bool     `json:"leaving,omitempty"`
 }
 
 // encodeNode returns the registration of n.
 func encodeNode(n config.NodeConfig, leaving bool) ([]byte, error) {
-	r := registration{Name: n.Name, Address: n.Address, DataAddress: n.DataAddress, Leaving: leaving}
+	r := registration{Name: n.Name, Address: n.Address, DataAddress: n.DataAddress, GossipAddress: n.GossipAddress, Leaving: leaving}
 	for _, d := range n.Devices {
 		r.Devices = append(r.Devices, d.String())
 	}
@@ -55,7 +58,7 @@ func decodeNode(b []byte) (config.NodeConfig, bool, error) {
 	if len(r.Devices) > config.MaxNodeDevices {
 		return config.NodeConfig{}, false, fmt.Errorf("devices: %d devices, at most %d", len(r.Devices), config.MaxNodeDevices)
 	}
-	n := config.NodeConfig{Name: r.Name, Address: r.Address, DataAddress: r.DataAddress}
+	n := config.NodeConfig{Name: r.Name, Address: r.Address, DataAddress: r.DataAddress, GossipAddress: r.GossipAddress}
 	for i, s := range r.Devices {
 		dev, err := memory.ParseDevice(s)
 		if err != nil {
@@ -71,7 +74,7 @@ func decodeNode(b []byte) (config.NodeConfig, bool, error) {
 
 // sameNode reports whether a and b announce the same addresses and devices.
 func sameNode(a, b config.NodeConfig) bool {
-	if a.Name != b.Name || a.Address != b.Address || a.DataAddress != b.DataAddress || len(a.Devices) != len(b.Devices) {
+	if a.Name != b.Name || a.Address != b.Address || a.DataAddress != b.DataAddress || a.GossipAddress != b.GossipAddress || len(a.Devices) != len(b.Devices) {
 		return false
 	}
 	for i := range a.Devices {
@@ -84,5 +87,5 @@ func sameNode(a, b config.NodeConfig) bool {
 
 // public returns the part of n that other nodes learn.
 func public(n config.NodeConfig) config.NodeConfig {
-	return config.NodeConfig{Name: n.Name, Address: n.Address, DataAddress: n.DataAddress, Devices: n.Devices}
+	return config.NodeConfig{Name: n.Name, Address: n.Address, DataAddress: n.DataAddress, GossipAddress: n.GossipAddress, Devices: n.Devices}
 }
