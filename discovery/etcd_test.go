@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tensorferry/tensorferry/config"
+	"github.com/tensorferry/tensorferry/internal/etcdtest"
 	"github.com/tensorferry/tensorferry/internal/poll"
 	"github.com/tensorferry/tensorferry/memory"
 )
@@ -24,13 +25,13 @@ const testTTL = 2 * time.Second
 
 // etcdConfig returns a validated config of cluster "test" registering in
 // srv, with no nodes listed.
-func etcdConfig(t testing.TB, srv *etcdServer) *config.Config {
+func etcdConfig(t testing.TB, srv *etcdtest.Server) *config.Config {
 	t.Helper()
 	cfg := config.DefaultConfig()
 	cfg.Cluster = "test"
 	cfg.Secret = []byte("0123456789abcdef0123456789abcdef")
 	cfg.Discovery = &config.DiscoveryConfig{Etcd: &config.EtcdConfig{
-		Endpoints: []string{srv.clientURL}, LeaseTTL: testTTL, DialTimeout: time.Second,
+		Endpoints: []string{srv.ClientURL}, LeaseTTL: testTTL, DialTimeout: time.Second,
 	}}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
@@ -137,11 +138,11 @@ func startNode(t testing.TB, cfg *config.Config, i int) *node {
 }
 
 func TestEtcdJoinAndLeave(t *testing.T) {
-	srv := startEtcd(t)
+	srv := etcdtest.Start(t)
 	cfg := etcdConfig(t, srv)
 	a := startNode(t, cfg, 0)
 	a.rec.quiet(t)
-	if got, want := a.d.String(), "etcd("+srv.clientURL+")"; got != want {
+	if got, want := a.d.String(), "etcd("+srv.ClientURL+")"; got != want {
 		t.Errorf("String() = %q, want %q", got, want)
 	}
 
@@ -187,7 +188,7 @@ func TestEtcdJoinAndLeave(t *testing.T) {
 }
 
 func TestEtcdLeaseExpiry(t *testing.T) {
-	srv := startEtcd(t)
+	srv := etcdtest.Start(t)
 	cfg := etcdConfig(t, srv)
 	a := startNode(t, cfg, 0)
 	b := startNode(t, cfg, 1)
@@ -209,7 +210,7 @@ func TestEtcdLeaseExpiry(t *testing.T) {
 }
 
 func TestEtcdRestartMissesNothing(t *testing.T) {
-	srv := startEtcd(t)
+	srv := etcdtest.Start(t)
 	cfg := etcdConfig(t, srv)
 	a := newNode(t, cfg, nil)
 	gate := make(chan struct{})
@@ -218,8 +219,8 @@ func TestEtcdRestartMissesNothing(t *testing.T) {
 	b := startNode(t, cfg, 1)
 	a.rec.expect(t, Joined, "node1", "")
 
-	srv.kill()
-	srv.start()
+	srv.Kill()
+	srv.Restart()
 	// While node0's watch waits at the gate, node2 joins and node1 leaves.
 	c := startNode(t, cfg, 2)
 	c.rec.expect(t, Joined, "node0", "")
@@ -235,7 +236,7 @@ func TestEtcdRestartMissesNothing(t *testing.T) {
 }
 
 func TestEtcdCompactedHistory(t *testing.T) {
-	srv := startEtcd(t)
+	srv := etcdtest.Start(t)
 	cfg := etcdConfig(t, srv)
 	a := newNode(t, cfg, nil)
 	gate := make(chan struct{})
@@ -251,7 +252,7 @@ func TestEtcdCompactedHistory(t *testing.T) {
 	if err := b.d.Close(); err != nil {
 		t.Fatal(err)
 	}
-	srv.compact(srv.revision())
+	srv.Compact(srv.Revision())
 	close(gate)
 	// The history is gone: node0 ranges again and reports the difference,
 	// the nodes gone first.
@@ -260,7 +261,7 @@ func TestEtcdCompactedHistory(t *testing.T) {
 }
 
 func TestEtcdHostileValues(t *testing.T) {
-	srv := startEtcd(t)
+	srv := etcdtest.Start(t)
 	cfg := etcdConfig(t, srv)
 	dir := "/tensorferry/test/nodes/"
 	hostile := map[string][]byte{
@@ -280,10 +281,10 @@ func TestEtcdHostileValues(t *testing.T) {
 	for i := range 12 {
 		k := fmt.Sprintf("%shuge%02d", dir, i)
 		hostile[k] = []byte(strings.Repeat("h", 200<<10))
-		srv.put(k, hostile[k])
+		srv.Put(k, hostile[k])
 	}
 	// The first key's value alone is beyond that bound: it is skipped.
-	srv.put(dir+"0big", hostile[dir+"0big"])
+	srv.Put(dir+"0big", hostile[dir+"0big"])
 	// Of the others, every second one before node0 starts (its first
 	// range), the rest while it watches.
 	var others []string
@@ -295,7 +296,7 @@ func TestEtcdHostileValues(t *testing.T) {
 	slices.Sort(others)
 	for i, k := range others {
 		if i%2 == 0 {
-			srv.put(k, hostile[k])
+			srv.Put(k, hostile[k])
 		}
 	}
 	core, logs := observer.New(zap.WarnLevel)
@@ -304,7 +305,7 @@ func TestEtcdHostileValues(t *testing.T) {
 	a.start(t, 0)
 	for i, k := range others {
 		if i%2 == 1 {
-			srv.put(k, hostile[k])
+			srv.Put(k, hostile[k])
 		}
 	}
 	startNode(t, cfg, 1)
@@ -322,13 +323,13 @@ func TestEtcdHostileValues(t *testing.T) {
 
 	// A known node's registration replaced by one with other addresses is
 	// a Left and a Joined.
-	srv.put(dir+"node1", encodeTest(t, "node1", "127.0.0.1:9001"))
+	srv.Put(dir+"node1", encodeTest(t, "node1", "127.0.0.1:9001"))
 	a.rec.expect(t, Left, "node1", ReasonChanged)
 	if ev := a.rec.expect(t, Joined, "node1", ""); ev.Node.Address != "127.0.0.1:9001" {
 		t.Errorf("node1 joined again at %s", ev.Node.Address)
 	}
 	// One replaced by garbage is a Left.
-	srv.put(dir+"node1", []byte("garbage"))
+	srv.Put(dir+"node1", []byte("garbage"))
 	a.rec.expect(t, Left, "node1", ReasonInvalid)
 }
 
@@ -343,7 +344,7 @@ func encodeTest(t testing.TB, name, addr string) []byte {
 }
 
 func TestEtcdNameTaken(t *testing.T) {
-	srv := startEtcd(t)
+	srv := etcdtest.Start(t)
 	cfg := etcdConfig(t, srv)
 	a := startNode(t, cfg, 0)
 	dup := newNode(t, cfg, nil)
@@ -363,7 +364,7 @@ func TestEtcdNameTaken(t *testing.T) {
 }
 
 func TestEtcdSecondEndpoint(t *testing.T) {
-	srv := startEtcd(t)
+	srv := etcdtest.Start(t)
 	// A listener that never answers: requests to it time out.
 	silent, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -371,7 +372,7 @@ func TestEtcdSecondEndpoint(t *testing.T) {
 	}
 	defer silent.Close()
 	for _, tc := range []struct{ name, first string }{
-		{"refused", "http://" + freeAddr(t)},
+		{"refused", "http://" + etcdtest.FreeAddr(t)},
 		{"silent", "http://" + silent.Addr().String()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -380,7 +381,7 @@ func TestEtcdSecondEndpoint(t *testing.T) {
 			cfg.Discovery.Etcd.DialTimeout = 200 * time.Millisecond
 			// Every request fails on the first endpoint and goes on to
 			// the second.
-			cfg.Discovery.Etcd.Endpoints = []string{tc.first, srv.clientURL}
+			cfg.Discovery.Etcd.Endpoints = []string{tc.first, srv.ClientURL}
 			a := startNode(t, cfg, 0)
 			startNode(t, cfg, 1)
 			a.rec.expect(t, Joined, "node1", "")
@@ -393,7 +394,7 @@ func TestEtcdUnreachable(t *testing.T) {
 	cfg.Cluster = "test"
 	cfg.Secret = []byte("0123456789abcdef0123456789abcdef")
 	cfg.Discovery = &config.DiscoveryConfig{Etcd: &config.EtcdConfig{
-		Endpoints: []string{"http://" + freeAddr(t)}, DialTimeout: 200 * time.Millisecond,
+		Endpoints: []string{"http://" + etcdtest.FreeAddr(t)}, DialTimeout: 200 * time.Millisecond,
 	}}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -138,16 +139,58 @@ func (s *Server) Kill() {
 // Delete deletes key, as an operator (or a lease's expiry) would.
 func (s *Server) Delete(key string) {
 	s.t.Helper()
-	b, err := json.Marshal(map[string]any{"key": []byte(key)})
+	s.Do("/v3/kv/deleterange", map[string]any{"key": []byte(key)}, nil)
+}
+
+// Put writes key = value with no lease, as an operator (or anyone who may
+// write under the prefix) would.
+func (s *Server) Put(key string, value []byte) {
+	s.t.Helper()
+	s.Do("/v3/kv/put", map[string]any{"key": []byte(key), "value": value}, nil)
+}
+
+// Revision returns etcd's current revision.
+func (s *Server) Revision() int64 {
+	s.t.Helper()
+	var r struct {
+		Header struct {
+			Revision string `json:"revision"`
+		} `json:"header"`
+	}
+	s.Do("/v3/kv/range", map[string]any{"key": []byte("\x00")}, &r)
+	rev, err := strconv.ParseInt(r.Header.Revision, 10, 64)
+	if err != nil {
+		s.t.Fatalf("revision %q: %v", r.Header.Revision, err)
+	}
+	return rev
+}
+
+// Compact drops the history up to rev: a watch from before it fails.
+func (s *Server) Compact(rev int64) {
+	s.t.Helper()
+	s.Do("/v3/kv/compaction", map[string]any{"revision": strconv.FormatInt(rev, 10), "physical": true}, nil)
+}
+
+// Do posts the JSON of body to path of etcd's HTTP/JSON gateway and
+// decodes the answer into out (when not nil), failing the test on any
+// error.
+func (s *Server) Do(path string, body, out any) {
+	s.t.Helper()
+	b, err := json.Marshal(body)
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	resp, err := s.http.Post(s.ClientURL+"/v3/kv/deleterange", "application/json", bytes.NewReader(b))
+	resp, err := s.http.Post(s.ClientURL+path, "application/json", bytes.NewReader(b))
 	if err != nil {
 		s.t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		s.t.Fatalf("delete %s: %s", key, resp.Status)
+		s.t.Fatalf("%s: %s", path, resp.Status)
+	}
+	if out != nil {
+		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+			s.t.Fatalf("%s: %v", path, err)
+		}
 	}
 }
