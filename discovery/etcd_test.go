@@ -260,6 +260,31 @@ func TestEtcdCompactedHistory(t *testing.T) {
 	a.rec.expect(t, Joined, "node2", "")
 }
 
+func TestEtcdWatchBatchTooLarge(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cfg := etcdConfig(t, srv)
+	core, logs := observer.New(zap.InfoLevel)
+	a := newNode(t, cfg, zap.New(core))
+	a.d.c.maxLine = 4 << 10
+	a.start(t, 0)
+	startNode(t, cfg, 1)
+	a.rec.expect(t, Joined, "node1", "")
+	// A batch beyond what node0 reads from its watch: it reads the
+	// registrations again instead, skips the large one, and goes on
+	// watching from there.
+	big := "/tensorferry/test/nodes/big"
+	srv.Put(big, []byte(strings.Repeat("b", 8<<10)))
+	startNode(t, cfg, 2)
+	a.rec.expect(t, Joined, "node2", "")
+	a.rec.quiet(t)
+	if logs.FilterMessage("watch: reading the registrations again").Len() == 0 {
+		t.Error("the watch did not read the registrations again")
+	}
+	if logs.FilterMessage("skipping an invalid registration").Len() == 0 {
+		t.Error("the large registration was not logged")
+	}
+}
+
 func TestEtcdHostileValues(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cfg := etcdConfig(t, srv)

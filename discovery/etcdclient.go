@@ -76,6 +76,7 @@ type client struct {
 	timeout   time.Duration // of each unary request
 	page      int64         // keys per range request: rangePage (tests lower it)
 	max       int64         // bytes of a unary answer: maxResponse (tests lower it)
+	maxLine   int           // bytes of a watch batch: maxWatchLine (tests lower it)
 }
 
 func newClient(endpoints []string, timeout time.Duration) *client {
@@ -94,7 +95,7 @@ func newClient(endpoints []string, timeout time.Duration) *client {
 		// etcd never redirects: a redirect is not followed anywhere.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
-	return &client{endpoints: endpoints, tr: tr, hc: hc, timeout: timeout, page: rangePage, max: maxResponse}
+	return &client{endpoints: endpoints, tr: tr, hc: hc, timeout: timeout, page: rangePage, max: maxResponse, maxLine: maxWatchLine}
 }
 
 // close drops the idle connections (and their goroutines).
@@ -651,7 +652,7 @@ func (c *client) watch(ctx context.Context, prefix []byte, start int64) (*watchS
 // next returns the stream's next answer.
 func (w *watchStream) next() (watchResult, error) {
 	for {
-		line, err := readLine(w.r, maxWatchLine)
+		line, err := readLine(w.r, w.c.maxLine)
 		if err != nil {
 			return watchResult{}, fmt.Errorf("discovery: etcd: watch: %w", err)
 		}
