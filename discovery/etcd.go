@@ -25,7 +25,12 @@ const (
 // NewEtcd returns the Discovery of cfg.Discovery.Etcd: Start registers
 // the node under {prefix}{cluster}/nodes/{name} with a lease of lease_ttl,
 // kept alive every third of it, and watches the other registrations. cfg
-// must be validated. log receives the registrations skipped as invalid
+// must be validated.
+//
+// When the key is still held by another lease (the node's previous run,
+// crashed less than lease_ttl ago), Start waits for it to expire: give
+// Start a context of at least lease_ttl + dial_timeout, or it fails then.
+// A live node of the same name keeps the key, and Start fails. log receives the registrations skipped as invalid
 // and the troubles with etcd; nil logs nothing.
 func NewEtcd(cfg *config.Config, log *zap.Logger) (Discovery, error) {
 	if cfg.Discovery == nil || cfg.Discovery.Etcd == nil {
