@@ -34,7 +34,9 @@ func (m *Membership) startDiscovery() error {
 	m.mu.Lock()
 	m.disc = d
 	m.mu.Unlock()
-	ctx, cancel := context.WithTimeout(m.ctx, 2*m.cfg.Discovery.Etcd.DialTimeout)
+	// A node restarted within a lease of its crash waits for its old
+	// registration to expire.
+	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.Discovery.Etcd.LeaseTTL+2*m.cfg.Discovery.Etcd.DialTimeout)
 	defer cancel()
 	if err := d.Start(ctx, m.self, m.discovered); err != nil {
 		return fmt.Errorf("cluster: discovery %v: %w", d, err)
