@@ -104,6 +104,14 @@ func (p *Peer) Transport() string { return p.transport }
 // never overtakes it.
 func (p *Peer) HandlerMayBlock() { p.conn.MayBlock() }
 
+// Await lets the calling goroutine, which waits for a frame from the peer
+// (a request's reply), read the peer's connection itself until ready
+// reports true (wire.Conn.Await: a thread wake-up and a hand-off saved per
+// round trip). It reports whether the caller must still wait its own way.
+func (p *Peer) Await(ctx context.Context, w *wire.Waiter, ready func() bool) bool {
+	return p.conn.Await(ctx, w, ready)
+}
+
 // Close starts closing the peer's connection with the given cause and
 // returns at once; it is safe to call from Handler methods.
 func (p *Peer) Close(cause error) { p.conn.Fail(cause) }
