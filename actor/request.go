@@ -38,8 +38,12 @@ const replyPrefix = "future#"
 // Request sends msg to target and waits for the reply the target's handler
 // gives with Respond, until ctx ends. It is RequestFuture(...).Result()
 // without protoactor's future: the reply address is an entry in the node's
-// own table and the caller waits on a channel, which saves a process
-// registration, a timer and a lock per request. An absent target gives
+// own table, which saves a process registration, a timer and a lock per
+// request, and over TCP the caller reads the reply from the connection
+// itself while no other goroutine needs to (cluster.Peer.Await), which
+// saves the hand-off from the connection's reader goroutine; it then runs
+// the handling of the other frames it reads too. While it reads, the end of
+// ctx is noticed within wire.DefaultCallerReads (200µs). An absent target gives
 // ErrDeadLetter at once, a target whose node goes down ErrNoReply; a reply
 // that comes after ctx ended is dropped. Targets on this node go through
 // protoactor's RequestFuture, with ctx's deadline as the timeout (10 s

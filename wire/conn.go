@@ -54,7 +54,9 @@ type ConnOptions struct {
 	// behind it must not overtake it. Calls for other frames (batches alias the
 	// reader's buffers; connection-level frames must stay in order) are
 	// never taken over. A new goroutine takes over reading and handling the next
-	// frames; the goroutine in Handler ends when Handler returns. Frames
+	// frames (the reader goroutine, when the call ran on a caller's
+	// goroutine in Await); the goroutine in Handler ends, or returns from
+	// Await, when Handler returns. Frames
 	// are still passed to Handler in order, but a later frame's call may
 	// then run, and return, before the slow one returns. One watchdog
 	// goroutine per process, idle while no Handler call is in progress,
