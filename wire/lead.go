@@ -463,20 +463,22 @@ func (c *Conn) keepRole() {
 			return
 		case <-l.timer.C:
 			l.armed.Store(false)
-			switch l.state.Load() {
-			case roleCaller:
+			st := l.state.Load()
+			if st == roleCaller {
 				c.watchLeader()
-				continue
-			case roleOffered:
-				// Nobody took it within the linger: no follower waits.
-				if c.reclaimOffer() {
-					return
-				}
 				continue
 			}
 			if idle := time.Since(l.start) - time.Duration(l.freedAt.Load()); idle < l.linger {
 				if !l.armed.Swap(true) {
 					l.timer.Reset(l.linger - idle)
+				}
+				continue
+			}
+			if st == roleOffered {
+				// Offered for the linger and not taken: no follower
+				// waits for it.
+				if c.reclaimOffer() {
+					return
 				}
 				continue
 			}
