@@ -17,6 +17,8 @@
 //	Config.IPC        IPCConfig        the CUDA IPC channel (rdma/ipc)
 //	Config.Verbs      VerbsConfig      the RDMA verbs channel (rdma/verbs)
 //	Config.Memory     MemoryConfig     the caching CUDA allocators (memory)
+//	Config.Discovery  *DiscoveryConfig where members are learnt besides Nodes (discovery)
+//	Config.Gossip     GossipConfig     gossip membership and failure detection (cluster/gossip)
 //
 // # The file
 //
@@ -95,10 +97,28 @@
 //	  service_level: 0             # InfiniBand QoS; ≤ 15
 //	memory:
 //	  cuda_cache_bytes: 0          # 0: max(1GiB, an eighth of the device)
+//	discovery:                     # optional: nodes register in etcd (package discovery)
+//	  etcd:
+//	    endpoints: [http://10.0.0.9:2379]  # required; http:// or https://, tried in turn
+//	    prefix: /tensorferry/      # keys: {prefix}{cluster}/nodes/{name}
+//	    lease_ttl: 10s             # whole seconds, 2s..1h; kept alive every ttl/3
+//	    dial_timeout: 2s           # each request to etcd but the watch; ≥ 10ms
+//	nodes:                         # with discovery: may be empty or list some nodes only
+//	gossip:                        # membership by gossip (package cluster/gossip, memberlist)
+//	  probe_interval: 250ms        # ≥ 10ms; default failure_timeout/12
+//	  probe_timeout: 125ms         # < probe_interval; default probe_interval/2
+//	  suspicion_mult: 3            # suspected for 3 × max(1, log10 N) × probe_interval
+//	  suspicion_max_timeout_mult: 4  # × that without confirmations
+//	  gossip_interval: 100ms       # ≥ 1ms; default failure_timeout/30
+//	  gossip_nodes: 3              # ≤ 64
+//	  push_pull_interval: 30s      # ≥ 1s; stretched beyond 32 nodes
+//	  retransmit_mult: 4
+//	  tcp_timeout: 2s              # push-pull, join, TCP fallback ping
 //	nodes:
 //	  - name: a
 //	    address: 127.0.0.1:7001    # control listener
 //	    data_address: 127.0.0.1:7101  # default: control port + 100
+//	    gossip_address: 127.0.0.1:7201  # UDP and TCP; default: control port + 200
 //	    devices: [cuda:0, cuda:1]  # default [cpu]
 //	    disable_channels: [verbs]  # this node only
 //	    metrics_address: ""        # reserved: host:port (or :port) of the Prometheus endpoint; "": off

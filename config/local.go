@@ -16,8 +16,8 @@ const maxLocalNodes = 1024
 
 // LocalConfig returns a validated config for n nodes on loopback, for tests
 // (memberlist's DefaultLocalConfig): DefaultConfig with nodes
-// "node0".."node<n-1>" on 127.0.0.1 with control and data ports picked free
-// by the kernel, a random 32-byte secret, and the liveness timings
+// "node0".."node<n-1>" on 127.0.0.1 with control, data and gossip ports
+// picked free by the kernel (the gossip port free for TCP), a random 32-byte secret, and the liveness timings
 // shortened so that failures and restarts are noticed quickly (heartbeat
 // 100ms, failure timeout 2s, dial timeout 1s, reconnection 10ms..200ms).
 // The sections keep their defaults.
@@ -52,7 +52,7 @@ func LocalConfig(cluster string, n int) (*Config, error) {
 	c.Secret = []byte(base64.RawURLEncoding.EncodeToString(raw[:]))
 
 	// Hold every listener until all ports are picked, so none repeats.
-	ls := make([]net.Listener, 0, 2*n)
+	ls := make([]net.Listener, 0, 3*n)
 	defer func() {
 		for _, l := range ls {
 			l.Close()
@@ -75,7 +75,13 @@ func LocalConfig(cluster string, n int) (*Config, error) {
 		if err != nil {
 			return nil, err
 		}
-		c.Nodes = append(c.Nodes, NodeConfig{Name: fmt.Sprintf("node%d", i), Address: ctl, DataAddress: data})
+		// Picked too: the default (control port + 200) may be another
+		// node's picked port.
+		gossip, err := pick()
+		if err != nil {
+			return nil, err
+		}
+		c.Nodes = append(c.Nodes, NodeConfig{Name: fmt.Sprintf("node%d", i), Address: ctl, DataAddress: data, GossipAddress: gossip})
 	}
 	if err := c.Validate(); err != nil {
 		return nil, err
