@@ -185,7 +185,10 @@ func (p *Peer) HandlerMayBlock() {
 // reports true (wire.Conn.Await: a thread wake-up and a hand-off saved per
 // round trip). It reports whether the caller must still wait its own way.
 func (p *Peer) Await(ctx context.Context, w *wire.Waiter, ready func() bool) bool {
-	return p.conn.Await(ctx, w, ready)
+	if c := p.conn(); c != nil {
+		return c.Await(ctx, w, ready)
+	}
+	return true
 }
 
 // Close starts closing the peer's connection with the given cause and
