@@ -377,3 +377,86 @@ func TestAwaitNeedsASocket(t *testing.T) {
 		t.Fatal("Await registered a wait it does not serve")
 	}
 }
+
+// TestAwaitStress: callers on several goroutines, some with deadlines that
+// expire (unanswered requests), while the peer streams notes, then the
+// connection closes under them: every caller returns, every note before
+// the close is handled in order, and nothing is left registered.
+func TestAwaitStress(t *testing.T) {
+	e := newEchoClient(t, ConnOptions{DirectWrite: true, CallerReads: 100 * time.Microsecond}, nil, nil)
+	bg := context.Background()
+	stop := make(chan struct{})
+	var notes sync.WaitGroup
+	notes.Go(func() {
+		for i := uint64(1); ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := e.srv.Send(bg, FrameMessage, 0, 0, &Message{Target: "note", Request: i}); err != nil {
+				return
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+	})
+	var callers sync.WaitGroup
+	for g := range 6 {
+		callers.Go(func() {
+			for i := range 150 {
+				id := uint64(g*100000 + i + 1)
+				if i%25 == 0 {
+					id = uint64(g*100000+i)*1000 + 999 // unanswered
+				}
+				ctx, cancel := context.WithTimeout(bg, 5*time.Millisecond)
+				err := e.request(ctx, id)
+				cancel()
+				if err != nil && id%1000 != 999 && !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("request %d: %v", id, err)
+					return
+				}
+			}
+		})
+	}
+	callers.Wait()
+	close(stop)
+	notes.Wait()
+	if f := e.followers(); f != 0 {
+		t.Fatalf("%d followers left registered", f)
+	}
+	// Callers waiting in Await when the connection closes (one reading,
+	// the others following) return.
+	ret := make(chan struct{}, 4)
+	var waiting atomic.Int32
+	for range 4 {
+		go func() {
+			ctx, cancel := context.WithTimeout(bg, time.Minute)
+			defer cancel()
+			var w Waiter
+			waiting.Add(1)
+			e.c.Await(ctx, &w, func() bool { return false })
+			ret <- struct{}{}
+		}()
+	}
+	poll.Until(t, "the callers wait", func() bool {
+		// One reads and three follow, or, when the reader goroutine is
+		// parked in a read (nothing came since the last note), four follow.
+		f, st := e.followers(), e.c.lead.state.Load()
+		return waiting.Load() == 4 && (f == 3 && st == roleCaller || f == 4 && st == roleReader)
+	})
+	e.c.Close(nil)
+	for range 4 {
+		select {
+		case <-ret:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a caller still waits after Close")
+		}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for i, id := range e.notes {
+		if id != uint64(i+1) {
+			t.Fatalf("note %d handled as the %dth", id, i+1)
+		}
+	}
+}
