@@ -26,8 +26,10 @@
 //	res, err := node.Root().RequestFuture(pid, &Ping{}, time.Second).Result()
 //
 // For request/response traffic, Node.Request waits for a reply without
-// protoactor's future, and Node.WithInlineDelivery lets a serving actor run
-// requests on the connection's reader goroutine:
+// protoactor's future, reading it from the connection itself when nobody
+// else does (no hand-off from the connection's reader), and
+// Node.WithInlineDelivery lets a serving actor run requests on the
+// goroutine that reads the connection:
 //
 //	props := pa.PropsFromFunc(serve, node.WithInlineDelivery()) // on "b" (pa: protoactor-go/actor)
 //	res, err = node.Request(ctx, pid, &Ping{})                     // on "a"

@@ -11,8 +11,9 @@ import (
 // WithInlineDelivery is a props option for actors spawned on n: a message
 // from another node that arrives alone in its frame (request/response
 // traffic, as opposed to a burst, which arrives batched) and finds the
-// actor idle runs the actor's handler at once on the connection's reader
-// goroutine, instead of on a goroutine started for it. That saves the
+// actor idle runs the actor's handler at once on the goroutine reading the
+// connection (its reader goroutine, or a Node.Request caller reading its
+// own reply meanwhile), instead of on a goroutine started for it. That saves the
 // hand-off to the actor and, for a request, the one back to the writer:
 // about a third of a loopback round trip on a small virtual machine.
 //

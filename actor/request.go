@@ -10,6 +10,7 @@ import (
 	"time"
 
 	pa "github.com/asynkron/protoactor-go/actor"
+	"github.com/tensorferry/tensorferry/wire"
 	"go.uber.org/zap"
 )
 
@@ -37,8 +38,12 @@ const replyPrefix = "future#"
 // Request sends msg to target and waits for the reply the target's handler
 // gives with Respond, until ctx ends. It is RequestFuture(...).Result()
 // without protoactor's future: the reply address is an entry in the node's
-// own table and the caller waits on a channel, which saves a process
-// registration, a timer and a lock per request. An absent target gives
+// own table, which saves a process registration, a timer and a lock per
+// request, and over TCP the caller reads the reply from the connection
+// itself while no other goroutine needs to (cluster.Peer.Await), which
+// saves the hand-off from the connection's reader goroutine; it then runs
+// the handling of the other frames it reads too. While it reads, the end of
+// ctx is noticed within wire.DefaultCallerReads (200µs). An absent target gives
 // ErrDeadLetter at once, a target whose node goes down ErrNoReply; a reply
 // that comes after ctx ended is dropped. Targets on this node go through
 // protoactor's RequestFuture, with ctx's deadline as the timeout (10 s
@@ -66,6 +71,11 @@ func (n *Node) Request(ctx context.Context, target *pa.PID, msg any) (any, error
 type replyWait struct {
 	peer string
 	ch   chan replyResult // one slot: the first result wins
+	// wt is the wait through the peer's connection, which the caller may
+	// read itself (cluster.Peer.Await): whoever sends to ch claims it
+	// first and notifies it after.
+	wt    wire.Waiter
+	ready func() bool // whether ch holds the result; made once
 }
 
 type replyResult struct {
@@ -80,7 +90,18 @@ type replies struct {
 	m    map[uint64]*replyWait
 }
 
-var replyWaits = sync.Pool{New: func() any { return &replyWait{ch: make(chan replyResult, 1)} }}
+var replyWaits = sync.Pool{New: func() any {
+	w := &replyWait{ch: make(chan replyResult, 1)}
+	w.ready = func() bool { return len(w.ch) > 0 }
+	return w
+}}
+
+// send hands w its result: see replyWait.wt.
+func (w *replyWait) send(res replyResult) {
+	k := w.wt.Claim()
+	w.ch <- res
+	k.Notify()
+}
 
 func (n *Node) requestRemote(ctx context.Context, target *pa.PID, msg any) (any, error) {
 	w := replyWaits.Get().(*replyWait)
@@ -98,6 +119,11 @@ func (n *Node) requestRemote(ctx context.Context, target *pa.PID, msg any) (any,
 	var buf [len(replyPrefix) + 13]byte
 	sender := &pa.PID{Address: n.self.Name, Id: string(strconv.AppendUint(append(buf[:0], replyPrefix...), key, 36))}
 	n.sendUser(ctx, target, nil, msg, sender)
+	// The caller reads the reply from the connection itself when nobody
+	// else reads it (no hand-off from the connection's reader).
+	if ps := n.peer(target.Address); ps != nil && len(w.ch) == 0 {
+		ps.peer.Await(ctx, &w.wt, w.ready)
+	}
 
 	select {
 	case res := <-w.ch:
@@ -109,6 +135,7 @@ func (n *Node) requestRemote(ctx context.Context, target *pa.PID, msg any) (any,
 			// goes back to the pool empty.
 			<-w.ch
 		}
+		w.wt.Claim().Notify() // no reply will: end the wait
 		replyWaits.Put(w)
 		return nil, ctx.Err()
 	}
@@ -145,7 +172,7 @@ func (n *Node) completeReply(id string, msg any, err error) bool {
 		return false
 	}
 	if w := n.takeReply(key); w != nil {
-		w.ch <- replyResult{msg: msg, err: err}
+		w.send(replyResult{msg: msg, err: err})
 	} else {
 		n.log.Debug("reply after its request ended", zap.String("id", id))
 	}
@@ -165,7 +192,7 @@ func (n *Node) failReplies(peer string) int {
 	}
 	r.mu.Unlock()
 	for _, w := range failed {
-		w.ch <- replyResult{err: fmt.Errorf("%w: %w: %s", ErrNoReply, ErrNodeDown, peer)}
+		w.send(replyResult{err: fmt.Errorf("%w: %w: %s", ErrNoReply, ErrNodeDown, peer)})
 	}
 	return len(failed)
 }

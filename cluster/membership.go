@@ -180,6 +180,17 @@ func (p *Peer) HandlerMayBlock() {
 	}
 }
 
+// Await lets the calling goroutine, which waits for a frame from the peer
+// (a request's reply), read the peer's connection itself until ready
+// reports true (wire.Conn.Await: a thread wake-up and a hand-off saved per
+// round trip). It reports whether the caller must still wait its own way.
+func (p *Peer) Await(ctx context.Context, w *wire.Waiter, ready func() bool) bool {
+	if c := p.conn(); c != nil {
+		return c.Await(ctx, w, ready)
+	}
+	return true
+}
+
 // Close starts closing the peer's connection with the given cause and
 // returns at once; the peer goes down. It is safe to call from Handler
 // methods.

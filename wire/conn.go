@@ -54,7 +54,9 @@ type ConnOptions struct {
 	// behind it must not overtake it. Calls for other frames (batches alias the
 	// reader's buffers; connection-level frames must stay in order) are
 	// never taken over. A new goroutine takes over reading and handling the next
-	// frames; the goroutine in Handler ends when Handler returns. Frames
+	// frames (the reader goroutine, when the call ran on a caller's
+	// goroutine in Await); the goroutine in Handler ends, or returns from
+	// Await, when Handler returns. Frames
 	// are still passed to Handler in order, but a later frame's call may
 	// then run, and return, before the slow one returns. One watchdog
 	// goroutine per process, idle while no Handler call is in progress,
@@ -89,6 +91,15 @@ type ConnOptions struct {
 	// wakes for them and that takes them away: on virtual machines such a
 	// cross-CPU wake-up costs more than the rest of a loopback round trip.
 	YieldAfterHandler bool
+	// CallerReads lets a goroutine waiting for a frame from the peer read
+	// the connection itself (Await) while nobody else needs to; after it
+	// has read its frame, the read role waits this long for the next
+	// such caller before the reader goroutine takes it back, and frames
+	// that arrive meanwhile wait as long (default DefaultCallerReads;
+	// negative: callers never read). Only for connections that expose
+	// their socket (TCP, Unix; not TLS). A Conn whose users never call
+	// Await reads as if it were off.
+	CallerReads time.Duration
 }
 
 // Conn is an authenticated connection carrying frames. Sends from any
@@ -148,6 +159,10 @@ type Conn struct {
 	// phase (takeover.go); takeovers counts the calls taken over.
 	rstate    atomic.Uint64
 	takeovers atomic.Uint64
+
+	// lead is the read role callers may take (Await); nil when they
+	// cannot.
+	lead *lead
 }
 
 // burstWindow: a Send within this time of the previous direct write, with
@@ -204,6 +219,9 @@ func NewConn(nc net.Conn, peer Peer, opts ConnOptions) *Conn {
 	var src io.Reader = nc
 	if sr := newSpinReader(nc, opts.ReadSpin); sr != nil {
 		src = sr
+	}
+	if c.lead = newLead(nc, opts); c.lead != nil {
+		src = &leadSource{c: c, r: src}
 	}
 	c.br = bufio.NewReaderSize(src, connBufferSize)
 	c.rd = NewFramer(nil, c.br)
@@ -559,41 +577,68 @@ func (c *Conn) readLoop() {
 // readFrames reads and handles frames until the connection fails (true)
 // or the watchdog hands reading to a new goroutine while Handler ran
 // (false: the caller must not touch the Conn's reading state again).
+// Between frames, with nothing buffered, it may leave the read role to
+// callers (Await) and wait until it is given back.
 func (c *Conn) readFrames() bool {
 	for {
+		if c.lead != nil && c.br.Buffered() == 0 {
+			c.keepRole()
+		}
 		f, err := c.rd.ReadFrame()
 		if err != nil {
 			c.fail(c.readError(err))
 			return true
 		}
-		c.reads.Add(1)
 		h := f.Header()
-		if h.Type.isHandshake() {
-			c.fail(connErr(CodeProtocol, nil, "%s after the handshake", h))
+		switch c.handleFrame(f) {
+		case frameFatal:
 			return true
+		case frameTakenOver:
+			return false // a new reader took over
 		}
-		if g, ok := f.(*GoAwayFrame); ok {
-			ga := g.GoAway
-			c.goAway.Store(&ga)
-		}
-		if c.opts.Handler != nil {
-			if c.opts.HandlerTakeover > 0 && h.Type == FrameMessage {
-				// Only this goroutine moves rstate out of phaseReading.
-				s := (c.rstate.Load()&^phaseMask + phaseMask + 1) | phaseHandling
-				c.rstate.Store(s)
-				takeoverWatch.poke()
-				c.opts.Handler(f)
-				if !c.endGuarded(s) {
-					return false // a new reader took over
-				}
-			} else {
-				c.opts.Handler(f)
-			}
-			if c.opts.YieldAfterHandler && h.Type != FrameMessages && c.br.Buffered() == 0 {
-				runtime.Gosched()
-			}
+		if c.opts.Handler != nil && c.opts.YieldAfterHandler && h.Type != FrameMessages && c.br.Buffered() == 0 {
+			runtime.Gosched()
 		}
 	}
+}
+
+// Results of handleFrame.
+const (
+	frameHandled   = iota
+	frameFatal     // the connection failed: stop reading
+	frameTakenOver // Handler ran past HandlerTakeover: the reading went on elsewhere
+)
+
+// handleFrame passes a frame, read by the holder of the read role, to
+// Handler.
+func (c *Conn) handleFrame(f Frame) int {
+	c.reads.Add(1)
+	h := f.Header()
+	if h.Type.isHandshake() {
+		c.fail(connErr(CodeProtocol, nil, "%s after the handshake", h))
+		return frameFatal
+	}
+	if g, ok := f.(*GoAwayFrame); ok {
+		ga := g.GoAway
+		c.goAway.Store(&ga)
+	}
+	if c.opts.Handler == nil {
+		return frameHandled
+	}
+	if c.opts.HandlerTakeover > 0 && h.Type == FrameMessage {
+		// Only the holder of the read role moves rstate out of
+		// phaseReading.
+		s := (c.rstate.Load()&^phaseMask + phaseMask + 1) | phaseHandling
+		c.rstate.Store(s)
+		takeoverWatch.poke()
+		c.opts.Handler(f)
+		if !c.endGuarded(s) {
+			return frameTakenOver
+		}
+		return frameHandled
+	}
+	c.opts.Handler(f)
+	return frameHandled
 }
 
 // endGuarded ends the reader's guarded Handler call, which it marked s

@@ -45,6 +45,14 @@
 // package shm's Upgrade moves the connection's bytes to rings in shared memory
 // right after the handshake, and NewConn takes the *shm.Conn it returns.
 //
+// One goroutine reads at a time. The reader goroutine does, except while a
+// caller waiting for a frame from the peer (a request's reply) reads the
+// connection itself through Conn.Await: on a socket, once the reader
+// goroutine has seen a caller miss the role, callers read their own
+// replies (the poller wakes them, not the reader goroutine that would hand
+// the reply over), and the reader goroutine takes reading back when no
+// caller has read for ConnOptions.CallerReads (see lead.go).
+//
 // At most 8 such batches wait per Conn: a slow peer holds senders back (in
 // bytes, not only in frames). With ConnOptions.HandlerTakeover, a Handler
 // call that blocks hands the reading to a new goroutine instead of stalling

@@ -158,7 +158,9 @@ func (w *watchdog) scan() bool {
 			if ph == phaseBlocking && s == seen && c.rstate.CompareAndSwap(s, s&^phaseMask|phaseAbandoned) {
 				c.takeovers.Add(1)
 				c.log.Debug("wire: handler still running, reading goes on in a new goroutine", zap.Duration("after", c.opts.HandlerTakeover))
-				go c.readLoop()
+				if !c.takenOverLeader() {
+					go c.readLoop()
+				}
 				s = c.rstate.Load()
 			}
 		}

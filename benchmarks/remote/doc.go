@@ -19,9 +19,12 @@
 // goroutine-per-actor design. tensorferry is two nodes of one loopback
 // cluster with what the runtime offers request/response services: the
 // serving actors have inline delivery (Node.WithInlineDelivery) and the
-// client waits with Node.Request. tensorferry-future is protoactor-go's
+// client waits with Node.Request (which reads its reply from the
+// connection itself: wire.Conn.Await). tensorferry-future is protoactor-go's
 // API unchanged over tensorferry's transport (default mailboxes,
-// RequestFuture).
+// RequestFuture). --read-spin sets the tensorferry paths' read spin on TCP
+// (transport.read_spin; negative: off), to compare it on and off on one
+// host.
 //
 // Another path joins the same run from its own file of this package, with no
 // change here:

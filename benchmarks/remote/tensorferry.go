@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"time"
@@ -36,11 +37,26 @@ type tensorferryPath struct {
 	count          counter
 }
 
+// readSpin is --read-spin: the read spin of the tensorferry paths' control
+// connections over TCP (config transport.read_spin).
+var readSpin = flag.Duration("read-spin", 0, "read spin of the tensorferry paths' TCP control connections (0: the node's default, wire.DefaultReadSpin with at least wire.SpinMinProcs processors and CPUs, none below; negative: never)")
+
+// withReadSpin applies --read-spin to cfg.
+func withReadSpin(cfg *config.Config) {
+	switch {
+	case *readSpin < 0:
+		cfg.Transport.ReadSpin = config.ReadSpinOff
+	case *readSpin > 0:
+		cfg.Transport.ReadSpin = *readSpin
+	}
+}
+
 func openTensorferry(native, sharedMemory bool) (*endpoints, error) {
 	cfg, err := config.LocalConfig("bench", 2)
 	if err != nil {
 		return nil, err
 	}
+	withReadSpin(cfg)
 	p := &tensorferryPath{native: native, shm: sharedMemory, msg: &tfMsg{Payload: bytes.Repeat([]byte{0xab}, payloadSize)}}
 	quiet := tfactor.WithSystemConfig(pa.WithLoggerFactory(quietLogger), pa.WithDeadLetterThrottleInterval(10*time.Millisecond))
 	transport := tfactor.WithSharedMemory(shmConfig(sharedMemory))

@@ -106,6 +106,7 @@ func openProcs(sharedMemory bool) (*endpoints, error) {
 	if err != nil {
 		return nil, err
 	}
+	withReadSpin(cfg) // the child reads it from the config file
 	dir, err := os.MkdirTemp("", "remote-procs-")
 	if err != nil {
 		return nil, err
