@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"runtime"
 
 	"github.com/tinylib/msgp/msgp"
 )
@@ -150,6 +151,11 @@ func appendArray32(dst []byte, n uint32) []byte {
 // so that messages sent while the writer is busy leave together. m is
 // encoded before SendMessage returns (its Body may be reused). It blocks,
 // like Send, only while the queue is full.
+//
+// A message joins the open batch without c.bmu and without waiting for the
+// writer: it claims the batch through the batch's state word (see
+// batchAppending), which the writer also uses to seal the batch when it
+// takes it, so that neither ever parks on the other.
 func (c *Conn) SendMessage(ctx context.Context, m *Message) error {
 	if c.opts.DirectWrite && c.pending.Load() == 0 {
 		of := outFramePool.Get().(*outFrame)
@@ -166,32 +172,30 @@ func (c *Conn) SendMessage(ctx context.Context, m *Message) error {
 		outFramePool.Put(of)
 	}
 	limit := min(maxBatchBytes, int(c.max))
-	c.bmu.Lock()
-	if c.appendOpen(m, limit) {
-		c.bmu.Unlock()
-		return nil
-	}
-	c.bmu.Unlock()
-	if err := c.acquireBatch(ctx); err != nil {
-		return err
-	}
-	of := outFramePool.Get().(*outFrame)
-	if cap(of.buf) < batchBufferSize {
-		select {
-		case of.buf = <-c.freeBatches:
-		default:
-			of.buf = make([]byte, 0, batchBufferSize)
+	if of := c.open.Load(); of != nil {
+		switch c.appendTo(of, m, limit, false) {
+		case appended:
+			return nil
+		case busy: // another sender is appending: take turns under c.bmu
+			c.bmu.Lock()
+			done := c.appendOpen(m, limit)
+			c.bmu.Unlock()
+			if done {
+				return nil
+			}
 		}
+	}
+	of, err := c.acquireBatch(ctx)
+	if err != nil {
+		return err
 	}
 	of.buf = appendMessage(append(of.buf[:0], make([]byte, HeaderSize+batchPrefix)...), m)
 	if n := len(of.buf) - HeaderSize; n > int(c.max) {
-		<-c.batchTokens
-		outFramePool.Put(of)
+		c.releaseBatch(of)
 		return fmt.Errorf("%w: %s payload of %d bytes exceeds %d", ErrFrameTooLarge, FrameMessages, n, c.max)
 	}
 	if err := c.acquireSlot(ctx); err != nil {
-		<-c.batchTokens
-		outFramePool.Put(of)
+		c.releaseBatch(of)
 		return err
 	}
 	c.bmu.Lock()
@@ -199,62 +203,134 @@ func (c *Conn) SendMessage(ctx context.Context, m *Message) error {
 		// Another sender opened a batch while this one waited.
 		c.bmu.Unlock()
 		<-c.slots
-		<-c.batchTokens
-		outFramePool.Put(of)
+		c.releaseBatch(of)
 		return nil
 	}
-	of.isBatch, of.batch = true, 1
+	// Senders holding a stale pointer to of (its previous use) find it
+	// sealed until this store, which publishes the message written above.
+	of.bstate.Store(1)
 	c.push(of)
-	c.open = of
+	c.open.Store(of)
 	c.bmu.Unlock()
 	return nil
 }
 
-// acquireBatch takes a token for one more batch, waiting while
-// maxQueuedBatches are queued or being written.
-func (c *Conn) acquireBatch(ctx context.Context) error {
-	select {
-	case c.batchTokens <- struct{}{}:
-		return nil
-	default:
-	}
-	select {
-	case c.batchTokens <- struct{}{}:
-		return nil
-	case <-c.done:
-		return c.closedErr()
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+// A batch's state word (outFrame.bstate) holds the number of messages in
+// it and two flags. A sender sets batchAppending (compare-and-swap from a
+// state without either flag) before it appends a message to buf, and
+// clears it, with the count one higher, after; the writer sets batchSealed
+// when it takes the batch, once no sender is appending. A sealed batch
+// takes no more messages; buf and the count then belong to the writer.
+// A sender also seals a batch that has no room for its message. The word
+// stays sealed while the batch is written and back on the free list, so a
+// sender that read c.open before the batch was taken finds it closed.
+const (
+	batchAppending = 1 << 30
+	batchSealed    = 1 << 31
+	batchCountMask = batchAppending - 1
+)
 
-// appendOpen appends m to the open batch if there is one with room for it;
-// c.bmu is held.
-func (c *Conn) appendOpen(m *Message, limit int) bool {
-	of := c.open
-	if of == nil || of.batch >= MaxBatchMessages {
-		return false
+// appendResult is what appendTo did.
+type appendResult int
+
+const (
+	appended appendResult = iota // m is in the batch
+	closed                       // the batch is sealed or full: open another
+	busy                         // another sender is appending (only when !wait)
+)
+
+// appendTo appends m to the batch of if it is open and has room for it.
+// With wait, it waits for another sender's append to end (c.bmu is then
+// held, so at most one sender waits); without, it returns busy.
+func (c *Conn) appendTo(of *outFrame, m *Message, limit int, wait bool) appendResult {
+	var s uint32
+	for i := 0; ; i++ {
+		s = of.bstate.Load()
+		if s&batchSealed != 0 || s&batchCountMask >= MaxBatchMessages {
+			return closed
+		}
+		if s&batchAppending == 0 {
+			if of.bstate.CompareAndSwap(s, s|batchAppending) {
+				break
+			}
+			continue
+		}
+		if !wait {
+			return busy
+		}
+		spinWait(i)
 	}
 	mark := len(of.buf)
 	of.buf = appendMessage(of.buf, m)
 	if len(of.buf)-HeaderSize > limit {
 		of.buf = of.buf[:mark] // full: m opens the next batch
-		return false
+		of.bstate.Store(s | batchSealed)
+		return closed
 	}
-	of.batch++
-	return true
+	of.bstate.Store(s + 1)
+	return appended
 }
 
-// sealBatch closes of to further messages if it is the open batch and
-// writes its header; the writer calls it when it takes of.
-func (c *Conn) sealBatch(of *outFrame) {
-	c.bmu.Lock()
-	if c.open == of {
-		c.open = nil
+// appendOpen appends m to the open batch if there is one with room for
+// it; c.bmu is held.
+func (c *Conn) appendOpen(m *Message, limit int) bool {
+	of := c.open.Load()
+	return of != nil && c.appendTo(of, m, limit, true) == appended
+}
+
+// spinWait is the i-th wait for a state word that a running goroutine
+// changes within a message's encoding: it spins, then yields the
+// processor (the goroutine it waits for may have been preempted).
+func spinWait(i int) {
+	if i >= 64 {
+		runtime.Gosched()
 	}
-	count := of.batch
-	c.bmu.Unlock()
+}
+
+// acquireBatch takes a batch from the free list, waiting while
+// maxQueuedBatches are queued or being written; its buf is empty.
+func (c *Conn) acquireBatch(ctx context.Context) (*outFrame, error) {
+	var of *outFrame
+	select {
+	case of = <-c.freeBatches:
+	default:
+		select {
+		case of = <-c.freeBatches:
+		case <-c.done:
+			return nil, c.closedErr()
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	if of == nil { // a place not used yet
+		of = &outFrame{isBatch: true, buf: make([]byte, 0, batchBufferSize)}
+		of.bstate.Store(batchSealed)
+	}
+	return of, nil
+}
+
+// releaseBatch puts of, sealed, back on the free list. A buffer that grew
+// past 64 KiB (one large message) is dropped for a new one.
+func (c *Conn) releaseBatch(of *outFrame) {
+	if cap(of.buf) > 64<<10 {
+		of.buf = make([]byte, 0, batchBufferSize)
+	}
+	of.buf = of.buf[:0]
+	c.freeBatches <- of // never blocks: one place per batch taken
+}
+
+// sealBatch closes of to further messages and writes its header; the
+// writer calls it when it takes of. It waits, without parking, for a
+// sender's append in progress to end.
+func (c *Conn) sealBatch(of *outFrame) {
+	var s uint32
+	for i := 0; ; i++ {
+		s = of.bstate.Load()
+		if s&batchAppending == 0 && (s&batchSealed != 0 || of.bstate.CompareAndSwap(s, s|batchSealed)) {
+			break
+		}
+		spinWait(i)
+	}
 	putHeader(of.buf, FrameMessages, 0, 0, uint32(len(of.buf)-HeaderSize))
-	appendArray32(of.buf[HeaderSize:HeaderSize], uint32(count))
-	of.isBatch, of.batch = false, 0
+	appendArray32(of.buf[HeaderSize:HeaderSize], s&batchCountMask)
 }

@@ -111,18 +111,20 @@ type Conn struct {
 	pending atomic.Int64  // frames queued and not yet written or skipped
 
 	// bmu orders queueing: held while a frame enters the queue (into a
-	// slot reserved beforehand), and while a message is appended to open,
-	// the FrameMessages batch at the tail of the queue that the writer has
-	// not taken yet.
-	bmu  sync.Mutex
-	open *outFrame
-	// freeBatches keeps written batch buffers for the next batches (a
-	// sync.Pool would lose them at every collection).
-	freeBatches chan []byte
-	// batchTokens holds one token per FrameMessages batch queued or being
-	// written: a sender that would open one more waits (backpressure in
-	// bytes, not only in frames), and the few buffers in use stay warm.
-	batchTokens chan struct{}
+	// slot reserved beforehand), and while a sender that found another
+	// appending waits for its turn. The writer never takes it.
+	bmu sync.Mutex
+	// open is the FrameMessages batch at the tail of the queue that
+	// messages may join; it is set under bmu. A batch stops taking
+	// messages when it is sealed (batch.go), whether or not open still
+	// points to it.
+	open atomic.Pointer[outFrame]
+	// freeBatches holds the batches not queued nor being written, at most
+	// maxQueuedBatches (nil: a place whose batch is not allocated yet): a
+	// sender that would open one more waits (backpressure in bytes, not
+	// only in frames), and the few buffers in use stay warm (a sync.Pool
+	// would lose them at every collection).
+	freeBatches chan *outFrame
 
 	mu      sync.Mutex
 	started bool
@@ -164,8 +166,9 @@ type outFrame struct {
 	written chan struct{}
 	state   atomic.Int32 // frameQueued, frameTaken, frameCancelled
 	err     error
-	isBatch bool // a FrameMessages batch; set before it is queued
-	batch   int  // messages in the batch, guarded by Conn.bmu until sealed
+	isBatch bool // a FrameMessages batch of Conn.freeBatches
+	// bstate is a batch's count and flags (batchSealed, batchAppending).
+	bstate atomic.Uint32
 }
 
 const (
@@ -194,12 +197,14 @@ func NewConn(nc net.Conn, peer Peer, opts ConnOptions) *Conn {
 		max:         clampFrameSize(opts.MaxFrameSize),
 		queue:       make(chan *outFrame, opts.SendQueue),
 		slots:       make(chan struct{}, opts.SendQueue),
-		freeBatches: make(chan []byte, maxQueuedBatches),
-		batchTokens: make(chan struct{}, maxQueuedBatches),
+		freeBatches: make(chan *outFrame, maxQueuedBatches),
 		bw:          bufio.NewWriterSize(nc, connBufferSize),
 		done:        make(chan struct{}),
 		writerDone:  make(chan struct{}),
 		closed:      make(chan struct{}),
+	}
+	for range maxQueuedBatches {
+		c.freeBatches <- nil
 	}
 	var src io.Reader = nc
 	if sr := newSpinReader(nc, opts.ReadSpin); sr != nil {
@@ -430,7 +435,7 @@ func (c *Conn) enqueue(ctx context.Context, of *outFrame) error {
 	}
 	c.bmu.Lock()
 	// Later messages must not join a batch queued before this frame.
-	c.open = nil
+	c.open.Store(nil)
 	c.push(of)
 	c.bmu.Unlock()
 	return nil
@@ -514,8 +519,8 @@ func (c *Conn) writeFrame(of *outFrame) error {
 		return c.writeFrameLocked(of)
 	}
 	c.sealBatch(of)
-	err := c.writeFrameLocked(of)
-	<-c.batchTokens
+	_, err := c.bw.Write(of.buf)
+	c.releaseBatch(of)
 	return err
 }
 
@@ -523,13 +528,6 @@ func (c *Conn) writeFrame(of *outFrame) error {
 func (c *Conn) writeFrameLocked(of *outFrame) error {
 	if of.written == nil {
 		_, err := c.bw.Write(of.buf)
-		if cap(of.buf) >= batchBufferSize && cap(of.buf) <= 64<<10 {
-			select {
-			case c.freeBatches <- of.buf[:0]:
-				of.buf = nil
-			default:
-			}
-		}
 		if cap(of.buf) <= 64<<10 {
 			outFramePool.Put(of)
 		}
