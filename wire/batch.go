@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"runtime"
 
 	"github.com/tinylib/msgp/msgp"
 )
@@ -152,10 +151,10 @@ func appendArray32(dst []byte, n uint32) []byte {
 // encoded before SendMessage returns (its Body may be reused). It blocks,
 // like Send, only while the queue is full.
 //
-// A message joins the open batch without c.bmu and without waiting for the
-// writer: it claims the batch through the batch's state word (see
-// batchAppending), which the writer also uses to seal the batch when it
-// takes it, so that neither ever parks on the other.
+// Senders append under c.bmu; the writer never takes it. It seals the
+// batch it takes through the batch's state word (bstate), which a sender
+// updates with compare-and-swap when it adds a message: neither waits for
+// the other (see batchSealed).
 func (c *Conn) SendMessage(ctx context.Context, m *Message) error {
 	if c.opts.DirectWrite && c.pending.Load() == 0 {
 		of := outFramePool.Get().(*outFrame)
@@ -172,30 +171,18 @@ func (c *Conn) SendMessage(ctx context.Context, m *Message) error {
 		outFramePool.Put(of)
 	}
 	limit := min(maxBatchBytes, int(c.max))
-	if of := c.open.Load(); of != nil {
-		switch c.appendTo(of, m, limit, false) {
-		case appended:
-			return nil
-		case busy: // another sender is appending: take turns under c.bmu
-			c.bmu.Lock()
-			done := c.appendOpen(m, limit)
-			c.bmu.Unlock()
-			if done {
-				return nil
-			}
-		}
+	c.bmu.Lock()
+	if c.appendOpen(m, limit) {
+		c.bmu.Unlock()
+		return nil
 	}
+	c.bmu.Unlock()
 	of, err := c.acquireBatch(ctx)
 	if err != nil {
 		return err
 	}
-	of.buf = appendMessage(append(of.buf[:0], make([]byte, HeaderSize+batchPrefix)...), m)
-	if n := len(of.buf) - HeaderSize; n > int(c.max) {
-		c.releaseBatch(of)
-		return fmt.Errorf("%w: %s payload of %d bytes exceeds %d", ErrFrameTooLarge, FrameMessages, n, c.max)
-	}
 	if err := c.acquireSlot(ctx); err != nil {
-		c.releaseBatch(of)
+		c.freeBatches <- of
 		return err
 	}
 	c.bmu.Lock()
@@ -203,92 +190,91 @@ func (c *Conn) SendMessage(ctx context.Context, m *Message) error {
 		// Another sender opened a batch while this one waited.
 		c.bmu.Unlock()
 		<-c.slots
-		c.releaseBatch(of)
+		c.freeBatches <- of
 		return nil
 	}
-	// Senders holding a stale pointer to of (its previous use) find it
-	// sealed until this store, which publishes the message written above.
-	of.bstate.Store(1)
+	// The buffer is written under c.bmu only: a sender that was still
+	// appending to this batch's previous use when the writer sealed it
+	// (its message then goes to the next batch) has finished.
+	if of.buf == nil || cap(of.buf) > 64<<10 { // new, or grown by one large message
+		of.buf = make([]byte, 0, batchBufferSize)
+	}
+	of.ids = batchIDs{}
+	of.buf = of.ids.appendMessage(append(of.buf[:0], make([]byte, HeaderSize+batchPrefix)...), m)
+	if n := len(of.buf) - HeaderSize; n > int(c.max) {
+		c.bmu.Unlock()
+		<-c.slots
+		c.freeBatches <- of
+		return fmt.Errorf("%w: %s payload of %d bytes exceeds %d", ErrFrameTooLarge, FrameMessages, n, c.max)
+	}
+	// Publish the batch: senders that read c.open before found it sealed
+	// (its previous use) until this store.
+	of.bstate.Store(1<<batchCountShift | uint64(len(of.buf)))
 	c.push(of)
-	c.open.Store(of)
+	c.open = of
 	c.bmu.Unlock()
 	return nil
 }
 
-// A batch's state word (outFrame.bstate) holds the number of messages in
-// it and two flags. A sender sets batchAppending (compare-and-swap from a
-// state without either flag) before it appends a message to buf, and
-// clears it, with the count one higher, after; the writer sets batchSealed
-// when it takes the batch, once no sender is appending. A sealed batch
-// takes no more messages; buf and the count then belong to the writer.
-// A sender also seals a batch that has no room for its message. The word
-// stays sealed while the batch is written and back on the free list, so a
-// sender that read c.open before the batch was taken finds it closed.
+// A batch's state word (outFrame.bstate) holds the length of its buffer's
+// committed bytes (the frame header, the array header and the messages
+// appended), the number of messages and batchSealed. A sender appends a
+// message past the committed bytes, where nobody reads, and commits it by
+// compare-and-swap of the word; the writer seals the batch by setting
+// batchSealed when it takes it, and writes the committed bytes. A message
+// whose commit finds the batch sealed is not in it and goes to the next
+// batch. A sender also seals a batch that has no room for its message. The
+// word stays sealed while the batch is written and on the free list.
 const (
-	batchAppending = 1 << 30
-	batchSealed    = 1 << 31
-	batchCountMask = batchAppending - 1
+	batchLenMask    = 1<<32 - 1
+	batchCountShift = 32
+	batchCountMask  = 1<<16 - 1
+	batchSealed     = 1 << 63
 )
 
-// appendResult is what appendTo did.
-type appendResult int
-
-const (
-	appended appendResult = iota // m is in the batch
-	closed                       // the batch is sealed or full: open another
-	busy                         // another sender is appending (only when !wait)
-)
-
-// appendTo appends m to the batch of if it is open and has room for it.
-// With wait, it waits for another sender's append to end (c.bmu is then
-// held, so at most one sender waits); without, it returns busy.
-func (c *Conn) appendTo(of *outFrame, m *Message, limit int, wait bool) appendResult {
-	var s uint32
-	for i := 0; ; i++ {
-		s = of.bstate.Load()
-		if s&batchSealed != 0 || s&batchCountMask >= MaxBatchMessages {
-			return closed
-		}
-		if s&batchAppending == 0 {
-			if of.bstate.CompareAndSwap(s, s|batchAppending) {
-				break
-			}
-			continue
-		}
-		if !wait {
-			return busy
-		}
-		spinWait(i)
-	}
-	mark := len(of.buf)
-	of.buf = appendMessage(of.buf, m)
-	if len(of.buf)-HeaderSize > limit {
-		of.buf = of.buf[:mark] // full: m opens the next batch
-		of.bstate.Store(s | batchSealed)
-		return closed
-	}
-	of.bstate.Store(s + 1)
-	return appended
-}
-
-// appendOpen appends m to the open batch if there is one with room for
-// it; c.bmu is held.
+// appendOpen appends m to c.open if it is open and has room for m; c.bmu
+// is held.
 func (c *Conn) appendOpen(m *Message, limit int) bool {
-	of := c.open.Load()
-	return of != nil && c.appendTo(of, m, limit, true) == appended
+	of := c.open
+	if of == nil {
+		return false
+	}
+	s := of.bstate.Load()
+	if s&batchSealed != 0 || s>>batchCountShift&batchCountMask >= MaxBatchMessages {
+		return false
+	}
+	n := int(s & batchLenMask)
+	// The buffer never grows while the batch is open (the writer may be
+	// reading its committed bytes): a message that might not fit in its
+	// capacity goes to the next batch.
+	if n+messageSizeBound(m) > cap(of.buf) {
+		of.bstate.CompareAndSwap(s, s|batchSealed)
+		return false
+	}
+	b := of.ids.appendMessage(of.buf[:n], m)
+	if len(b)-HeaderSize > limit {
+		of.bstate.CompareAndSwap(s, s|batchSealed) // full: m opens the next batch
+		return false
+	}
+	return of.bstate.CompareAndSwap(s, s+1<<batchCountShift+uint64(len(b)-n))
 }
 
-// spinWait is the i-th wait for a state word that a running goroutine
-// changes within a message's encoding: it spins, then yields the
-// processor (the goroutine it waits for may have been preempted).
-func spinWait(i int) {
-	if i >= 64 {
-		runtime.Gosched()
+// messageSizeBound returns at least the length of m's encoding.
+func messageSizeBound(m *Message) int {
+	const field = 3 + 5 // a key of up to two bytes and a 32-bit length
+	n := 1 + 9*field + len(m.Target) + len(m.SenderNode) + len(m.SenderID) + len(m.Type) +
+		len(m.Body) + len(m.Tensors) + 9 // the largest integers
+	if len(m.Header) != 0 {
+		for k, v := range m.Header {
+			n += 10 + len(k) + len(v)
+		}
 	}
+	return n
 }
 
 // acquireBatch takes a batch from the free list, waiting while
-// maxQueuedBatches are queued or being written; its buf is empty.
+// maxQueuedBatches are queued or being written. Its buf is set by the
+// caller, under c.bmu.
 func (c *Conn) acquireBatch(ctx context.Context) (*outFrame, error) {
 	var of *outFrame
 	select {
@@ -303,34 +289,52 @@ func (c *Conn) acquireBatch(ctx context.Context) (*outFrame, error) {
 		}
 	}
 	if of == nil { // a place not used yet
-		of = &outFrame{isBatch: true, buf: make([]byte, 0, batchBufferSize)}
+		of = &outFrame{isBatch: true}
 		of.bstate.Store(batchSealed)
 	}
 	return of, nil
 }
 
-// releaseBatch puts of, sealed, back on the free list. A buffer that grew
-// past 64 KiB (one large message) is dropped for a new one.
-func (c *Conn) releaseBatch(of *outFrame) {
-	if cap(of.buf) > 64<<10 {
-		of.buf = make([]byte, 0, batchBufferSize)
+// sealBatch closes of to further messages and returns its committed bytes
+// with the frame and array headers written; the writer calls it when it
+// takes of. It never waits: a sender's message in progress is left out.
+func (c *Conn) sealBatch(of *outFrame) []byte {
+	s := of.bstate.Load()
+	for s&batchSealed == 0 && !of.bstate.CompareAndSwap(s, s|batchSealed) {
+		s = of.bstate.Load()
 	}
-	of.buf = of.buf[:0]
-	c.freeBatches <- of // never blocks: one place per batch taken
+	buf := of.buf[:s&batchLenMask]
+	putHeader(buf, FrameMessages, 0, 0, uint32(len(buf)-HeaderSize))
+	appendArray32(buf[HeaderSize:HeaderSize], uint32(s>>batchCountShift&batchCountMask))
+	return buf
 }
 
-// sealBatch closes of to further messages and writes its header; the
-// writer calls it when it takes of. It waits, without parking, for a
-// sender's append in progress to end.
-func (c *Conn) sealBatch(of *outFrame) {
-	var s uint32
-	for i := 0; ; i++ {
-		s = of.bstate.Load()
-		if s&batchAppending == 0 && (s&batchSealed != 0 || of.bstate.CompareAndSwap(s, s|batchSealed)) {
-			break
-		}
-		spinWait(i)
+// batchIDs remembers where a batch's buffer holds the encoding of the
+// identifying fields (appendMessageIDs) of its last message, so that the
+// next message to the same target from the same sender copies those bytes
+// instead of encoding them again. The encoding is the same. It is used
+// under Conn.bmu, and only while every message appended to the batch was
+// committed (a failed append leaves the batch sealed).
+type batchIDs struct {
+	target, senderNode, senderID, typ string
+	ser                               uint8
+	at, n                             int // the bytes in the buffer; n == 0: none
+}
+
+// appendMessage appends the encoding of m to dst, a batch's buffer, and
+// remembers where its identifying fields are.
+func (ids *batchIDs) appendMessage(dst []byte, m *Message) []byte {
+	dst = msgp.AppendMapHeader(dst, messageFields(m))
+	if ids.n > 0 && m.Target == ids.target && m.SenderNode == ids.senderNode &&
+		m.SenderID == ids.senderID && m.Type == ids.typ && m.Ser == ids.ser {
+		at := len(dst)
+		dst = append(dst, dst[ids.at:ids.at+ids.n]...)
+		ids.at = at
+	} else {
+		at := len(dst)
+		dst = appendMessageIDs(dst, m)
+		*ids = batchIDs{target: m.Target, senderNode: m.SenderNode, senderID: m.SenderID, typ: m.Type, ser: m.Ser,
+			at: at, n: len(dst) - at}
 	}
-	putHeader(of.buf, FrameMessages, 0, 0, uint32(len(of.buf)-HeaderSize))
-	appendArray32(of.buf[HeaderSize:HeaderSize], s&batchCountMask)
+	return appendMessageRest(dst, m)
 }

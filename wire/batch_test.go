@@ -38,6 +38,52 @@ func TestAppendMessageMatchesEncoder(t *testing.T) {
 		if got := appendMessage([]byte{0xee}, &m); !bytes.Equal(got[1:], want) || got[0] != 0xee {
 			t.Errorf("appendMessage(%.60v)\n got %.80x\nwant %.80x", m, got[1:], want)
 		}
+		if len(want) > messageSizeBound(&m) {
+			t.Errorf("appendMessage(%.60v): %d bytes, bound %d", m, len(want), messageSizeBound(&m))
+		}
+	}
+}
+
+// TestBatchIDsSameBytes: a batch that reuses the encoding of repeated
+// target, sender and type fields holds exactly the bytes of the messages
+// encoded one by one, whatever the sequence of fields, and the size bound
+// holds for each.
+func TestBatchIDsSameBytes(t *testing.T) {
+	targets := []string{"", "a", "worker-1", strings.Repeat("t", 40)}
+	senders := []string{"", "n1", "node-2"}
+	types := []string{"", "T", "example.Grad"}
+	seed := uint64(1)
+	next := func(n int) int { // a fixed pseudo-random sequence (xorshift)
+		seed ^= seed << 13
+		seed ^= seed >> 7
+		seed ^= seed << 17
+		return int(seed % uint64(n))
+	}
+	var ids batchIDs
+	var got, want []byte
+	for i := range 5000 {
+		m := Message{Target: targets[next(len(targets))], SenderNode: senders[next(len(senders))],
+			SenderID: senders[next(len(senders))], Type: types[next(len(types))], Ser: uint8(next(3)),
+			Body: make([]byte, next(300)), Request: uint64(next(2) * i)}
+		if next(2) == 0 && i > 0 { // a run of the same names
+			m.Target, m.SenderNode, m.SenderID, m.Type = targets[1], senders[1], senders[2], types[2]
+		}
+		if next(50) == 0 {
+			m.Header = map[string]string{"k": "v"}
+		}
+		if next(10) == 0 {
+			ids = batchIDs{} // a new batch
+			got, want = got[:0], want[:0]
+		}
+		before := len(got)
+		got = ids.appendMessage(got, &m)
+		want = appendMessage(want, &m)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("message %d (%+v): batch bytes differ from the message's encoding", i, m)
+		}
+		if n := len(got) - before; n > messageSizeBound(&m) {
+			t.Fatalf("message %d: %d bytes, bound %d", i, n, messageSizeBound(&m))
+		}
 	}
 }
 

@@ -111,14 +111,13 @@ type Conn struct {
 	pending atomic.Int64  // frames queued and not yet written or skipped
 
 	// bmu orders queueing: held while a frame enters the queue (into a
-	// slot reserved beforehand), and while a sender that found another
-	// appending waits for its turn. The writer never takes it.
+	// slot reserved beforehand), and while a message is appended to a
+	// batch. The writer never takes it (see batchSealed).
 	bmu sync.Mutex
 	// open is the FrameMessages batch at the tail of the queue that
-	// messages may join; it is set under bmu. A batch stops taking
-	// messages when it is sealed (batch.go), whether or not open still
-	// points to it.
-	open atomic.Pointer[outFrame]
+	// messages may join (guarded by bmu); it takes no more once the writer
+	// has sealed it, even while open still points to it.
+	open *outFrame
 	// freeBatches holds the batches not queued nor being written, at most
 	// maxQueuedBatches (nil: a place whose batch is not allocated yet): a
 	// sender that would open one more waits (backpressure in bytes, not
@@ -167,8 +166,9 @@ type outFrame struct {
 	state   atomic.Int32 // frameQueued, frameTaken, frameCancelled
 	err     error
 	isBatch bool // a FrameMessages batch of Conn.freeBatches
-	// bstate is a batch's count and flags (batchSealed, batchAppending).
-	bstate atomic.Uint32
+	// bstate is a batch's committed length, count and batchSealed.
+	bstate atomic.Uint64
+	ids    batchIDs // a batch's, guarded by Conn.bmu
 }
 
 const (
@@ -435,7 +435,7 @@ func (c *Conn) enqueue(ctx context.Context, of *outFrame) error {
 	}
 	c.bmu.Lock()
 	// Later messages must not join a batch queued before this frame.
-	c.open.Store(nil)
+	c.open = nil
 	c.push(of)
 	c.bmu.Unlock()
 	return nil
@@ -518,9 +518,8 @@ func (c *Conn) writeFrame(of *outFrame) error {
 	if !of.isBatch {
 		return c.writeFrameLocked(of)
 	}
-	c.sealBatch(of)
-	_, err := c.bw.Write(of.buf)
-	c.releaseBatch(of)
+	_, err := c.bw.Write(c.sealBatch(of))
+	c.freeBatches <- of // never blocks: one place per batch taken
 	return err
 }
 
