@@ -110,6 +110,10 @@ type Conn struct {
 	bw      *bufio.Writer // guarded by wmu
 	pending atomic.Int64  // frames queued and not yet written or skipped
 
+	// The senders' fields, on a cache line of their own: the writer
+	// updates pending and wmu once per frame, senders take bmu once per
+	// message.
+	_ cacheLinePad
 	// bmu orders queueing: held while a frame enters the queue (into a
 	// slot reserved beforehand), and while a message is appended to a
 	// batch. The writer never takes it (see batchSealed).
@@ -118,6 +122,7 @@ type Conn struct {
 	// messages may join (guarded by bmu); it takes no more once the writer
 	// has sealed it, even while open still points to it.
 	open *outFrame
+	_    cacheLinePad
 	// freeBatches holds the batches not queued nor being written, at most
 	// maxQueuedBatches (nil: a place whose batch is not allocated yet): a
 	// sender that would open one more waits (backpressure in bytes, not
@@ -150,6 +155,10 @@ type Conn struct {
 	rstate    atomic.Uint64
 	takeovers atomic.Uint64
 }
+
+// cacheLinePad keeps the fields before and after it on different cache
+// lines.
+type cacheLinePad [64]byte
 
 // burstWindow: a Send within this time of the previous direct write, with
 // no frame read in between, is part of a one-way burst and goes through the
