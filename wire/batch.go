@@ -202,13 +202,14 @@ func (c *Conn) SendMessage(ctx context.Context, m *Message) error {
 	of.ids = batchIDs{}
 	of.buf = of.ids.appendMessage(append(of.buf[:0], make([]byte, HeaderSize+batchPrefix)...), m)
 	if n := len(of.buf) - HeaderSize; n > int(c.max) {
+		of.buf = nil // the next batch gets a buffer of the usual size
 		c.bmu.Unlock()
 		<-c.slots
 		c.freeBatches <- of
 		return fmt.Errorf("%w: %s payload of %d bytes exceeds %d", ErrFrameTooLarge, FrameMessages, n, c.max)
 	}
-	// Publish the batch: senders that read c.open before found it sealed
-	// (its previous use) until this store.
+	// Open the batch (its state was sealed since its previous use); the
+	// writer, which takes it from the queue, sees the bytes above.
 	of.bstate.Store(1<<batchCountShift | uint64(len(of.buf)))
 	c.push(of)
 	c.open = of

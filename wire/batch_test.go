@@ -79,7 +79,7 @@ func TestBatchIDsSameBytes(t *testing.T) {
 		got = ids.appendMessage(got, &m)
 		want = appendMessage(want, &m)
 		if !bytes.Equal(got, want) {
-			t.Fatalf("message %d (%+v): batch bytes differ from the message's encoding", i, m)
+			t.Fatalf("message %d (%q %q %q %q): batch bytes differ from the message's encoding", i, m.Target, m.SenderNode, m.SenderID, m.Type)
 		}
 		if n := len(got) - before; n > messageSizeBound(&m) {
 			t.Fatalf("message %d: %d bytes, bound %d", i, n, messageSizeBound(&m))
@@ -272,6 +272,85 @@ func TestConnSendMessageConcurrentSenders(t *testing.T) {
 // TestConnSendMessageBackpressure: a stalled peer bounds what SendMessage
 // accepts (queue slots times batch size), and Close releases a blocked
 // sender.
+// TestConnSendMessageMixedSizes: senders whose messages range from empty
+// to larger than a batch, mixed with frames that close the open batch,
+// while the writer seals batches as they fill: every message arrives once,
+// intact, in its sender's order.
+func TestConnSendMessageMixedSizes(t *testing.T) {
+	a, b := tcpPair(t)
+	const senders, each = 3, 3000
+	r := &batchReceiver{want: senders*each + senders*each/100, all: make(chan struct{})}
+	cb := NewConn(b, Peer{}, ConnOptions{Handler: r.handle})
+	ca := NewConn(a, Peer{}, ConnOptions{SendQueue: 16, DirectWrite: true})
+	ca.Start()
+	cb.Start()
+	defer cb.Close(nil)
+	defer ca.Close(nil)
+	size := func(s, i int) int {
+		switch (s*each + i) % 97 {
+		case 0:
+			return maxBatchBytes + 1000 // travels alone
+		case 1, 2:
+			return 9000 // a few fill a batch
+		default:
+			return (s*7 + i*13) % 300
+		}
+	}
+	var wg sync.WaitGroup
+	for s := range senders {
+		wg.Go(func() {
+			for i := range each {
+				body := bytes.Repeat([]byte{byte(s*31 + i)}, size(s, i))
+				m := &Message{Target: fmt.Sprint(s), Type: "T", SenderNode: "n", Request: uint64(i), Body: body}
+				if i%5 == 0 {
+					m.SenderID = fmt.Sprint("id", i%3) // names that change within a batch
+				}
+				if err := ca.SendMessage(context.Background(), m); err != nil {
+					t.Error(err)
+					return
+				}
+				if i%100 == 0 {
+					if err := ca.Send(context.Background(), FrameSystem, 0, 0, &System{Target: "x"}); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	select {
+	case <-r.all:
+	case <-time.After(30 * time.Second):
+		t.Fatal("not all messages arrived")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	next := map[string]int{}
+	for _, m := range r.msgs {
+		var s int
+		fmt.Sscan(m.Target, &s)
+		i := next[m.Target]
+		if m.Request != uint64(i) {
+			t.Fatalf("sender %s: got message %d, want %d", m.Target, m.Request, i)
+		}
+		if want := bytes.Repeat([]byte{byte(s*31 + i)}, size(s, i)); !bytes.Equal(m.Body, want) || m.Type != "T" || m.SenderNode != "n" {
+			t.Fatalf("sender %s message %d: %d bytes, type %q, node %q", m.Target, i, len(m.Body), m.Type, m.SenderNode)
+		}
+		wantID := ""
+		if i%5 == 0 {
+			wantID = fmt.Sprint("id", i%3)
+		}
+		if m.SenderID != wantID {
+			t.Fatalf("sender %s message %d: sender id %q, want %q", m.Target, i, m.SenderID, wantID)
+		}
+		next[m.Target]++
+	}
+	if r.batches == 0 {
+		t.Fatal("no message was batched")
+	}
+}
+
 func TestConnSendMessageBackpressure(t *testing.T) {
 	a, b := net.Pipe() // nobody reads b
 	defer b.Close()
