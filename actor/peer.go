@@ -190,6 +190,7 @@ func (h *handler) HandleFrame(p *cluster.Peer, f wire.Frame) {
 		n.receiveMessage(ps, &f.Message, nil)
 	case *wire.MessagesFrame:
 		n.stats.MessagesBatched.Add(int64(len(f.Messages)))
+		n.stats.BatchFrames.Add(1)
 		pc := procCache{held: ps.held[:0]}
 		for i := range f.Messages {
 			n.receiveMessage(ps, &f.Messages[i], &pc)
