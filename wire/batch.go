@@ -156,7 +156,7 @@ func appendArray32(dst []byte, n uint32) []byte {
 // updates with compare-and-swap when it adds a message: neither waits for
 // the other (see batchSealed).
 func (c *Conn) SendMessage(ctx context.Context, m *Message) error {
-	if c.opts.DirectWrite && c.pending.Load() == 0 {
+	if c.directAllowed() { // checked before encoding: in a burst, m goes to a batch
 		of := outFramePool.Get().(*outFrame)
 		of.buf = appendMessage(append(of.buf[:0], make([]byte, HeaderSize)...), m)
 		n := len(of.buf) - HeaderSize
@@ -165,7 +165,7 @@ func (c *Conn) SendMessage(ctx context.Context, m *Message) error {
 			return fmt.Errorf("%w: %s payload of %d bytes exceeds %d", ErrFrameTooLarge, FrameMessage, n, c.max)
 		}
 		putHeader(of.buf, FrameMessage, 0, 0, uint32(n))
-		if done, err := c.tryDirect(of); done {
+		if done, err := c.writeDirect(of); done {
 			return err
 		}
 		outFramePool.Put(of)

@@ -402,13 +402,25 @@ func (c *Conn) sendAndWait(ctx context.Context, of *outFrame) error {
 // Conn is started and open, and no other frame is queued or being written.
 // It reports whether it handled of, and the result.
 func (c *Conn) tryDirect(of *outFrame) (bool, error) {
-	if !c.opts.DirectWrite || c.pending.Load() != 0 {
+	if !c.directAllowed() {
 		return false, nil
+	}
+	return c.writeDirect(of)
+}
+
+// directAllowed reports whether a frame may be written on the caller's
+// goroutine: DirectWrite is on, nothing is queued, and the frame is not
+// part of a one-way burst (see burstWindow).
+func (c *Conn) directAllowed() bool {
+	if !c.opts.DirectWrite || c.pending.Load() != 0 {
+		return false
 	}
 	now := time.Now().UnixNano()
-	if reads := c.reads.Load(); reads == c.lastReads.Load() && now-c.lastDirect.Load() < int64(burstWindow) {
-		return false, nil
-	}
+	return c.reads.Load() != c.lastReads.Load() || now-c.lastDirect.Load() >= int64(burstWindow)
+}
+
+// writeDirect is tryDirect once directAllowed said yes.
+func (c *Conn) writeDirect(of *outFrame) (bool, error) {
 	if !c.wmu.TryLock() {
 		return false, nil
 	}
