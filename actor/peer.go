@@ -3,9 +3,11 @@ package actor
 import (
 	"context"
 	"fmt"
+	"hash/maphash"
 	"maps"
 	"net"
 	"sync"
+	"sync/atomic"
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/cluster"
@@ -27,33 +29,52 @@ type peerState struct {
 	// peer's reader goroutine (HandleFrame) uses it, but a reader whose
 	// inline handler blocks hands reading to a new goroutine
 	// (wire.ConnOptions.HandlerTakeover) with nothing ordering the two, so
-	// it has its own lock.
-	targetsMu sync.Mutex
-	targets   map[string]*pa.PID
+	// its slots are atomic: no lock is taken per message.
+	targets targetCache
 	// held is the reader's reused slice of messages held for an inline
 	// mailbox during one batch (procCache.hold).
 	held []any
 }
 
-// maxCachedTargets bounds peerState.targets; futures, which are answered
-// once, are not cached.
-const maxCachedTargets = 1024
+// targetCache maps actor ids to PIDs of this node: a two-way
+// set-associative table of targetSlots atomic slots, so that memory stays
+// bounded whatever ids a peer sends (an id that does not repeat only
+// replaces one slot). Futures, which are answered once, are not cached.
+type targetCache struct {
+	slots [targetSlots]atomic.Pointer[pa.PID]
+}
+
+// targetSlots is the size of a targetCache (a power of two).
+const targetSlots = 512
+
+// targetSeed hashes the ids of every targetCache.
+var targetSeed = maphash.MakeSeed()
 
 // target returns the local PID named id.
 func (ps *peerState) target(self, id string) *pa.PID {
-	ps.targetsMu.Lock()
-	defer ps.targetsMu.Unlock()
-	if pid, ok := ps.targets[id]; ok {
-		return pid
+	return ps.targets.get(self, id)
+}
+
+// get returns the PID of this node (self) named id, from the cache or new.
+// A miss replaces the empty slot of the id's two, or else the first.
+func (tc *targetCache) get(self, id string) *pa.PID {
+	i := maphash.String(targetSeed, id) & (targetSlots - 1)
+	first, second := &tc.slots[i], &tc.slots[i^1]
+	x, y := first.Load(), second.Load()
+	if x != nil && x.Id == id {
+		return x
+	}
+	if y != nil && y.Id == id {
+		return y
 	}
 	pid := pa.NewPID(self, id)
 	if isFuture(pid) {
 		return pid
 	}
-	if ps.targets == nil || len(ps.targets) >= maxCachedTargets {
-		ps.targets = make(map[string]*pa.PID)
+	if x != nil && y == nil {
+		first = second
 	}
-	ps.targets[id] = pid
+	first.Store(pid)
 	return pid
 }
 
@@ -192,6 +213,7 @@ func (h *handler) HandleFrame(p *cluster.Peer, f wire.Frame) {
 		n.receiveMessage(ps, &f.Message, nil)
 	case *wire.MessagesFrame:
 		n.stats.MessagesBatched.Add(int64(len(f.Messages)))
+		n.stats.BatchFrames.Add(1)
 		pc := procCache{held: ps.held[:0]}
 		for i := range f.Messages {
 			n.receiveMessage(ps, &f.Messages[i], &pc)

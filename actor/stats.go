@@ -20,8 +20,10 @@ type stats struct {
 	// NodeDowns counts the NodeDown events this node published.
 	NodeDowns atomic.Int64
 	// MessagesBatched counts received messages that came in a batch frame
-	// (the rest came alone in their frame).
+	// (the rest came alone in their frame); BatchFrames counts those
+	// frames.
 	MessagesBatched atomic.Int64
+	BatchFrames     atomic.Int64
 	// MessagesInline counts received messages whose handler ran on the
 	// connection's reader (Node.WithInlineDelivery).
 	MessagesInline atomic.Int64
@@ -39,7 +41,12 @@ type StatsSnapshot struct {
 	// do not exist.
 	DeadLetters     int64
 	TensorsExported int64
+	// MessagesBatched counts received messages that came in a batch frame,
+	// BatchFrames those frames (MessagesBatched/BatchFrames is the mean
+	// batch); MessagesInline those whose handler ran on the connection's
+	// reader.
 	MessagesBatched int64
+	BatchFrames     int64
 	MessagesInline  int64
 	// Exports is the number of tensors this node has lent that are not
 	// released yet; LentBytes their bytes.
@@ -94,6 +101,7 @@ func (n *Node) Stats() StatsSnapshot {
 		DeadLetters:      s.DeadLetters.Load(),
 		TensorsExported:  e.TensorsExported,
 		MessagesBatched:  s.MessagesBatched.Load(),
+		BatchFrames:      s.BatchFrames.Load(),
 		MessagesInline:   s.MessagesInline.Load(),
 		Exports:          e.Leases,
 		LentBytes:        e.LentBytes,

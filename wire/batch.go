@@ -150,8 +150,13 @@ func appendArray32(dst []byte, n uint32) []byte {
 // so that messages sent while the writer is busy leave together. m is
 // encoded before SendMessage returns (its Body may be reused). It blocks,
 // like Send, only while the queue is full.
+//
+// Senders append under c.bmu; the writer never takes it. It seals the
+// batch it takes through the batch's state word (bstate), which a sender
+// updates with compare-and-swap when it adds a message: neither waits for
+// the other (see batchSealed).
 func (c *Conn) SendMessage(ctx context.Context, m *Message) error {
-	if c.opts.DirectWrite && c.pending.Load() == 0 {
+	if c.directAllowed() { // checked before encoding: in a burst, m goes to a batch
 		of := outFramePool.Get().(*outFrame)
 		of.buf = appendMessage(append(of.buf[:0], make([]byte, HeaderSize)...), m)
 		n := len(of.buf) - HeaderSize
@@ -160,7 +165,7 @@ func (c *Conn) SendMessage(ctx context.Context, m *Message) error {
 			return fmt.Errorf("%w: %s payload of %d bytes exceeds %d", ErrFrameTooLarge, FrameMessage, n, c.max)
 		}
 		putHeader(of.buf, FrameMessage, 0, 0, uint32(n))
-		if done, err := c.tryDirect(of); done {
+		if done, err := c.writeDirect(of); done {
 			return err
 		}
 		outFramePool.Put(of)
@@ -172,26 +177,12 @@ func (c *Conn) SendMessage(ctx context.Context, m *Message) error {
 		return nil
 	}
 	c.bmu.Unlock()
-	if err := c.acquireBatch(ctx); err != nil {
+	of, err := c.acquireBatch(ctx)
+	if err != nil {
 		return err
 	}
-	of := outFramePool.Get().(*outFrame)
-	if cap(of.buf) < batchBufferSize {
-		select {
-		case of.buf = <-c.freeBatches:
-		default:
-			of.buf = make([]byte, 0, batchBufferSize)
-		}
-	}
-	of.buf = appendMessage(append(of.buf[:0], make([]byte, HeaderSize+batchPrefix)...), m)
-	if n := len(of.buf) - HeaderSize; n > int(c.max) {
-		<-c.batchTokens
-		outFramePool.Put(of)
-		return fmt.Errorf("%w: %s payload of %d bytes exceeds %d", ErrFrameTooLarge, FrameMessages, n, c.max)
-	}
 	if err := c.acquireSlot(ctx); err != nil {
-		<-c.batchTokens
-		outFramePool.Put(of)
+		c.freeBatches <- of
 		return err
 	}
 	c.bmu.Lock()
@@ -199,62 +190,152 @@ func (c *Conn) SendMessage(ctx context.Context, m *Message) error {
 		// Another sender opened a batch while this one waited.
 		c.bmu.Unlock()
 		<-c.slots
-		<-c.batchTokens
-		outFramePool.Put(of)
+		c.freeBatches <- of
 		return nil
 	}
-	of.isBatch, of.batch = true, 1
+	// The buffer is written under c.bmu only: a sender that was still
+	// appending to this batch's previous use when the writer sealed it
+	// (its message then goes to the next batch) has finished.
+	if of.buf == nil || cap(of.buf) > 64<<10 { // new, or grown by one large message
+		of.buf = make([]byte, 0, batchBufferSize)
+	}
+	of.ids = batchIDs{}
+	of.buf = of.ids.appendMessage(append(of.buf[:0], make([]byte, HeaderSize+batchPrefix)...), m)
+	if n := len(of.buf) - HeaderSize; n > int(c.max) {
+		of.buf = nil // the next batch gets a buffer of the usual size
+		c.bmu.Unlock()
+		<-c.slots
+		c.freeBatches <- of
+		return fmt.Errorf("%w: %s payload of %d bytes exceeds %d", ErrFrameTooLarge, FrameMessages, n, c.max)
+	}
+	// Open the batch (its state was sealed since its previous use); the
+	// writer, which takes it from the queue, sees the bytes above.
+	of.bstate.Store(1<<batchCountShift | uint64(len(of.buf)))
 	c.push(of)
 	c.open = of
 	c.bmu.Unlock()
 	return nil
 }
 
-// acquireBatch takes a token for one more batch, waiting while
-// maxQueuedBatches are queued or being written.
-func (c *Conn) acquireBatch(ctx context.Context) error {
-	select {
-	case c.batchTokens <- struct{}{}:
-		return nil
-	default:
-	}
-	select {
-	case c.batchTokens <- struct{}{}:
-		return nil
-	case <-c.done:
-		return c.closedErr()
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+// A batch's state word (outFrame.bstate) holds the length of its buffer's
+// committed bytes (the frame header, the array header and the messages
+// appended), the number of messages and batchSealed. A sender appends a
+// message past the committed bytes, where nobody reads, and commits it by
+// compare-and-swap of the word; the writer seals the batch by setting
+// batchSealed when it takes it, and writes the committed bytes. A message
+// whose commit finds the batch sealed is not in it and goes to the next
+// batch. A sender also seals a batch that has no room for its message. The
+// word stays sealed while the batch is written and on the free list.
+const (
+	batchLenMask    = 1<<32 - 1
+	batchCountShift = 32
+	batchCountMask  = 1<<16 - 1
+	batchSealed     = 1 << 63
+)
 
-// appendOpen appends m to the open batch if there is one with room for it;
-// c.bmu is held.
+// appendOpen appends m to c.open if it is open and has room for m; c.bmu
+// is held.
 func (c *Conn) appendOpen(m *Message, limit int) bool {
 	of := c.open
-	if of == nil || of.batch >= MaxBatchMessages {
+	if of == nil {
 		return false
 	}
-	mark := len(of.buf)
-	of.buf = appendMessage(of.buf, m)
-	if len(of.buf)-HeaderSize > limit {
-		of.buf = of.buf[:mark] // full: m opens the next batch
+	s := of.bstate.Load()
+	if s&batchSealed != 0 || s>>batchCountShift&batchCountMask >= MaxBatchMessages {
 		return false
 	}
-	of.batch++
-	return true
+	n := int(s & batchLenMask)
+	// The buffer never grows while the batch is open (the writer may be
+	// reading its committed bytes): a message that might not fit in its
+	// capacity goes to the next batch.
+	if n+messageSizeBound(m) > cap(of.buf) {
+		of.bstate.CompareAndSwap(s, s|batchSealed)
+		return false
+	}
+	b := of.ids.appendMessage(of.buf[:n], m)
+	if len(b)-HeaderSize > limit {
+		of.bstate.CompareAndSwap(s, s|batchSealed) // full: m opens the next batch
+		return false
+	}
+	return of.bstate.CompareAndSwap(s, s+1<<batchCountShift+uint64(len(b)-n))
 }
 
-// sealBatch closes of to further messages if it is the open batch and
-// writes its header; the writer calls it when it takes of.
-func (c *Conn) sealBatch(of *outFrame) {
-	c.bmu.Lock()
-	if c.open == of {
-		c.open = nil
+// messageSizeBound returns at least the length of m's encoding.
+func messageSizeBound(m *Message) int {
+	const field = 3 + 5 // a key of up to two bytes and a 32-bit length
+	n := 1 + 9*field + len(m.Target) + len(m.SenderNode) + len(m.SenderID) + len(m.Type) +
+		len(m.Body) + len(m.Tensors) + 9 // the largest integers
+	if len(m.Header) != 0 {
+		for k, v := range m.Header {
+			n += 10 + len(k) + len(v)
+		}
 	}
-	count := of.batch
-	c.bmu.Unlock()
-	putHeader(of.buf, FrameMessages, 0, 0, uint32(len(of.buf)-HeaderSize))
-	appendArray32(of.buf[HeaderSize:HeaderSize], uint32(count))
-	of.isBatch, of.batch = false, 0
+	return n
+}
+
+// acquireBatch takes a batch from the free list, waiting while
+// maxQueuedBatches are queued or being written. Its buf is set by the
+// caller, under c.bmu.
+func (c *Conn) acquireBatch(ctx context.Context) (*outFrame, error) {
+	var of *outFrame
+	select {
+	case of = <-c.freeBatches:
+	default:
+		select {
+		case of = <-c.freeBatches:
+		case <-c.done:
+			return nil, c.closedErr()
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	if of == nil { // a place not used yet
+		of = &outFrame{isBatch: true}
+		of.bstate.Store(batchSealed)
+	}
+	return of, nil
+}
+
+// sealBatch closes of to further messages and returns its committed bytes
+// with the frame and array headers written; the writer calls it when it
+// takes of. It never waits: a sender's message in progress is left out.
+func (c *Conn) sealBatch(of *outFrame) []byte {
+	s := of.bstate.Load()
+	for s&batchSealed == 0 && !of.bstate.CompareAndSwap(s, s|batchSealed) {
+		s = of.bstate.Load()
+	}
+	buf := of.buf[:s&batchLenMask]
+	putHeader(buf, FrameMessages, 0, 0, uint32(len(buf)-HeaderSize))
+	appendArray32(buf[HeaderSize:HeaderSize], uint32(s>>batchCountShift&batchCountMask))
+	return buf
+}
+
+// batchIDs remembers where a batch's buffer holds the encoding of the
+// identifying fields (appendMessageIDs) of its last message, so that the
+// next message to the same target from the same sender copies those bytes
+// instead of encoding them again. The encoding is the same. It is used
+// under Conn.bmu, and only while every message appended to the batch was
+// committed (a failed append leaves the batch sealed).
+type batchIDs struct {
+	target, senderNode, senderID, typ string
+	ser                               uint8
+	at, n                             int // the bytes in the buffer; n == 0: none
+}
+
+// appendMessage appends the encoding of m to dst, a batch's buffer, and
+// remembers where its identifying fields are.
+func (ids *batchIDs) appendMessage(dst []byte, m *Message) []byte {
+	dst = msgp.AppendMapHeader(dst, messageFields(m))
+	if ids.n > 0 && m.Target == ids.target && m.SenderNode == ids.senderNode &&
+		m.SenderID == ids.senderID && m.Type == ids.typ && m.Ser == ids.ser {
+		at := len(dst)
+		dst = append(dst, dst[ids.at:ids.at+ids.n]...)
+		ids.at = at
+	} else {
+		at := len(dst)
+		dst = appendMessageIDs(dst, m)
+		*ids = batchIDs{target: m.Target, senderNode: m.SenderNode, senderID: m.SenderID, typ: m.Type, ser: m.Ser,
+			at: at, n: len(dst) - at}
+	}
+	return appendMessageRest(dst, m)
 }

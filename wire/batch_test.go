@@ -38,6 +38,52 @@ func TestAppendMessageMatchesEncoder(t *testing.T) {
 		if got := appendMessage([]byte{0xee}, &m); !bytes.Equal(got[1:], want) || got[0] != 0xee {
 			t.Errorf("appendMessage(%.60v)\n got %.80x\nwant %.80x", m, got[1:], want)
 		}
+		if len(want) > messageSizeBound(&m) {
+			t.Errorf("appendMessage(%.60v): %d bytes, bound %d", m, len(want), messageSizeBound(&m))
+		}
+	}
+}
+
+// TestBatchIDsSameBytes: a batch that reuses the encoding of repeated
+// target, sender and type fields holds exactly the bytes of the messages
+// encoded one by one, whatever the sequence of fields, and the size bound
+// holds for each.
+func TestBatchIDsSameBytes(t *testing.T) {
+	targets := []string{"", "a", "worker-1", strings.Repeat("t", 40)}
+	senders := []string{"", "n1", "node-2"}
+	types := []string{"", "T", "example.Grad"}
+	seed := uint64(1)
+	next := func(n int) int { // a fixed pseudo-random sequence (xorshift)
+		seed ^= seed << 13
+		seed ^= seed >> 7
+		seed ^= seed << 17
+		return int(seed % uint64(n))
+	}
+	var ids batchIDs
+	var got, want []byte
+	for i := range 5000 {
+		m := Message{Target: targets[next(len(targets))], SenderNode: senders[next(len(senders))],
+			SenderID: senders[next(len(senders))], Type: types[next(len(types))], Ser: uint8(next(3)),
+			Body: make([]byte, next(300)), Request: uint64(next(2) * i)}
+		if next(2) == 0 && i > 0 { // a run of the same names
+			m.Target, m.SenderNode, m.SenderID, m.Type = targets[1], senders[1], senders[2], types[2]
+		}
+		if next(50) == 0 {
+			m.Header = map[string]string{"k": "v"}
+		}
+		if next(10) == 0 {
+			ids = batchIDs{} // a new batch
+			got, want = got[:0], want[:0]
+		}
+		before := len(got)
+		got = ids.appendMessage(got, &m)
+		want = appendMessage(want, &m)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("message %d (%q %q %q %q): batch bytes differ from the message's encoding", i, m.Target, m.SenderNode, m.SenderID, m.Type)
+		}
+		if n := len(got) - before; n > messageSizeBound(&m) {
+			t.Fatalf("message %d: %d bytes, bound %d", i, n, messageSizeBound(&m))
+		}
 	}
 }
 
@@ -226,6 +272,85 @@ func TestConnSendMessageConcurrentSenders(t *testing.T) {
 // TestConnSendMessageBackpressure: a stalled peer bounds what SendMessage
 // accepts (queue slots times batch size), and Close releases a blocked
 // sender.
+// TestConnSendMessageMixedSizes: senders whose messages range from empty
+// to larger than a batch, mixed with frames that close the open batch,
+// while the writer seals batches as they fill: every message arrives once,
+// intact, in its sender's order.
+func TestConnSendMessageMixedSizes(t *testing.T) {
+	a, b := tcpPair(t)
+	const senders, each = 3, 3000
+	r := &batchReceiver{want: senders*each + senders*each/100, all: make(chan struct{})}
+	cb := NewConn(b, Peer{}, ConnOptions{Handler: r.handle})
+	ca := NewConn(a, Peer{}, ConnOptions{SendQueue: 16, DirectWrite: true})
+	ca.Start()
+	cb.Start()
+	defer cb.Close(nil)
+	defer ca.Close(nil)
+	size := func(s, i int) int {
+		switch (s*each + i) % 97 {
+		case 0:
+			return maxBatchBytes + 1000 // travels alone
+		case 1, 2:
+			return 9000 // a few fill a batch
+		default:
+			return (s*7 + i*13) % 300
+		}
+	}
+	var wg sync.WaitGroup
+	for s := range senders {
+		wg.Go(func() {
+			for i := range each {
+				body := bytes.Repeat([]byte{byte(s*31 + i)}, size(s, i))
+				m := &Message{Target: fmt.Sprint(s), Type: "T", SenderNode: "n", Request: uint64(i), Body: body}
+				if i%5 == 0 {
+					m.SenderID = fmt.Sprint("id", i%3) // names that change within a batch
+				}
+				if err := ca.SendMessage(context.Background(), m); err != nil {
+					t.Error(err)
+					return
+				}
+				if i%100 == 0 {
+					if err := ca.Send(context.Background(), FrameSystem, 0, 0, &System{Target: "x"}); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	select {
+	case <-r.all:
+	case <-time.After(30 * time.Second):
+		t.Fatal("not all messages arrived")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	next := map[string]int{}
+	for _, m := range r.msgs {
+		var s int
+		fmt.Sscan(m.Target, &s)
+		i := next[m.Target]
+		if m.Request != uint64(i) {
+			t.Fatalf("sender %s: got message %d, want %d", m.Target, m.Request, i)
+		}
+		if want := bytes.Repeat([]byte{byte(s*31 + i)}, size(s, i)); !bytes.Equal(m.Body, want) || m.Type != "T" || m.SenderNode != "n" {
+			t.Fatalf("sender %s message %d: %d bytes, type %q, node %q", m.Target, i, len(m.Body), m.Type, m.SenderNode)
+		}
+		wantID := ""
+		if i%5 == 0 {
+			wantID = fmt.Sprint("id", i%3)
+		}
+		if m.SenderID != wantID {
+			t.Fatalf("sender %s message %d: sender id %q, want %q", m.Target, i, m.SenderID, wantID)
+		}
+		next[m.Target]++
+	}
+	if r.batches == 0 {
+		t.Fatal("no message was batched")
+	}
+}
+
 func TestConnSendMessageBackpressure(t *testing.T) {
 	a, b := net.Pipe() // nobody reads b
 	defer b.Close()

@@ -5,6 +5,8 @@ import (
 	"context"
 	"io"
 	"net"
+	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -211,4 +213,74 @@ func BenchmarkRawTCPRoundTripHop(b *testing.B) {
 	s.Close()
 	<-done
 	<-readerDone
+}
+
+// BenchmarkConnSendMessage measures one-way small messages through
+// Conn.SendMessage (batched while the writer is busy) on loopback TCP, with
+// a receiver that only counts: the sender, the writer and their hand-offs.
+// It reports the messages per FrameMessages batch. The parallel case has
+// GOMAXPROCS senders on one Conn.
+func BenchmarkConnSendMessage(b *testing.B) {
+	b.Run("one-sender", func(b *testing.B) { benchConnSendMessage(b, false) })
+	b.Run("parallel", func(b *testing.B) { benchConnSendMessage(b, true) })
+}
+
+func benchConnSendMessage(b *testing.B, parallel bool) {
+	a, s := loopbackPair(b)
+	var mu sync.Mutex
+	var got, frames int
+	target := -1
+	recv := make(chan struct{})
+	server := NewConn(s, Peer{}, ConnOptions{Handler: func(f Frame) {
+		n := 1
+		if ms, ok := f.(*MessagesFrame); ok {
+			n = len(ms.Messages)
+		}
+		mu.Lock()
+		got += n
+		frames++
+		if got == target {
+			close(recv)
+		}
+		mu.Unlock()
+	}})
+	client := NewConn(a, Peer{}, ConnOptions{})
+	server.Start()
+	client.Start()
+	defer server.Close(nil)
+	defer client.Close(nil)
+	ctx := context.Background()
+	b.ReportAllocs()
+	var sent atomic.Int64
+	if parallel {
+		b.RunParallel(func(pb *testing.PB) {
+			m := benchMessage()
+			for pb.Next() {
+				if err := client.SendMessage(ctx, m); err != nil {
+					b.Error(err)
+					return
+				}
+				sent.Add(1)
+			}
+		})
+	} else {
+		m := benchMessage()
+		for range b.N {
+			if err := client.SendMessage(ctx, m); err != nil {
+				b.Fatal(err)
+			}
+			sent.Add(1)
+		}
+	}
+	mu.Lock()
+	target = int(sent.Load())
+	if got == target {
+		close(recv)
+	}
+	mu.Unlock()
+	<-recv
+	b.StopTimer()
+	mu.Lock()
+	b.ReportMetric(float64(got)/float64(max(frames, 1)), "msgs/frame")
+	mu.Unlock()
 }

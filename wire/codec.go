@@ -90,11 +90,19 @@ func (MsgpackSerializer) Unmarshal(b []byte, typ reflect.Type) (any, error) {
 	return p, nil
 }
 
+// sizeHintRoom is the free capacity below which appendGenerated grows its
+// buffer by the message's size estimate first.
+const sizeHintRoom = 256
+
 // appendGenerated appends m's encoding to dst through its generated
-// MarshalMsg, growing dst first by its size estimate when it has one.
+// MarshalMsg, growing dst first by its size estimate when it has one and
+// dst has less than sizeHintRoom free (with more, a small message fits
+// without asking: the estimate costs an interface lookup per message).
 func appendGenerated(dst []byte, m msgp.Marshaler) ([]byte, error) {
-	if s, ok := m.(msgp.Sizer); ok {
-		dst = slices.Grow(dst, s.Msgsize())
+	if cap(dst)-len(dst) < sizeHintRoom {
+		if s, ok := m.(msgp.Sizer); ok {
+			dst = slices.Grow(dst, s.Msgsize())
+		}
 	}
 	out, err := m.MarshalMsg(dst)
 	if err != nil {

@@ -121,19 +121,25 @@ type Conn struct {
 	bw      *bufio.Writer // guarded by wmu
 	pending atomic.Int64  // frames queued and not yet written or skipped
 
+	// The senders' fields, on a cache line of their own: the writer
+	// updates pending and wmu once per frame, senders take bmu once per
+	// message.
+	_ cacheLinePad
 	// bmu orders queueing: held while a frame enters the queue (into a
-	// slot reserved beforehand), and while a message is appended to open,
-	// the FrameMessages batch at the tail of the queue that the writer has
-	// not taken yet.
-	bmu  sync.Mutex
+	// slot reserved beforehand), and while a message is appended to a
+	// batch. The writer never takes it (see batchSealed).
+	bmu sync.Mutex
+	// open is the FrameMessages batch at the tail of the queue that
+	// messages may join (guarded by bmu); it takes no more once the writer
+	// has sealed it, even while open still points to it.
 	open *outFrame
-	// freeBatches keeps written batch buffers for the next batches (a
-	// sync.Pool would lose them at every collection).
-	freeBatches chan []byte
-	// batchTokens holds one token per FrameMessages batch queued or being
-	// written: a sender that would open one more waits (backpressure in
-	// bytes, not only in frames), and the few buffers in use stay warm.
-	batchTokens chan struct{}
+	_    cacheLinePad
+	// freeBatches holds the batches not queued nor being written, at most
+	// maxQueuedBatches (nil: a place whose batch is not allocated yet): a
+	// sender that would open one more waits (backpressure in bytes, not
+	// only in frames), and the few buffers in use stay warm (a sync.Pool
+	// would lose them at every collection).
+	freeBatches chan *outFrame
 
 	mu      sync.Mutex
 	started bool
@@ -165,6 +171,10 @@ type Conn struct {
 	lead *lead
 }
 
+// cacheLinePad keeps the fields before and after it on different cache
+// lines.
+type cacheLinePad [64]byte
+
 // burstWindow: a Send within this time of the previous direct write, with
 // no frame read in between, is part of a one-way burst and goes through the
 // writer goroutine, which batches the burst into few writes. Request and
@@ -179,8 +189,10 @@ type outFrame struct {
 	written chan struct{}
 	state   atomic.Int32 // frameQueued, frameTaken, frameCancelled
 	err     error
-	isBatch bool // a FrameMessages batch; set before it is queued
-	batch   int  // messages in the batch, guarded by Conn.bmu until sealed
+	isBatch bool // a FrameMessages batch of Conn.freeBatches
+	// bstate is a batch's committed length, count and batchSealed.
+	bstate atomic.Uint64
+	ids    batchIDs // a batch's, guarded by Conn.bmu
 }
 
 const (
@@ -209,12 +221,14 @@ func NewConn(nc net.Conn, peer Peer, opts ConnOptions) *Conn {
 		max:         clampFrameSize(opts.MaxFrameSize),
 		queue:       make(chan *outFrame, opts.SendQueue),
 		slots:       make(chan struct{}, opts.SendQueue),
-		freeBatches: make(chan []byte, maxQueuedBatches),
-		batchTokens: make(chan struct{}, maxQueuedBatches),
+		freeBatches: make(chan *outFrame, maxQueuedBatches),
 		bw:          bufio.NewWriterSize(nc, connBufferSize),
 		done:        make(chan struct{}),
 		writerDone:  make(chan struct{}),
 		closed:      make(chan struct{}),
+	}
+	for range maxQueuedBatches {
+		c.freeBatches <- nil
 	}
 	var src io.Reader = nc
 	if sr := newSpinReader(nc, opts.ReadSpin); sr != nil {
@@ -406,13 +420,25 @@ func (c *Conn) sendAndWait(ctx context.Context, of *outFrame) error {
 // Conn is started and open, and no other frame is queued or being written.
 // It reports whether it handled of, and the result.
 func (c *Conn) tryDirect(of *outFrame) (bool, error) {
-	if !c.opts.DirectWrite || c.pending.Load() != 0 {
+	if !c.directAllowed() {
 		return false, nil
+	}
+	return c.writeDirect(of)
+}
+
+// directAllowed reports whether a frame may be written on the caller's
+// goroutine: DirectWrite is on, nothing is queued, and the frame is not
+// part of a one-way burst (see burstWindow).
+func (c *Conn) directAllowed() bool {
+	if !c.opts.DirectWrite || c.pending.Load() != 0 {
+		return false
 	}
 	now := time.Now().UnixNano()
-	if reads := c.reads.Load(); reads == c.lastReads.Load() && now-c.lastDirect.Load() < int64(burstWindow) {
-		return false, nil
-	}
+	return c.reads.Load() != c.lastReads.Load() || now-c.lastDirect.Load() >= int64(burstWindow)
+}
+
+// writeDirect is tryDirect once directAllowed said yes.
+func (c *Conn) writeDirect(of *outFrame) (bool, error) {
 	if !c.wmu.TryLock() {
 		return false, nil
 	}
@@ -531,9 +557,8 @@ func (c *Conn) writeFrame(of *outFrame) error {
 	if !of.isBatch {
 		return c.writeFrameLocked(of)
 	}
-	c.sealBatch(of)
-	err := c.writeFrameLocked(of)
-	<-c.batchTokens
+	_, err := c.bw.Write(c.sealBatch(of))
+	c.freeBatches <- of // never blocks: one place per batch taken
 	return err
 }
 
@@ -541,13 +566,6 @@ func (c *Conn) writeFrame(of *outFrame) error {
 func (c *Conn) writeFrameLocked(of *outFrame) error {
 	if of.written == nil {
 		_, err := c.bw.Write(of.buf)
-		if cap(of.buf) >= batchBufferSize && cap(of.buf) <= 64<<10 {
-			select {
-			case c.freeBatches <- of.buf[:0]:
-				of.buf = nil
-			default:
-			}
-		}
 		if cap(of.buf) <= 64<<10 {
 			outFramePool.Put(of)
 		}

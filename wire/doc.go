@@ -40,6 +40,12 @@
 //
 //	err = c.SendMessage(ctx, &wire.Message{Target: "ps", Type: name, Ser: ser, Body: body})
 //
+// Senders and the writer never wait for each other over a batch: a message
+// is committed to the open batch with one atomic compare-and-swap, and the
+// writer seals the batch it takes with another (a message whose commit
+// finds it sealed goes to the next batch). A message with the same target,
+// sender and type as the one before it in the batch copies their encoding.
+//
 // Between processes of one host, a Conn runs on shared memory: with
 // HandshakeConfig.SharedMemory on both ends (Peer.SharedMemory), package
 // package shm's Upgrade moves the connection's bytes to rings in shared memory

@@ -31,6 +31,12 @@ func (m *Message) UnmarshalMsg(b []byte) ([]byte, error) {
 
 // appendMessage appends the msgpack encoding of m.
 func appendMessage(dst []byte, m *Message) []byte {
+	dst = msgp.AppendMapHeader(dst, messageFields(m))
+	return appendMessageRest(appendMessageIDs(dst, m), m)
+}
+
+// messageFields returns the number of fields m's encoding has.
+func messageFields(m *Message) uint32 {
 	n := uint32(0)
 	for _, set := range [...]bool{m.Target != "", m.SenderNode != "", m.SenderID != "", m.Type != "",
 		m.Ser != 0, len(m.Body) != 0, len(m.Header) != 0, m.Request != 0, len(m.Tensors) != 0} {
@@ -38,7 +44,12 @@ func appendMessage(dst []byte, m *Message) []byte {
 			n++
 		}
 	}
-	dst = msgp.AppendMapHeader(dst, n)
+	return n
+}
+
+// appendMessageIDs appends the fields that name m's target, sender and
+// type (the ones a stream of messages repeats), after the map header.
+func appendMessageIDs(dst []byte, m *Message) []byte {
 	if m.Target != "" {
 		dst = msgp.AppendString(msgp.AppendString(dst, "t"), m.Target)
 	}
@@ -54,6 +65,12 @@ func appendMessage(dst []byte, m *Message) []byte {
 	if m.Ser != 0 {
 		dst = msgp.AppendUint8(msgp.AppendString(dst, "s"), m.Ser)
 	}
+	return dst
+}
+
+// appendMessageRest appends the fields of m after those of
+// appendMessageIDs.
+func appendMessageRest(dst []byte, m *Message) []byte {
 	if len(m.Body) != 0 {
 		dst = msgp.AppendBytes(msgp.AppendString(dst, "b"), m.Body)
 	}

@@ -7,6 +7,7 @@
 //	go run ./benchmarks/remote --quick    # counts / 20
 //	go run ./benchmarks/remote --json     # {"bench":"remote","path":"raw-tcp","metric":"rtt_p50_us",...} per line
 //	go run ./benchmarks/remote --paths tensorferry --cpuprofile cpu.out
+//	go run ./benchmarks/remote --paths tensorferry --mutexprofile mutex.out   # who waited on whose lock
 //
 // Figures: rtt_p50_us, rtt_p99_us, rtt_min_us over --rtt-count round trips
 // after a warm-up; oneway_msgs_per_s over --oneway-count messages, timed

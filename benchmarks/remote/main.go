@@ -21,13 +21,14 @@ func main() {
 	only := flag.String("paths", "", "comma-separated path names to measure (default: all)")
 	timeout := flag.Duration("timeout", 2*time.Minute, "how long to wait for one-way messages to arrive")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	mutexProfile := flag.String("mutexprofile", "", "write a profile of the whole run's contended mutexes to this file")
 	traceFile := flag.String("trace", "", "write a runtime execution trace of the whole run to this file (go tool trace)")
 	showProgress := flag.Bool("progress", false, "print a progress line on stderr even when it is not a terminal")
 	flag.Parse()
 	for _, prof := range []struct {
 		path  string
 		start func(string) (func(), error)
-	}{{*traceFile, report.StartTrace}, {*cpuProfile, report.StartCPUProfile}} {
+	}{{*traceFile, report.StartTrace}, {*cpuProfile, report.StartCPUProfile}, {*mutexProfile, report.StartMutexProfile}} {
 		if prof.path == "" {
 			continue
 		}

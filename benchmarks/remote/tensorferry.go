@@ -149,8 +149,8 @@ func (p *tensorferryPath) WaitReceived(total int, timeout time.Duration) error {
 func (p *tensorferryPath) close() error {
 	if p.server != nil {
 		s := p.server.Stats()
-		fmt.Fprintf(os.Stderr, "remote: %s: the server received %d messages, %d of them in batch frames, %d handled inline\n",
-			p.name(), s.MessagesReceived, s.MessagesBatched, s.MessagesInline)
+		fmt.Fprintf(os.Stderr, "remote: %s: the server received %d messages, %d of them in %d batch frames (%.0f a frame), %d handled inline\n",
+			p.name(), s.MessagesReceived, s.MessagesBatched, s.BatchFrames, float64(s.MessagesBatched)/float64(max(s.BatchFrames, 1)), s.MessagesInline)
 	}
 	var errs []error
 	if p.client != nil {

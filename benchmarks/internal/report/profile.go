@@ -3,6 +3,7 @@ package report
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"runtime/trace"
 )
@@ -43,6 +44,29 @@ func StartTrace(path string) (stop func(), err error) {
 		trace.Stop()
 		if err := f.Close(); err != nil {
 			fmt.Fprintf(os.Stderr, "trace %s: %v\n", path, err)
+		}
+	}, nil
+}
+
+// StartMutexProfile records every contended mutex of the process (the
+// time goroutines waited on sync.Mutex, sync.RWMutex and the runtime's
+// locks, by the stack that released them) until the returned stop is
+// called, which writes the profile to the file at path (go tool pprof
+// reads it).
+func StartMutexProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	prev := runtime.SetMutexProfileFraction(1)
+	return func() {
+		runtime.SetMutexProfileFraction(prev)
+		err := pprof.Lookup("mutex").WriteTo(f, 0)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "mutex profile %s: %v\n", path, err)
 		}
 	}, nil
 }
