@@ -34,6 +34,14 @@
 //     summary). The same two are measured again beside the messages,
 //     alternating with them (copy+sync-beside, raw-tcp-rtt-beside): what
 //     the receiver's CUDA context and spinning node cost a neighbour.
+//   - contexts: what a second process's CUDA context on the same GPU costs
+//     a neighbour's copy+sync: alone; beside an idle context
+//     (copy+sync-idle-context); beside one that copies 4 KiB every
+//     millisecond (-ticking-context); beside one that copies in a loop
+//     (-busy-context); and taking turns with one, each process copying
+//     right after the other as the two ends of a message do
+//     (copy+sync-taking-turns: the round of both copies). Without MPS, the
+//     two contexts time-slice the GPU: a turn pays two context switches.
 //   - staging: tensorferry-staging-gpu — the same with ipc and verbs
 //     disabled in the config, so bytes go GPU → pinned ring → TCP loopback →
 //     pinned ring → GPU; raw-tcp — one loopback connection moving the same

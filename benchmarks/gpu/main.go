@@ -23,7 +23,7 @@ import (
 var defaultSizes = []int{4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30}
 
 // modes lists the modes in the order --mode all runs them.
-var modes = []string{"peer", "ipc", "staging", "regcache"}
+var modes = []string{"peer", "ipc", "staging", "regcache", "contexts"}
 
 // options are the program's settings.
 type options struct {
@@ -47,7 +47,11 @@ func main() {
 		runReceiver()
 		return
 	}
-	mode := flag.String("mode", "all", "peer, ipc, staging, regcache or all")
+	if isHolder() {
+		runHolder()
+		return
+	}
+	mode := flag.String("mode", "all", "peer, ipc, staging, regcache, contexts or all")
 	minSize := flag.String("min", "4KiB", "smallest message size")
 	maxSize := flag.String("max", "1GiB", "largest message size")
 	reps := flag.Int("reps", 0, "timed repetitions per size and path (default: by size, 5 at 1 GiB to 200 at 4 KiB)")
@@ -220,7 +224,7 @@ func needs(m string, gpus int, o options) string {
 // ipc with both processes on it) use --src as the receiver too on a host
 // whose --dst does not exist.
 func fitDevices(m string, gpus int, o options) options {
-	if (m == "staging" || m == "regcache" || m == "ipc") && (o.dst < 0 || o.dst >= gpus) {
+	if (m == "staging" || m == "regcache" || m == "ipc" || m == "contexts") && (o.dst < 0 || o.dst >= gpus) {
 		o.dst = o.src
 	}
 	return o
@@ -237,6 +241,8 @@ func runMode(m string, o options) ([]report.Result, error) {
 		return runStaging(o)
 	case "regcache":
 		return runRegCache(o)
+	case "contexts":
+		return runContexts(o)
 	}
 	return nil, fmt.Errorf("unknown mode %q", m)
 }
