@@ -340,7 +340,7 @@ func (b *bell) wait() error {
 
 // DefaultSpin is the longest a Read or Write spins before it sleeps when
 // Config.Spin is 0 and Go runs with at least wire.SpinMinProcs processors
-// (GOMAXPROCS): the same as a TCP control connection's read spin
+// (GOMAXPROCS) and as many CPUs: the same as a TCP control connection's read spin
 // (wire.DefaultReadSpin). With fewer, a spinning end would take a
 // processor that its peer or the goroutines it serves need, and the
 // default is not to spin.
@@ -352,10 +352,9 @@ func spinLimit(spin time.Duration) time.Duration {
 		return 0
 	case spin > 0:
 		return spin
-	case runtime.GOMAXPROCS(0) >= wire.SpinMinProcs:
-		return DefaultSpin
 	default:
-		return 0
+		// As a TCP reader's: no spin when GOMAXPROCS exceeds the CPUs.
+		return wire.DefaultReadSpinFor()
 	}
 }
 
