@@ -107,7 +107,7 @@ type Gossip struct {
 	log    *zap.Logger
 	logw   *zapWriter
 	ml     *memberlist.Memberlist
-	ct     *countingTransport
+	ct     *netTransport
 	ev     Events
 	self   Member
 	meta   atomic.Pointer[[]byte] // this node's meta; replaced when it leaves
@@ -176,7 +176,7 @@ func Start(cfg Config, ev Events) (*Gossip, error) {
 	logger = logger.With(zap.String("node", self.Name))
 	std, logw := newStdLogger(logger)
 
-	ct, err := newCountingTransport(ip, port, std)
+	ct, err := listen(ip, port, std)
 	if err != nil {
 		logw.stop()
 		return nil, err
@@ -205,8 +205,8 @@ func Start(cfg Config, ev Events) (*Gossip, error) {
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = self.Name
 	mc.Transport = tr
-	mc.BindAddr, mc.BindPort = ip.String(), ct.Port()
-	mc.AdvertiseAddr, mc.AdvertisePort = "", ct.Port()
+	mc.BindAddr, mc.BindPort = ip.String(), ct.port
+	mc.AdvertiseAddr, mc.AdvertisePort = "", ct.port
 	mc.Label = label(cfg.Cluster)
 	mc.SecretKey = key
 	mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
