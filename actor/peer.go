@@ -1,6 +1,7 @@
 package actor
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"net"
@@ -79,6 +80,28 @@ func (n *Node) peer(name string) *peerState {
 		return (*m)[name]
 	}
 	return nil
+}
+
+// connectedPeer returns the state of the named peer, connecting to it
+// first with gossip membership, where control connections are dialed on
+// first use (bounded by the cluster's dial_timeout); otherwise the error
+// says why there is none.
+func (n *Node) connectedPeer(name string) (*peerState, error) {
+	if ps := n.peer(name); ps != nil {
+		return ps, nil
+	}
+	if n.members == nil || !n.members.OnDemand() || name == n.self.Name {
+		return nil, fmt.Errorf("%w: %s", ErrNodeDown, name)
+	}
+	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.DialTimeout)
+	defer cancel()
+	if _, err := n.members.Connect(ctx, name); err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrNodeDown, name, err)
+	}
+	if ps := n.peer(name); ps != nil {
+		return ps, nil
+	}
+	return nil, fmt.Errorf("%w: %s", ErrNodeDown, name)
 }
 
 // publishPeers copies n.peers into the snapshot peer reads; n.mu is held.

@@ -71,9 +71,8 @@ const maxPooledBody = 64 << 10
 // holds the trace the send continues, when the node traces.
 func (n *Node) sendUser(ctx context.Context, target *pa.PID, header pa.ReadonlyMessageHeader, msg any, sender *pa.PID) {
 	sp := n.startSend(ctx, header, target, msg)
-	ps := n.peer(target.Address)
+	ps, err := n.connectedPeer(target.Address)
 	if ps == nil {
-		err := fmt.Errorf("%w: %s", ErrNodeDown, target.Address)
 		sp.End(err)
 		n.failDelivery(target, sender, err)
 		return
@@ -231,7 +230,7 @@ func (n *Node) sendSystem(target *pa.PID, message any) {
 		n.log.Warn("system message not supported across nodes", zap.Stringer("target", target), zap.String("type", fmt.Sprintf("%T", message)))
 		return
 	}
-	ps := n.peer(target.Address)
+	ps, _ := n.connectedPeer(target.Address)
 	if ps == nil {
 		if s.Kind == wire.SystemWatch {
 			n.removeWatch(target, message.(*pa.Watch).Watcher)

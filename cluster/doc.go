@@ -1,15 +1,37 @@
-// Package cluster keeps track of the members of a tensorferry cluster: one
-// authenticated control connection to every other node of the config
-// (mutual HMAC handshake, optionally under TLS), heartbeats and failure
-// detection, reconnection with backoff, and the data listener where peers'
-// channels dial in. The cluster's description — its nodes, secret, timings
-// and the transport section this package runs by — is package config's
+// Package cluster keeps track of the members of a tensorferry cluster and
+// of the authenticated control connections between them (mutual HMAC
+// handshake, optionally under TLS; shared-memory rings between processes
+// of one host), and accepts the data connections that peers' channels
+// dial. The cluster's description — its nodes, secret, timings and the
+// transport section this package runs by — is package config's
 // *config.Config, read with config.Load; this package only runs it.
 //
+// Two memberships (config's membership key):
+//
+//   - mesh: one control connection to every node of the config, kept
+//     open, with heartbeats on each; a lost connection is a NodeDown, and
+//     it is redialed with backoff. n nodes hold n-1 connections each and
+//     send n-1 heartbeats per interval: the right choice for a few nodes.
+//   - gossip: liveness comes from SWIM gossip (package cluster/gossip,
+//     hashicorp/memberlist, authenticated and encrypted with a key derived
+//     from the secret), seeded from the config's nodes; a member's Leave
+//     (dead after suspicion, gone, restarted) is the NodeDown. Control
+//     connections are dialed on first use (Connect, Peer.Send) and closed
+//     after transport.idle_timeout without a frame, by a goodbye in both
+//     directions that loses nothing in flight and lets nothing overtake
+//     (ondemand.go); the Peer, and everything that hangs on it, outlives
+//     an idle close. A node that talks to few others holds few
+//     connections, and background traffic per node does not grow with
+//     the cluster.
+//
+// The default (membership left out) is the mesh up to
+// config.AutoMeshNodes nodes and gossip above.
+//
 // Settings used here: heartbeat_interval, failure_timeout, dial_timeout,
-// reconnect_min, reconnect_max and tls from the cluster part, and the
-// transport section (max_frame_size, send_queue, handler_takeover,
-// max_data_conns_per_peer, max_data_conns, data_idle_timeout).
+// reconnect_min, reconnect_max, membership, gossip and tls from the
+// cluster part, and the transport section (max_frame_size, send_queue,
+// handler_takeover, max_data_conns_per_peer, max_data_conns,
+// data_idle_timeout, idle_timeout, read_spin, shared_memory).
 //
 //	cfg, err := config.Load("cluster.yaml")
 //	if err != nil {
@@ -19,8 +41,9 @@
 //	if err != nil {
 //		log.Fatal(err)
 //	}
-//	err = m.Start()                       // listen, dial every peer; handler.PeerUp / PeerDown follow
-//	p, ok := m.Peer("b")                  // the peer's control connection, while it is up
+//	err = m.Start()                       // listen; dial every peer (mesh) or join the gossip
+//	p, err := m.Connect(ctx, "b")         // the peer, up, with a control connection open
+//	err = p.Send(ctx, wire.FrameRelease, 0, 0, &rel) // dials again after an idle close (gossip)
 //	nc, err := m.DialData(ctx, "b", "staging") // an authenticated data connection for a channel
 //	defer m.Close()
 //

@@ -13,7 +13,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/memberlist"
+	"github.com/tensorferry/tensorferry/cluster/gossip"
 	"github.com/tensorferry/tensorferry/config"
+	"github.com/tensorferry/tensorferry/discovery"
 	"github.com/tensorferry/tensorferry/shm"
 	"github.com/tensorferry/tensorferry/wire"
 	"go.uber.org/zap"
@@ -30,14 +33,20 @@ var (
 )
 
 // NodeUp is published when a peer has connected, authenticated and sent its
-// capabilities. A peer that restarted comes back with a new Incarnation.
+// capabilities: with the mesh as soon as the connection to it is up, with
+// gossip membership when this node first reaches it (a node never written
+// to is a member — Membership.Members — but not up here). A peer that
+// restarted comes back with a new Incarnation.
 type NodeUp struct {
 	Node        string
 	Incarnation uint64
 }
 
-// NodeDown is published when a peer's control connection is lost or the
-// peer stayed silent longer than FailureTimeout.
+// NodeDown is published when a peer that was up is gone: with the mesh,
+// its control connection is lost or it stayed silent longer than
+// FailureTimeout; with gossip membership, gossip declared it dead, it left
+// or restarted, discovery reported it gone, or a control connection to it
+// broke (not one closed for idleness).
 type NodeDown struct {
 	Node        string
 	Incarnation uint64
@@ -60,40 +69,103 @@ type Handler interface {
 	HandleDataConn(peer string, channel string, conn net.Conn)
 }
 
-// Peer is one live control connection to another node of the cluster.
+// Peer is another node of the cluster as this node sees it: one
+// incarnation of it, from the moment its capabilities arrived (PeerUp) to
+// PeerDown. With the full mesh (membership: mesh) a Peer lives as long as
+// its one control connection; with gossip membership the control
+// connection is dialed on first use and closed after the transport's
+// idle_timeout, and the Peer outlives it: a send after an idle close dials
+// again (see Send).
 type Peer struct {
 	Name        string
 	Incarnation uint64
 	// Caps is the opaque capability body the peer sent after the handshake.
 	Caps []byte
 
-	conn      *wire.Conn
-	transport string // what the connection's bytes go over: shm, tcp, tls...
-	initiator string // which end dialed
-	addr      string // the connection's remote address
+	link      atomic.Pointer[link] // the current control connection; nil while idle (gossip)
+	initiator string               // which end dialed the first connection
 	lastSeen  atomic.Int64
 	up        chan struct{} // closed when caps arrived
 	upOnce    sync.Once
-	m         *Membership
+	downOnce  sync.Once
+	gone      atomic.Bool // no longer its slot's current Peer
+	// gate counts the senders using the current link (low bits), marks a
+	// drain that closes an idle link (gateDrain) and counts sends (high
+	// bits), with gossip membership only (ondemand.go).
+	gate atomic.Uint64
+	// lastTransport is the transport of the latest link.
+	lastTransport atomic.Pointer[string]
+	m             *Membership
+}
+
+// link is one control connection of a Peer.
+type link struct {
+	conn      *wire.Conn
+	transport string // what its bytes go over: shm, tcp, tls...
+	addr      string // its remote address
+	// The idle close (ondemand.go): said once this end sent its GoAway
+	// (CodeIdle), heard once the peer's arrived.
+	said      atomic.Bool
+	heard     chan struct{}
+	heardOnce sync.Once
+}
+
+// setLink makes l the Peer's current link.
+func (p *Peer) setLink(l *link) {
+	p.lastSeen.Store(time.Now().UnixNano())
+	p.lastTransport.Store(&l.transport)
+	p.link.Store(l)
+}
+
+// conn returns the current connection (with the full mesh, the one
+// connection of the Peer).
+func (p *Peer) conn() *wire.Conn {
+	if l := p.link.Load(); l != nil {
+		return l.conn
+	}
+	return nil
 }
 
 // Send queues a frame to the peer; it blocks while the connection's queue is
-// full (backpressure) until ctx is done.
+// full (backpressure) until ctx is done. With gossip membership a peer
+// whose control connection was closed for idleness is dialed again first.
 func (p *Peer) Send(ctx context.Context, t wire.FrameType, flags wire.Flags, stream uint32, body any) error {
-	return p.conn.Send(ctx, t, flags, stream, body)
+	if !p.m.onDemand {
+		return p.link.Load().conn.Send(ctx, t, flags, stream, body)
+	}
+	c, err := p.acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer p.release()
+	return c.Send(ctx, t, flags, stream, body)
 }
 
 // SendMessage queues a user message to the peer, batched with the messages
 // sent while the connection's writer is busy (see wire.Conn.SendMessage);
-// it blocks while the queue is full until ctx is done.
+// it blocks while the queue is full until ctx is done. It dials as Send
+// does.
 func (p *Peer) SendMessage(ctx context.Context, m *wire.Message) error {
-	return p.conn.SendMessage(ctx, m)
+	if !p.m.onDemand {
+		return p.link.Load().conn.SendMessage(ctx, m)
+	}
+	c, err := p.acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer p.release()
+	return c.SendMessage(ctx, m)
 }
 
-// Transport names what the peer's control connection runs over: "shm"
-// (shared memory rings, between processes of one host: see package shm),
-// "tls", or the socket's network ("tcp").
-func (p *Peer) Transport() string { return p.transport }
+// Transport names what the peer's control connection runs over, or ran
+// over last: "shm" (shared memory rings, between processes of one host:
+// see package shm), "tls", or the socket's network ("tcp").
+func (p *Peer) Transport() string {
+	if t := p.lastTransport.Load(); t != nil {
+		return *t
+	}
+	return ""
+}
 
 // HandlerMayBlock says, from within Handler.HandleFrame for a message,
 // that the message has its place downstream (an actor's mailbox, the
@@ -102,11 +174,22 @@ func (p *Peer) Transport() string { return p.transport }
 // hands the connection's reading to a new goroutine (wire.Conn.MayBlock).
 // A call that does not say so is waited for, so that the next message
 // never overtakes it.
-func (p *Peer) HandlerMayBlock() { p.conn.MayBlock() }
+func (p *Peer) HandlerMayBlock() {
+	if c := p.conn(); c != nil {
+		c.MayBlock()
+	}
+}
 
 // Close starts closing the peer's connection with the given cause and
-// returns at once; it is safe to call from Handler methods.
-func (p *Peer) Close(cause error) { p.conn.Fail(cause) }
+// returns at once; the peer goes down. It is safe to call from Handler
+// methods.
+func (p *Peer) Close(cause error) {
+	if c := p.conn(); c != nil {
+		c.Fail(cause)
+		return
+	}
+	p.m.dropPeer(p, cause)
+}
 
 type slot struct {
 	cfg       config.NodeConfig
@@ -125,11 +208,28 @@ type slot struct {
 	// never displaces the live node.
 	highest uint64
 	changed chan struct{} // closed and replaced whenever cur changes
+	// alive: the node is a member now (always, for the config's nodes with
+	// the full mesh; while gossip says so with gossip membership, which
+	// also gives inc, the incarnation it knows).
+	alive bool
+	inc   uint64
+	// gossipAlive: gossip says the node is alive; evicted: the discovery
+	// source said it is gone (discover.go). alive is gossipAlive and not
+	// evicted.
+	gossipAlive bool
+	evicted     bool
+	// idle bookkeeping of the current Peer (ondemand.go): the send count
+	// last seen and when it last changed.
+	sends      uint64
+	sendsMoved int64
+	failures   int // dials failed in a row (connect's backoff)
 }
 
-// Membership keeps one authenticated control connection to every other node
-// in the config, with heartbeats, reconnection with backoff, and NodeUp /
-// NodeDown reports.
+// Membership tracks the other nodes of the cluster and the control
+// connections to them: with the mesh, one to every node of the config,
+// with heartbeats and reconnection with backoff; with gossip membership,
+// the members gossip reports, connected on demand. It reports NodeUp and
+// NodeDown (to its Handler, as PeerUp and PeerDown).
 type Membership struct {
 	cfg         *config.Config
 	transport   config.TransportConfig // cfg.Transport with its defaults
@@ -150,6 +250,15 @@ type Membership struct {
 	readSpin       time.Duration
 	shm            shm.Config
 	shmOffer       bool // shm.Usable: offered and accepted in handshakes
+	// onDemand: gossip membership (gossip.go) with control connections
+	// dialed on first use (ondemand.go); false: the full mesh.
+	onDemand bool
+	gossip   *gossip.Gossip
+	joined   chan struct{} // closed and replaced when a member joins (gossip)
+	disc     discovery.Discovery
+	seeds    map[string]config.NodeConfig // nodes the discovery source announces
+	seedWake chan struct{}
+	opts     Options
 
 	mu        sync.Mutex
 	slots     map[string]*slot
@@ -168,6 +277,10 @@ type Options struct {
 	// Network is where the node listens and dials; nil means TCP. Tests
 	// pass an in-memory network to inject faults.
 	Network Network
+	// GossipTransport, when set, wraps the transport of the node's gossip
+	// (gossip membership only): tests and benchmarks count its packets or
+	// freeze a node with it. Nil: memberlist's UDP and TCP transport.
+	GossipTransport func(memberlist.Transport) memberlist.Transport
 	// SharedMemory configures the shared-memory transport (package shm) of
 	// control connections between processes of one host, on by default
 	// (and off when the config's transport.shared_memory is false): both
@@ -237,9 +350,18 @@ func NewMembership(cfg *config.Config, self string, incarnation uint64, h Handle
 	} else {
 		m.shmOffer = true
 	}
-	for _, n := range cfg.Nodes {
-		if n.Name != self {
-			m.slots[n.Name] = &slot{cfg: n, changed: make(chan struct{})}
+	m.opts = opts
+	m.joined = make(chan struct{})
+	m.onDemand = cfg.MembershipMode() == config.MembershipGossip
+	if !m.onDemand && cfg.Discovery != nil {
+		return nil, errors.New("cluster: discovery needs gossip membership (membership: gossip, or leave membership out)")
+	}
+	if !m.onDemand {
+		// The full mesh: every node of the config, dialed from Start on.
+		for _, n := range cfg.Nodes {
+			if n.Name != self {
+				m.slots[n.Name] = &slot{cfg: n, changed: make(chan struct{}), alive: true}
+			}
 		}
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
@@ -260,9 +382,28 @@ func (m *Membership) Start() error {
 	m.mu.Lock()
 	m.lns = []net.Listener{cl, dl}
 	m.mu.Unlock()
+	// Listeners are up: a Close from now on stops them.
 	m.wg.Add(2)
 	go m.acceptLoop(cl, false)
 	go m.acceptLoop(dl, true)
+	if m.onDemand {
+		err := m.startGossip()
+		if err == nil {
+			err = m.startDiscovery()
+		}
+		if err != nil {
+			m.cancel()
+			cl.Close()
+			dl.Close()
+			m.stopDiscovery()
+			m.wg.Wait()
+			m.stopGossip()
+			return err
+		}
+		m.wg.Add(1)
+		go m.idleLoop()
+		return nil
+	}
 	for name := range m.slots {
 		m.wg.Add(1)
 		go m.dialLoop(name)
@@ -305,10 +446,13 @@ func (m *Membership) LastError(name string) error {
 	return fmt.Errorf("%w: %q", ErrUnknownNode, name)
 }
 
-// Known reports whether name is a node of the config other than self.
+// Known reports whether name is another node of the cluster now: in the
+// config with the full mesh, alive in gossip with gossip membership.
 func (m *Membership) Known(name string) bool {
-	_, ok := m.slots[name]
-	return ok
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.slots[name]
+	return ok && s.alive
 }
 
 // Peers returns the peers that are up.
@@ -328,8 +472,12 @@ func (m *Membership) Peers() []*Peer {
 	return out
 }
 
-// WaitUp blocks until the named peer is up or ctx is done.
+// WaitUp blocks until the named peer is up or ctx is done. With gossip
+// membership it waits for the node to join and dials it (see Connect).
 func (m *Membership) WaitUp(ctx context.Context, name string) (*Peer, error) {
+	if m.onDemand {
+		return m.waitMember(ctx, name)
+	}
 	for {
 		m.mu.Lock()
 		s, ok := m.slots[name]
@@ -351,6 +499,35 @@ func (m *Membership) WaitUp(ctx context.Context, name string) (*Peer, error) {
 		}
 		select {
 		case <-changed:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("cluster: waiting for %s: %w", name, ctx.Err())
+		case <-m.ctx.Done():
+			return nil, ErrClosed
+		}
+	}
+}
+
+// waitMember waits until the named node is a member (gossip), then
+// connects to it.
+func (m *Membership) waitMember(ctx context.Context, name string) (*Peer, error) {
+	for {
+		m.mu.Lock()
+		s, ok := m.slots[name]
+		known := ok && s.alive
+		joined := m.joined
+		m.mu.Unlock()
+		if known {
+			p, err := m.connect(ctx, name, nil)
+			if err == nil || ctx.Err() != nil {
+				return p, err
+			}
+			if _, ok := ctx.Deadline(); !ok {
+				return nil, err // connect's own deadline passed
+			}
+			continue // it left meanwhile, or a dial failed: wait on
+		}
+		select {
+		case <-joined:
 		case <-ctx.Done():
 			return nil, fmt.Errorf("cluster: waiting for %s: %w", name, ctx.Err())
 		case <-m.ctx.Done():
@@ -486,6 +663,16 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 			return admitErr
 		}
 		s := m.slots[p.Node]
+		if s == nil || !s.alive {
+			admitErr = &wire.ConnError{Code: wire.CodeNotFound,
+				Reason: fmt.Sprintf("node %q is not a member of cluster %q at node %q (yet)", p.Node, m.cfg.Cluster, m.self.Name)}
+			return admitErr
+		}
+		if m.onDemand && s.inc != p.Incarnation {
+			admitErr = &wire.ConnError{Code: wire.CodeUnavailable,
+				Reason: fmt.Sprintf("node %s knows incarnation %d of %s, not %d (yet)", m.self.Name, s.inc, p.Node, p.Incarnation)}
+			return admitErr
+		}
 		if s.dialing && m.self.Name < p.Node {
 			tieBreak = true
 			admitErr = &wire.ConnError{Code: wire.CodeUnavailable,
@@ -494,7 +681,7 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 		}
 		// A connection that attach would close as a duplicate is refused
 		// now, before the shared-memory upgrade.
-		if s.cur != nil && s.cur.Incarnation == p.Incarnation && m.keeps(s.cur, p.Node) {
+		if s.cur != nil && s.cur.Incarnation == p.Incarnation && m.duplicate(s.cur, p.Node) {
 			duplicate = true
 			admitErr = &wire.ConnError{Code: wire.CodeUnavailable,
 				Reason: fmt.Sprintf("%s already has a connection from this incarnation of %s", m.self.Name, p.Node)}
@@ -512,8 +699,8 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 		if accepting != nil {
 			m.mu.Lock()
 			accepting.accepting = false
+			accepting.signal()
 			m.mu.Unlock()
-			m.wakeDialer(accepting)
 		}
 		switch {
 		case tieBreak:
@@ -546,8 +733,8 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 		}
 		m.mu.Lock()
 		accepting.accepting = false
+		accepting.signal()
 		m.mu.Unlock()
-		m.wakeDialer(accepting)
 		return
 	}
 	m.attach(nc, peer, peer.Node)
@@ -563,7 +750,7 @@ func (m *Membership) reserveData(p wire.Peer) error {
 	switch {
 	case m.closed:
 		return &wire.ConnError{Code: wire.CodeShutdown, Reason: "node " + m.self.Name + " shutting down"}
-	case s.cur == nil || s.cur.Incarnation != p.Incarnation:
+	case s == nil || s.cur == nil || s.cur.Incarnation != p.Incarnation:
 		return &wire.ConnError{Code: wire.CodeUnavailable,
 			Reason: fmt.Sprintf("data connection refused: %s (incarnation %d) has no control connection to %s", p.Node, p.Incarnation, m.self.Name)}
 	case s.dataConns >= m.maxDataPerPeer:
@@ -580,8 +767,10 @@ func (m *Membership) reserveData(p wire.Peer) error {
 
 func (m *Membership) releaseData(node string) {
 	m.mu.Lock()
-	m.slots[node].dataConns--
+	s := m.slots[node]
+	s.dataConns--
 	m.dataConns--
+	m.forgetIfGone(s)
 	m.mu.Unlock()
 }
 
@@ -644,7 +833,13 @@ func readFull(c net.Conn, b []byte) (int, error) {
 // DialData opens an authenticated data connection to node's data listener
 // for the named channel (a name as in Config.DisableChannels).
 func (m *Membership) DialData(ctx context.Context, node, channel string) (net.Conn, error) {
+	m.mu.Lock()
 	s, ok := m.slots[node]
+	var addr string
+	if ok {
+		addr = s.cfg.DataAddress
+	}
+	m.mu.Unlock()
 	if !ok {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownNode, node)
 	}
@@ -652,7 +847,7 @@ func (m *Membership) DialData(ctx context.Context, node, channel string) (net.Co
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
 	dctx, cancel := context.WithTimeout(ctx, m.cfg.DialTimeout)
-	nc, err := m.net.DialContext(dctx, s.cfg.DataAddress)
+	nc, err := m.net.DialContext(dctx, addr)
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("cluster: dial data %s: %w", node, err)
@@ -730,14 +925,26 @@ func (m *Membership) dial(nc config.NodeConfig) error {
 	return nil
 }
 
-// attach makes nc the peer's control connection. A connection to the same
-// incarnation never replaces one that is up (no flapping); one that is not
-// up yet gives way to the connection dialed by the node with the smaller
-// name.
+// attach makes nc the peer's control connection. With the full mesh a
+// connection to the same incarnation never replaces one that is up (no
+// flapping); one that is not up yet gives way to the connection dialed by
+// the node with the smaller name. With gossip membership a connection to
+// the incarnation already known becomes the Peer's next link, once the
+// link it closed for idleness has finished.
 func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
-	p := &Peer{Name: wp.Node, Incarnation: wp.Incarnation, initiator: initiator, up: make(chan struct{}), m: m, addr: remoteAddr(nc), transport: transportOf(nc)}
-	p.lastSeen.Store(time.Now().UnixNano())
-	p.conn = wire.NewConn(nc, wp, wire.ConnOptions{
+	if initiator != m.self.Name {
+		defer func() {
+			m.mu.Lock()
+			if s := m.slots[wp.Node]; s != nil {
+				s.accepting = false
+			}
+			m.mu.Unlock()
+			m.wake(wp.Node)
+		}()
+	}
+	l := &link{transport: transportOf(nc), addr: remoteAddr(nc), heard: make(chan struct{})}
+	var p *Peer // set by placeLink before the connection starts
+	l.conn = wire.NewConn(nc, wp, wire.ConnOptions{
 		MaxFrameSize: uint32(m.transport.MaxFrameSize),
 		SendQueue:    m.transport.SendQueue,
 		DirectWrite:  true,
@@ -748,65 +955,108 @@ func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
 		HandlerTakeover: m.transport.HandlerTakeover,
 		ReadSpin:        m.readSpin,
 		Logger:          m.log,
-		Handler:         func(f wire.Frame) { m.frame(p, f) },
-		OnClose:         func(err error) { m.connClosed(p, err) },
+		Handler:         func(f wire.Frame) { m.frame(p, l, f) },
+		OnClose:         func(err error) { m.connClosed(p, l, err) },
 	})
-	m.mu.Lock()
-	s := m.slots[wp.Node]
-	if initiator != m.self.Name {
-		s.accepting = false
-		defer m.wakeDialer(s)
-	}
-	if m.closed {
-		m.mu.Unlock()
-		// The peer's handshake succeeded: say goodbye, as Close does to
-		// the peers it knew, so that it does not see a failure.
-		_ = nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-		_ = wire.NewFramer(nc, nil).WriteBody(wire.FrameGoAway, 0, 0, &wire.GoAway{Code: wire.CodeShutdown, Reason: "node " + m.self.Name + " shutting down"})
-		_ = p.conn.Close(ErrClosed)
+	p, old, ok := m.placeLink(nc, l, wp, initiator)
+	if !ok {
+		_ = l.conn.Close(ErrClosed)
 		return
 	}
-	if wp.Incarnation < s.highest {
-		live, liveAddr := s.highest, "(not connected now)"
-		if s.cur != nil {
-			liveAddr = s.cur.addr
-		}
-		m.mu.Unlock()
-		m.log.Error("connection from an older incarnation refused: the higher incarnation wins",
-			zap.String("peer", wp.Node), zap.Uint64("incarnation", wp.Incarnation), zap.String("address", remoteAddr(nc)),
-			zap.Uint64("live_incarnation", live), zap.String("live_address", liveAddr))
-		_ = nc.Close()
-		return
-	}
-	old := s.cur
-	if old != nil && old.Incarnation == wp.Incarnation {
-		if m.keeps(old, initiator) {
-			m.mu.Unlock()
-			m.log.Info("duplicate connection closed", zap.String("peer", wp.Node))
-			_ = nc.Close()
-			return
-		}
-	}
-	s.cur = p
-	s.highest = max(s.highest, wp.Incarnation)
-	close(s.changed)
-	s.changed = make(chan struct{})
-	m.mu.Unlock()
+	m.wake(wp.Node)
 	if old != nil {
 		reason := errors.New("replaced by a new connection")
 		if old.Incarnation != wp.Incarnation {
 			reason = fmt.Errorf("restarted as incarnation %d", wp.Incarnation)
 		}
 		m.down(old, reason)
-		_ = old.conn.Close(reason)
+		if c := old.conn(); c != nil {
+			_ = c.Close(reason)
+		}
 	}
 	// Caps are queued before the connection starts: once the peer's caps
 	// arrive (the reader runs from Start on) this node may send messages,
 	// and they must not overtake its own caps.
-	if err := p.conn.Send(m.ctx, wire.FrameCaps, 0, 0, &wire.Caps{Body: m.caps}); err != nil {
-		p.conn.Fail(err)
+	if err := l.conn.Send(m.ctx, wire.FrameCaps, 0, 0, &wire.Caps{Body: m.caps}); err != nil {
+		l.conn.Fail(err)
 	}
-	p.conn.Start()
+	l.conn.Start()
+}
+
+// placeLink decides which Peer a new authenticated control connection
+// serves: a new Peer (replacing old, which the caller takes down), or with
+// gossip membership the known Peer of that incarnation. It returns ok
+// false, with nc closed, when the connection is refused.
+func (m *Membership) placeLink(nc net.Conn, l *link, wp wire.Peer, initiator string) (p, old *Peer, ok bool) {
+	deadline := time.Now().Add(m.cfg.DialTimeout)
+	for {
+		m.mu.Lock()
+		s := m.slots[wp.Node]
+		switch {
+		case m.closed:
+			m.mu.Unlock()
+			// The peer's handshake succeeded: say goodbye, as Close does to
+			// the peers it knew, so that it does not see a failure.
+			_ = nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+			_ = wire.NewFramer(nc, nil).WriteBody(wire.FrameGoAway, 0, 0, &wire.GoAway{Code: wire.CodeShutdown, Reason: "node " + m.self.Name + " shutting down"})
+			return nil, nil, false
+		case s == nil:
+			m.mu.Unlock()
+			m.log.Info("connection from a node that left refused", zap.String("peer", wp.Node))
+			return nil, nil, false
+		case wp.Incarnation < s.highest:
+			live, liveAddr := s.highest, "(not connected now)"
+			if l := s.curLink(); l != nil {
+				liveAddr = l.addr
+			}
+			m.mu.Unlock()
+			m.log.Error("connection from an older incarnation refused: the higher incarnation wins",
+				zap.String("peer", wp.Node), zap.Uint64("incarnation", wp.Incarnation), zap.String("address", remoteAddr(nc)),
+				zap.Uint64("live_incarnation", live), zap.String("live_address", liveAddr))
+			return nil, nil, false
+		}
+		cur := s.cur
+		if cur != nil && cur.Incarnation == wp.Incarnation {
+			if m.onDemand {
+				if cur.link.Load() == nil {
+					cur.setLink(l)
+					m.mu.Unlock()
+					return cur, nil, true
+				}
+				if cur.gate.Load()&gateDrain != 0 && time.Now().Before(deadline) {
+					// The link it replaces is closing for idleness: its
+					// frames are delivered first.
+					changed := s.changed
+					m.mu.Unlock()
+					t := time.NewTimer(time.Until(deadline))
+					select {
+					case <-changed:
+					case <-t.C:
+					case <-m.ctx.Done():
+					}
+					t.Stop()
+					continue
+				}
+				m.mu.Unlock()
+				m.log.Info("duplicate connection closed", zap.String("peer", wp.Node))
+				return nil, nil, false
+			}
+			if m.keeps(cur, initiator) {
+				m.mu.Unlock()
+				m.log.Info("duplicate connection closed", zap.String("peer", wp.Node))
+				return nil, nil, false
+			}
+		}
+		p = &Peer{Name: wp.Node, Incarnation: wp.Incarnation, initiator: initiator, up: make(chan struct{}), m: m}
+		p.setLink(l)
+		if cur != nil {
+			cur.gone.Store(true)
+		}
+		s.cur = p
+		s.highest = max(s.highest, wp.Incarnation)
+		m.mu.Unlock()
+		return p, cur, true
+	}
 }
 
 // transportOf names what nc runs over (Peer.Transport).
@@ -831,34 +1081,50 @@ func remoteAddr(nc net.Conn) string {
 	return "?"
 }
 
-// wakeDialer wakes the dial loop of s, which may wait for an accepted
-// connection to be attached (accepting).
-func (m *Membership) wakeDialer(s *slot) {
+// wake tells whoever waits on the named node's slot (dialers, WaitUp,
+// Connect, an accepted connection waiting for a link to close) that it
+// changed.
+func (m *Membership) wake(node string) {
 	m.mu.Lock()
-	close(s.changed)
-	s.changed = make(chan struct{})
+	if s := m.slots[node]; s != nil {
+		s.signal()
+	}
 	m.mu.Unlock()
 }
 
-func (m *Membership) frame(p *Peer, f wire.Frame) {
+// signal closes and replaces s.changed; m.mu is held.
+func (s *slot) signal() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// curLink returns the link of the slot's current Peer, if any; m.mu is
+// held.
+func (s *slot) curLink() *link {
+	if s.cur == nil {
+		return nil
+	}
+	return s.cur.link.Load()
+}
+
+func (m *Membership) frame(p *Peer, l *link, f wire.Frame) {
 	p.lastSeen.Store(time.Now().UnixNano())
 	switch f := f.(type) {
 	case *wire.CapsFrame:
-		p.Caps = append([]byte(nil), f.Caps.Body...)
 		first := false
 		p.upOnce.Do(func() { first = true })
 		if first {
+			p.Caps = append([]byte(nil), f.Caps.Body...)
 			// The handler learns first, so that a WaitUp that returns finds
 			// the peer ready everywhere.
 			m.log.Info("node up", zap.String("peer", p.Name), zap.Uint64("incarnation", p.Incarnation))
 			m.h.PeerUp(p)
 			m.mu.Lock()
 			s := m.slots[p.Name]
-			current := s.cur == p
+			current := s != nil && s.cur == p
 			if current {
 				close(p.up)
-				close(s.changed)
-				s.changed = make(chan struct{})
+				s.signal()
 			}
 			m.mu.Unlock()
 			if !current {
@@ -866,33 +1132,67 @@ func (m *Membership) frame(p *Peer, f wire.Frame) {
 			}
 		}
 	case *wire.PingFrame:
-		_ = p.conn.Send(m.ctx, wire.FramePong, 0, 0, &wire.Pong{Seq: f.Ping.Seq, UnixNano: f.Ping.UnixNano})
+		_ = l.conn.Send(m.ctx, wire.FramePong, 0, 0, &wire.Pong{Seq: f.Ping.Seq, UnixNano: f.Ping.UnixNano})
 	case *wire.PongFrame:
 	case *wire.GoAwayFrame:
+		if f.GoAway.Code == wire.CodeIdle && m.onDemand {
+			m.heardIdle(p, l)
+			return
+		}
 		m.log.Info("peer goes away", zap.String("peer", p.Name), zap.String("reason", f.GoAway.Reason))
-		p.conn.End(fmt.Errorf("%w: peer goes away: %s", ErrNodeDown, f.GoAway.Reason))
+		l.conn.End(fmt.Errorf("%w: peer goes away: %s", ErrNodeDown, f.GoAway.Reason))
 	default:
 		select {
 		case <-p.up:
 			m.h.HandleFrame(p, f)
 		default:
-			p.conn.Fail(fmt.Errorf("cluster: %v frame before capabilities", f.Header().Type))
+			l.conn.Fail(fmt.Errorf("cluster: %v frame before capabilities", f.Header().Type))
 		}
 	}
 }
 
-func (m *Membership) connClosed(p *Peer, err error) {
+// connClosed runs when one of p's links closed. A link closed for
+// idleness leaves p up (gossip membership); any other end takes p down.
+func (m *Membership) connClosed(p *Peer, l *link, err error) {
+	if p == nil {
+		return // refused before it served a Peer
+	}
+	if m.onDemand && l.idleDone() {
+		p.link.CompareAndSwap(l, nil)
+		p.gate.And(^gateDrain)
+		m.log.Debug("idle control connection closed", zap.String("peer", p.Name))
+		m.wake(p.Name)
+		return
+	}
+	if m.retire(p) {
+		m.down(p, err)
+	}
+}
+
+// retire makes p no longer its node's current Peer, reporting whether it
+// was.
+func (m *Membership) retire(p *Peer) bool {
 	m.mu.Lock()
 	s := m.slots[p.Name]
-	current := s.cur == p
+	current := s != nil && s.cur == p
 	if current {
 		s.cur = nil
-		close(s.changed)
-		s.changed = make(chan struct{})
+		s.signal()
 	}
 	m.mu.Unlock()
+	p.gone.Store(true)
+	return current
+}
+
+// dropPeer takes p down without a connection of its own to close (gossip
+// membership: the node left, or p is idle and its Close was called).
+func (m *Membership) dropPeer(p *Peer, cause error) {
+	current := m.retire(p)
+	if c := p.conn(); c != nil {
+		c.Fail(cause)
+	}
 	if current {
-		m.down(p, err)
+		m.down(p, cause)
 	}
 }
 
@@ -903,7 +1203,7 @@ func (m *Membership) connClosed(p *Peer, err error) {
 // and one that is closing always does. m.mu is held.
 func (m *Membership) keeps(old *Peer, initiator string) bool {
 	select {
-	case <-old.conn.Done():
+	case <-old.link.Load().conn.Done():
 		return false
 	default:
 	}
@@ -920,11 +1220,16 @@ func isUp(p *Peer) bool {
 	}
 }
 
-// down reports p down if it had come up.
+// down reports p down if it had come up, once.
 func (m *Membership) down(p *Peer, cause error) {
 	select {
 	case <-p.up:
 	default:
+		return
+	}
+	first := false
+	p.downOnce.Do(func() { first = true })
+	if !first {
 		return
 	}
 	m.log.Info("node down", zap.String("peer", p.Name), zap.Uint64("incarnation", p.Incarnation), zap.Error(cause))
@@ -952,11 +1257,11 @@ func (m *Membership) heartbeatLoop() {
 			m.mu.Unlock()
 			for _, p := range peers {
 				if silent := now.Sub(time.Unix(0, p.lastSeen.Load())); silent > m.cfg.FailureTimeout {
-					p.conn.Fail(fmt.Errorf("%w: silent for %v (failure timeout %v)", ErrNodeDown, silent.Round(time.Millisecond), m.cfg.FailureTimeout))
+					p.conn().Fail(fmt.Errorf("%w: silent for %v (failure timeout %v)", ErrNodeDown, silent.Round(time.Millisecond), m.cfg.FailureTimeout))
 					continue
 				}
 				ctx, cancel := context.WithTimeout(m.ctx, m.cfg.HeartbeatInterval)
-				_ = p.conn.Send(ctx, wire.FramePing, 0, 0, &wire.Ping{Seq: seq, UnixNano: now.UnixNano()})
+				_ = p.conn().Send(ctx, wire.FramePing, 0, 0, &wire.Ping{Seq: seq, UnixNano: now.UnixNano()})
 				cancel()
 			}
 		}
@@ -981,20 +1286,30 @@ func (m *Membership) Close() error {
 	}
 	m.mu.Unlock()
 	for _, p := range peers {
+		c := p.conn()
+		if c == nil {
+			continue
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-		if p.conn.Send(ctx, wire.FrameGoAway, 0, 0, &wire.GoAway{Code: wire.CodeShutdown, Reason: "node " + m.self.Name + " shutting down"}) == nil {
-			_ = p.conn.Flush(ctx)
+		if c.Send(ctx, wire.FrameGoAway, 0, 0, &wire.GoAway{Code: wire.CodeShutdown, Reason: "node " + m.self.Name + " shutting down"}) == nil {
+			_ = c.Flush(ctx)
 		}
 		cancel()
 	}
+	m.stopDiscovery()
+	m.leaveGossip()
 	m.cancel()
 	for _, l := range lns {
 		l.Close()
 	}
 	for _, p := range peers {
-		_ = p.conn.Close(ErrClosed)
+		if c := p.conn(); c != nil {
+			_ = c.Close(ErrClosed)
+		}
+		m.dropPeer(p, ErrClosed) // an idle one (gossip) has no connection to close
 	}
 	m.wg.Wait()
+	m.stopGossip()
 	return nil
 }
 

@@ -38,8 +38,8 @@ func (m *Membership) Conns() map[ConnKey]int {
 	out := map[ConnKey]int{}
 	m.mu.Lock()
 	for _, s := range m.slots {
-		if s.cur != nil {
-			out[ConnKey{wire.PurposeControl, s.cur.transport}]++
+		if l := s.curLink(); l != nil {
+			out[ConnKey{wire.PurposeControl, l.transport}]++
 		}
 	}
 	m.mu.Unlock()

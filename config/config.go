@@ -81,6 +81,15 @@ type Config struct {
 	// cluster must agree on it. Default nil (no TLS).
 	TLS *TLSConfig
 
+	// Membership chooses how nodes learn who is alive and when they
+	// connect (YAML: membership): MembershipMesh keeps a control connection
+	// to every node with heartbeats on each; MembershipGossip runs SWIM
+	// gossip (hashicorp/memberlist, section gossip) for liveness and dials
+	// control connections on first use, closing them after
+	// transport.idle_timeout. Default "" (MembershipAuto): the mesh up to
+	// AutoMeshNodes nodes in the node list, gossip above.
+	Membership string
+
 	// Transport tunes the control connections (YAML: transport).
 	Transport TransportConfig
 	// Flow bounds what tensors in flight may hold (YAML: flow).
@@ -96,8 +105,14 @@ type Config struct {
 	// Gossip tunes the gossip membership, package cluster/gossip (YAML:
 	// gossip); its timings default to fractions of FailureTimeout.
 	Gossip GossipConfig
+	// Discovery, when set, is where nodes learn the cluster's members
+	// besides Nodes (YAML: discovery; package discovery). Default nil:
+	// Nodes is the whole cluster.
+	Discovery *DiscoveryConfig
 
-	// Nodes lists every node of the cluster; there is at least one.
+	// Nodes lists every node of the cluster; there is at least one, unless
+	// Discovery is set: then it may be empty or list some nodes only (the
+	// others register themselves).
 	Nodes []NodeConfig
 
 	// dir is the directory relative secret paths resolve against.
@@ -105,6 +120,33 @@ type Config struct {
 	// lines maps field paths ("nodes[1].address") to their YAML line, for
 	// error messages; nil for configs built in code.
 	lines map[string]int
+}
+
+// Membership modes (Config.Membership).
+const (
+	MembershipAuto   = ""
+	MembershipMesh   = "mesh"
+	MembershipGossip = "gossip"
+)
+
+// AutoMeshNodes is the largest node list for which MembershipAuto runs
+// the full mesh (see BENCHMARKS.md, "Scale: membership").
+const AutoMeshNodes = 16
+
+// MembershipMode returns the membership the cluster runs: Membership, or
+// for MembershipAuto gossip with a discovery section, else the mesh for
+// at most AutoMeshNodes nodes and gossip above.
+func (c *Config) MembershipMode() string {
+	if c.Membership != MembershipAuto {
+		return c.Membership
+	}
+	if c.Discovery != nil {
+		return MembershipGossip
+	}
+	if len(c.Nodes) <= AutoMeshNodes {
+		return MembershipMesh
+	}
+	return MembershipGossip
 }
 
 // NodeConfig describes one node of the cluster.
@@ -263,7 +305,8 @@ func (c *Config) ChannelDisabled(node, channel string) bool {
 // transport.max_frame_size, flow.receive_budget_per_peer ≤
 // flow.receive_budget, staging.max_ring_bytes ≥ staging.chunk_size,
 // verbs.window ≤ verbs.send_queue, gossip.probe_timeout <
-// gossip.probe_interval, distinct node names and addresses,
+// gossip.probe_interval, distinct node names and addresses, at
+// least one node unless Discovery is set,
 // pprof only with metrics_address). It reads the TLS files once. Every
 // error it returns is an *Error matching ErrInvalid; for configs read from
 // YAML it names the line. Validating a valid config again changes nothing.
@@ -303,6 +346,7 @@ func (c *Config) fillDefaults() {
 	c.Verbs = c.Verbs.WithDefaults()
 	c.Memory = c.Memory.WithDefaults()
 	c.Gossip = c.Gossip.WithDefaults(c.FailureTimeout)
+	c.Discovery.fillDefaults()
 }
 
 // errf returns a *Error for field, with the field's line (or that of
@@ -328,6 +372,14 @@ func (c *Config) line(field string) int {
 }
 
 func (c *Config) validateSettings() error {
+	switch c.Membership {
+	case MembershipAuto, MembershipMesh, MembershipGossip:
+	default:
+		return c.errf("membership", "%q is not a membership: use %q or %q (or leave it out)", c.Membership, MembershipMesh, MembershipGossip)
+	}
+	if c.Membership == MembershipMesh && c.Discovery != nil {
+		return c.errf("membership", "the mesh dials the nodes of the file; a discovery section needs gossip (membership: gossip, or leave it out)")
+	}
 	if err := checkName(c.Cluster); err != nil {
 		return c.errf("cluster", "%w", err)
 	}
@@ -349,6 +401,7 @@ func (c *Config) validateSettings() error {
 	for _, check := range []func(*Config) error{
 		c.Transport.validate, c.Flow.validate, c.Staging.validate,
 		c.IPC.validate, c.Verbs.validate, c.Memory.validate, c.Gossip.validate,
+		c.Discovery.validate,
 	} {
 		if err := check(c); err != nil {
 			return err
@@ -514,8 +567,8 @@ func trimNewline(b []byte) []byte {
 }
 
 func (c *Config) validateNodes() error {
-	if len(c.Nodes) == 0 {
-		return c.errf("nodes", "at least one node is required")
+	if len(c.Nodes) == 0 && c.Discovery == nil {
+		return c.errf("nodes", "at least one node is required (or a discovery section)")
 	}
 	names := make(map[string]int, len(c.Nodes))
 	type owner struct {

@@ -52,6 +52,7 @@ failure_timeout: 1s
 dial_timeout: 3s
 reconnect_min: 1ms
 reconnect_max: 1m
+membership: gossip
 disable_channels: [ipc, verbs, nvlink_p2p-2]
 nodes:
   - name: n0
@@ -71,6 +72,7 @@ transport:
   max_data_conns_per_peer: 2
   max_data_conns: 3
   data_idle_timeout: 4s
+  idle_timeout: 40s
   shared_memory: false
 flow:
   transfer_timeout: 2h
@@ -88,6 +90,7 @@ staging:
   max_ring_bytes: 8MiB
   stripes: 3
   stripe_min: 32MiB
+  idle_timeout: 41s
 ipc:
   shm_dir: /tmp
   challenge_ttl: 11s
@@ -151,10 +154,10 @@ func TestParseValid(t *testing.T) {
 				M MemoryConfig
 			}{
 				TransportConfig{MaxFrameSize: 1 << 30, InlineThreshold: 1024, InlineDevice: true, SendQueue: 16, HandlerTakeover: time.Millisecond, ReadSpin: 20 * time.Microsecond,
-					MaxDataConnsPerPeer: 2, MaxDataConns: 3, DataIdleTimeout: 4 * time.Second, SharedMemory: false},
+					MaxDataConnsPerPeer: 2, MaxDataConns: 3, DataIdleTimeout: 4 * time.Second, IdleTimeout: 40 * time.Second, SharedMemory: false},
 				FlowConfig{TransferTimeout: 2 * time.Hour, RefTTL: time.Hour, MaxInFlight: 5, MaxInFlightBytes: 6 << 20,
 					ReceiveBudget: 7 << 30, ReceiveBudgetPerPeer: 1 << 30, ReceiveWindow: 8, InboxMessages: 9, InboxBytes: 10 << 10},
-				StagingConfig{ChunkSize: 512 << 10, ChunksInFlight: 16, MaxRingBytes: 8 << 20, Stripes: 3, StripeMin: 32 << 20},
+				StagingConfig{ChunkSize: 512 << 10, ChunksInFlight: 16, MaxRingBytes: 8 << 20, Stripes: 3, StripeMin: 32 << 20, IdleTimeout: 41 * time.Second},
 				IPCConfig{ShmDir: "/tmp", ChallengeTTL: 11 * time.Second, CopyChunk: 12 << 20, CopyWindow: 13, CancelGrace: 14 * time.Second,
 					MaxMappings: 15, MaxAcquisitions: 16, IdleLanes: 17, DirectMargin: 18 * time.Millisecond, NoDirect: true},
 				VerbsConfig{Device: "mlx5_0", Port: 2, ChunkSize: 2 << 20, Window: 19, SendQueue: 20, CacheBytes: 21 << 20,
@@ -165,6 +168,9 @@ func TestParseValid(t *testing.T) {
 			if c.Transport != wantSections.T || c.Flow != wantSections.F || c.Staging != wantSections.S ||
 				c.IPC != wantSections.I || c.Verbs != wantSections.V || c.Memory != wantSections.M {
 				t.Errorf("sections:\n%+v\n%+v\n%+v\n%+v\n%+v\n%+v\nwant %+v", c.Transport, c.Flow, c.Staging, c.IPC, c.Verbs, c.Memory, wantSections)
+			}
+			if c.Membership != MembershipGossip || c.MembershipMode() != MembershipGossip {
+				t.Errorf("membership %q (%q)", c.Membership, c.MembershipMode())
 			}
 			if n := c.Nodes[0]; n.MetricsAddress != ":9100" || !n.Pprof {
 				t.Errorf("metrics %q, pprof %v", n.MetricsAddress, n.Pprof)
@@ -269,6 +275,10 @@ func TestParseInvalid(t *testing.T) {
 			`config: line 6: nodes[0].data_address: duplicate of nodes[0].address ("127.0.0.1:7001")`, ""},
 		{"data address duplicate", strings.Replace(base, "7002\n", "7002\n    data_address: 127.0.0.1:7101\n", 1),
 			`config: line 8: nodes[1].data_address: duplicate of nodes[0] ("127.0.0.1:7101")`, ""},
+		{"unknown membership", strings.Replace(base, "nodes:", "membership: swim\nnodes:", 1),
+			`config: line 3: membership: "swim" is not a membership: use "mesh" or "gossip" (or leave it out)`, ""},
+		{"idle timeout too short", strings.Replace(base, "nodes:", "transport:\n  idle_timeout: 1ms\nnodes:", 1),
+			`config: line 4: transport.idle_timeout: `, ""},
 		{"unknown key", strings.Replace(base, "nodes:", "heartbeat: 1s\nnodes:", 1),
 			`config: line 3: heartbeat: unknown key`, ""},
 		{"unknown node key", strings.Replace(base, "    address: 127.0.0.1:7002", "    adress: 127.0.0.1:7002", 1),

@@ -17,6 +17,7 @@
 //	Config.IPC        IPCConfig        the CUDA IPC channel (rdma/ipc)
 //	Config.Verbs      VerbsConfig      the RDMA verbs channel (rdma/verbs)
 //	Config.Memory     MemoryConfig     the caching CUDA allocators (memory)
+//	Config.Discovery  *DiscoveryConfig where members are learnt besides Nodes (discovery)
 //	Config.Gossip     GossipConfig     gossip membership and failure detection (cluster/gossip)
 //
 // # The file
@@ -96,6 +97,13 @@
 //	  service_level: 0             # InfiniBand QoS; ≤ 15
 //	memory:
 //	  cuda_cache_bytes: 0          # 0: max(1GiB, an eighth of the device)
+//	discovery:                     # optional: nodes register in etcd (package discovery)
+//	  etcd:
+//	    endpoints: [http://10.0.0.9:2379]  # required; http:// or https://, tried in turn
+//	    prefix: /tensorferry/      # keys: {prefix}{cluster}/nodes/{name}
+//	    lease_ttl: 10s             # whole seconds, 2s..1h; kept alive every ttl/3
+//	    dial_timeout: 2s           # each request to etcd but the watch; ≥ 10ms
+//	nodes:                         # with discovery: may be empty or list some nodes only
 //	gossip:                        # membership by gossip (package cluster/gossip, memberlist)
 //	  probe_interval: 250ms        # ≥ 10ms; default failure_timeout/12
 //	  probe_timeout: 125ms         # < probe_interval; default probe_interval/2

@@ -147,11 +147,6 @@ func (g GossipConfig) validate(c *Config) error {
 	})
 }
 
-// CheckName accepts a cluster or node name: 1 to 64 characters from
-// [a-zA-Z0-9._-]. For names that come from elsewhere than a config file
-// (a peer's gossip, a discovery service).
-func CheckName(s string) error { return checkName(s) }
-
 // MaxAddressLen bounds the length of an address CheckAddress accepts: a
 // DNS name of 253 characters, brackets, a colon and a port.
 const MaxAddressLen = 253 + 2 + 1 + 5

@@ -85,6 +85,12 @@ type TransportConfig struct {
 	// processor the handlers need. ReadSpinOff (YAML: read_spin: off)
 	// never spins.
 	ReadSpin time.Duration
+	// IdleTimeout is how long (a duration) a control connection may carry
+	// no frame before it is closed, with gossip membership (with the full
+	// mesh, control connections stay open, carrying heartbeats): both ends
+	// say goodbye so that nothing in flight is lost, and the next message
+	// dials again. Default 30s; at least 10ms.
+	IdleTimeout time.Duration
 	// SharedMemory lets processes of one host exchange control frames
 	// through shared-memory rings (package shm), where both ends can map them,
 	// instead of loopback sockets (YAML: shared_memory). Default true;
@@ -109,6 +115,7 @@ func DefaultTransportConfig() TransportConfig {
 		HandlerTakeover:     10 * time.Millisecond,
 		MaxDataConnsPerPeer: 64,
 		MaxDataConns:        1024,
+		IdleTimeout:         30 * time.Second,
 		SharedMemory:        true,
 	}
 }
@@ -123,6 +130,7 @@ func (t TransportConfig) WithDefaults() TransportConfig {
 	orDur(&t.HandlerTakeover, d.HandlerTakeover)
 	orInt(&t.MaxDataConnsPerPeer, d.MaxDataConnsPerPeer)
 	orInt(&t.MaxDataConns, d.MaxDataConns)
+	orDur(&t.IdleTimeout, d.IdleTimeout)
 	return t
 }
 
@@ -145,6 +153,7 @@ func (t TransportConfig) validate(c *Config) error {
 	return c.checkDurations([]durationField{
 		{p + "handler_takeover", t.HandlerTakeover, time.Millisecond},
 		{p + "data_idle_timeout", t.DataIdleTimeout, 0},
+		{p + "idle_timeout", t.IdleTimeout, 10 * time.Millisecond},
 	})
 }
 
@@ -273,6 +282,11 @@ type StagingConfig struct {
 	// StripeMin is the smallest transfer, in bytes, that is striped; each
 	// stripe has at least half of it. Default 16 MiB.
 	StripeMin int64
+	// IdleTimeout is how long (a duration) a fetcher keeps a data
+	// connection to an owner, with the pinned ring the owner holds for
+	// it, unused before closing it; the next transfer dials again.
+	// Default 30s; at least 10ms.
+	IdleTimeout time.Duration
 }
 
 // DefaultStagingConfig returns the staging defaults described in
@@ -283,6 +297,7 @@ func DefaultStagingConfig() StagingConfig {
 		ChunksInFlight: DefaultChunksInFlight,
 		MaxRingBytes:   64 << 20,
 		StripeMin:      16 << 20,
+		IdleTimeout:    30 * time.Second,
 	}
 }
 
@@ -294,6 +309,7 @@ func (s StagingConfig) WithDefaults() StagingConfig {
 	orInt(&s.ChunksInFlight, d.ChunksInFlight)
 	orInt(&s.MaxRingBytes, d.MaxRingBytes)
 	orInt(&s.StripeMin, d.StripeMin)
+	orDur(&s.IdleTimeout, d.IdleTimeout)
 	return s
 }
 
@@ -311,7 +327,7 @@ func (s StagingConfig) validate(c *Config) error {
 	if s.MaxRingBytes < s.ChunkSize {
 		return c.errf(p+"max_ring_bytes", "%s is below chunk_size (%s)", FormatSize(s.MaxRingBytes), FormatSize(s.ChunkSize))
 	}
-	return nil
+	return c.checkDurations([]durationField{{p + "idle_timeout", s.IdleTimeout, 10 * time.Millisecond}})
 }
 
 // IPCConfig tunes the ipc channel, which copies GPU memory between

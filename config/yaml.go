@@ -183,12 +183,16 @@ func (c *Config) decode(root *yaml.Node) error {
 			c.ReconnectMin, err = duration(v, field)
 		case "reconnect_max":
 			c.ReconnectMax, err = duration(v, field)
+		case "membership":
+			c.Membership, err = scalar(v, field)
 		case "disable_channels":
 			c.DisableChannels, err = c.channels(v, field)
 		case "nodes":
 			err = c.decodeNodes(v, field)
 		case "tls":
 			err = c.decodeTLS(v, field)
+		case "discovery":
+			err = c.decodeDiscovery(v, field)
 		case "transport":
 			t := &c.Transport
 			err = c.section(v, field, map[string]setter{
@@ -200,6 +204,7 @@ func (c *Config) decode(root *yaml.Node) error {
 				"max_data_conns_per_peer": countOf(&t.MaxDataConnsPerPeer),
 				"max_data_conns":          countOf(&t.MaxDataConns),
 				"data_idle_timeout":       durationOf(&t.DataIdleTimeout),
+				"idle_timeout":            durationOf(&t.IdleTimeout),
 				"read_spin":               readSpinOf(&t.ReadSpin),
 				"shared_memory":           boolOf(&t.SharedMemory),
 			})
@@ -224,6 +229,7 @@ func (c *Config) decode(root *yaml.Node) error {
 				"max_ring_bytes":   sizeOf(&s.MaxRingBytes),
 				"stripes":          countOf(&s.Stripes),
 				"stripe_min":       sizeOf(&s.StripeMin),
+				"idle_timeout":     durationOf(&s.IdleTimeout),
 			})
 		case "ipc":
 			i := &c.IPC
@@ -564,6 +570,7 @@ type fileConfig struct {
 	DialTimeout       string         `yaml:"dial_timeout,omitempty"`
 	ReconnectMin      string         `yaml:"reconnect_min,omitempty"`
 	ReconnectMax      string         `yaml:"reconnect_max,omitempty"`
+	Membership        string         `yaml:"membership,omitempty"`
 	DisableChannels   []string       `yaml:"disable_channels,omitempty,flow"`
 	TLS               *fileTLS       `yaml:"tls,omitempty"`
 	Transport         *fileTransport `yaml:"transport,omitempty"`
@@ -573,6 +580,7 @@ type fileConfig struct {
 	Verbs             *fileVerbs     `yaml:"verbs,omitempty"`
 	Memory            *fileMemory    `yaml:"memory,omitempty"`
 	Gossip            *fileGossip    `yaml:"gossip,omitempty"`
+	Discovery         *fileDiscovery `yaml:"discovery,omitempty"`
 	Nodes             []fileNode     `yaml:"nodes"`
 }
 
@@ -592,6 +600,7 @@ type fileTransport struct {
 	MaxDataConnsPerPeer int    `yaml:"max_data_conns_per_peer,omitempty"`
 	MaxDataConns        int    `yaml:"max_data_conns,omitempty"`
 	DataIdleTimeout     string `yaml:"data_idle_timeout,omitempty"`
+	IdleTimeout         string `yaml:"idle_timeout,omitempty"`
 	ReadSpin            string `yaml:"read_spin,omitempty"`
 	SharedMemory        *bool  `yaml:"shared_memory,omitempty"` // written only when off
 }
@@ -614,6 +623,7 @@ type fileStaging struct {
 	MaxRingBytes   string `yaml:"max_ring_bytes,omitempty"`
 	Stripes        int    `yaml:"stripes,omitempty"`
 	StripeMin      string `yaml:"stripe_min,omitempty"`
+	IdleTimeout    string `yaml:"idle_timeout,omitempty"`
 }
 
 type fileIPC struct {
@@ -701,7 +711,7 @@ func (c *Config) Marshal() ([]byte, error) {
 		InlineDevice: t.InlineDevice,
 		SendQueue:    t.SendQueue, HandlerTakeover: dur(t.HandlerTakeover),
 		MaxDataConnsPerPeer: t.MaxDataConnsPerPeer, MaxDataConns: t.MaxDataConns,
-		DataIdleTimeout: dur(t.DataIdleTimeout),
+		DataIdleTimeout: dur(t.DataIdleTimeout), IdleTimeout: dur(t.IdleTimeout),
 	}
 	switch {
 	case t.ReadSpin < 0:
@@ -722,6 +732,7 @@ func (c *Config) Marshal() ([]byte, error) {
 		FailureTimeout:    dur(c.FailureTimeout),
 		DialTimeout:       dur(c.DialTimeout),
 		ReconnectMin:      dur(c.ReconnectMin),
+		Membership:        c.Membership,
 		ReconnectMax:      dur(c.ReconnectMax),
 		DisableChannels:   c.DisableChannels,
 		Transport:         &ft,
@@ -734,6 +745,7 @@ func (c *Config) Marshal() ([]byte, error) {
 		Staging: nonZero(&fileStaging{
 			ChunkSize: sz(int64(st.ChunkSize)), ChunksInFlight: st.ChunksInFlight,
 			MaxRingBytes: sz(int64(st.MaxRingBytes)), Stripes: st.Stripes, StripeMin: sz(st.StripeMin),
+			IdleTimeout: dur(st.IdleTimeout),
 		}),
 		IPC: nonZero(&fileIPC{
 			ShmDir: ip.ShmDir, ChallengeTTL: dur(ip.ChallengeTTL), CopyChunk: sz(int64(ip.CopyChunk)),
@@ -754,6 +766,7 @@ func (c *Config) Marshal() ([]byte, error) {
 		Nodes:  make([]fileNode, len(c.Nodes)),
 	}
 	f.Transport = nonZero(f.Transport)
+	f.Discovery = c.Discovery.file()
 	if t := c.TLS; t != nil {
 		f.TLS = &fileTLS{CertFile: t.CertFile, KeyFile: t.KeyFile, CAFile: t.CAFile, Data: t.Data}
 	}

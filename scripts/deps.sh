@@ -2,7 +2,7 @@
 # deps.sh installs what building and checking tensorferry needs beyond Go:
 # rdma-core's headers (the verbs channel compiles against
 # <infiniband/verbs.h> and opens libibverbs at run time), Prometheus (for
-# the metrics test), and the pinned
+# the metrics test), etcd (for the discovery tests), and the pinned
 # static checkers scripts/test runs (staticcheck, deadcode), built with
 # `go install` into $TF_TOOLS (default ~/.cache/tensorferry/tools). CUDA
 # needs nothing at build time: libcuda is opened at run time. Idempotent;
@@ -23,6 +23,15 @@ if ! command -v prometheus >/dev/null 2>&1; then
 	echo "deps: installing prometheus" >&2
 	$SUDO apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
+# etcd: the discovery tests register nodes in a real etcd server on
+# loopback; they skip, saying why, where the binary is missing.
+if ! command -v etcd >/dev/null 2>&1; then
+	SUDO=
+	[ "$(id -u)" -eq 0 ] || SUDO=sudo
+	echo "deps: installing etcd-server" >&2
+	$SUDO apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends etcd-server >/dev/null
 fi
 
 GO=${GO:-go}

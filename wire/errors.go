@@ -29,6 +29,7 @@ const (
 	CodeShutdown    ErrCode = 13 // the node (or its tensor store) is shutting down
 	CodeStale       ErrCode = 14 // the export belongs to another incarnation of its owner
 	CodeClosed      ErrCode = 15 // the channel that would serve the request is closed
+	CodeIdle        ErrCode = 16 // the connection closes after its idle timeout; the node stays
 )
 
 var errCodeNames = [...]string{
@@ -48,6 +49,7 @@ var errCodeNames = [...]string{
 	CodeShutdown:    "Shutdown",
 	CodeStale:       "Stale",
 	CodeClosed:      "Closed",
+	CodeIdle:        "Idle",
 }
 
 // String returns the code's name, or "ErrCode(n)" for an unknown code.

@@ -24,13 +24,16 @@
 //     (ipc when it runs and NVML reports P2P) and delivers the message; the
 //     actor answers an Ack. Time: RequestFuture until the Ack. The channel
 //     that carried the bytes is in each line's "channel" (node.Stats).
-//     --dst may name --src's GPU: two processes on one GPU. Beside the
-//     messages, alternating with them, the floor of each size: copy+sync —
-//     in this process, one memory.Copy of the size from a --src buffer to
-//     a --dst one (a copy and its stream synchronization); raw-tcp-rtt — a
-//     64-byte round trip over a raw loopback TCP connection; floor — the
-//     sum of their medians; and x_floor — the message path's median over
-//     the floor (target ≤ 2×, stated in the summary).
+//     --dst may name --src's GPU: two processes on one GPU. In the same
+//     run, before the receiver process starts, the floor of each size:
+//     copy+sync — in this process, one memory.Copy of the size from a
+//     --src buffer to a --dst one (a copy and its stream synchronization);
+//     raw-tcp-rtt — a 64-byte round trip over a raw loopback TCP
+//     connection; floor — the sum of their medians; and x_floor — the
+//     message path's median over the floor (target ≤ 2×, stated in the
+//     summary). The same two are measured again beside the messages,
+//     alternating with them (copy+sync-beside, raw-tcp-rtt-beside): what
+//     the receiver's CUDA context and spinning node cost a neighbour.
 //   - staging: tensorferry-staging-gpu — the same with ipc and verbs
 //     disabled in the config, so bytes go GPU → pinned ring → TCP loopback →
 //     pinned ring → GPU; raw-tcp — one loopback connection moving the same

@@ -25,6 +25,11 @@ const (
 	// pathRawRTT is a 64-byte round trip over a raw loopback TCP
 	// connection in this process: the control transport's floor.
 	pathRawRTT = "raw-tcp-rtt"
+	// besideSuffix names the same two paths measured again while the
+	// receiver process runs (its CUDA context and spinning node share the
+	// GPU and the processors): what the messages' neighbourhood costs, for
+	// diagnosis only; the floor is measured before that process starts.
+	besideSuffix = "-beside"
 	// pathFloor is the sum of the two medians, per size.
 	pathFloor = "floor"
 	// metricXFloor is a message path's median over the floor's.
@@ -33,9 +38,10 @@ const (
 	rttBytes = 64
 )
 
-// copySyncPath copies size bytes from a buffer on src to one on dst.
-func copySyncPath(src, dst memory.Device) pathMaker {
-	return pathMaker{name: pathCopySync, make: func(n int) (stepper, error) {
+// copySyncPath copies size bytes from a buffer on src to one on dst; name
+// is pathCopySync, with besideSuffix when measured beside the messages.
+func copySyncPath(name string, src, dst memory.Device) pathMaker {
+	return pathMaker{name: name, make: func(n int) (stepper, error) {
 		if src != dst {
 			if err := memory.EnablePeerAccess(src, dst); err != nil {
 				return nil, err
@@ -52,11 +58,14 @@ func copySyncPath(src, dst memory.Device) pathMaker {
 		if err := memory.Fill(context.Background(), a, 0x5a); err != nil {
 			return nil, errors.Join(err, a.Free(), b.Free())
 		}
-		return &copyStepper{a: a, b: b}, nil
+		return &copyStepper{name: name, a: a, b: b}, nil
 	}}
 }
 
-type copyStepper struct{ a, b memory.Buffer }
+type copyStepper struct {
+	name string
+	a, b memory.Buffer
+}
 
 func (s *copyStepper) step(check, _ bool) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -78,7 +87,7 @@ func (s *copyStepper) step(check, _ bool) (time.Duration, error) {
 		}
 		for _, v := range got {
 			if v != 0x5a {
-				return 0, fmt.Errorf("%s: destination holds %#x, want 0x5a", pathCopySync, v)
+				return 0, fmt.Errorf("%s: destination holds %#x, want 0x5a", s.name, v)
 			}
 		}
 	}
@@ -86,20 +95,22 @@ func (s *copyStepper) step(check, _ bool) (time.Duration, error) {
 }
 
 func (s *copyStepper) results(n int, ds []time.Duration) []report.Result {
-	return figures(pathCopySync, n, ds, "")
+	return figures(s.name, n, ds, "")
 }
 
 func (s *copyStepper) close() { _ = errors.Join(s.a.Free(), s.b.Free()) }
 
 // rawRTTPath sends 64 bytes over pair and waits for the ack, whatever the
-// size being measured.
-func rawRTTPath(pair *rawtcp.Pair) pathMaker {
-	return pathMaker{name: pathRawRTT, make: func(int) (stepper, error) {
-		return &rttStepper{pair: pair, msg: make([]byte, rttBytes)}, nil
+// size being measured; name is pathRawRTT, with besideSuffix when
+// measured beside the messages.
+func rawRTTPath(name string, pair *rawtcp.Pair) pathMaker {
+	return pathMaker{name: name, make: func(int) (stepper, error) {
+		return &rttStepper{name: name, pair: pair, msg: make([]byte, rttBytes)}, nil
 	}}
 }
 
 type rttStepper struct {
+	name string
 	pair *rawtcp.Pair
 	msg  []byte
 }
@@ -108,7 +119,7 @@ func (s *rttStepper) step(_, _ bool) (time.Duration, error) { return s.pair.Send
 
 func (s *rttStepper) results(n int, ds []time.Duration) []report.Result {
 	med := report.Median(ds)
-	return []report.Result{{Bench: "gpu", Path: pathRawRTT, Size: int64(n), Metric: report.LatencyUs, Value: report.Us(med), N: len(ds)}}
+	return []report.Result{{Bench: "gpu", Path: s.name, Size: int64(n), Metric: report.LatencyUs, Value: report.Us(med), N: len(ds)}}
 }
 
 func (s *rttStepper) close() {}
@@ -150,6 +161,24 @@ func isMessagePath(path string) bool {
 	return strings.HasPrefix(path, "tensorferry-") && !strings.HasSuffix(path, "-stream") && path != pathStagingGPU
 }
 
+// besideOf returns the floor's two parts measured beside the messages at
+// size n, if they were.
+func besideOf(rs []report.Result, n int64) (copySync, rtt float64, ok bool) {
+	var okC, okT bool
+	for _, r := range rs {
+		if r.Size != n || r.Metric != report.LatencyUs {
+			continue
+		}
+		switch r.Path {
+		case pathCopySync + besideSuffix:
+			copySync, okC = r.Value, true
+		case pathRawRTT + besideSuffix:
+			rtt, okT = r.Value, true
+		}
+	}
+	return copySync, rtt, okC && okT
+}
+
 // floorLines states the latency target (≤ 2× the floor) per size.
 func floorLines(rs []report.Result) []string {
 	var out []string
@@ -161,6 +190,9 @@ func floorLines(rs []report.Result) []string {
 			if f.Path == pathFloor && f.Size == r.Size && f.Metric == report.LatencyUs {
 				out = append(out, fmt.Sprintf("%s %s: %.2f× its floor of %.1f µs (copy+sync + raw TCP round trip; target ≤ 2×)",
 					r.Path, size.Format(int(r.Size)), r.Value, f.Value))
+				if c, t, ok := besideOf(rs, r.Size); ok {
+					out = append(out, fmt.Sprintf("  (beside the receiver process the same floor measures %.1f µs: copy+sync %.1f + raw TCP %.1f)", c+t, c, t))
+				}
 			}
 		}
 	}

@@ -137,10 +137,21 @@ const (
 
 // runIPC sends tensor messages from a node on --src to a node of another
 // process on --dst (the same GPU or another), over the channel the two
-// select, and measures each size's floor beside them: an in-process copy
-// from --src to --dst with its sync, and a raw TCP round trip.
+// select, and measures each size's floor in the same run: an in-process
+// copy from --src to --dst with its sync, and a raw TCP round trip, first
+// alone (the floor), then again beside the messages (for diagnosis: what
+// the second process costs them).
 func runIPC(o options) (rs []report.Result, err error) {
 	src, dst := cudaDev(o.src), cudaDev(o.dst)
+	raw, err := rawtcp.Open(rawtcp.Options{})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, raw.Close()) }()
+	alone, err := measure(o, []pathMaker{copySyncPath(pathCopySync, src, dst), rawRTTPath(pathRawRTT, raw)})
+	if err != nil {
+		return alone, err
+	}
 	pc := pairConfig{src: src, dst: dst, timeout: o.timeout, log: o.logs}
 	if o.cpuProfile != "" {
 		pc.profile = o.cpuProfile + ".receiver"
@@ -153,15 +164,11 @@ func runIPC(o options) (rs []report.Result, err error) {
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, p.close()) }()
-	raw, err := rawtcp.Open(rawtcp.Options{})
-	if err != nil {
-		return nil, err
-	}
-	defer func() { err = errors.Join(err, raw.Close()) }()
 	rs, err = measure(o, []pathMaker{
 		actorPath(pathIPC, p, src), streamPath(pathIPCStream, p, src, o.stream),
-		copySyncPath(src, dst), rawRTTPath(raw),
+		copySyncPath(pathCopySync+besideSuffix, src, dst), rawRTTPath(pathRawRTT+besideSuffix, raw),
 	})
+	rs = append(alone, rs...)
 	for _, old := range []string{pathIPC, pathIPCStream} {
 		if name := renamePath(rs, old); name != old {
 			o.progressf("gpu: ipc mode: the nodes chose %s, reported as %s", strings.TrimSuffix(name[len("tensorferry-"):], "-stream"), name)

@@ -6,6 +6,10 @@
 //	ferry topo  --config cluster.yaml                     the data channel chosen for every pair, the control transport (shm/tcp), the NIC of each GPU
 //	ferry top   --config cluster.yaml                     live view of the nodes' metrics (q quits)
 //
+// With a discovery section in the config, `ferry node` runs a node the
+// file does not list: --address (and --data-address, --devices cpu,cuda:0)
+// describe it, and it registers itself.
+//
 // node and bench serve the node's Prometheus metrics with
 // --metrics-address host:port (and /debug/pprof with --pprof); top scrapes
 // every node's metrics_address in the config, and the addresses of

@@ -39,7 +39,7 @@ func TestTopo(t *testing.T) {
 		t.Fatalf("code %d: %s", code, errOut.String())
 	}
 	s := out.String()
-	for _, want := range []string{"OWNER", "a/cuda:0", "staging", "ipc: needs GPU memory at both ends", "CONTROL", "both on this host", "VERBS GRANTS"} {
+	for _, want := range []string{"OWNER", "a/cuda:0", "staging", "ipc: needs GPU memory at both ends", "CONTROL", "both on this host", "MEMBERSHIP", "VERBS GRANTS"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("topo output lacks %q:\n%s", want, s)
 		}

@@ -17,6 +17,15 @@ import (
 // (or TLS) otherwise.
 func printControl(w io.Writer, cfg *config.Config, p localProbe, sc shm.Config) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	switch mode := cfg.MembershipMode(); mode {
+	case config.MembershipGossip:
+		fmt.Fprintf(tw, "\nMEMBERSHIP\tgossip: liveness by SWIM gossip; control connections dialed on first use, closed after %v idle\n", cfg.Transport.IdleTimeout)
+	default:
+		fmt.Fprintf(tw, "\nMEMBERSHIP\t%s: a control connection to every node, heartbeats every %v\n", mode, cfg.HeartbeatInterval)
+	}
+	if cfg.Discovery != nil && cfg.Discovery.Etcd != nil {
+		fmt.Fprintf(tw, "DISCOVERY\tetcd %v, prefix %s\n", cfg.Discovery.Etcd.Endpoints, cfg.Discovery.Etcd.Prefix)
+	}
 	fmt.Fprintln(tw, "\nNODE\tPEER\tCONTROL\tWHY")
 	socket := "tcp"
 	if cfg.TLS != nil {

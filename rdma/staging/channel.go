@@ -53,6 +53,10 @@ type Channel struct {
 	served map[*serverConn]struct{}
 	wg     sync.WaitGroup
 
+	idleTimeout time.Duration // config.StagingConfig.IdleTimeout
+	sweeping    bool          // the idle sweeper runs (under mu)
+	stop        chan struct{} // closed by Close: the sweeper ends
+
 	stripes  atomic.Int32 // see SetStripes
 	fetching atomic.Int64 // transfers in progress on the fetcher side
 	serving  atomic.Int64 // streams in progress on the owner side
@@ -70,6 +74,7 @@ type clientConn struct {
 	stream uint32
 	ring   *pinnedRing           // used only by the transfer holding the conn
 	down   atomic.Pointer[error] // why the channel closed the conn (ErrPeerDown, ErrClosed)
+	idleAt time.Time             // when it went back to the pool
 }
 
 // close closes the connection and frees its ring; only the goroutine that
@@ -114,6 +119,9 @@ func New(env *rdma.Env) (*Channel, error) {
 		stripeMin: cfg.StripeMin,
 		peers:     map[string]*peerPool{},
 		served:    map[*serverConn]struct{}{},
+		stop:      make(chan struct{}),
+
+		idleTimeout: cfg.IdleTimeout,
 	}
 	c.SetStripes(cmp.Or(cfg.Stripes, DefaultStripes()))
 	return c, nil
@@ -357,12 +365,72 @@ func (c *Channel) putConn(owner string, p *peerPool, cc *clientConn, keep bool) 
 	c.mu.Lock()
 	delete(p.active, cc)
 	if keep && !c.closed && c.peers[owner] == p && cc.down.Load() == nil && len(p.idle) < MaxConnsPerPeer {
+		cc.idleAt = time.Now()
 		p.idle = append(p.idle, cc)
+		if !c.sweeping && c.idleTimeout > 0 {
+			c.sweeping = true
+			c.wg.Add(1)
+			go c.sweepIdle()
+		}
 		c.mu.Unlock()
 		return
 	}
 	c.mu.Unlock()
 	cc.close()
+}
+
+// sweepIdle closes the pooled connections unused for the idle timeout
+// (the owner frees the ring it holds for each), until Close.
+func (c *Channel) sweepIdle() {
+	defer c.wg.Done()
+	t := time.NewTicker(max(c.idleTimeout/2, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case now := <-t.C:
+			var stale []*clientConn
+			c.mu.Lock()
+			for _, p := range c.peers {
+				keep := p.idle[:0]
+				for _, cc := range p.idle {
+					if now.Sub(cc.idleAt) >= c.idleTimeout {
+						stale = append(stale, cc)
+					} else {
+						keep = append(keep, cc)
+					}
+				}
+				clear(p.idle[len(keep):])
+				p.idle = keep
+			}
+			c.mu.Unlock()
+			for _, cc := range stale {
+				cc.close() // taken out of the pool: this goroutine holds it
+			}
+			if len(stale) > 0 {
+				c.log.Debug("idle data connections closed", zap.Int("conns", len(stale)))
+			}
+		}
+	}
+}
+
+// ServedConns returns the data connections this node serves as owner.
+func (c *Channel) ServedConns() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.served)
+}
+
+// IdleConns returns the data connections pooled unused, to every owner.
+func (c *Channel) IdleConns() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, p := range c.peers {
+		n += len(p.idle)
+	}
+	return n
 }
 
 // aLongTimeAgo is a deadline in the past, used to interrupt blocked I/O.
@@ -713,6 +781,7 @@ func (c *Channel) Close() error {
 		sc.down.Store(&why)
 		_ = sc.conn.Close()
 	}
+	close(c.stop)
 	c.mu.Unlock()
 	c.wg.Wait()
 	return nil

@@ -482,6 +482,30 @@ func TestConnectionsAreReusedAndRedialled(t *testing.T) {
 	}
 }
 
+// A pooled connection unused for the idle timeout is closed (and the
+// owner's side with it); the next fetch dials again.
+func TestIdleConnectionsAreClosed(t *testing.T) {
+	p := newPairConfig(t, 1<<20, false, config.StagingConfig{ChunkSize: 1 << 20, IdleTimeout: 20 * time.Millisecond})
+	ctx := context.Background()
+	if _, err := p.fetch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, "the idle connection closed", func() bool { return p.fetcher.IdleConns() == 0 })
+	poll.Until(t, "the owner's side closed", func() bool { return p.owner.InFlight() == 0 && p.owner.ServedConns() == 0 })
+	dst, err := p.fetch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dst.Host(), p.o.t.Host()) {
+		t.Fatal("wrong bytes")
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.dials != 2 {
+		t.Fatalf("%d dials, want 2 (one after the idle close)", p.dials)
+	}
+}
+
 func TestNewRejectsBadEnv(t *testing.T) {
 	store := tensor.NewStore("n", 1)
 	for _, env := range []*rdma.Env{
