@@ -21,6 +21,9 @@ import (
 const (
 	modeMesh   = "mesh"
 	modeGossip = "gossip"
+	// modeGossipOnly is package cluster/gossip alone, without the
+	// cluster around it.
+	modeGossipOnly = "gossip-only"
 )
 
 // cut is what the measurement needs of a cluster under test.
@@ -51,6 +54,9 @@ type row struct {
 	Mode    string `json:"mode"`
 	N       int    `json:"n"`
 	Skipped string `json:"skipped,omitempty"`
+	// Load1 is the machine's load average (1 minute) when the idle period
+	// began: other work on the machine competes for its cores.
+	Load1 float64 `json:"load1"`
 	// SetupS is the time to start the nodes and converge, in seconds.
 	SetupS float64 `json:"setup_s"`
 	// FDsPerNode is open descriptors (sockets) per node.
@@ -95,6 +101,7 @@ func mainCode() int {
 	converge := flag.Duration("converge", 3*time.Minute, "bound on starting and converging one cluster")
 	joinRate := flag.Float64("join-rate", 10, "gossip nodes started and joined per second (each join is news gossiped to every member: all nodes share this machine's cores)")
 	asJSON := flag.Bool("json", false, "print one JSON object per size and design instead of the table")
+	jsonl := flag.String("jsonl", "", "also write the JSON objects to this file")
 	svg := flag.String("svg", "", "also draw bench-scale-*.svg into this directory")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
@@ -117,7 +124,7 @@ func mainCode() int {
 	}
 	o.modes = strings.Split(*modes, ",")
 	for _, m := range o.modes {
-		if m != modeMesh && m != modeGossip {
+		if m != modeMesh && m != modeGossip && m != modeGossipOnly {
 			fmt.Fprintf(os.Stderr, "scale: unknown mode %q\n", m)
 			return 2
 		}
@@ -140,9 +147,19 @@ func mainCode() int {
 		fmt.Fprintln(os.Stderr, "scale:", err)
 		return 1
 	}
-	if *asJSON {
+	if *jsonl != "" {
+		f, ferr := os.Create(*jsonl)
+		if ferr != nil {
+			fmt.Fprintln(os.Stderr, "scale:", ferr)
+			return 1
+		}
+		err = errors.Join(writeJSON(f, rows), f.Close())
+	}
+	switch {
+	case err != nil:
+	case *asJSON:
 		err = writeJSON(os.Stdout, rows)
-	} else {
+	default:
 		err = writeTable(os.Stdout, rows, cfg)
 	}
 	if err == nil && *svg != "" {
@@ -173,18 +190,40 @@ func defaultTimings() (*config.Config, error) {
 }
 
 // meshFits reports whether a mesh of n fits in limit descriptors, with
-// used already open: n×(n−1) connection ends, 2n listeners, some spare.
+// used already open: n×(n−1) connection ends, twice that while both ends
+// of a pair dial each other at start, 2n listeners, some spare.
 func meshFits(n int, limit uint64, used int) bool {
-	return uint64(n*(n-1)+2*n+used+256) <= limit
+	return uint64(2*n*(n-1)+2*n+used+256) <= limit
+}
+
+// meshMax is the largest mesh that fits.
+func meshMax(limit uint64, used int) int {
+	n := 4
+	for meshFits(n+1, limit, used) {
+		n++
+	}
+	return n
 }
 
 // run measures every mode at every size, calling progress with each row.
 func run(o options, limit uint64, progress func(row)) ([]row, error) {
 	var rows []row
+	meshMaxRun := false
 	for _, n := range o.sizes {
 		for _, mode := range o.modes {
 			var r row
 			if mode == modeMesh && !meshFits(n, limit, openFDs()) {
+				// The largest mesh that fits, once, before the first that
+				// does not.
+				if max := meshMax(limit, openFDs()); !meshMaxRun && max >= 4 && !slices.Contains(o.sizes, max) {
+					meshMaxRun = true
+					r, err := measure(o, mode, max)
+					if err != nil {
+						r = row{Mode: mode, N: max, Skipped: err.Error()}
+					}
+					progress(r)
+					rows = append(rows, r)
+				}
 				r = row{Mode: mode, N: n, Skipped: fmt.Sprintf("needs %d descriptors in one process, limit %d", n*(n-1)+2*n, limit)}
 			} else {
 				var err error
@@ -213,6 +252,8 @@ func measure(o options, mode string, n int) (row, error) {
 	switch mode {
 	case modeMesh:
 		c, err = startMesh(n, o.cfg, o.converge)
+	case modeGossip:
+		c, err = startClusterGossip(n, o.cfg, o.converge, o.joinRate)
 	default:
 		c, err = startGossip(n, o.cfg, o.converge, o.joinRate)
 	}
@@ -228,6 +269,7 @@ func measure(o options, mode string, n int) (row, error) {
 
 	downs := c.downLog()
 	r.SetupDowns = downs.count()
+	r.Load1 = loadAvg()
 	idleStart := time.Now()
 	m0, b0 := c.traffic()
 	cpu0, t0 := cpuTime(), time.Now()
@@ -288,16 +330,16 @@ func writeTable(w io.Writer, rows []row, cfg *config.Config) error {
 	fmt.Fprintf(&b, "heartbeat %v, failure_timeout %v; gossip probe %v, suspicion ×%d, gossip interval %v: detection target %v\n\n",
 		cfg.HeartbeatInterval, cfg.FailureTimeout, cfg.Gossip.ProbeInterval, cfg.Gossip.SuspicionMult, cfg.Gossip.GossipInterval,
 		cfg.FailureTimeout+cfg.Gossip.GossipInterval)
-	b.WriteString("| design | N | setup | fds/node | goroutines/node | heap/node | CPU/node (idle) | msgs/node/s | bytes/node/s | false downs | frozen: detected median / all | killed: detected median / all |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| design | N | load | setup | fds/node | goroutines/node | heap/node | CPU/node (idle) | msgs/node/s | bytes/node/s | false downs (setup) | frozen: detected median / all | killed: detected median / all |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rows {
 		if r.Skipped != "" {
-			fmt.Fprintf(&b, "| %s | %d | not run: %s |||||||||| |\n", r.Mode, r.N, strings.Join(strings.Fields(r.Skipped), " "))
+			fmt.Fprintf(&b, "| %s | %d | | not run: %s |||||||||| |\n", r.Mode, r.N, strings.Join(strings.Fields(r.Skipped), " "))
 			continue
 		}
-		fmt.Fprintf(&b, "| %s | %d | %.1fs | %.1f | %.1f | %.0f KiB | %.2f%% | %.1f | %.0f | %d | %s | %s |\n",
-			r.Mode, r.N, r.SetupS, r.FDsPerNode, r.GoroutinesPerNode, r.HeapKiBPerNode, r.CPUPctPerNode,
-			r.MsgsPerNodeS, r.BytesPerNodeS, r.FalseDowns,
+		fmt.Fprintf(&b, "| %s | %d | %.1f | %.1fs | %.1f | %.1f | %.0f KiB | %.2f%% | %.1f | %.0f | %d (%d) | %s | %s |\n",
+			r.Mode, r.N, r.Load1, r.SetupS, r.FDsPerNode, r.GoroutinesPerNode, r.HeapKiBPerNode, r.CPUPctPerNode,
+			r.MsgsPerNodeS, r.BytesPerNodeS, r.FalseDowns, r.SetupDowns,
 			detectionCell(r.FreezeMedianS, r.FreezeMaxS, r.FreezeMissed), detectionCell(r.KillMedianS, r.KillMaxS, r.KillMissed))
 	}
 	_, err := io.WriteString(w, b.String())

@@ -27,13 +27,13 @@ func TestRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := options{sizes: []int{5}, modes: []string{modeMesh, modeGossip}, idle: 300 * time.Millisecond,
+	o := options{sizes: []int{5}, modes: []string{modeMesh, modeGossip, modeGossipOnly}, idle: 300 * time.Millisecond,
 		settle: 50 * time.Millisecond, converge: 30 * time.Second, joinRate: 1000, cfg: cfg}
 	rows, err := run(o, limit, func(r row) { t.Logf("%+v", r) })
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) != 2 {
+	if len(rows) != 3 {
 		t.Fatalf("%d rows", len(rows))
 	}
 	for _, r := range rows {
@@ -42,10 +42,10 @@ func TestRun(t *testing.T) {
 			t.Errorf("row %+v", r)
 		}
 	}
-	if rows[0].Mode != modeMesh || rows[1].Mode != modeGossip {
-		t.Errorf("modes %s, %s", rows[0].Mode, rows[1].Mode)
+	if rows[0].Mode != modeMesh || rows[1].Mode != modeGossip || rows[2].Mode != modeGossipOnly {
+		t.Errorf("modes %s, %s, %s", rows[0].Mode, rows[1].Mode, rows[2].Mode)
 	}
-	if !meshFits(100, 20000, 10) || meshFits(200, 20000, 10) {
+	if !meshFits(90, 20000, 10) || meshFits(110, 20000, 10) {
 		t.Error("meshFits")
 	}
 	dir := t.TempDir()

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"runtime"
 	"slices"
@@ -121,4 +122,15 @@ func summarise(ds []time.Duration, missing int) detection {
 		return detection{missing: missing}
 	}
 	return detection{median: ds[len(ds)/2], max: ds[len(ds)-1], missing: missing}
+}
+
+// loadAvg is the machine's load average over the last minute.
+func loadAvg() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	var l float64
+	fmt.Sscan(string(b), &l)
+	return l
 }

@@ -40,6 +40,7 @@ func startMesh(n int, timings *config.Config, converge time.Duration) (*meshClus
 	if err != nil {
 		return nil, err
 	}
+	cfg.Membership = config.MembershipMesh
 	cfg.HeartbeatInterval, cfg.FailureTimeout = timings.HeartbeatInterval, timings.FailureTimeout
 	cfg.DialTimeout, cfg.ReconnectMin, cfg.ReconnectMax = timings.DialTimeout, timings.ReconnectMin, timings.ReconnectMax
 	if err := cfg.Validate(); err != nil {

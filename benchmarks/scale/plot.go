@@ -32,7 +32,7 @@ type series struct {
 // perMode is one series per mode of value.
 func perMode(value func(row) float64) []series {
 	var out []series
-	for _, m := range []string{modeMesh, modeGossip} {
+	for _, m := range []string{modeMesh, modeGossip, modeGossipOnly} {
 		out = append(out, series{label: m, mode: m, value: func(r row) (float64, bool) { return value(r), true }})
 	}
 	return out
@@ -59,8 +59,10 @@ func drawAll(dir string, rows []row, cfg *config.Config) error {
 			series: []series{
 				{label: "mesh, frozen", mode: modeMesh, value: func(r row) (float64, bool) { return detected(r.FreezeMedianS, r.FreezeMaxS, r.FreezeMissed) }},
 				{label: "gossip, frozen", mode: modeGossip, value: func(r row) (float64, bool) { return detected(r.FreezeMedianS, r.FreezeMaxS, r.FreezeMissed) }},
+				{label: "gossip only, frozen", mode: modeGossipOnly, value: func(r row) (float64, bool) { return detected(r.FreezeMedianS, r.FreezeMaxS, r.FreezeMissed) }},
 				{label: "mesh, killed", mode: modeMesh, value: func(r row) (float64, bool) { return detected(r.KillMedianS, r.KillMaxS, r.KillMissed) }},
 				{label: "gossip, killed", mode: modeGossip, value: func(r row) (float64, bool) { return detected(r.KillMedianS, r.KillMaxS, r.KillMissed) }},
+				{label: "gossip only, killed", mode: modeGossipOnly, value: func(r row) (float64, bool) { return detected(r.KillMedianS, r.KillMaxS, r.KillMissed) }},
 			}},
 	}
 	for _, f := range figs {
