@@ -84,7 +84,6 @@ func startClusterGossip(n int, timings *config.Config, converge time.Duration, j
 	return c, nil
 }
 
-func (c *clusterGossip) size() int         { return len(c.nodes) }
 func (c *clusterGossip) name(i int) string { return c.cfg.Nodes[i].Name }
 func (c *clusterGossip) downLog() *downLog { return &c.downs }
 

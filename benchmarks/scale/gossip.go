@@ -95,8 +95,6 @@ func (c *gossipCluster) join(g *gossip.Gossip, i int) error {
 	return err
 }
 
-func (c *gossipCluster) size() int { return len(c.nodes) }
-
 func (c *gossipCluster) name(i int) string { return c.nodes[i].Self().Name }
 
 // traffic returns the packets and streams (messages on the wire) and the

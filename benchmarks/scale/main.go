@@ -28,7 +28,6 @@ const (
 
 // cut is what the measurement needs of a cluster under test.
 type cut interface {
-	size() int
 	name(i int) string
 	// traffic returns the messages and bytes all nodes sent so far.
 	traffic() (msgs, bytes uint64)
@@ -196,6 +195,19 @@ func meshFits(n int, limit uint64, used int) bool {
 	return uint64(2*n*(n-1)+2*n+used+256) <= limit
 }
 
+// baseGoroutines is the goroutines of the process before any cluster.
+var baseGoroutines = runtime.NumGoroutine()
+
+// quiesce waits, up to a bound, for the goroutines of the clusters measured
+// before to end (memberlist's loops end on their own after Shutdown), so
+// that what they hold is not counted as the baseline of the next.
+func quiesce() {
+	deadline := time.Now().Add(30 * time.Second)
+	for runtime.NumGoroutine() > baseGoroutines+8 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // meshMax is the largest mesh that fits.
 func meshMax(limit uint64, used int) int {
 	n := 4
@@ -243,6 +255,7 @@ func run(o options, limit uint64, progress func(row)) ([]row, error) {
 // measure runs one mode at one size.
 func measure(o options, mode string, n int) (row, error) {
 	r := row{Mode: mode, N: n}
+	quiesce()
 	fd0, g0, h0 := openFDs(), runtime.NumGoroutine(), heapAlloc()
 	start := time.Now()
 	var (

@@ -75,8 +75,6 @@ func startMesh(n int, timings *config.Config, converge time.Duration) (*meshClus
 	return c, nil
 }
 
-func (c *meshCluster) size() int { return len(c.nodes) }
-
 func (c *meshCluster) name(i int) string { return c.cfg.Nodes[i].Name }
 
 // traffic returns the writes (messages on the wire) and bytes the nodes
