@@ -273,7 +273,12 @@ func measure(o options, mode string, n int) (row, error) {
 	if err != nil {
 		return r, err
 	}
-	defer c.close()
+	closed := false
+	defer func() {
+		if !closed {
+			c.close()
+		}
+	}()
 	r.SetupS = time.Since(start).Seconds()
 	time.Sleep(o.settle)
 	r.FDsPerNode = float64(openFDs()-fd0) / float64(n)
@@ -324,6 +329,13 @@ func measure(o options, mode string, n int) (row, error) {
 		}
 	}
 	downs.mu.Unlock()
+
+	c.close()
+	closed = true
+	// What the cluster held is garbage once its timers (probes,
+	// suspicions, idle connections) have fired: wait for them, so that
+	// the next cluster's baseline does not hold it.
+	time.Sleep(2*o.cfg.FailureTimeout + 2*time.Second)
 	return r, nil
 }
 
