@@ -21,7 +21,7 @@ import (
 // package cluster/gossip, control connections dialed on first use (none
 // on an idle cluster).
 type clusterGossip struct {
-	cfg    *config.Config
+	selves []config.NodeConfig // each node's own entry
 	nodes  []*cluster.Membership
 	nets   []*nodeNet
 	gnets  []*countingGossip
@@ -30,23 +30,18 @@ type clusterGossip struct {
 }
 
 // startClusterGossip starts n nodes in gossip mode, paced at joinRate, and
-// waits until every node knows every other.
+// waits until every node knows every other. Each node's config lists the
+// nodes started before it and itself, on ports picked just before it
+// starts (picked all at once, some would be taken by the time the last
+// nodes start): in gossip mode the others learn its addresses from gossip.
 func startClusterGossip(n int, timings *config.Config, converge time.Duration, joinRate float64) (*clusterGossip, error) {
-	cfg, err := config.LocalConfig("scale", n)
-	if err != nil {
-		return nil, err
-	}
-	cfg.Membership = config.MembershipGossip
-	cfg.HeartbeatInterval, cfg.FailureTimeout = timings.HeartbeatInterval, timings.FailureTimeout
-	cfg.DialTimeout, cfg.ReconnectMin, cfg.ReconnectMax = timings.DialTimeout, timings.ReconnectMin, timings.ReconnectMax
-	cfg.Gossip = timings.Gossip
-	cfg.Transport.SharedMemory = false
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	c := &clusterGossip{cfg: cfg, freeze: new(gossiptest.Freezer)}
+	base := *timings
+	base.Nodes = nil
+	base.Membership = config.MembershipGossip
+	base.Transport.SharedMemory = false
+	c := &clusterGossip{freeze: new(gossiptest.Freezer)}
 	t0 := time.Now()
-	for i, nc := range cfg.Nodes {
+	for i := range n {
 		if wait := time.Duration(float64(i)/joinRate*float64(time.Second)) - time.Since(t0); wait > 0 {
 			time.Sleep(wait)
 		}
@@ -56,20 +51,41 @@ func startClusterGossip(n int, timings *config.Config, converge time.Duration, j
 		if i == n-1 {
 			wrap = func(t memberlist.Transport) memberlist.Transport { return c.freeze.Wrap(cg.wrap(t)) }
 		}
-		m, err := cluster.NewMembership(cfg, nc.Name, uint64(time.Now().UnixNano()), quietHandler{},
-			cluster.Options{Network: nn, GossipTransport: wrap, SharedMemory: shm.Config{Disable: true},
-				Logger: zap.New(&leaveCore{idx: i, downs: &c.downs})})
-		if err != nil {
-			c.close()
-			return nil, err
+		var (
+			m   *cluster.Membership
+			cfg config.Config
+			err error
+		)
+		for range 5 { // a picked port may be taken before the node binds it
+			cfg = base
+			var self config.NodeConfig
+			if self, err = freeNode(fmt.Sprintf("node%d", i)); err != nil {
+				continue
+			}
+			cfg.Nodes = append(append([]config.NodeConfig(nil), c.selves...), self)
+			if err = cfg.Validate(); err != nil {
+				break
+			}
+			m, err = cluster.NewMembership(&cfg, self.Name, uint64(time.Now().UnixNano()), quietHandler{},
+				cluster.Options{Network: nn, GossipTransport: wrap, SharedMemory: shm.Config{Disable: true},
+					Logger: zap.New(&leaveCore{idx: i, downs: &c.downs})})
+			if err != nil {
+				break
+			}
+			if err = m.Start(); err == nil {
+				break
+			}
+			m.Close()
+			m = nil
 		}
-		if err := m.Start(); err != nil {
+		if m == nil {
 			c.close()
 			return nil, err
 		}
 		c.nodes = append(c.nodes, m)
 		c.nets = append(c.nets, nn)
 		c.gnets = append(c.gnets, cg)
+		c.selves = append(c.selves, cfg.Nodes[len(cfg.Nodes)-1])
 	}
 	deadline := time.Now().Add(converge)
 	for _, m := range c.nodes {
@@ -84,7 +100,21 @@ func startClusterGossip(n int, timings *config.Config, converge time.Duration, j
 	return c, nil
 }
 
-func (c *clusterGossip) name(i int) string { return c.cfg.Nodes[i].Name }
+// freeNode returns node name on loopback ports free now.
+func freeNode(name string) (config.NodeConfig, error) {
+	var addrs [3]string
+	for i := range addrs {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return config.NodeConfig{}, err
+		}
+		defer l.Close()
+		addrs[i] = l.Addr().String()
+	}
+	return config.NodeConfig{Name: name, Address: addrs[0], DataAddress: addrs[1], GossipAddress: addrs[2]}, nil
+}
+
+func (c *clusterGossip) name(i int) string { return c.selves[i].Name }
 func (c *clusterGossip) downLog() *downLog { return &c.downs }
 
 // traffic returns what the nodes sent: gossip packets and streams, and
