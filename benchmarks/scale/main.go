@@ -103,6 +103,7 @@ func mainCode() int {
 	jsonl := flag.String("jsonl", "", "also write the JSON objects to this file")
 	svg := flag.String("svg", "", "also draw bench-scale-*.svg into this directory")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	from := flag.String("from", "", "measure nothing: print and draw the rows of this file (as -jsonl wrote it)")
 	flag.Parse()
 	if *cpuprofile != "" {
 		stop, err := report.StartCPUProfile(*cpuprofile)
@@ -141,7 +142,12 @@ func mainCode() int {
 	}
 	fmt.Fprintf(os.Stderr, "scale: descriptor limit %d, GOMAXPROCS %d, heartbeat %v, failure_timeout %v, gossip %+v\n",
 		limit, runtime.GOMAXPROCS(0), cfg.HeartbeatInterval, cfg.FailureTimeout, cfg.Gossip)
-	rows, err := run(o, limit, func(r row) { fmt.Fprintf(os.Stderr, "scale: %+v\n", r) })
+	var rows []row
+	if *from != "" {
+		rows, err = readRows(*from)
+	} else {
+		rows, err = run(o, limit, func(r row) { fmt.Fprintf(os.Stderr, "scale: %+v\n", r) })
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "scale:", err)
 		return 1
@@ -339,6 +345,26 @@ func measure(o options, mode string, n int) (row, error) {
 	return r, nil
 }
 
+// readRows reads the rows -jsonl wrote.
+func readRows(path string) ([]row, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var rows []row
+	dec := json.NewDecoder(f)
+	for {
+		var r row
+		if err := dec.Decode(&r); err == io.EOF {
+			return rows, nil
+		} else if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		rows = append(rows, r)
+	}
+}
+
 func writeJSON(w io.Writer, rows []row) error {
 	enc := json.NewEncoder(w)
 	for _, r := range rows {
@@ -362,8 +388,12 @@ func writeTable(w io.Writer, rows []row, cfg *config.Config) error {
 			fmt.Fprintf(&b, "| %s | %d | | not run: %s |||||||||| |\n", r.Mode, r.N, strings.Join(strings.Fields(r.Skipped), " "))
 			continue
 		}
-		fmt.Fprintf(&b, "| %s | %d | %.1f | %.1fs | %.1f | %.1f | %.0f KiB | %.2f%% | %.1f | %.0f | %d (%d) | %s | %s |\n",
-			r.Mode, r.N, r.Load1, r.SetupS, r.FDsPerNode, r.GoroutinesPerNode, r.HeapKiBPerNode, r.CPUPctPerNode,
+		heap := fmt.Sprintf("%.0f KiB", r.HeapKiBPerNode)
+		if r.HeapKiBPerNode <= 0 {
+			heap = "n/a" // an earlier cluster's memory was freed meanwhile
+		}
+		fmt.Fprintf(&b, "| %s | %d | %.1f | %.1fs | %.1f | %.1f | %s | %.2f%% | %.1f | %.0f | %d (%d) | %s | %s |\n",
+			r.Mode, r.N, r.Load1, r.SetupS, r.FDsPerNode, r.GoroutinesPerNode, heap, r.CPUPctPerNode,
 			r.MsgsPerNodeS, r.BytesPerNodeS, r.FalseDowns, r.SetupDowns,
 			detectionCell(r.FreezeMedianS, r.FreezeMaxS, r.FreezeMissed), detectionCell(r.KillMedianS, r.KillMaxS, r.KillMissed))
 	}

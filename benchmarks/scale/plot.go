@@ -38,6 +38,18 @@ func perMode(value func(row) float64) []series {
 	return out
 }
 
+// positive leaves out the points ≤ 0 of ss (a heap figure an earlier
+// cluster's freed memory made negative).
+func positive(ss []series) []series {
+	for i, s := range ss {
+		ss[i].value = func(r row) (float64, bool) {
+			v, ok := s.value(r)
+			return v, ok && v > 0
+		}
+	}
+	return ss
+}
+
 // drawAll writes the bench-scale-*.svg figures into dir.
 func drawAll(dir string, rows []row, cfg *config.Config) error {
 	detected := func(med, max float64, missed int) (float64, bool) { return max, !(med == 0 && missed > 0) }
@@ -51,7 +63,7 @@ func drawAll(dir string, rows []row, cfg *config.Config) error {
 		{file: "bench-scale-cpu.svg", title: "CPU per node, idle cluster (all nodes in one process, 2 cores)", ylabel: "% of one core per node",
 			series: perMode(func(r row) float64 { return r.CPUPctPerNode })},
 		{file: "bench-scale-heap.svg", title: "Live heap per node", ylabel: "KiB per node",
-			series: perMode(func(r row) float64 { return r.HeapKiBPerNode })},
+			series: positive(perMode(func(r row) float64 { return r.HeapKiBPerNode }))},
 		{file: "bench-scale-false.svg", title: "False NodeDowns (idle period and detections)", ylabel: "nodes wrongly reported down",
 			series: perMode(func(r row) float64 { return float64(r.FalseDowns) })},
 		{file: "bench-scale-detect.svg", title: "Time until every other node reports a stopped node down", ylabel: "seconds",
