@@ -6,6 +6,7 @@ replace github.com/tensorferry/tensorferry => ../
 
 require (
 	github.com/asynkron/protoactor-go v0.0.0-20240822202345-3c0e61ca19c9
+	github.com/hashicorp/memberlist v0.5.4
 	github.com/tensorferry/tensorferry v0.0.0-00010101000000-000000000000
 	github.com/tinylib/msgp v1.6.5
 	go.uber.org/goleak v1.3.0
@@ -42,7 +43,6 @@ require (
 	github.com/hashicorp/go-multierror v1.1.1 // indirect
 	github.com/hashicorp/go-sockaddr v1.0.7 // indirect
 	github.com/hashicorp/golang-lru v0.5.4 // indirect
-	github.com/hashicorp/memberlist v0.5.4 // indirect
 	github.com/lithammer/shortuuid/v4 v4.0.0 // indirect
 	github.com/lmittmann/tint v1.0.3 // indirect
 	github.com/matttproud/golang_protobuf_extensions v1.0.4 // indirect

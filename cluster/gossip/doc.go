@@ -25,7 +25,12 @@
 //     lower incarnation never displaces a higher one. A node that leaves
 //     gracefully is a Leave with reason "left" a few gossip intervals
 //     later; a failed one "dead: ..." after detection.
-//   - memberlist's logs in zap; Stats of the traffic at the network.
+//   - Its own UDP and TCP transport in place of memberlist's NetTransport:
+//     a packet is handed over in a buffer of its size (NetTransport's 64 KiB
+//     per packet made the collector starve the probes of a process of
+//     hundreds of nodes into false deaths), streams are closed at Shutdown,
+//     and Stats count the traffic at the network.
+//   - memberlist's logs in zap.
 //
 // Package gossiptest freezes a node (it stops answering without closing its
 // sockets) for tests and benchmarks.

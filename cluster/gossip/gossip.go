@@ -3,6 +3,7 @@ package gossip
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"strconv"
@@ -107,7 +108,7 @@ type Gossip struct {
 	log    *zap.Logger
 	logw   *zapWriter
 	ml     *memberlist.Memberlist
-	ct     *countingTransport
+	ct     *netTransport
 	ev     Events
 	self   Member
 	meta   atomic.Pointer[[]byte] // this node's meta; replaced when it leaves
@@ -176,7 +177,7 @@ func Start(cfg Config, ev Events) (*Gossip, error) {
 	logger = logger.With(zap.String("node", self.Name))
 	std, logw := newStdLogger(logger)
 
-	ct, err := newCountingTransport(ip, port, std)
+	ct, err := listen(ip, port, std)
 	if err != nil {
 		logw.stop()
 		return nil, err
@@ -205,8 +206,8 @@ func Start(cfg Config, ev Events) (*Gossip, error) {
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = self.Name
 	mc.Transport = tr
-	mc.BindAddr, mc.BindPort = ip.String(), ct.Port()
-	mc.AdvertiseAddr, mc.AdvertisePort = "", ct.Port()
+	mc.BindAddr, mc.BindPort = ip.String(), ct.port
+	mc.AdvertiseAddr, mc.AdvertisePort = "", ct.port
 	mc.Label = label(cfg.Cluster)
 	mc.SecretKey = key
 	mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
@@ -267,11 +268,19 @@ func bindAddr(s string) (net.IP, int, error) {
 	return a.IP, port, nil
 }
 
-// Join contacts the seeds (gossip addresses, host:port) and exchanges the
-// full state with each that answers; this node's own address is skipped.
-// It returns how many answered, with an error only when none did (and
-// there were seeds other than itself): unreachable seeds are tolerated.
-// Joining is also how a node that was cut off comes back.
+// JoinFanout is how many seeds Join exchanges state with at most: one
+// answering seed gives the full state, a few more guard against a seed
+// that is itself cut off; contacting every seed would cost every joining
+// node a full-state exchange per seed (N² in a cluster that lists every
+// node as a seed).
+const JoinFanout = 3
+
+// Join contacts the seeds (gossip addresses, host:port) in random order,
+// exchanging the full state with each that answers until JoinFanout have;
+// this node's own address is skipped. It returns how many answered, with
+// an error only when none did (and there were seeds other than itself):
+// unreachable seeds are tolerated. Joining is also how a node that was cut
+// off comes back.
 func (g *Gossip) Join(seeds []string) (int, error) {
 	if g.down.Load() {
 		return 0, errShutdown
@@ -285,11 +294,25 @@ func (g *Gossip) Join(seeds []string) (int, error) {
 	if len(others) == 0 {
 		return 0, nil
 	}
-	n, err := g.ml.Join(others)
-	if err != nil {
-		return n, fmt.Errorf("gossip: join %s: %w", strings.Join(others, ", "), err)
+	rand.Shuffle(len(others), func(i, j int) { others[i], others[j] = others[j], others[i] })
+	var (
+		joined int
+		errs   []error
+	)
+	for _, s := range others {
+		if joined == JoinFanout {
+			break
+		}
+		n, err := g.ml.Join([]string{s})
+		joined += n
+		if err != nil {
+			errs = append(errs, err)
+		}
 	}
-	return n, nil
+	if joined == 0 {
+		return 0, fmt.Errorf("gossip: join %s: %w", strings.Join(others, ", "), errors.Join(errs...))
+	}
+	return joined, nil
 }
 
 // errShutdown is returned by Join and Leave after Shutdown.

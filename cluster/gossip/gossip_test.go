@@ -87,6 +87,25 @@ func TestJoinToleratesUnreachableSeeds(t *testing.T) {
 	}
 }
 
+func TestJoinStopsAfterFanout(t *testing.T) {
+	nodes := cluster(t, JoinFanout+5)
+	late := start(t, "z9", 1)
+	var seeds []string
+	for _, nd := range nodes {
+		seeds = append(seeds, nd.Self().GossipAddress)
+	}
+	n, err := late.Join(seeds)
+	if err != nil || n != JoinFanout {
+		t.Fatalf("Join = %d, %v; want %d", n, err, JoinFanout)
+	}
+	// One stream per seed contacted (a push-pull or a fallback ping may
+	// add one or two), far from one per seed.
+	if st := late.Stats(); st.StreamsDialed < JoinFanout || st.StreamsDialed >= uint64(len(nodes)) {
+		t.Errorf("dialed %d streams, want %d", st.StreamsDialed, JoinFanout)
+	}
+	poll.Until(t, "the late node sees everyone", func() bool { return len(late.Members()) == len(nodes)+1 })
+}
+
 func TestKilledNodeIsDetected(t *testing.T) {
 	nodes := cluster(t, 4)
 	victim := nodes[3]

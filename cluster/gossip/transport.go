@@ -5,26 +5,33 @@ import (
 	"fmt"
 	"log"
 	"net"
-	"strings"
+	"net/netip"
+	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
+	"github.com/hashicorp/go-sockaddr"
 	"github.com/hashicorp/memberlist"
 )
 
-// countingTransport is the transport closest to the network: memberlist's
-// NetTransport, counting what goes through it (Stats) and closing every
-// stream at Shutdown, so that no goroutine of memberlist stays blocked on
-// one.
-type countingTransport struct {
-	inner *memberlist.NetTransport
+// netTransport is memberlist's transport over UDP and TCP on one port,
+// in place of memberlist.NetTransport: it counts what goes through it
+// (Stats), closes every stream at Shutdown so that no goroutine stays
+// blocked on one, and hands memberlist each packet in a buffer of its own
+// size (NetTransport allocates 64 KiB per packet, garbage that dominates
+// the collector's work in a process of many nodes).
+type netTransport struct {
+	tcp    *net.TCPListener
+	udp    *net.UDPConn
+	port   int
+	logger *log.Logger
 
 	packetsSent, packetsRecv         atomic.Uint64
 	packetBytesSent, packetBytesRecv atomic.Uint64
 	streamsDialed, streamsAcc        atomic.Uint64
-	streamBytesSent                  atomic.Uint64
-	streamBytesRecv                  atomic.Uint64
+	streamBytesSent, streamBytesRecv atomic.Uint64
 
 	packets chan *memberlist.Packet
 	streams chan net.Conn
@@ -37,90 +44,143 @@ type countingTransport struct {
 	wg   sync.WaitGroup
 }
 
-var _ memberlist.NodeAwareTransport = (*countingTransport)(nil)
+var _ memberlist.NodeAwareTransport = (*netTransport)(nil)
 
-// bindAttempts bounds the retries of a bind to port 0: the kernel picks a
-// free TCP port, whose UDP twin may be taken.
-const bindAttempts = 10
+const (
+	// bindAttempts bounds the retries of a bind to port 0: the kernel
+	// picks a free TCP port, whose UDP twin may be taken.
+	bindAttempts = 10
+	// maxPacket is the largest UDP payload.
+	maxPacket = 65535
+	// udpRecvBuf is the socket receive buffer asked for (the kernel may
+	// give less): room for bursts of gossip while the reader is busy.
+	udpRecvBuf = 2 << 20
+)
 
-// newCountingTransport binds TCP and UDP on ip:port (port 0: one the kernel
-// picks, free for both).
-func newCountingTransport(ip net.IP, port int, logger *log.Logger) (*countingTransport, error) {
-	nc := &memberlist.NetTransportConfig{BindAddrs: []string{ip.String()}, BindPort: port, Logger: logger}
+// listen binds TCP and UDP on ip:port (port 0: one the kernel picks, free
+// for both).
+func listen(ip net.IP, port int, logger *log.Logger) (*netTransport, error) {
 	attempts := 1
 	if port == 0 {
 		attempts = bindAttempts
 	}
-	var (
-		nt  *memberlist.NetTransport
-		err error
-	)
+	var err error
 	for range attempts {
-		if nt, err = memberlist.NewNetTransport(nc); err == nil || !strings.Contains(err.Error(), "address already in use") {
+		var t *netTransport
+		if t, err = bind(ip, port); err == nil {
+			t.logger = logger
+			t.packets = make(chan *memberlist.Packet)
+			t.streams = make(chan net.Conn)
+			t.conns = make(map[*countingConn]struct{})
+			t.stop = make(chan struct{})
+			t.wg.Add(2)
+			go t.readPackets()
+			go t.accept()
+			return t, nil
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) {
 			break
 		}
 	}
+	return nil, fmt.Errorf("gossip: listen on %s: %w", net.JoinHostPort(ip.String(), strconv.Itoa(port)), err)
+}
+
+func bind(ip net.IP, port int) (*netTransport, error) {
+	tl, err := net.ListenTCP("tcp", &net.TCPAddr{IP: ip, Port: port})
 	if err != nil {
-		return nil, fmt.Errorf("gossip: listen on %s: %w", net.JoinHostPort(ip.String(), fmt.Sprint(port)), err)
+		return nil, err
 	}
-	t := &countingTransport{
-		inner:   nt,
-		packets: make(chan *memberlist.Packet),
-		streams: make(chan net.Conn),
-		conns:   make(map[*countingConn]struct{}),
-		stop:    make(chan struct{}),
+	port = tl.Addr().(*net.TCPAddr).Port
+	ul, err := net.ListenUDP("udp", &net.UDPAddr{IP: ip, Port: port})
+	if err != nil {
+		tl.Close()
+		return nil, err
 	}
-	t.wg.Add(2)
-	go t.forwardPackets()
-	go t.forwardStreams()
-	return t, nil
+	for size := udpRecvBuf; size > 0; size /= 2 {
+		if ul.SetReadBuffer(size) == nil {
+			break
+		}
+	}
+	return &netTransport{tcp: tl, udp: ul, port: port}, nil
 }
 
-func (t *countingTransport) forwardPackets() {
+// readPackets hands memberlist each packet in a buffer of its size.
+func (t *netTransport) readPackets() {
 	defer t.wg.Done()
-	in := t.inner.PacketCh()
+	buf := make([]byte, maxPacket)
 	for {
-		select {
-		case p := <-in:
-			t.packetsRecv.Add(1)
-			t.packetBytesRecv.Add(uint64(len(p.Buf)))
-			select {
-			case t.packets <- p:
-			case <-t.stop:
+		n, from, err := t.udp.ReadFromUDPAddrPort(buf)
+		now := time.Now()
+		if err != nil {
+			if t.isClosed() {
 				return
 			}
+			t.logger.Printf("[ERR] memberlist: Error reading UDP packet: %v", err)
+			continue
+		}
+		if n == 0 {
+			continue
+		}
+		t.packetsRecv.Add(1)
+		t.packetBytesRecv.Add(uint64(n))
+		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+		p := &memberlist.Packet{Buf: append([]byte(nil), buf[:n]...), From: net.UDPAddrFromAddrPort(from), Timestamp: now}
+		select {
+		case t.packets <- p:
 		case <-t.stop:
 			return
 		}
 	}
 }
 
-func (t *countingTransport) forwardStreams() {
+// accept hands memberlist each stream, backing off on errors as
+// NetTransport does.
+func (t *netTransport) accept() {
 	defer t.wg.Done()
-	in := t.inner.StreamCh()
+	const baseDelay, maxDelay = 5 * time.Millisecond, time.Second
+	var delay time.Duration
 	for {
-		select {
-		case c := <-in:
-			t.streamsAcc.Add(1)
-			cc, ok := t.track(c)
-			if !ok {
-				continue
-			}
-			select {
-			case t.streams <- cc:
-			case <-t.stop:
-				cc.Close()
+		c, err := t.tcp.AcceptTCP()
+		if err != nil {
+			if t.isClosed() {
 				return
 			}
-		case <-t.stop:
+			delay = min(max(2*delay, baseDelay), maxDelay)
+			t.logger.Printf("[ERR] memberlist: Error accepting TCP connection: %v", err)
+			select {
+			case <-time.After(delay):
+			case <-t.stop:
+				return
+			}
+			continue
+		}
+		delay = 0
+		t.streamsAcc.Add(1)
+		cc, ok := t.track(c)
+		if !ok {
 			return
 		}
+		select {
+		case t.streams <- cc:
+		case <-t.stop:
+			cc.Close()
+			return
+		}
+	}
+}
+
+func (t *netTransport) isClosed() bool {
+	select {
+	case <-t.stop:
+		return true
+	default:
+		return false
 	}
 }
 
 // track wraps c to count its bytes and close it at Shutdown; after
 // Shutdown it closes c and reports false.
-func (t *countingTransport) track(c net.Conn) (*countingConn, bool) {
+func (t *netTransport) track(c net.Conn) (*countingConn, bool) {
 	cc := &countingConn{Conn: c, t: t}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -132,43 +192,73 @@ func (t *countingTransport) track(c net.Conn) (*countingConn, bool) {
 	return cc, true
 }
 
-func (t *countingTransport) untrack(cc *countingConn) {
+func (t *netTransport) untrack(cc *countingConn) {
 	t.mu.Lock()
 	delete(t.conns, cc)
 	t.mu.Unlock()
 }
 
-// Port is the port the transport is bound to, UDP and TCP.
-func (t *countingTransport) Port() int { return t.inner.GetAutoBindPort() }
-
-func (t *countingTransport) FinalAdvertiseAddr(ip string, port int) (net.IP, int, error) {
-	return t.inner.FinalAdvertiseAddr(ip, port)
+// FinalAdvertiseAddr returns ip:port when given, else the bound address,
+// or a private IP of the host when bound to every interface.
+func (t *netTransport) FinalAdvertiseAddr(ip string, port int) (net.IP, int, error) {
+	if ip != "" {
+		a := net.ParseIP(ip)
+		if a == nil {
+			return nil, 0, fmt.Errorf("gossip: bad advertise address %q", ip)
+		}
+		if a4 := a.To4(); a4 != nil {
+			a = a4
+		}
+		return a, port, nil
+	}
+	a := t.tcp.Addr().(*net.TCPAddr).IP
+	if a.IsUnspecified() {
+		s, err := sockaddr.GetPrivateIP()
+		if err != nil {
+			return nil, 0, fmt.Errorf("gossip: bound to every interface: find a private IP to advertise: %w", err)
+		}
+		if a = net.ParseIP(s); a == nil {
+			return nil, 0, errors.New("gossip: bound to every interface and no private IP to advertise: bind one address")
+		}
+	}
+	if a4 := a.To4(); a4 != nil {
+		a = a4
+	}
+	return a, t.port, nil
 }
 
-func (t *countingTransport) WriteTo(b []byte, addr string) (time.Time, error) {
+func (t *netTransport) WriteTo(b []byte, addr string) (time.Time, error) {
 	return t.WriteToAddress(b, memberlist.Address{Addr: addr})
 }
 
-func (t *countingTransport) WriteToAddress(b []byte, addr memberlist.Address) (time.Time, error) {
-	ts, err := t.inner.WriteToAddress(b, addr)
-	if err == nil {
-		t.packetsSent.Add(1)
-		t.packetBytesSent.Add(uint64(len(b)))
+func (t *netTransport) WriteToAddress(b []byte, addr memberlist.Address) (time.Time, error) {
+	ap, err := netip.ParseAddrPort(addr.Addr)
+	if err != nil {
+		ua, rerr := net.ResolveUDPAddr("udp", addr.Addr)
+		if rerr != nil {
+			return time.Time{}, rerr
+		}
+		ap = ua.AddrPort()
 	}
-	return ts, err
+	if _, err := t.udp.WriteToUDPAddrPort(b, ap); err != nil {
+		return time.Time{}, err
+	}
+	t.packetsSent.Add(1)
+	t.packetBytesSent.Add(uint64(len(b)))
+	return time.Now(), nil
 }
 
-func (t *countingTransport) PacketCh() <-chan *memberlist.Packet { return t.packets }
+func (t *netTransport) PacketCh() <-chan *memberlist.Packet { return t.packets }
 
-func (t *countingTransport) DialTimeout(addr string, timeout time.Duration) (net.Conn, error) {
+func (t *netTransport) DialTimeout(addr string, timeout time.Duration) (net.Conn, error) {
 	return t.DialAddressTimeout(memberlist.Address{Addr: addr}, timeout)
 }
 
 // errClosed is returned by a dial after Shutdown.
 var errClosed = errors.New("gossip: transport closed")
 
-func (t *countingTransport) DialAddressTimeout(addr memberlist.Address, timeout time.Duration) (net.Conn, error) {
-	c, err := t.inner.DialAddressTimeout(addr, timeout)
+func (t *netTransport) DialAddressTimeout(addr memberlist.Address, timeout time.Duration) (net.Conn, error) {
+	c, err := net.DialTimeout("tcp", addr.Addr, timeout)
 	if err != nil {
 		return nil, err
 	}
@@ -180,11 +270,11 @@ func (t *countingTransport) DialAddressTimeout(addr memberlist.Address, timeout 
 	return cc, nil
 }
 
-func (t *countingTransport) StreamCh() <-chan net.Conn { return t.streams }
+func (t *netTransport) StreamCh() <-chan net.Conn { return t.streams }
 
-// Shutdown closes the listeners, every stream, and waits for the
-// forwarding goroutines and the listeners' goroutines.
-func (t *countingTransport) Shutdown() error {
+// Shutdown closes the sockets and every stream, and waits for the
+// transport's goroutines.
+func (t *netTransport) Shutdown() error {
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
@@ -194,8 +284,8 @@ func (t *countingTransport) Shutdown() error {
 	conns := t.conns
 	t.conns = nil
 	t.mu.Unlock()
-	err := t.inner.Shutdown()
 	close(t.stop)
+	err := errors.Join(t.tcp.Close(), t.udp.Close())
 	for c := range conns {
 		c.Conn.Close()
 	}
@@ -206,7 +296,7 @@ func (t *countingTransport) Shutdown() error {
 // countingConn counts the bytes of one stream.
 type countingConn struct {
 	net.Conn
-	t    *countingTransport
+	t    *netTransport
 	once sync.Once
 }
 
