@@ -718,6 +718,9 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 			m.log.Info("inbound connection refused: own dial to it in flight", zap.String("remote", remote))
 		case duplicate:
 			m.log.Info("duplicate connection refused", zap.String("remote", remote))
+		case stopping(admitErr):
+			// This node stops: a peer redialing meanwhile is expected.
+			m.log.Debug("connection refused: node stopping", zap.String("purpose", purpose), zap.String("remote", remote))
 		case admitErr != nil:
 			m.log.Warn("connection refused", zap.String("purpose", purpose), zap.String("remote", remote), zap.String("reason", admitErr.Error()))
 		case m.ctx.Err() != nil: // the node is stopping
@@ -749,6 +752,13 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 		return
 	}
 	m.attach(nc, peer, peer.Node)
+}
+
+// stopping reports whether err is the handshake refusal of a node that
+// stops (CodeShutdown).
+func stopping(err error) bool {
+	var ce *wire.ConnError
+	return errors.As(err, &ce) && ce.Code == wire.CodeShutdown
 }
 
 // reserveData counts a data connection from p against the bounds, or says
