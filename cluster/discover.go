@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/tensorferry/tensorferry/cluster/gossip"
 	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/discovery"
 	"go.uber.org/zap"
@@ -15,10 +16,6 @@ import (
 // and one it reports gone (its lease expired in etcd, say) is down at once
 // and stays down until the source announces it again, whatever gossip
 // says meanwhile.
-
-// maxSeedsPerJoin bounds the seeds one gossip join contacts: each answers
-// with the whole membership, so a few are plenty.
-const maxSeedsPerJoin = 3
 
 // startDiscovery starts the discovery source of the config, when it has
 // one besides the node list.
@@ -135,7 +132,7 @@ func (m *Membership) seedLoop() {
 				continue
 			}
 			addrs = append(addrs, n.GossipAddress)
-			if len(addrs) == maxSeedsPerJoin {
+			if len(addrs) == gossip.JoinFanout { // Join stops after as many answers
 				break
 			}
 		}
