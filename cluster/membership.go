@@ -969,8 +969,6 @@ func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
 		MaxFrameSize: uint32(m.transport.MaxFrameSize),
 		SendQueue:    m.transport.SendQueue,
 		DirectWrite:  true,
-		// Messages wake actors and callers: let them run here, now.
-		YieldAfterHandler: true,
 		// Handlers may run actor code inline (actor.WithInlineDelivery):
 		// one that blocks hands the reading to a new goroutine.
 		HandlerTakeover: m.transport.HandlerTakeover,

@@ -402,8 +402,13 @@ func (s *spinner) spin(start time.Time, ready func() bool) bool {
 			return false
 		}
 		// Goroutines that became runnable on this processor (an actor
-		// the last frame woke) run first.
-		runtime.Gosched()
+		// the last frame woke) run first, once: every Gosched also puts
+		// this goroutine on the global run queue and wakes an idle
+		// thread, which costs a many-core host more than the spin saves
+		// (BENCHMARKS.md, "Spinning without yielding").
+		if i == 1 {
+			runtime.Gosched()
+		}
 	}
 }
 

@@ -396,13 +396,13 @@ func TestConnSendMessageTooLarge(t *testing.T) {
 	}
 }
 
-// TestConnYieldAfterHandler: yielding after each frame changes nothing
-// but scheduling: every frame arrives, in order, whatever its kind.
-func TestConnYieldAfterHandler(t *testing.T) {
+// TestConnMixedFramesKeepOrder: batched messages and single frames sent
+// interleaved arrive, every one, in the order they were sent.
+func TestConnMixedFramesKeepOrder(t *testing.T) {
 	a, b := tcpPair(t)
 	const n = 3000
 	r := &batchReceiver{want: n + n/10, all: make(chan struct{})}
-	cb := NewConn(b, Peer{}, ConnOptions{Handler: r.handle, YieldAfterHandler: true})
+	cb := NewConn(b, Peer{}, ConnOptions{Handler: r.handle})
 	ca := NewConn(a, Peer{}, ConnOptions{DirectWrite: true})
 	ca.Start()
 	cb.Start()

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -81,16 +80,6 @@ type ConnOptions struct {
 	// reading while writing would stall until one side's liveness check
 	// closes the connection.
 	DirectWrite bool
-	// YieldAfterHandler makes the reader yield its processor once after
-	// Handler returns, when no further frame is buffered (the reader would
-	// otherwise go on to a read that finds nothing and park) and the frame
-	// was a single one (not a FrameMessages batch: under a stream the
-	// receiver and its consumers run best side by side). Goroutines
-	// that Handler woke (an actor's mailbox, a waiting caller) then run at
-	// once on this processor, instead of on another one that the runtime
-	// wakes for them and that takes them away: on virtual machines such a
-	// cross-CPU wake-up costs more than the rest of a loopback round trip.
-	YieldAfterHandler bool
 	// CallerReads lets a goroutine waiting for a frame from the peer read
 	// the connection itself (Await) while nobody else needs to; after it
 	// has read its frame, the read role waits this long for the next
@@ -607,15 +596,11 @@ func (c *Conn) readFrames() bool {
 			c.fail(c.readError(err))
 			return true
 		}
-		h := f.Header()
 		switch c.handleFrame(f) {
 		case frameFatal:
 			return true
 		case frameTakenOver:
 			return false // a new reader took over
-		}
-		if c.opts.Handler != nil && c.opts.YieldAfterHandler && h.Type != FrameMessages && c.br.Buffered() == 0 {
-			runtime.Gosched()
 		}
 	}
 }

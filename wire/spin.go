@@ -37,9 +37,15 @@ func DefaultReadSpinFor() time.Duration {
 // spinReader reads a socket, and when it has nothing to read, polls it
 // for up to spin before parking in the runtime's network poller. Waking a
 // goroutine parked there costs a thread wake-up (10–30 µs on virtual
-// machines); a reply that comes within the spin is read without one. The
-// spin yields the processor between polls, so goroutines that became
-// runnable on it (an actor the last frame woke) run first.
+// machines); a reply that comes within the spin is read without one.
+//
+// The spin does not yield between polls: runtime.Gosched puts the
+// goroutine on the global run queue and wakes an idle thread each time
+// (wakep), which cost about 6 µs of a 25 µs round trip on a 16-core GPU
+// host (BENCHMARKS.md, "Spinning without yielding"). A goroutine the last
+// frame made runnable on this processor is taken by one of the idle
+// processors the runtime wakes for it: a spin needs at least SpinMinProcs
+// processors, so there are some.
 type spinReader struct {
 	raw  syscall.RawConn
 	spin time.Duration
@@ -89,7 +95,6 @@ func (r *spinReader) Read(p []byte) (int, error) {
 				spun = true
 				return false
 			}
-			runtime.Gosched()
 		}
 	})
 	if err != nil {
