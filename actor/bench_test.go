@@ -8,6 +8,9 @@ import (
 	"time"
 
 	pa "github.com/asynkron/protoactor-go/actor"
+	"github.com/tensorferry/tensorferry/actor"
+	"github.com/tensorferry/tensorferry/config"
+	"github.com/tensorferry/tensorferry/shm"
 )
 
 // BenchmarkOneWay sends 64-byte messages from one node to an actor on
@@ -59,21 +62,33 @@ func BenchmarkRoundTrip(b *testing.B) {
 }
 
 // BenchmarkRequestInline is one Node.Request round trip of a 64-byte
-// message to an actor with inline delivery.
+// message to an actor with inline delivery, over the nodes' default control
+// transport between processes of one host (shared memory) and over TCP.
 func BenchmarkRequestInline(b *testing.B) {
-	_, nodes := startClusterB(b, 2)
-	a, c := nodes[0], nodes[1]
-	if _, err := c.Root().SpawnNamed(echoProps(c.Name()).Configure(c.WithInlineDelivery()), "echo"); err != nil {
-		b.Fatal(err)
-	}
-	pid := a.PID(c.Name(), "echo")
-	msg := &Ping{Text: string(bytes.Repeat([]byte{'x'}, 64))}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	b.ResetTimer()
-	for range b.N {
-		if _, err := a.Request(ctx, pid, msg); err != nil {
-			b.Fatal(err)
-		}
+	for _, bc := range []struct {
+		name string
+		shm  shm.Config
+	}{{"shm", shm.Config{}}, {"tcp", shm.Config{Disable: true}}} {
+		b.Run(bc.name, func(b *testing.B) {
+			cfg, err := config.LocalConfig("test", 2)
+			if err != nil {
+				b.Fatal(err)
+			}
+			nodes := startNodes(b, cfg, actor.WithSharedMemory(bc.shm))
+			a, c := nodes[0], nodes[1]
+			if _, err := c.Root().SpawnNamed(echoProps(c.Name()).Configure(c.WithInlineDelivery()), "echo"); err != nil {
+				b.Fatal(err)
+			}
+			pid := a.PID(c.Name(), "echo")
+			msg := &Ping{Text: string(bytes.Repeat([]byte{'x'}, 64))}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			b.ResetTimer()
+			for range b.N {
+				if _, err := a.Request(ctx, pid, msg); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

@@ -56,12 +56,12 @@ func startClusterB(t testing.TB, n int) (*config.Config, []*actor.Node) {
 
 // startNodes starts every node of cfg in this process (stopped at the
 // test's end) and waits until each sees every other up.
-func startNodes(t testing.TB, cfg *config.Config) []*actor.Node {
+func startNodes(t testing.TB, cfg *config.Config, opts ...actor.Option) []*actor.Node {
 	t.Helper()
 	n := len(cfg.Nodes)
 	nodes := make([]*actor.Node, n)
 	for i := range nodes {
-		node, err := actor.NewNode(cfg, cfg.Nodes[i].Name, testLogger())
+		node, err := actor.NewNode(cfg, cfg.Nodes[i].Name, append([]actor.Option{testLogger()}, opts...)...)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -108,7 +108,9 @@ func (c *Conn) Read(p []byte) (n int, err error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	defer protect()()
+	// A fault on the mapping is a panic that catchFault recovers, not a
+	// crash of the process (no closure: nothing allocated per call).
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer c.catchFault(&err)
 	for {
 		if err := c.pastDeadline(&c.rdl); err != nil {
@@ -145,7 +147,9 @@ func (c *Conn) Write(p []byte) (n int, err error) {
 	if err := c.usable(); err != nil {
 		return 0, err
 	}
-	defer protect()()
+	// A fault on the mapping is a panic that catchFault recovers, not a
+	// crash of the process (no closure: nothing allocated per call).
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer c.catchFault(&err)
 	for n < len(p) {
 		if err := c.pastDeadline(&c.wdl); err != nil {
@@ -200,13 +204,6 @@ func (c *Conn) catchFault(err *error) {
 	e := fmt.Errorf("shm: the shared region faulted at %#x (did the peer truncate it?): %v", af.Addr(), r)
 	c.faulted.CompareAndSwap(nil, &e)
 	*err = *c.faulted.Load()
-}
-
-// protect makes a fault on the mapping a panic that catchFault recovers,
-// instead of a crash of the process.
-func protect() (restore func()) {
-	old := debug.SetPanicOnFault(true)
-	return func() { debug.SetPanicOnFault(old) }
 }
 
 func (c *Conn) pastDeadline(dl *atomic.Int64) error {

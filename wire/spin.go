@@ -49,6 +49,15 @@ func DefaultReadSpinFor() time.Duration {
 type spinReader struct {
 	raw  syscall.RawConn
 	spin time.Duration
+	poll func(fd uintptr) bool // r.pollFD, bound once (a closure per Read would allocate)
+
+	// One Read's state, for pollFD: Reads come one at a time (one
+	// goroutine holds a connection's read role).
+	p     []byte
+	n     int
+	rerr  error
+	start time.Time
+	spun  bool
 }
 
 // newSpinReader returns a spinning reader of nc, or nil when nc does not
@@ -65,38 +74,19 @@ func newSpinReader(nc net.Conn, spin time.Duration) io.Reader {
 	if err != nil {
 		return nil
 	}
-	return &spinReader{raw: raw, spin: spin}
+	r := &spinReader{raw: raw, spin: spin}
+	r.poll = r.pollFD
+	return r
 }
 
 func (r *spinReader) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	var (
-		n     int
-		rerr  error
-		start time.Time
-		spun  bool
-	)
-	err := r.raw.Read(func(fd uintptr) bool {
-		for {
-			n, rerr = syscall.Read(int(fd), p)
-			switch {
-			case rerr == syscall.EINTR:
-				continue
-			case rerr != syscall.EAGAIN:
-				return true
-			case spun:
-				return false // wait in the poller
-			}
-			if start.IsZero() {
-				start = time.Now()
-			} else if time.Since(start) >= r.spin {
-				spun = true
-				return false
-			}
-		}
-	})
+	r.p, r.n, r.rerr, r.start, r.spun = p, 0, nil, time.Time{}, false
+	err := r.raw.Read(r.poll)
+	n, rerr := r.n, r.rerr
+	r.p, r.rerr = nil, nil
 	if err != nil {
 		return 0, err // closed, or the read deadline passed
 	}
@@ -107,4 +97,27 @@ func (r *spinReader) Read(p []byte) (int, error) {
 		return 0, io.EOF
 	}
 	return n, nil
+}
+
+// pollFD is the raw read of Read: it reads until something came or failed
+// (true), or the spin is over and the caller is to wait in the poller
+// (false; the poller calls it again once the socket is readable).
+func (r *spinReader) pollFD(fd uintptr) bool {
+	for {
+		r.n, r.rerr = syscall.Read(int(fd), r.p)
+		switch {
+		case r.rerr == syscall.EINTR:
+			continue
+		case r.rerr != syscall.EAGAIN:
+			return true
+		case r.spun:
+			return false // wait in the poller
+		}
+		if r.start.IsZero() {
+			r.start = time.Now()
+		} else if time.Since(r.start) >= r.spin {
+			r.spun = true
+			return false
+		}
+	}
 }
