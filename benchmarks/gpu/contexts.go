@@ -3,11 +3,14 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -27,8 +30,18 @@ import (
 // do), timed as the round of both copies and the two pipe hops. On one GPU without MPS the contexts of two processes time-slice;
 // the ipc mode's messages pay that between their two processes.
 const (
-	holderEnv        = "TF_GPU_BENCH_HOLDER" // "idle:N", "tick:N" or "busy:N": hold a context on cuda:N
-	pathCopyIdleCtx  = "copy+sync-idle-context"
+	holderEnv       = "TF_GPU_BENCH_HOLDER" // "idle:N", "tick:N", "busy:N", "turns:N", "ranonce:N" or "mapped:N:HANDLE": hold a context on cuda:N
+	pathCopyIdleCtx = "copy+sync-idle-context"
+	// The idle neighbour after one copy of its own, and after one copy
+	// from this process's memory mapped through CUDA IPC (what the
+	// receiver of an ipc message has done): which of the two leaves it
+	// costing this process's copies.
+	pathCopyRanOnceCtx = "copy+sync-ran-once-context"
+	pathCopyMappedCtx  = "copy+sync-ipc-mapped-context"
+	// The idle neighbour after copying from the mapping as the ipc
+	// channel's fetcher does: on a stream of its own, each copy followed
+	// by an event it polls, 1000 times.
+	pathCopyLaneCtx  = "copy+sync-ipc-lane-context"
 	pathCopyTickCtx  = "copy+sync-ticking-context"
 	pathTurns        = "copy+sync-taking-turns"
 	pathCopyBusyCtx  = "copy+sync-busy-context"
@@ -49,8 +62,9 @@ func runHolder() {
 
 func hold(spec string, in io.Reader, out io.Writer) error {
 	kind, ordinal, ok := strings.Cut(spec, ":")
+	ordinal, handle, _ := strings.Cut(ordinal, ":")
 	n, err := strconv.Atoi(ordinal)
-	if !ok || err != nil || (kind != "idle" && kind != "tick" && kind != "busy" && kind != "turns") {
+	if !ok || err != nil || (kind != "idle" && kind != "tick" && kind != "busy" && kind != "turns" && kind != "ranonce" && kind != "mapped" && kind != "lane") {
 		return fmt.Errorf("bad %s %q", holderEnv, spec)
 	}
 	buf, err := memory.AllocUninit(memory.CUDA(n), 2*holderBufferSize)
@@ -91,6 +105,35 @@ func hold(spec string, in io.Reader, out io.Writer) error {
 			}
 			done <- nil
 		}()
+	case "ranonce", "mapped", "lane":
+		from := a
+		if kind != "ranonce" {
+			var h memory.IPCHandle
+			raw, err := hex.DecodeString(handle)
+			if err != nil || len(raw) != len(h.Handle)+8 {
+				return fmt.Errorf("bad IPC handle in %s", holderEnv)
+			}
+			copy(h.Handle[:], raw)
+			h.Size = int(binary.LittleEndian.Uint64(raw[len(h.Handle):]))
+			m, err := memory.OpenIPC(memory.CUDA(n), h)
+			if err != nil {
+				return err
+			}
+			defer m.Free()
+			from = m
+		}
+		if from, err = from.Slice(0, 4<<10); err == nil {
+			b, err = b.Slice(0, 4<<10)
+		}
+		if err == nil && kind == "lane" {
+			err = fetcherCopies(b, from, 1000)
+		} else if err == nil {
+			err = memory.Copy(ctx, b, from)
+		}
+		if err != nil {
+			return err
+		}
+		done <- nil
 	case "turns":
 		fmt.Fprintln(out, "ready")
 		a, _ = a.Slice(0, 4<<10) // within a 64 MiB buffer: cannot fail
@@ -195,11 +238,25 @@ func runContexts(o options) (rs []report.Result, err error) {
 	if err != nil {
 		return rs, err
 	}
+	// A buffer of this process that the "mapped" neighbour opens.
+	exported, err := memory.AllocUninit(src, holderBufferSize)
+	if err != nil {
+		return rs, err
+	}
+	defer exported.Free()
+	h, _, err := memory.ExportIPC(exported)
+	if err != nil {
+		return rs, err
+	}
+	mapped := hex.EncodeToString(binary.LittleEndian.AppendUint64(h.Handle[:], uint64(h.Size)))
 	for _, c := range []struct{ spec, path string }{
 		{"idle:" + strconv.Itoa(o.dst), pathCopyIdleCtx},
 		{"tick:" + strconv.Itoa(o.dst), pathCopyTickCtx},
 		{"busy:" + strconv.Itoa(o.dst), pathCopyBusyCtx},
 		{"turns:" + strconv.Itoa(o.dst), pathTurns},
+		{"ranonce:" + strconv.Itoa(o.dst), pathCopyRanOnceCtx},
+		{"mapped:" + strconv.Itoa(o.dst) + ":" + mapped, pathCopyMappedCtx},
+		{"lane:" + strconv.Itoa(o.dst) + ":" + mapped, pathCopyLaneCtx},
 	} {
 		h, err := startHolder(c.spec)
 		if err != nil {
@@ -216,4 +273,38 @@ func runContexts(o options) (rs []report.Result, err error) {
 		}
 	}
 	return rs, nil
+}
+
+// fetcherCopies copies src to dst n times the way the ipc channel's
+// fetcher does: on a stream of its own, each copy followed by an event
+// that it polls until done. The stream and events stay open (as the
+// fetcher's idle lanes do).
+func fetcherCopies(dst, src memory.Buffer, n int) error {
+	s, err := memory.NewStream(dst.Device())
+	if err != nil {
+		return err
+	}
+	ev, err := memory.NewEvent(dst.Device())
+	if err != nil {
+		return err
+	}
+	for range n {
+		if err := s.CopyAsync(dst, src); err != nil {
+			return err
+		}
+		if err := s.Record(ev); err != nil {
+			return err
+		}
+		for {
+			done, err := ev.Query()
+			if err != nil {
+				return err
+			}
+			if done {
+				break
+			}
+			runtime.Gosched()
+		}
+	}
+	return nil
 }
