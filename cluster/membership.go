@@ -1255,17 +1255,31 @@ func (m *Membership) down(p *Peer, cause error) {
 	m.h.PeerDown(p, cause)
 }
 
+// silenceChecks is how many times per failure timeout the heartbeat loop
+// looks for silent peers: a node that stops answering is declared down
+// within FailureTimeout × (1 + 1/silenceChecks) of its last frame, not
+// up to a whole heartbeat interval later.
+const silenceChecks = 30
+
 func (m *Membership) heartbeatLoop() {
 	defer m.wg.Done()
-	t := time.NewTicker(m.cfg.HeartbeatInterval)
+	// The loop ticks k times per heartbeat interval, often enough to look
+	// for silence silenceChecks times per failure timeout; a heartbeat goes
+	// out every k-th tick.
+	hb, ft := m.cfg.HeartbeatInterval, m.cfg.FailureTimeout
+	k := max(1, int((hb*silenceChecks+ft-1)/ft))
+	t := time.NewTicker(hb / time.Duration(k))
 	defer t.Stop()
 	var seq uint64
-	for {
+	for tick := 0; ; tick++ {
 		select {
 		case <-m.ctx.Done():
 			return
 		case now := <-t.C:
-			seq++
+			ping := tick%k == 0
+			if ping {
+				seq++
+			}
 			m.mu.Lock()
 			var peers []*Peer
 			for _, s := range m.slots {
@@ -1277,6 +1291,9 @@ func (m *Membership) heartbeatLoop() {
 			for _, p := range peers {
 				if silent := now.Sub(time.Unix(0, p.lastSeen.Load())); silent > m.cfg.FailureTimeout {
 					p.conn().Fail(fmt.Errorf("%w: silent for %v (failure timeout %v)", ErrNodeDown, silent.Round(time.Millisecond), m.cfg.FailureTimeout))
+					continue
+				}
+				if !ping {
 					continue
 				}
 				ctx, cancel := context.WithTimeout(m.ctx, m.cfg.HeartbeatInterval)
