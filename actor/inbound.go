@@ -207,6 +207,31 @@ func (im *inMessage) Deliver(err error) {
 	dl.end()
 }
 
+// DeliverInline implements transfer.InlineDelivery: a message for an actor
+// with inline delivery (WithInlineDelivery) that finds it idle runs on the
+// engine's goroutine, which calls handoff (the engine's delivery of the
+// peer's next messages moves to another goroutine) before the handler runs.
+// Anything else is delivered as Deliver does.
+func (im *inMessage) DeliverInline(err error, handoff func()) {
+	if err != nil || isReply(im.target.Id) {
+		im.Deliver(err)
+		return
+	}
+	n := im.n
+	proc, ok := n.system.ProcessRegistry.GetLocal(im.target.Id)
+	mb := (*inlineMailbox)(nil)
+	if ok {
+		mb = n.inlineFor(im.target.Id, proc)
+	}
+	if mb == nil {
+		im.Deliver(err)
+		return
+	}
+	dl := n.startDelivery(im.span, &im.header)
+	mb.postInline(envelope(im.sender, im.header, im.msg), handoff)
+	dl.end()
+}
+
 // deliverFetched delivers a message whose tensors the engine fetched (err
 // nil) or reports why not.
 func (n *Node) deliverFetched(ps *peerState, target, sender *pa.PID, header map[string]string, msg any, err error) {

@@ -22,11 +22,16 @@ import (
 // default, config.TransportConfig.HandlerTakeover) hands the connection's
 // reading to a new goroutine, so the frames behind it wait at most that
 // long and a handler that waits for a reply from the same node does not
-// deadlock. Local senders, batched messages, system messages and messages
-// that carry tensors to fetch go through the props' dispatcher as usual;
-// the actor still handles one message at a time, in order. At most the
-// dispatcher's throughput of messages run inline at a time; the rest go to
-// the dispatcher.
+// deadlock. A message whose tensors the engine fetches, when it arrives
+// alone (nothing else from its node queued or being fetched) and finds the
+// actor idle, runs on the engine goroutine that fetched it, after the
+// engine has moved the delivery of that node's next messages to another
+// goroutine and while it gives the tensors' leases back: a handler that
+// waits for a reply with tensors from the same node does not deadlock.
+// Local senders, batched messages and system messages go through the
+// props' dispatcher as usual; the actor still handles one message at a
+// time, in order. At most the dispatcher's throughput of messages run
+// inline at a time; the rest go to the dispatcher.
 //
 //	props := pa.PropsFromFunc(echo, node.WithInlineDelivery()) // pa: protoactor-go/actor
 func (n *Node) WithInlineDelivery() pa.PropsOption {

@@ -2,12 +2,15 @@ package actor_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/actor"
+	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/tensor"
 )
 
 // TestInlineDeliveryOrder: an actor with inline delivery gets messages from
@@ -215,5 +218,167 @@ func TestInlineActorWatchAndPoison(t *testing.T) {
 	}
 	if got := b.Stats().MessagesInline - before; got != 5 {
 		t.Fatalf("%d of 5 requests ran inline after re-spawn", got)
+	}
+}
+
+// TestInlineTensorMessages: messages whose tensors the engine fetches run
+// inline on the engine's goroutine when they arrive alone and find the
+// actor idle; mixed with plain messages and bursts, each sender's messages
+// still arrive in order, and every lease goes back to the sender.
+func TestInlineTensorMessages(t *testing.T) {
+	_, nodes := startCluster(t, 2)
+	a, b := nodes[0], nodes[1]
+	var mu sync.Mutex
+	var got []int
+	props := pa.PropsFromFunc(func(ctx pa.Context) {
+		n := -1
+		switch m := ctx.Message().(type) {
+		case *Grad:
+			n = m.Step
+			if m.W.ByteSize() != 1<<18 || m.W.Host()[7] != byte(m.Step) {
+				n = -2 // wrong bytes: fails the order check below
+			}
+			_ = m.W.Free()
+		case *Ping:
+			n = m.N
+		default:
+			return
+		}
+		mu.Lock()
+		got = append(got, n)
+		mu.Unlock()
+		if ctx.Sender() != nil {
+			ctx.Respond(&Pong{N: n})
+		}
+	}, b.WithInlineDelivery())
+	if _, err := b.Root().SpawnNamed(props, "sink"); err != nil {
+		t.Fatal(err)
+	}
+	pid := a.PID(b.Name(), "sink")
+	grad := func(step int) *Grad {
+		x, err := tensor.New(memory.CPU, tensor.Uint8, tensor.Shape{1 << 18})
+		if err != nil {
+			t.Fatal(err)
+		}
+		x.Host()[7] = byte(step)
+		return &Grad{Step: step, W: x}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	// Lone messages, one request at a time: they run inline, unless one
+	// arrives before the actor's previous handler, which answered before
+	// returning, has returned (or finds the actor still starting).
+	var sent []*tensor.Tensor
+	var inline int64
+	for i := range 20 {
+		if i == 1 {
+			inline = b.Stats().MessagesInline
+		}
+		g := grad(i)
+		sent = append(sent, g.W)
+		if _, err := a.Request(ctx, pid, g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := b.Stats().MessagesInline - inline; n < 5 {
+		t.Fatalf("%d of 19 lone tensor messages ran inline", n)
+	}
+	// Then a burst of tensor and plain messages mixed.
+	for i := 20; i < 200; i++ {
+		if i%3 == 0 {
+			a.Root().Send(pid, &Ping{N: i})
+			continue
+		}
+		g := grad(i)
+		sent = append(sent, g.W)
+		a.Root().Send(pid, g)
+	}
+	if _, err := a.Request(ctx, pid, &Ping{N: 200}); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	for i, n := range got {
+		if n != i {
+			mu.Unlock()
+			t.Fatalf("message %d is %d (of %d)", i, n, len(got))
+		}
+	}
+	if len(got) != 201 {
+		t.Fatalf("%d of 201 messages", len(got))
+	}
+	mu.Unlock()
+	for _, x := range sent {
+		if err := x.WaitReleased(ctx); err != nil {
+			t.Fatalf("%v: lease not released: %v", x, err)
+		}
+		_ = x.Free()
+	}
+}
+
+// TestInlineTensorHandlerMayWaitForTheSamePeer: a tensor message's handler
+// run inline on the engine's goroutine waits for a reply of the same peer
+// that carries a tensor (fetched by that peer's delivery loop, which moved
+// to another goroutine), and the sender gets its lease back while the
+// handler still runs.
+func TestInlineTensorHandlerMayWaitForTheSamePeer(t *testing.T) {
+	_, nodes := startCluster(t, 2)
+	a, b := nodes[0], nodes[1]
+	spawnTestActors(a)
+	proceed := make(chan struct{})
+	relay := pa.PropsFromFunc(func(ctx pa.Context) {
+		g, ok := ctx.Message().(*Grad)
+		if !ok {
+			return
+		}
+		_ = g.W.Free()
+		<-proceed
+		rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		// The tensors actor of a answers a RefMsg with a Digest; ask it
+		// for one of a tensor of b's, which a fetches, then a Grad back.
+		x, err := tensor.New(memory.CPU, tensor.Uint8, tensor.Shape{1 << 18})
+		if err != nil {
+			ctx.Respond(&Pong{N: -1, From: err.Error()})
+			return
+		}
+		defer x.Free()
+		res, err := b.Request(rctx, b.PID(a.Name(), "tensors"), &Grad{W: x})
+		if err != nil {
+			ctx.Respond(&Pong{N: -1, From: err.Error()})
+			return
+		}
+		if d, ok := res.(*Digest); !ok || d.Err != "" {
+			ctx.Respond(&Pong{N: -1, From: "bad digest"})
+			return
+		}
+		ctx.Respond(&Pong{N: g.Step})
+	}, b.WithInlineDelivery())
+	if _, err := b.Root().SpawnNamed(relay, "relay"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	x, err := tensor.New(memory.CPU, tensor.Uint8, tensor.Shape{1 << 18})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Free()
+	done := make(chan error, 1)
+	go func() {
+		res, err := a.Request(ctx, a.PID(b.Name(), "relay"), &Grad{Step: 7, W: x})
+		if err == nil {
+			if p, ok := res.(*Pong); !ok || p.N != 7 {
+				err = errors.New("reply " + p.From)
+			}
+		}
+		done <- err
+	}()
+	// The handler waits for proceed: the lease must come back meanwhile.
+	if err := x.WaitReleased(ctx); err != nil {
+		t.Fatalf("lease not released while the handler runs: %v", err)
+	}
+	close(proceed)
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -20,7 +20,10 @@
 //  6. inbox.go: Enqueue queues the message in the peer's bounded inbox;
 //     deliverLoop takes the per-peer and per-node budgets (credits.go),
 //     allocates the destinations, fetches (channels.go: rdma.Select picks
-//     the channel), releases the leases and delivers in arrival order.
+//     the channel), releases the leases and delivers in arrival order. A
+//     message that arrives alone is fetched and delivered on the loop's own
+//     goroutine; an InlineDelivery (an actor with inline delivery) may run
+//     its handler there, once the loop has moved to a new goroutine.
 //
 // stats.go: Engine.Stats reports what the engine did for a node's metrics
 // (package metrics): per channel and owner the transfers, bytes and fetch

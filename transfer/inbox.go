@@ -59,6 +59,21 @@ type Delivery interface {
 	Deliver(err error)
 }
 
+// InlineDelivery is a Delivery that may run the message's handling on the
+// goroutine that delivers it (an actor's inline mailbox) instead of handing
+// it to another goroutine. DeliverInline delivers as Deliver does and, once
+// the message has its place downstream and before anything that may block
+// runs, calls handoff (at most once): the engine then delivers the peer's
+// next messages on another goroutine, gives the budgets and the message's
+// leases back, and the calling goroutine is the handler's until
+// DeliverInline returns. A DeliverInline that does not call handoff ran
+// nothing inline. The engine uses it for a message that arrives alone
+// (nothing else of its peer queued or being fetched).
+type InlineDelivery interface {
+	Delivery
+	DeliverInline(err error, handoff func())
+}
+
 // Enqueue queues a message of peer (in: its fetches, nil for none; size:
 // its encoded bytes) for delivery in arrival order (d.Deliver). A message beyond the
 // inbox's bounds is refused with ErrInboxFull, and a peer that keeps
@@ -148,26 +163,41 @@ func (b *inbox) close() []*queued {
 }
 
 // deliverLoop fetches the tensors of p's queued messages, up to fetchWindow
-// at once, each once the budgets allow, and hands them to deliverInOrder.
+// at once, each once the budgets allow, and delivers them in arrival order.
 // When the peer goes down, messages not started are aborted; those started
 // are delivered once fetched, or reported failed.
 func (e *Engine) deliverLoop(p *Peer) {
-	defer e.wg.Done()
-	order := make(chan *queued, fetchWindow-1)
-	var handed atomic.Int64 // messages in order or being delivered
-	var wg sync.WaitGroup
-	wg.Add(1)
+	st := &loopState{order: make(chan *queued, fetchWindow-1)}
+	st.wg.Add(1)
 	go func() {
-		defer wg.Done()
-		for q := range order {
+		defer st.wg.Done()
+		for q := range st.order {
 			e.deliverFetched(p, q, <-q.fetched)
-			handed.Add(-1)
+			st.handed.Add(-1)
 		}
 	}()
-	defer func() {
-		close(order)
-		wg.Wait()
-	}()
+	e.runLoop(p, st)
+}
+
+// loopState is a peer's delivery loop, which moves to another goroutine
+// when a handler runs inline on the one running it (InlineDelivery).
+type loopState struct {
+	// order carries the messages whose fetches run concurrently to the
+	// goroutine that delivers them in order.
+	order  chan *queued
+	handed atomic.Int64 // messages in order or being delivered
+	wg     sync.WaitGroup
+}
+
+// runLoop is the delivery loop of p on this goroutine (counted in e.wg),
+// until p goes down or a handler run inline took the goroutine (the loop
+// then goes on in another one).
+func (e *Engine) runLoop(p *Peer, st *loopState) {
+	defer e.wg.Done()
+	end := func() {
+		close(st.order)
+		st.wg.Wait()
+	}
 	for {
 		if q := p.inbox.pop(); q != nil {
 			if err := e.take(p, q); err != nil {
@@ -175,11 +205,14 @@ func (e *Engine) deliverLoop(p *Peer) {
 				// waited for the budget: aborted with the rest.
 				e.abortQueued(p, q, err)
 				e.abortInbox(p)
+				end()
 				return
 			}
-			if handed.Load() == 0 && p.inbox.empty() {
+			if st.handed.Load() == 0 && p.inbox.empty() {
 				// A lone message: fetched and delivered on this goroutine.
-				e.deliverFetched(p, q, e.fetchNow(p, q))
+				if e.deliverLone(p, q, e.fetchNow(p, q), st) {
+					return // its handler ran here: the loop went on elsewhere
+				}
 				continue
 			}
 			q.fetched = make(chan error, 1)
@@ -188,17 +221,49 @@ func (e *Engine) deliverLoop(p *Peer) {
 			} else {
 				go func() { q.fetched <- e.fetchNow(p, q) }()
 			}
-			handed.Add(1)
-			order <- q
+			st.handed.Add(1)
+			st.order <- q
 			continue
 		}
 		select {
 		case <-p.inbox.wake:
 		case <-p.done:
 			e.abortInbox(p)
+			end()
 			return
 		}
 	}
+}
+
+// deliverLone delivers a message that arrived alone, whose fetch ended with
+// err. When its Delivery runs the handler inline, the loop moves to a new
+// goroutine first (deliverLone then reports true, once the handler has
+// returned): a handler that blocks, waiting for a reply of the same peer
+// that carries tensors for one, must not block that peer's deliveries.
+func (e *Engine) deliverLone(p *Peer, q *queued, err error, st *loopState) (movedOn bool) {
+	d, ok := q.deliver.(InlineDelivery)
+	if !ok || err != nil {
+		e.deliverFetched(p, q, err)
+		return false
+	}
+	e.releaseBudget(p, q)
+	d.DeliverInline(nil, func() {
+		if movedOn {
+			return
+		}
+		movedOn = true
+		// The new goroutine gives q's leases back (a frame to the owner)
+		// while the handler already runs here, then goes on with the loop.
+		e.wg.Add(1) // this goroutine still holds its own count
+		go func() {
+			e.afterDelivery(p, q, nil)
+			e.runLoop(p, st)
+		}()
+	})
+	if !movedOn {
+		e.afterDelivery(p, q, nil)
+	}
+	return movedOn
 }
 
 // take waits until the budgets of p and of the node have room for q's
@@ -232,12 +297,23 @@ func (e *Engine) fetchNow(p *Peer, q *queued) error {
 // deliverFetched delivers q, whose fetch ended with err, gives its budget
 // back and then releases the leases of what it fetched.
 func (e *Engine) deliverFetched(p *Peer, q *queued, err error) {
+	e.releaseBudget(p, q)
+	q.deliver.Deliver(err)
+	e.afterDelivery(p, q, err)
+}
+
+// releaseBudget gives back the budget q took.
+func (e *Engine) releaseBudget(p *Peer, q *queued) {
 	if q.held > 0 {
 		p.budget.release(q.held)
 		e.budget.release(q.held)
 		q.held = 0
 	}
-	q.deliver.Deliver(err)
+}
+
+// afterDelivery releases the leases of what q fetched (err nil) and counts
+// q out of p's backlog: q is in its place downstream.
+func (e *Engine) afterDelivery(p *Peer, q *queued, err error) {
 	if err == nil && q.in != nil {
 		q.in.releaseFetched(e.ctx)
 	}
