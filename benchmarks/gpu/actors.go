@@ -114,7 +114,9 @@ func quiet() tfactor.Option {
 
 // sinkProps is the receiving actor: tensors arrive on dev; it answers each
 // Msg with an Ack naming the channel that carried it (from the node's
-// counters, which grew by exactly that transfer).
+// counters, which grew by exactly that transfer). It has inline delivery,
+// as a request/response service would: a message that arrives alone runs
+// where the engine fetched it.
 func sinkProps(node *tfactor.Node, dev memory.Device, inline int) *pa.Props {
 	last := node.Stats().Channels
 	lastCh := "inline"
@@ -147,7 +149,7 @@ func sinkProps(node *tfactor.Node, dev memory.Device, inline int) *pa.Props {
 		}
 		_ = m.T.Free()
 		c.Respond(ack)
-	}, node.WithDevice(dev))
+	}, node.WithDevice(dev), node.WithInlineDelivery())
 }
 
 // checksum returns the CRC-32 of t's bytes, copying them to the host first
