@@ -44,6 +44,7 @@ func BenchmarkTensorMessage(b *testing.B) {
 		bytes int
 	}{
 		{"inline-4KiB", 4 << 10},
+		{"inline-64KiB", 64 << 10},
 		{"fetched-1MiB", 1 << 20},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
