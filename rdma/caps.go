@@ -86,9 +86,23 @@ type Choice struct {
 // backends), so both ends (and `ferry topo`) agree, and it gives a reason
 // for every backend it rejected.
 func Select(owner, fetcher *Caps, src, dst memory.Device) Choice {
+	return selectChannel(owner, fetcher, src, dst, true)
+}
+
+// Choose is Select's channel alone, "" when nothing can move the bytes:
+// what a fetch needs on its path, without formatting a reason for each
+// backend it passes over (Select gives them, for the error when it is "").
+func Choose(owner, fetcher *Caps, src, dst memory.Device) string {
+	return selectChannel(owner, fetcher, src, dst, false).Channel
+}
+
+// selectChannel is Select; it writes Rejected only when reasons is set.
+func selectChannel(owner, fetcher *Caps, src, dst memory.Device, reasons bool) Choice {
 	var ch Choice
 	reject := func(name, format string, args ...any) {
-		ch.Rejected = append(ch.Rejected, Rejection{name, fmt.Sprintf(format, args...)})
+		if reasons {
+			ch.Rejected = append(ch.Rejected, Rejection{name, fmt.Sprintf(format, args...)})
+		}
 	}
 	notRunning := func(name string) bool {
 		for _, c := range []*Caps{owner, fetcher} {
@@ -105,6 +119,9 @@ func Select(owner, fetcher *Caps, src, dst memory.Device) Choice {
 	}
 	for _, b := range backends() {
 		if ch.Channel != "" {
+			if !reasons {
+				break
+			}
 			reject(b.Name, "%s preferred", ch.Channel)
 			continue
 		}

@@ -211,6 +211,9 @@ func TestSelect(t *testing.T) {
 			if got.Channel != tc.want {
 				t.Fatalf("chose %q, want %q (rejected: %+v)", got.Channel, tc.want, got.Rejected)
 			}
+			if c := rdma.Choose(tc.owner, tc.fetch, tc.src, tc.dst); c != got.Channel {
+				t.Fatalf("Choose = %q, Select chose %q", c, got.Channel)
+			}
 			// Every channel is either chosen or rejected once, with a reason.
 			seen := map[string]int{}
 			if got.Channel != "" {

@@ -312,17 +312,19 @@ func (e *Engine) fetchInto(ctx context.Context, d *tensor.Descriptor, dst *tenso
 		e.stats.addFailure(err)
 		return err
 	}
-	choice := rdma.Select(oc, e.fetcherCaps(d), src, dst.Device())
-	ch := e.channels[choice.Channel]
+	fc := e.fetcherCaps(d)
+	name := rdma.Choose(oc, fc, src, dst.Device())
+	ch := e.channels[name]
 	if ch == nil {
-		err := fmt.Errorf("%w: %s -> %s: %v", ErrNoChannel, src, dst.Device(), choice.Rejected)
+		// Select again, for the reason of each backend passed over.
+		err := fmt.Errorf("%w: %s -> %s: %v", ErrNoChannel, src, dst.Device(), rdma.Select(oc, fc, src, dst.Device()).Rejected)
 		e.stats.addFailure(err)
 		return err
 	}
 	var sp tracehook.Span
 	if e.tr.On() {
 		ctx, sp = e.tr.Start(ctx, "tensorferry.fetch", tracehook.KindClient,
-			tracehook.String(tracehook.AttrChannel, choice.Channel),
+			tracehook.String(tracehook.AttrChannel, name),
 			tracehook.String(tracehook.AttrPeer, d.Owner),
 			tracehook.Int(tracehook.AttrBytes, d.Bytes),
 			tracehook.String(tracehook.AttrSrc, d.Device),
@@ -330,13 +332,13 @@ func (e *Engine) fetchInto(ctx context.Context, d *tensor.Descriptor, dst *tenso
 	}
 	start := time.Now()
 	if err := ch.Fetch(ctx, d, dst.Buffer()); err != nil {
-		err = fmt.Errorf("transfer: fetch %v over %s: %w", d, choice.Channel, err)
+		err = fmt.Errorf("transfer: fetch %v over %s: %w", d, name, err)
 		sp.End(err)
 		e.stats.addFailure(err)
 		return err
 	}
 	sp.End(nil)
-	e.stats.addBytes(d.Owner, choice.Channel, d.Bytes, time.Since(start))
+	e.stats.addBytes(d.Owner, name, d.Bytes, time.Since(start))
 	return nil
 }
 

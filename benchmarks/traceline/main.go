@@ -117,8 +117,13 @@ func load(path, who string, evs []event) ([]event, error) {
 
 // describe renders the goroutine transitions worth seeing on a latency
 // path: blocking (with its reason and stack), syscalls, wake-ups,
-// creation and running.
+// creation and running; and the program's own runtime/trace.Log events.
 func describe(e trace.Event) (string, bool) {
+	if e.Kind() == trace.EventLog {
+		// runtime/trace.Log calls, for stages a program marks itself.
+		l := e.Log()
+		return fmt.Sprintf("g%-6d log %s %s", e.Goroutine(), l.Category, l.Message), true
+	}
 	if e.Kind() != trace.EventStateTransition {
 		return "", false
 	}
