@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tensorferry/tensorferry/internal/deadline"
 	"github.com/tensorferry/tensorferry/internal/tracehook"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
@@ -174,7 +175,7 @@ func (o *Outgoing) export(t *tensor.Tensor, asRef bool) (*tensor.Descriptor, err
 		o.fetched = append(o.fetched, x)
 		o.bytes += d.Bytes
 	}
-	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.Flow.TransferTimeout)
+	ctx, cancel := deadline.WithTimeout(e.ctx, e.cfg.Flow.TransferTimeout) // no timer unless waited on
 	defer cancel()
 	for name, ch := range e.channels {
 		offer, err := ch.Offer(ctx, x, o.peer)

@@ -1,11 +1,11 @@
 package transfer
 
 import (
-	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
 
+	"github.com/tensorferry/tensorferry/internal/deadline"
 	"go.uber.org/zap"
 )
 
@@ -289,7 +289,9 @@ func (e *Engine) fetchNow(p *Peer, q *queued) error {
 	if q.in == nil {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.Flow.TransferTimeout)
+	// Without a timer unless something waits on Done (a fetch that polls
+	// ctx.Err does not): this runs once per message.
+	ctx, cancel := deadline.WithTimeout(e.ctx, e.cfg.Flow.TransferTimeout)
 	defer cancel()
 	return q.in.fetch(ctx, p.inbox.fetchedOne)
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/tensorferry/tensorferry/internal/deadline"
 	"github.com/tensorferry/tensorferry/internal/tracehook"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
@@ -183,7 +184,8 @@ func (c *Channel) fetchDirect(ctx context.Context, d *tensor.Descriptor, m *mapp
 	cctx := ctx
 	if o.Deadline != 0 {
 		var cancel context.CancelFunc
-		cctx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Duration(o.Deadline-now)-directSlack))
+		// No timer unless waited on: the copy polls cctx.Err.
+		cctx, cancel = deadline.WithDeadline(ctx, time.Now().Add(time.Duration(o.Deadline-now)-directSlack))
 		defer cancel()
 	}
 	err = c.copyFrom(cctx, m, o, dst)

@@ -1,0 +1,123 @@
+// Package deadline gives a context with a deadline whose timer is made only
+// when something waits on its Done channel.
+//
+// context.WithDeadline arms a runtime timer at once and stops it at cancel:
+// a few microseconds per call on a path that runs once per message (a
+// tensor's fetch, its export), most of which never block on Done but only
+// poll Err. WithDeadline here answers Err by comparing the clock with the
+// deadline (and asking the parent), and arms the timer, and the parent's
+// propagation, the first time Done is called. It keeps context.Context's
+// contract: Err is nil exactly while Done is not closed, and once Err has
+// reported the end, Done is closed.
+package deadline
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// ctx is the context WithDeadline returns.
+type ctx struct {
+	parent   context.Context
+	deadline time.Time
+
+	mu    sync.Mutex
+	done  chan struct{} // nil until Done is called or the context ends
+	err   error         // set once, when the context ends
+	timer *time.Timer   // armed by Done
+	stop  func() bool   // stops the parent's propagation, armed by Done
+}
+
+// closed is a closed channel, the Done of a context that ended before
+// anybody asked for it.
+var closed = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
+// WithDeadline returns a context that ends when d passes, when parent ends
+// or when cancel is called, as context.WithDeadline does, without a timer
+// until Done is called. Call cancel once the work is done.
+func WithDeadline(parent context.Context, d time.Time) (context.Context, context.CancelFunc) {
+	if pd, ok := parent.Deadline(); ok && pd.Before(d) {
+		d = pd
+	}
+	c := &ctx{parent: parent, deadline: d}
+	return c, func() { c.end(context.Canceled) }
+}
+
+// WithTimeout is WithDeadline(parent, time.Now().Add(timeout)).
+func WithTimeout(parent context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	return WithDeadline(parent, time.Now().Add(timeout))
+}
+
+func (c *ctx) Deadline() (time.Time, bool) { return c.deadline, true }
+
+func (c *ctx) Value(key any) any { return c.parent.Value(key) }
+
+// Err reports why the context ended, nil while it has not: it looks at
+// the parent and the clock itself, and ends the context (closing Done)
+// when either says it is over.
+func (c *ctx) Err() error {
+	c.mu.Lock()
+	err := c.err
+	c.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := c.parent.Err(); err != nil {
+		return c.end(err)
+	}
+	if !time.Now().Before(c.deadline) {
+		return c.end(context.DeadlineExceeded)
+	}
+	return nil
+}
+
+// Done arms the deadline's timer and the parent's propagation on its first
+// call.
+func (c *ctx) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done != nil {
+		return c.done
+	}
+	c.done = make(chan struct{})
+	c.timer = time.AfterFunc(time.Until(c.deadline), func() { c.end(context.DeadlineExceeded) })
+	if c.parent.Done() != nil {
+		// Runs f at once, in a goroutine of its own, when the parent has
+		// already ended: end then waits for c.mu.
+		c.stop = context.AfterFunc(c.parent, func() { c.end(c.parent.Err()) })
+	}
+	return c.done
+}
+
+// end ends the context with err unless it has ended already, and returns
+// the error it ended with.
+func (c *ctx) end(err error) error {
+	c.mu.Lock()
+	if c.err != nil {
+		err = c.err
+		c.mu.Unlock()
+		return err
+	}
+	c.err = err
+	if c.done == nil {
+		c.done = closed
+	} else {
+		close(c.done)
+	}
+	timer, stop := c.timer, c.stop
+	c.mu.Unlock()
+	if timer != nil {
+		timer.Stop()
+	}
+	if stop != nil {
+		stop()
+	}
+	return err
+}
+
+func (c *ctx) String() string { return "deadline.WithDeadline(" + c.deadline.String() + ")" }
