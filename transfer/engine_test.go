@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
@@ -460,4 +461,76 @@ func TestEngineOutbox(t *testing.T) {
 	}
 	waitFor(t, func() bool { n, _ := plain.count(); return n == 1 })
 	waitFor(t, func() bool { return !p.Backlogged() })
+}
+
+// inlineDelivery runs its "handler" on the engine's goroutine: it calls
+// handoff, reports, then blocks until release is closed.
+type inlineDelivery struct {
+	handed  chan struct{}
+	release chan struct{}
+}
+
+func (d *inlineDelivery) Deliver(err error) { panic("Deliver instead of DeliverInline") }
+
+func (d *inlineDelivery) DeliverInline(err error, handoff func()) {
+	if err != nil {
+		panic(err)
+	}
+	handoff()
+	handoff() // a second call does nothing
+	close(d.handed)
+	<-d.release
+}
+
+// TestEngineInlineDeliveryMovesTheLoop: a lone message delivered inline
+// blocks the goroutine that fetched it, not the peer's deliveries: the
+// next message is delivered meanwhile, the sender gets its lease back, and
+// Close returns without waiting for the blocked handler.
+func TestEngineInlineDeliveryMovesTheLoop(t *testing.T) {
+	a, b, _, _ := enginePair(t, Config{InlineThreshold: 16})
+	first := &inlineDelivery{handed: make(chan struct{}), release: make(chan struct{})}
+	defer close(first.release)
+	x := newTensor(t, 1000, 7)
+	_, got, in, err := carry(t, a, b, &grad{Step: 1, W: x})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Enqueue(a.cfg.Node, in, 100, first); err != nil {
+		t.Fatal(err)
+	}
+	<-first.handed
+	if got.W.Host()[999] != 7 {
+		t.Fatalf("delivered %v before its fetch", got.W)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := x.WaitReleased(ctx); err != nil {
+		t.Fatalf("lease not released while the handler blocks: %v", err)
+	}
+	// The next message goes through while the first handler still blocks.
+	d := &delivery{ch: make(chan error, 1)}
+	_, got2, in2, err := carry(t, a, b, &grad{Step: 2, W: newTensor(t, 1000, 9)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Enqueue(a.cfg.Node, in2, 100, d); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-d.ch:
+		if err != nil || got2.W.Host()[0] != 9 {
+			t.Fatalf("second message: %v, %v", err, got2.W)
+		}
+	case <-ctx.Done():
+		t.Fatal("the second message waited for the first one's handler")
+	}
+	_ = got.W.Free()
+	_ = got2.W.Free()
+	closed := make(chan struct{})
+	go func() { b.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-ctx.Done():
+		t.Fatal("Close waited for a handler run inline")
+	}
 }

@@ -189,11 +189,17 @@ type loopState struct {
 	wg     sync.WaitGroup
 }
 
-// runLoop is the delivery loop of p on this goroutine (counted in e.wg),
-// until p goes down or a handler run inline took the goroutine (the loop
-// then goes on in another one).
+// runLoop is the delivery loop of p on this goroutine until p goes down,
+// or until a handler run inline takes the goroutine: the loop then goes on
+// in another one, which inherits the loop's place in e.wg (Close does not
+// wait for a handler, as it does not wait for an actor's goroutine).
 func (e *Engine) runLoop(p *Peer, st *loopState) {
-	defer e.wg.Done()
+	movedOn := false
+	defer func() {
+		if !movedOn {
+			e.wg.Done()
+		}
+	}()
 	end := func() {
 		close(st.order)
 		st.wg.Wait()
@@ -210,7 +216,7 @@ func (e *Engine) runLoop(p *Peer, st *loopState) {
 			}
 			if st.handed.Load() == 0 && p.inbox.empty() {
 				// A lone message: fetched and delivered on this goroutine.
-				if e.deliverLone(p, q, e.fetchNow(p, q), st) {
+				if movedOn = e.deliverLone(p, q, e.fetchNow(p, q), st); movedOn {
 					return // its handler ran here: the loop went on elsewhere
 				}
 				continue
@@ -253,8 +259,8 @@ func (e *Engine) deliverLone(p *Peer, q *queued, err error, st *loopState) (move
 		}
 		movedOn = true
 		// The new goroutine gives q's leases back (a frame to the owner)
-		// while the handler already runs here, then goes on with the loop.
-		e.wg.Add(1) // this goroutine still holds its own count
+		// while the handler already runs here, then goes on with the loop,
+		// in this goroutine's place in e.wg.
 		go func() {
 			e.afterDelivery(p, q, nil)
 			e.runLoop(p, st)
