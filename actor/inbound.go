@@ -213,22 +213,23 @@ func (im *inMessage) Deliver(err error) {
 // peer's next messages moves to another goroutine) before the handler runs.
 // Anything else is delivered as Deliver does.
 func (im *inMessage) DeliverInline(err error, handoff func()) {
-	if err != nil || isReply(im.target.Id) {
-		im.Deliver(err)
-		return
-	}
 	n := im.n
-	proc, ok := n.system.ProcessRegistry.GetLocal(im.target.Id)
-	mb := (*inlineMailbox)(nil)
-	if ok {
-		mb = n.inlineFor(im.target.Id, proc)
-	}
-	if mb == nil {
+	if err != nil || isReply(im.target.Id) || n.inline.count.Load() == 0 {
 		im.Deliver(err)
 		return
 	}
+	proc, ok := n.system.ProcessRegistry.GetLocal(im.target.Id)
+	if !ok {
+		im.Deliver(nil) // reported to the sender as a dead letter
+		return
+	}
+	// The process looked up once: posted inline, or as Deliver would.
 	dl := n.startDelivery(im.span, &im.header)
-	mb.postInline(envelope(im.sender, im.header, im.msg), handoff)
+	if mb := n.inlineFor(im.target.Id, proc); mb != nil {
+		mb.postInline(envelope(im.sender, im.header, im.msg), handoff)
+	} else {
+		n.deliverTo(proc, im.target, im.sender, im.header, im.msg)
+	}
 	dl.end()
 }
 
