@@ -39,8 +39,9 @@ const replyPrefix = "future#"
 // gives with Respond, until ctx ends. It is RequestFuture(...).Result()
 // without protoactor's future: the reply address is an entry in the node's
 // own table, which saves a process registration, a timer and a lock per
-// request, and over TCP the caller reads the reply from the connection
-// itself while no other goroutine needs to (cluster.Peer.Await), which
+// request, and over TCP or shared memory the caller reads the reply from
+// the connection itself while no other goroutine needs to
+// (cluster.Peer.Await), which
 // saves the hand-off from the connection's reader goroutine; it then runs
 // the handling of the other frames it reads too. While it reads, the end of
 // ctx is noticed within wire.DefaultCallerReads (200µs). An absent target gives

@@ -133,12 +133,20 @@ func (c *Conn) Read(p []byte) (n int, err error) {
 		}
 		in := c.in
 		if err := c.wait(&c.rspin, in.consWait, c.inData, func() bool {
-			return in.tail.Load() != in.pos || c.gone.Load() != nil || c.closed.Load()
+			return in.tail.Load() != in.pos || c.gone.Load() != nil || c.closed.Load() || c.pastDeadline(&c.rdl) != nil
 		}); err != nil {
 			return 0, err
 		}
 	}
 }
+
+// InterruptibleReads marks a Conn as a wire.InterruptibleReader: a read
+// deadline set in the past ends a Read that waits (spinning or asleep)
+// with os.ErrDeadlineExceeded and nothing read, so a caller waiting for
+// its reply may read the rings itself (wire.Conn.Await).
+func (c *Conn) InterruptibleReads() {}
+
+var _ wire.InterruptibleReader = (*Conn)(nil)
 
 // Write writes p into the ring to the peer, waiting for room as needed.
 func (c *Conn) Write(p []byte) (n int, err error) {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorferry/tensorferry/internal/poll"
 	"golang.org/x/sys/unix"
 )
 
@@ -342,6 +343,36 @@ func TestConnDeadline(t *testing.T) {
 	var ne net.Error
 	if !errors.As(os.ErrDeadlineExceeded, &ne) || !ne.Timeout() {
 		t.Fatal("not a timeout")
+	}
+}
+
+// TestConnDeadlineEndsSpin: a read deadline set in the past ends a Read
+// that spins (a caller reading through wire.Conn.Await is woken that way),
+// not only one asleep.
+func TestConnDeadlineEndsSpin(t *testing.T) {
+	a, _ := connPair(t, MinRingSize, time.Hour)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := a.Read(make([]byte, 1))
+		errc <- err
+	}()
+	poll.Until(t, "the Read runs", func() bool {
+		if a.rmu.TryLock() {
+			a.rmu.Unlock()
+			return false
+		}
+		return true
+	})
+	a.SetReadDeadline(time.Unix(1, 0))
+	select {
+	case err := <-errc:
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("read: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		a.Close() // ends the spin
+		<-errc
+		t.Fatal("a spinning Read went on past its deadline")
 	}
 }
 

@@ -21,6 +21,11 @@
 // flag in the region and sleeps in Go's poller on a FIFO, to which the
 // other end writes one byte when it finds the flag set.
 //
+// A Conn is a wire.InterruptibleReader: a read deadline set in the past
+// ends a Read that spins or sleeps, with nothing read, so a caller waiting
+// for its reply may read the rings itself (wire.Conn.Await), as it reads
+// a socket.
+//
 // Liveness: the socket stays open, silent, beside the rings: when the peer
 // closes it or dies, this end reads what is left in the ring and then
 // io.EOF; writes fail.

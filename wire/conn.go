@@ -85,8 +85,9 @@ type ConnOptions struct {
 	// has read its frame, the read role waits this long for the next
 	// such caller before the reader goroutine takes it back, and frames
 	// that arrive meanwhile wait as long (default DefaultCallerReads;
-	// negative: callers never read). Only for connections that expose
-	// their socket (TCP, Unix; not TLS). A Conn whose users never call
+	// negative: callers never read). Only for connections whose reads a
+	// read deadline interrupts cleanly: sockets (TCP, Unix) and
+	// InterruptibleReaders (shared memory), not TLS. A Conn whose users never call
 	// Await reads as if it were off.
 	CallerReads time.Duration
 }

@@ -53,7 +53,8 @@
 //
 // One goroutine reads at a time. The reader goroutine does, except while a
 // caller waiting for a frame from the peer (a request's reply) reads the
-// connection itself through Conn.Await: on a socket, once the reader
+// connection itself through Conn.Await: on a socket or shared-memory
+// rings (InterruptibleReader), once the reader
 // goroutine has seen a caller miss the role, callers read their own
 // replies (the poller wakes them, not the reader goroutine that would hand
 // the reply over), and the reader goroutine takes reading back when no

@@ -35,10 +35,12 @@ import (
 // caller's goroutine after its first round trip, while frames that come
 // when nobody waits are read by the reader goroutine as before.
 //
-// Only a connection that exposes its socket (TCP, Unix; not TLS, not the
-// shared-memory rings) can be read by a caller: a wake-up (ctx ended, the
-// frame delivered by another goroutine) interrupts the caller's read at a
-// frame boundary through a read deadline.
+// Only a connection whose read a past read deadline interrupts without
+// losing anything can be read by a caller: a wake-up (ctx ended, the frame
+// delivered by another goroutine) interrupts the caller's read at a frame
+// boundary through a read deadline. A socket (TCP, Unix) is one; so is a
+// net.Conn that says so with InterruptibleReads (shm's rings). TLS is not:
+// a deadline in the middle of a record breaks the connection.
 
 // DefaultCallerReads is how long a connection's read role, left free by a
 // caller that read its reply, waits for the next caller before the reader
@@ -56,7 +58,6 @@ const (
 
 // lead is a Conn's read role; nil when callers cannot read.
 type lead struct {
-	raw    syscall.RawConn
 	linger time.Duration
 
 	state     atomic.Int32
@@ -93,25 +94,40 @@ type lead struct {
 	ctx context.Context
 }
 
-// newLead returns the read role of nc, or nil when callers cannot read nc
-// or opts turn it off.
-func newLead(nc net.Conn, opts ConnOptions) *lead {
-	if opts.CallerReads < 0 || opts.Handler == nil {
-		return nil
+// InterruptibleReader is a net.Conn that is not a socket but whose Read,
+// waiting for bytes, a read deadline set in the past from another goroutine
+// ends with os.ErrDeadlineExceeded and nothing read or lost (shm.Conn):
+// callers may then read it (Conn.Await).
+type InterruptibleReader interface {
+	net.Conn
+	InterruptibleReads()
+}
+
+// callersMayRead reports whether nc's reads can be interrupted at a frame
+// boundary by a read deadline: a socket, or an InterruptibleReader.
+func callersMayRead(nc net.Conn) bool {
+	if _, ok := nc.(InterruptibleReader); ok {
+		return true
 	}
 	sc, ok := nc.(syscall.Conn)
 	if !ok {
-		return nil
+		return false
 	}
-	raw, err := sc.SyscallConn()
-	if err != nil {
+	_, err := sc.SyscallConn()
+	return err == nil
+}
+
+// newLead returns the read role of nc, or nil when callers cannot read nc
+// or opts turn it off.
+func newLead(nc net.Conn, opts ConnOptions) *lead {
+	if opts.CallerReads < 0 || opts.Handler == nil || !callersMayRead(nc) {
 		return nil
 	}
 	linger := opts.CallerReads
 	if linger == 0 {
 		linger = DefaultCallerReads
 	}
-	l := &lead{raw: raw, linger: linger, give: make(chan struct{}, 1), offer: make(chan struct{}, 1), timer: time.NewTimer(time.Hour), start: time.Now()}
+	l := &lead{linger: linger, give: make(chan struct{}, 1), offer: make(chan struct{}, 1), timer: time.NewTimer(time.Hour), start: time.Now()}
 	l.timer.Stop()
 	return l
 }

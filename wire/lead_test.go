@@ -122,23 +122,58 @@ func (e *echoClient) request(ctx context.Context, id uint64) error {
 
 func (e *echoClient) followers() int32 { return e.c.lead.followers.Load() }
 
+// interruptiblePipe is a test double of an InterruptibleReader that is not
+// a socket (as shm.Conn is): net.Pipe's Read ends, nothing read, when a read
+// deadline passes.
+type interruptiblePipe struct{ net.Conn }
+
+func (interruptiblePipe) InterruptibleReads() {}
+
+// readablePairs are the transports callers may read: a TCP socket and an
+// InterruptibleReader.
+var readablePairs = []struct {
+	name string
+	pair func(t *testing.T) (net.Conn, net.Conn)
+}{
+	{"tcp", tcpPair},
+	{"interruptible", func(*testing.T) (net.Conn, net.Conn) {
+		a, b := net.Pipe()
+		return interruptiblePipe{a}, b
+	}},
+}
+
+// overReadable runs test once per transport callers may read.
+func overReadable(t *testing.T, test func(t *testing.T, pair func(*testing.T) (net.Conn, net.Conn))) {
+	for _, r := range readablePairs {
+		t.Run(r.name, func(t *testing.T) { test(t, r.pair) })
+	}
+}
+
+// newEchoClientOver is newEchoClient over a pair of pair's.
+func newEchoClientOver(t *testing.T, opts ConnOptions, pair func(*testing.T) (net.Conn, net.Conn)) *echoClient {
+	nc, sc := pair(t)
+	return newEchoClient(t, opts, nc, sc)
+}
+
 // TestAwaitCallerReadsItsReply: after the first round trip, a caller that
 // waits for its reply reads it itself.
 func TestAwaitCallerReadsItsReply(t *testing.T) {
-	e := newEchoClient(t, ConnOptions{DirectWrite: true}, nil, nil)
-	ctx := context.Background()
-	const n = 200
-	for i := uint64(1); i <= n; i++ {
-		if err := e.request(ctx, i); err != nil {
-			t.Fatal(err)
+	overReadable(t, func(t *testing.T, pair func(*testing.T) (net.Conn, net.Conn)) {
+		e := newEchoClientOver(t, ConnOptions{DirectWrite: true}, pair)
+		ctx := context.Background()
+		const n = 200
+		for i := uint64(1); i <= n; i++ {
+			if err := e.request(ctx, i); err != nil {
+				t.Fatal(err)
+			}
 		}
-	}
-	if caller := e.byCaller.Load(); caller < n/2 {
-		t.Fatalf("%d of %d replies read by the waiting caller (%d by the reader goroutine), want most", caller, n, e.byReader.Load())
-	}
-	if f := e.followers(); f != 0 {
-		t.Fatalf("%d followers left registered", f)
-	}
+		if caller := e.byCaller.Load(); caller < n/2 {
+			t.Fatalf("%d of %d replies read by the waiting caller (%d by the reader goroutine), want most", caller, n, e.byReader.Load())
+		}
+		if f := e.followers(); f != 0 {
+			t.Fatalf("%d followers left registered", f)
+		}
+	})
 }
 
 // TestAwaitCallerReadsOthersFrames: frames the peer sends while a caller
@@ -213,101 +248,107 @@ func TestAwaitConcurrentCallers(t *testing.T) {
 // TestAwaitCtxEnds: a caller reading for a reply that never comes returns
 // once its ctx ends, and the connection goes on serving the next callers.
 func TestAwaitCtxEnds(t *testing.T) {
-	e := newEchoClient(t, ConnOptions{}, nil, nil)
-	bg := context.Background()
-	for i := uint64(1); i <= 5; i++ { // the caller reads from now on
-		if err := e.request(bg, i); err != nil {
-			t.Fatal(err)
+	overReadable(t, func(t *testing.T, pair func(*testing.T) (net.Conn, net.Conn)) {
+		e := newEchoClientOver(t, ConnOptions{}, pair)
+		bg := context.Background()
+		for i := uint64(1); i <= 5; i++ { // the caller reads from now on
+			if err := e.request(bg, i); err != nil {
+				t.Fatal(err)
+			}
 		}
-	}
-	for _, cancelled := range []bool{false, true} {
-		var ctx context.Context
-		var cancel context.CancelFunc
-		if cancelled {
-			ctx, cancel = context.WithCancel(bg)
-			time.AfterFunc(20*time.Millisecond, cancel)
-		} else {
-			ctx, cancel = context.WithTimeout(bg, 20*time.Millisecond)
+		for _, cancelled := range []bool{false, true} {
+			var ctx context.Context
+			var cancel context.CancelFunc
+			if cancelled {
+				ctx, cancel = context.WithCancel(bg)
+				time.AfterFunc(20*time.Millisecond, cancel)
+			} else {
+				ctx, cancel = context.WithTimeout(bg, 20*time.Millisecond)
+			}
+			start := time.Now()
+			err := e.request(ctx, 999) // unanswered
+			cancel()
+			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+				t.Fatalf("request without a reply: %v, want the ctx's error", err)
+			}
+			if d := time.Since(start); d > 5*time.Second {
+				t.Fatalf("the caller returned %v after its ctx ended", d)
+			}
+			if err := e.request(bg, 6); err != nil {
+				t.Fatal(err)
+			}
 		}
-		start := time.Now()
-		err := e.request(ctx, 999) // unanswered
-		cancel()
-		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
-			t.Fatalf("request without a reply: %v, want the ctx's error", err)
+		if f := e.followers(); f != 0 {
+			t.Fatalf("%d followers left registered", f)
 		}
-		if d := time.Since(start); d > 5*time.Second {
-			t.Fatalf("the caller returned %v after its ctx ended", d)
-		}
-		if err := e.request(bg, 6); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if f := e.followers(); f != 0 {
-		t.Fatalf("%d followers left registered", f)
-	}
+	})
 }
 
 // TestAwaitWokenByAnotherGoroutine: a leading caller whose result comes
 // from another goroutine (Claim, result, Notify) stops reading at once.
 func TestAwaitWokenByAnotherGoroutine(t *testing.T) {
-	e := newEchoClient(t, ConnOptions{CallerReads: time.Minute}, nil, nil)
-	bg := context.Background()
-	for i := uint64(1); i <= 5; i++ {
-		if err := e.request(bg, i); err != nil {
+	overReadable(t, func(t *testing.T, pair func(*testing.T) (net.Conn, net.Conn)) {
+		e := newEchoClientOver(t, ConnOptions{CallerReads: time.Minute}, pair)
+		bg := context.Background()
+		for i := uint64(1); i <= 5; i++ {
+			if err := e.request(bg, i); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var w Waiter
+		done := make(chan struct{}, 1)
+		go func() {
+			for e.c.lead.state.Load() != roleCaller {
+				time.Sleep(time.Millisecond)
+			}
+			k := w.Claim()
+			done <- struct{}{}
+			k.Notify()
+		}()
+		ctx, cancel := context.WithTimeout(bg, time.Minute)
+		defer cancel()
+		if follows := e.c.Await(ctx, &w, func() bool { return len(done) > 0 }); follows {
+			t.Fatal("the caller did not read: the role was not free")
+		}
+		if len(done) == 0 {
+			t.Fatal("Await returned before its result came")
+		}
+		if err := e.request(bg, 6); err != nil {
 			t.Fatal(err)
 		}
-	}
-	var w Waiter
-	done := make(chan struct{}, 1)
-	go func() {
-		for e.c.lead.state.Load() != roleCaller {
-			time.Sleep(time.Millisecond)
-		}
-		k := w.Claim()
-		done <- struct{}{}
-		k.Notify()
-	}()
-	ctx, cancel := context.WithTimeout(bg, time.Minute)
-	defer cancel()
-	if follows := e.c.Await(ctx, &w, func() bool { return len(done) > 0 }); follows {
-		t.Fatal("the caller did not read: the role was not free")
-	}
-	if len(done) == 0 {
-		t.Fatal("Await returned before its result came")
-	}
-	if err := e.request(bg, 6); err != nil {
-		t.Fatal(err)
-	}
+	})
 }
 
 // TestAwaitCloseWhileReading: closing the connection under a caller
 // blocked reading ends the caller's read and the Conn's goroutines.
 func TestAwaitCloseWhileReading(t *testing.T) {
-	e := newEchoClient(t, ConnOptions{}, nil, nil)
-	bg := context.Background()
-	for i := uint64(1); i <= 5; i++ {
-		if err := e.request(bg, i); err != nil {
-			t.Fatal(err)
+	overReadable(t, func(t *testing.T, pair func(*testing.T) (net.Conn, net.Conn)) {
+		e := newEchoClientOver(t, ConnOptions{}, pair)
+		bg := context.Background()
+		for i := uint64(1); i <= 5; i++ {
+			if err := e.request(bg, i); err != nil {
+				t.Fatal(err)
+			}
 		}
-	}
-	ret := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(bg, time.Minute)
-		defer cancel()
-		call := &echoCall{ch: make(chan uint64, 1)}
-		e.c.Await(ctx, &call.w, func() bool { return len(call.ch) > 0 })
-		ret <- ctx.Err()
-	}()
-	poll.Until(t, "the caller reads", func() bool { return e.c.lead.state.Load() == roleCaller })
-	e.c.Close(nil)
-	select {
-	case err := <-ret:
-		if err != nil {
-			t.Fatalf("Await returned by its ctx (%v), not by the close", err)
+		ret := make(chan error, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(bg, time.Minute)
+			defer cancel()
+			call := &echoCall{ch: make(chan uint64, 1)}
+			e.c.Await(ctx, &call.w, func() bool { return len(call.ch) > 0 })
+			ret <- ctx.Err()
+		}()
+		poll.Until(t, "the caller reads", func() bool { return e.c.lead.state.Load() == roleCaller })
+		e.c.Close(nil)
+		select {
+		case err := <-ret:
+			if err != nil {
+				t.Fatalf("Await returned by its ctx (%v), not by the close", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("Await still reading after Close")
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Await still reading after Close")
-	}
+	})
 }
 
 // TestAwaitTakeoverOfCaller: a Handler call that blocks on a leading
@@ -354,8 +395,9 @@ func TestAwaitTakeoverOfCaller(t *testing.T) {
 	}
 }
 
-// TestAwaitNeedsASocket: a connection without a socket (or with
-// CallerReads off) is never read by callers.
+// TestAwaitNeedsASocket: a connection that is neither a socket nor an
+// InterruptibleReader (or one with CallerReads off) is never read by
+// callers.
 func TestAwaitNeedsASocket(t *testing.T) {
 	a, b := net.Pipe()
 	e := newEchoClient(t, ConnOptions{}, a, b)
@@ -383,80 +425,82 @@ func TestAwaitNeedsASocket(t *testing.T) {
 // connection closes under them: every caller returns, every note before
 // the close is handled in order, and nothing is left registered.
 func TestAwaitStress(t *testing.T) {
-	e := newEchoClient(t, ConnOptions{DirectWrite: true, CallerReads: 100 * time.Microsecond}, nil, nil)
-	bg := context.Background()
-	stop := make(chan struct{})
-	var notes sync.WaitGroup
-	notes.Go(func() {
-		for i := uint64(1); ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if err := e.srv.Send(bg, FrameMessage, 0, 0, &Message{Target: "note", Request: i}); err != nil {
-				return
-			}
-			time.Sleep(50 * time.Microsecond)
-		}
-	})
-	var callers sync.WaitGroup
-	for g := range 6 {
-		callers.Go(func() {
-			for i := range 150 {
-				id := uint64(g*100000 + i + 1)
-				if i%25 == 0 {
-					id = uint64(g*100000+i)*1000 + 999 // unanswered
+	overReadable(t, func(t *testing.T, pair func(*testing.T) (net.Conn, net.Conn)) {
+		e := newEchoClientOver(t, ConnOptions{DirectWrite: true, CallerReads: 100 * time.Microsecond}, pair)
+		bg := context.Background()
+		stop := make(chan struct{})
+		var notes sync.WaitGroup
+		notes.Go(func() {
+			for i := uint64(1); ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
 				}
-				ctx, cancel := context.WithTimeout(bg, 5*time.Millisecond)
-				err := e.request(ctx, id)
-				cancel()
-				if err != nil && id%1000 != 999 && !errors.Is(err, context.DeadlineExceeded) {
-					t.Errorf("request %d: %v", id, err)
+				if err := e.srv.Send(bg, FrameMessage, 0, 0, &Message{Target: "note", Request: i}); err != nil {
 					return
 				}
+				time.Sleep(50 * time.Microsecond)
 			}
 		})
-	}
-	callers.Wait()
-	close(stop)
-	notes.Wait()
-	if f := e.followers(); f != 0 {
-		t.Fatalf("%d followers left registered", f)
-	}
-	// Callers waiting in Await when the connection closes (one reading,
-	// the others following) return.
-	ret := make(chan struct{}, 4)
-	var waiting atomic.Int32
-	for range 4 {
-		go func() {
-			ctx, cancel := context.WithTimeout(bg, time.Minute)
-			defer cancel()
-			var w Waiter
-			waiting.Add(1)
-			e.c.Await(ctx, &w, func() bool { return false })
-			ret <- struct{}{}
-		}()
-	}
-	poll.Until(t, "the callers wait", func() bool {
-		// One reads and three follow, or, when the reader goroutine is
-		// parked in a read (nothing came since the last note), four follow.
-		f, st := e.followers(), e.c.lead.state.Load()
-		return waiting.Load() == 4 && (f == 3 && st == roleCaller || f == 4 && st == roleReader)
+		var callers sync.WaitGroup
+		for g := range 6 {
+			callers.Go(func() {
+				for i := range 150 {
+					id := uint64(g*100000 + i + 1)
+					if i%25 == 0 {
+						id = uint64(g*100000+i)*1000 + 999 // unanswered
+					}
+					ctx, cancel := context.WithTimeout(bg, 5*time.Millisecond)
+					err := e.request(ctx, id)
+					cancel()
+					if err != nil && id%1000 != 999 && !errors.Is(err, context.DeadlineExceeded) {
+						t.Errorf("request %d: %v", id, err)
+						return
+					}
+				}
+			})
+		}
+		callers.Wait()
+		close(stop)
+		notes.Wait()
+		if f := e.followers(); f != 0 {
+			t.Fatalf("%d followers left registered", f)
+		}
+		// Callers waiting in Await when the connection closes (one reading,
+		// the others following) return.
+		ret := make(chan struct{}, 4)
+		var waiting atomic.Int32
+		for range 4 {
+			go func() {
+				ctx, cancel := context.WithTimeout(bg, time.Minute)
+				defer cancel()
+				var w Waiter
+				waiting.Add(1)
+				e.c.Await(ctx, &w, func() bool { return false })
+				ret <- struct{}{}
+			}()
+		}
+		poll.Until(t, "the callers wait", func() bool {
+			// One reads and three follow, or, when the reader goroutine is
+			// parked in a read (nothing came since the last note), four follow.
+			f, st := e.followers(), e.c.lead.state.Load()
+			return waiting.Load() == 4 && (f == 3 && st == roleCaller || f == 4 && st == roleReader)
+		})
+		e.c.Close(nil)
+		for range 4 {
+			select {
+			case <-ret:
+			case <-time.After(10 * time.Second):
+				t.Fatal("a caller still waits after Close")
+			}
+		}
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		for i, id := range e.notes {
+			if id != uint64(i+1) {
+				t.Fatalf("note %d handled as the %dth", id, i+1)
+			}
+		}
 	})
-	e.c.Close(nil)
-	for range 4 {
-		select {
-		case <-ret:
-		case <-time.After(10 * time.Second):
-			t.Fatal("a caller still waits after Close")
-		}
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for i, id := range e.notes {
-		if id != uint64(i+1) {
-			t.Fatalf("note %d handled as the %dth", id, i+1)
-		}
-	}
 }

@@ -281,11 +281,14 @@ var childArgs = func() []string { return nil }
 
 // send sends x in one message and waits for the Ack; check asks the
 // receiver to verify the bytes against want. It returns the time from
-// RequestFuture until the Ack, then waits (untimed) until x's lease is
-// back.
+// the request until the Ack, then waits (untimed) until x's lease is
+// back. It asks through Node.Request, as a request/response client would
+// (the caller reads its reply itself).
 func (p *actorPair) send(x *tensor.Tensor, check bool, want uint32) (time.Duration, *Ack, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
+	defer cancel()
 	t0 := time.Now()
-	res, err := p.node.Root().RequestFuture(p.sink, &Msg{T: x, Check: check}, p.timeout).Result()
+	res, err := p.node.Request(ctx, p.sink, &Msg{T: x, Check: check})
 	d := time.Since(t0)
 	if err != nil {
 		return 0, nil, fmt.Errorf("gpu: %v: %w", x, err)

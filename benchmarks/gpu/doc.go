@@ -19,10 +19,10 @@
 //     (as many as make 64 MiB, 1 to 100), per copy, median of the batches.
 //   - ipc: tensorferry-ipc — two processes (this program re-executes itself
 //     as the receiver): node0 owns a tensor on cuda:0 and sends &Msg{T: t}
-//     with RequestFuture to an actor of node1 whose tensors live on cuda:1;
+//     with Node.Request to an actor of node1 whose tensors live on cuda:1;
 //     node1 fetches the tensor through whatever channel the two nodes select
 //     (ipc when it runs and NVML reports P2P) and delivers the message; the
-//     actor answers an Ack. Time: RequestFuture until the Ack. The channel
+//     actor answers an Ack. Time: Request until the Ack. The channel
 //     that carried the bytes is in each line's "channel" (node.Stats).
 //     --dst may name --src's GPU: two processes on one GPU. In the same
 //     run, before the receiver process starts, the floor of each size:
