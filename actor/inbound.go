@@ -161,7 +161,7 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 		return
 	}
 	pc.flush()
-	n.enqueue(ps, in, m, target, sender, msg, rs)
+	n.enqueue(ps, in, m, target, sender, msg, rs, pc == nil)
 }
 
 // holdsTensors reports whether messages of the named type (msg is one) may
@@ -185,10 +185,20 @@ type inMessage struct {
 }
 
 // enqueue queues a message with tensors to fetch, or behind such messages,
-// in the engine's inbox for its peer.
-func (n *Node) enqueue(ps *peerState, in *transfer.Incoming, m *wire.Message, target, sender *pa.PID, msg any, rs tracehook.Span) {
+// in the engine's inbox for its peer. A message alone in its frame may
+// instead be fetched and delivered on the calling goroutine, the
+// connection's reader (transfer.Engine.Receive), which an actor with
+// inline delivery then runs, as it runs a message without tensors.
+func (n *Node) enqueue(ps *peerState, in *transfer.Incoming, m *wire.Message, target, sender *pa.PID, msg any, rs tracehook.Span, alone bool) {
 	im := &inMessage{n: n, ps: ps, target: target, sender: sender, header: m.Header, msg: msg, span: rs}
-	if err := n.eng.Enqueue(ps.peer.Name, in, int64(len(m.Body)+len(m.Tensors)), im); err != nil {
+	size := int64(len(m.Body) + len(m.Tensors))
+	var err error
+	if alone {
+		err = n.eng.Receive(ps.peer.Name, in, size, im, ps.peer.HandlerMayBlock)
+	} else {
+		err = n.eng.Enqueue(ps.peer.Name, in, size, im)
+	}
+	if err != nil {
 		rs.End(err)
 		in.Abort()
 		n.replyFailure(ps, sender, target, err.Error())

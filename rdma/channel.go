@@ -61,6 +61,21 @@ type Channel interface {
 	Close() error
 }
 
+// DirectFetcher is implemented by channels that can fetch some
+// descriptors without waiting for anything from another node: no control
+// round trip, no data connection, only local work (a device copy from an
+// allocation the channel has already mapped, as ipc's direct offers
+// allow). A node may then fetch on the goroutine that reads the owner's
+// connection, which must never wait for a frame that only that goroutine
+// would read.
+type DirectFetcher interface {
+	// FetchDirect fetches as Fetch does, and reports done, when it can do
+	// so without waiting for another node. Otherwise it reports done=false
+	// having done nothing (no lease used, nothing copied):
+	// the caller then fetches with Fetch, on a goroutine that may wait.
+	FetchDirect(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer) (done bool, err error)
+}
+
 // ConnServer is implemented by channels that receive data connections (the
 // staging channel). The node accepts and authenticates the connection, then
 // hands it over; the channel owns it from then on.

@@ -29,8 +29,7 @@ func TestWireCallerReadsRings(t *testing.T) {
 			}})
 			replies := make(chan uint64, 1)
 			var byCaller, byReader atomic.Int64
-			var cli *wire.Conn
-			cli = wire.NewConn(a, wire.Peer{Node: "server"}, wire.ConnOptions{Handler: func(f wire.Frame) {
+			cli := wire.NewConn(a, wire.Peer{Node: "server"}, wire.ConnOptions{Handler: func(f wire.Frame) {
 				m, ok := f.(*wire.MessageFrame)
 				if !ok {
 					return

@@ -134,6 +134,17 @@ type budgetWaiter struct {
 
 func newBudget(max int64) *budget { return &budget{max: max} }
 
+// tryAcquire takes n when it is free now and nobody waits for the budget.
+func (b *budget) tryAcquire(n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.waiters) == 0 && b.used+n <= b.max {
+		b.used += n
+		return true
+	}
+	return false
+}
+
 // acquire takes n bytes (n <= max), waiting until they are free, ctx is
 // done or gone is closed.
 func (b *budget) acquire(ctx context.Context, gone <-chan struct{}, n int64) error {

@@ -24,6 +24,12 @@
 //     message that arrives alone is fetched and delivered on the loop's own
 //     goroutine; an InlineDelivery (an actor with inline delivery) may run
 //     its handler there, once the loop has moved to a new goroutine.
+//     Receive, the connection reader's Enqueue, goes one step further for
+//     a lone message with one tensor whose channel fetches it without
+//     waiting for another node (rdma.DirectFetcher: ipc from a mapped
+//     allocation) and whose budgets have room: it fetches and delivers on
+//     the reader itself, which an InlineDelivery's handler may keep (the
+//     connection's take-over then moves the reading on).
 //
 // stats.go: Engine.Stats reports what the engine did for a node's metrics
 // (package metrics): per channel and owner the transfers, bytes and fetch
@@ -50,4 +56,5 @@
 //	e.Send("b", out, send, fail)            // send writes body + out.Table
 //	in, _ := e.Import("a", table, msg, dev) // on the receiving node
 //	_ = e.Enqueue("a", in, size, deliver)   // deliver(nil) once fetched
+//	_ = e.Receive("a", in, size, deliver, mayBlock) // or on the reader, when it can
 package transfer

@@ -226,6 +226,37 @@ func (in *Incoming) fetchOne(ctx context.Context, j job) error {
 	return nil
 }
 
+// fetchDirect fetches in's descriptor on the calling goroutine when the
+// message has one and its channel can fetch it without waiting for
+// another node (Engine.fetchDirectInto); done=false, nothing done,
+// otherwise. When done, it is as fetch: on failure what was allocated is
+// freed and every lease released.
+func (in *Incoming) fetchDirect(ctx context.Context) (done bool, err error) {
+	if len(in.jobs) != 1 {
+		return false, nil
+	}
+	j := in.jobs[0]
+	ctx = in.parent.With(ctx)
+	dst, err := tensor.NewUninit(in.device, j.d.DType, j.d.Shape)
+	if err != nil {
+		return false, nil // the delivery loop's fetch fails with it
+	}
+	if done, err = in.e.fetchDirectInto(ctx, j.d, dst); !done {
+		_ = dst.Free()
+		return false, nil
+	}
+	if err == nil {
+		err = tensor.Fill(j.t, dst)
+	}
+	if err != nil {
+		_ = dst.Free()
+		in.abort(ctx)
+		return true, err
+	}
+	in.made = append(in.made, j.t)
+	return true, nil
+}
+
 // Abort releases every lease of a message that will not be delivered and
 // frees what was allocated for it.
 func (in *Incoming) Abort() {
@@ -301,43 +332,91 @@ func (e *Engine) ownerCaps(d *tensor.Descriptor) (*rdma.Caps, error) {
 	return &p.caps, nil
 }
 
-func (e *Engine) fetchInto(ctx context.Context, d *tensor.Descriptor, dst *tensor.Tensor) error {
+// route returns the channel that fetches d to dst, and its name.
+func (e *Engine) route(d *tensor.Descriptor, dst memory.Device) (string, rdma.Channel, error) {
 	oc, err := e.ownerCaps(d)
 	if err != nil {
 		e.stats.addFailure(err)
-		return err
+		return "", nil, err
 	}
 	src, err := memory.ParseDevice(d.Device)
 	if err != nil {
 		e.stats.addFailure(err)
-		return err
+		return "", nil, err
 	}
 	fc := e.fetcherCaps(d)
-	name := rdma.Choose(oc, fc, src, dst.Device())
+	name := rdma.Choose(oc, fc, src, dst)
 	ch := e.channels[name]
 	if ch == nil {
 		// Select again, for the reason of each backend passed over.
-		err := fmt.Errorf("%w: %s -> %s: %v", ErrNoChannel, src, dst.Device(), rdma.Select(oc, fc, src, dst.Device()).Rejected)
+		err := fmt.Errorf("%w: %s -> %s: %v", ErrNoChannel, src, dst, rdma.Select(oc, fc, src, dst).Rejected)
 		e.stats.addFailure(err)
+		return "", nil, err
+	}
+	return name, ch, nil
+}
+
+// fetchAttrs are the attributes of a fetch's span.
+func fetchAttrs(name string, d *tensor.Descriptor, dst memory.Device) []tracehook.Attr {
+	return []tracehook.Attr{
+		tracehook.String(tracehook.AttrChannel, name),
+		tracehook.String(tracehook.AttrPeer, d.Owner),
+		tracehook.Int(tracehook.AttrBytes, d.Bytes),
+		tracehook.String(tracehook.AttrSrc, d.Device),
+		tracehook.String(tracehook.AttrDst, dst.String()),
+	}
+}
+
+func (e *Engine) fetchInto(ctx context.Context, d *tensor.Descriptor, dst *tensor.Tensor) error {
+	name, ch, err := e.route(d, dst.Device())
+	if err != nil {
 		return err
 	}
 	var sp tracehook.Span
 	if e.tr.On() {
-		ctx, sp = e.tr.Start(ctx, "tensorferry.fetch", tracehook.KindClient,
-			tracehook.String(tracehook.AttrChannel, name),
-			tracehook.String(tracehook.AttrPeer, d.Owner),
-			tracehook.Int(tracehook.AttrBytes, d.Bytes),
-			tracehook.String(tracehook.AttrSrc, d.Device),
-			tracehook.String(tracehook.AttrDst, dst.Device().String()))
+		ctx, sp = e.tr.Start(ctx, "tensorferry.fetch", tracehook.KindClient, fetchAttrs(name, d, dst.Device())...)
 	}
 	start := time.Now()
-	if err := ch.Fetch(ctx, d, dst.Buffer()); err != nil {
-		err = fmt.Errorf("transfer: fetch %v over %s: %w", d, name, err)
+	err = ch.Fetch(ctx, d, dst.Buffer())
+	sp.End(e.fetchEnded(name, d, start, err))
+	return err
+}
+
+// fetchDirectInto is fetchInto through the channel's FetchDirect
+// (rdma.DirectFetcher): done=false, nothing done, when the channel cannot
+// fetch d without waiting for another node.
+func (e *Engine) fetchDirectInto(ctx context.Context, d *tensor.Descriptor, dst *tensor.Tensor) (done bool, err error) {
+	name, ch, err := e.route(d, dst.Device())
+	if err != nil {
+		return true, err
+	}
+	df, ok := ch.(rdma.DirectFetcher)
+	if !ok {
+		return false, nil
+	}
+	start := time.Now()
+	if done, err = df.FetchDirect(ctx, d, dst.Buffer()); !done {
+		return false, nil
+	}
+	err = e.fetchEnded(name, d, start, err)
+	if e.tr.On() {
+		// Made once the fetch is known to have run here: a direct fetch
+		// is a cache hit (the mapping was open).
+		sp := e.tr.StartAt(ctx, start, "tensorferry.fetch", tracehook.KindClient,
+			append(fetchAttrs(name, d, dst.Device()), tracehook.String(tracehook.AttrCache, "hit"))...)
 		sp.End(err)
+	}
+	return true, err
+}
+
+// fetchEnded counts a fetch over the named channel that began at start and
+// ended with err, and returns err with what was fetched.
+func (e *Engine) fetchEnded(name string, d *tensor.Descriptor, start time.Time, err error) error {
+	if err != nil {
+		err = fmt.Errorf("transfer: fetch %v over %s: %w", d, name, err)
 		e.stats.addFailure(err)
 		return err
 	}
-	sp.End(nil)
 	e.stats.addBytes(d.Owner, name, d.Bytes, time.Since(start))
 	return nil
 }

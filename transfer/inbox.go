@@ -63,12 +63,16 @@ type Delivery interface {
 // goroutine that delivers it (an actor's inline mailbox) instead of handing
 // it to another goroutine. DeliverInline delivers as Deliver does and, once
 // the message has its place downstream and before anything that may block
-// runs, calls handoff (at most once): the engine then delivers the peer's
-// next messages on another goroutine, gives the budgets and the message's
-// leases back, and the calling goroutine is the handler's until
-// DeliverInline returns. A DeliverInline that does not call handoff ran
-// nothing inline. The engine uses it for a message that arrives alone
-// (nothing else of its peer queued or being fetched).
+// runs, calls handoff (at most once); the calling goroutine is then the
+// handler's until DeliverInline returns. A DeliverInline that does not call
+// handoff ran nothing inline. The engine uses it for a message that
+// arrives alone (nothing else of its peer queued or being fetched):
+//   - delivered by the peer's delivery loop, handoff moves the loop to
+//     another goroutine, which gives the message's leases back while the
+//     handler runs;
+//   - fetched and delivered by the connection's reader (Receive), handoff
+//     gives the message's leases back, then calls the one Receive was
+//     given (the connection's take-over).
 type InlineDelivery interface {
 	Delivery
 	DeliverInline(err error, handoff func())
@@ -118,6 +122,100 @@ func (e *Engine) Enqueue(peer string, in *Incoming, size int64, d Delivery) erro
 	default:
 	}
 	return nil
+}
+
+// Receive is Enqueue for the goroutine that reads peer's connection, which
+// may fetch and deliver the message itself. When nothing of peer is queued
+// or being delivered, the message has one tensor to fetch, the budgets
+// have room for it at once and its channel can fetch it without waiting
+// for another node (rdma.DirectFetcher: ipc from an allocation already
+// mapped), the fetch and the delivery run on the calling goroutine,
+// without the hand-off to the peer's delivery loop; an InlineDelivery then
+// runs its handler here too, its handoff giving the message's leases back
+// and then calling mayBlock (nil: none). Anything else is enqueued as
+// Enqueue does, with its errors.
+func (e *Engine) Receive(peer string, in *Incoming, size int64, d Delivery, mayBlock func()) error {
+	if in != nil && len(in.jobs) == 1 {
+		if p := e.peer(peer); p != nil && p.inbox.claimIdle() {
+			if e.receiveNow(p, in, d, mayBlock) {
+				return nil
+			}
+			p.inbox.unclaim()
+		}
+	}
+	return e.Enqueue(peer, in, size, d)
+}
+
+// receiveNow fetches and delivers in, which has a place claimed in p's
+// idle inbox (claimIdle), on the calling goroutine when the budgets have
+// room at once and the fetch needs nothing from another node; false,
+// nothing done (the claim still held), otherwise.
+func (e *Engine) receiveNow(p *Peer, in *Incoming, d Delivery, mayBlock func()) bool {
+	q := &queued{in: in, deliver: d}
+	if n := in.Bytes(); n > 0 {
+		if !p.budget.tryAcquire(n) {
+			return false
+		}
+		if !e.budget.tryAcquire(n) {
+			p.budget.release(n)
+			return false
+		}
+		q.held = n
+	}
+	ctx, cancel := deadline.WithTimeout(e.ctx, e.cfg.Flow.TransferTimeout)
+	done, err := in.fetchDirect(ctx)
+	cancel()
+	if !done {
+		e.releaseBudget(p, q)
+		return false
+	}
+	p.inbox.fetchedOne()
+	id, ok := d.(InlineDelivery)
+	if !ok || err != nil {
+		e.deliverFetched(p, q, err)
+		return true
+	}
+	e.releaseBudget(p, q)
+	handed := false
+	id.DeliverInline(nil, func() {
+		if handed {
+			return
+		}
+		handed = true
+		// The leases go back before the handler runs: a handler that
+		// waits for the peer must not hold the credits the peer needs
+		// to answer.
+		e.afterDelivery(p, q, nil)
+		if mayBlock != nil {
+			mayBlock()
+		}
+	})
+	if !handed {
+		e.afterDelivery(p, q, nil)
+	}
+	return true
+}
+
+// claimIdle takes a place for a message delivered outside the queue when
+// nothing is queued or being delivered and the window has room: it counts
+// in the window and in pending as a queued message does, so that later
+// messages queue behind it. unclaim gives the place back.
+func (b *inbox) claimIdle() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed || len(b.q) > 0 || b.pending.Load() > 0 || b.inWindow >= b.windowMax {
+		return false
+	}
+	b.inWindow++
+	b.pending.Add(1)
+	return true
+}
+
+func (b *inbox) unclaim() {
+	b.mu.Lock()
+	b.inWindow--
+	b.pending.Add(-1)
+	b.mu.Unlock()
 }
 
 // pop removes the oldest message; nil when the inbox is empty.

@@ -5,6 +5,7 @@ package tracehook
 import (
 	"context"
 	"sync/atomic"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -121,6 +122,27 @@ func (t Tracer) start(ctx context.Context, name string, kind Kind, attrs []Attr)
 	kvs = append(append(kvs, t.p.node), attrs...)
 	ctx, s := t.p.t.Start(ctx, name, kindOpts[kind], trace.WithAttributes(kvs...))
 	return ctx, Span{s: s, ctx: ctx}
+}
+
+// StartAt is Start for a span that began at start, in the past: the work
+// it records ran before the caller knew it would make a span of it. It
+// returns the span alone (what ran did not see it in its context).
+func (t Tracer) StartAt(ctx context.Context, start time.Time, name string, kind Kind, attrs ...Attr) Span {
+	if t.p == nil {
+		return Span{}
+	}
+	return t.startAt(ctx, start, name, kind, attrs)
+}
+
+//go:noinline
+func (t Tracer) startAt(ctx context.Context, start time.Time, name string, kind Kind, attrs []Attr) Span {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	kvs := make([]attribute.KeyValue, 0, len(attrs)+1)
+	kvs = append(append(kvs, t.p.node), attrs...)
+	ctx, s := t.p.t.Start(ctx, name, kindOpts[kind], trace.WithAttributes(kvs...), trace.WithTimestamp(start))
+	return Span{s: s, ctx: ctx}
 }
 
 // Getter reads a message header (protoactor's ReadonlyMessageHeader is

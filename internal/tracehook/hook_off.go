@@ -4,6 +4,7 @@ package tracehook
 
 import (
 	"context"
+	"time"
 
 	"go.opentelemetry.io/otel/trace"
 )
@@ -65,6 +66,9 @@ type Span struct{}
 func (Tracer) Start(ctx context.Context, _ string, _ Kind, _ ...Attr) (context.Context, Span) {
 	return ctx, Span{}
 }
+
+// StartAt returns the zero Span.
+func (Tracer) StartAt(context.Context, time.Time, string, Kind, ...Attr) Span { return Span{} }
 
 // Getter reads a message header.
 type Getter interface{ Get(key string) string }

@@ -121,6 +121,58 @@ func TestDirectFetch(t *testing.T) {
 	}
 }
 
+// TestFetchDirectDeclines: FetchDirect copies only what Fetch would copy
+// without a control round trip; otherwise it declines having sent nothing
+// and copied nothing, and refuses a bad request as Fetch does.
+func TestFetchDirectDeclines(t *testing.T) {
+	p := newFakePair(t, Config{ShmDir: t.TempDir()})
+	fakeHandles(p.owner)
+	copies := recordCopies(p.fetcher)
+	ctx := context.Background()
+	a := fakeCUDA(t, 0x7f0000000000, 4096)
+	dst := fakeCUDA(t, 0x7e0000000000, 4096)
+	declines := func(what string, d *tensor.Descriptor) {
+		t.Helper()
+		reqs, n := p.count(opBegin)+p.count(opProve), len(*copies)
+		done, err := p.fetcher.FetchDirect(ctx, d, dst)
+		if done || err != nil {
+			t.Fatalf("%s: FetchDirect done=%v, %v; want declined", what, done, err)
+		}
+		if p.count(opBegin)+p.count(opProve) != reqs || len(*copies) != n {
+			t.Fatalf("%s: a declined FetchDirect sent a request or copied", what)
+		}
+	}
+	// Not mapped yet: the first fetch needs the handle.
+	first := p.exportTTL(t, a, fetcherNode, time.Minute)
+	declines("first fetch", first)
+	if err := p.fetcher.Fetch(ctx, first, dst); err != nil {
+		t.Fatal(err)
+	}
+	// Mapped, direct offer: copied, no request.
+	reqs := p.count(opBegin)
+	done, err := p.fetcher.FetchDirect(ctx, p.exportTTL(t, a, fetcherNode, time.Minute), dst)
+	if !done || err != nil || p.count(opBegin) != reqs || len(*copies) != 2 {
+		t.Fatalf("direct offer: done=%v, %v, %d begins, %d copies", done, err, p.count(opBegin)-reqs, len(*copies))
+	}
+	// Forwarded, lease about to end: declined.
+	fwd := *p.exportTTL(t, a, fetcherNode, time.Minute)
+	fwd.Holder = "someone-else"
+	declines("forwarded descriptor", &fwd)
+	declines("lease about to end", p.exportTTL(t, a, fetcherNode, 300*time.Millisecond))
+	// Bad requests: done, with Fetch's error.
+	if done, err := p.fetcher.FetchDirect(ctx, p.exportTTL(t, a, fetcherNode, time.Minute), fakeCUDA(t, 0x7d0000000000, 16)); !done || !errors.Is(err, rdma.ErrTooSmall) {
+		t.Fatalf("small destination: done=%v, %v", done, err)
+	}
+	noOffer := *p.exportTTL(t, a, fetcherNode, time.Minute)
+	noOffer.Offers = nil
+	if done, err := p.fetcher.FetchDirect(ctx, &noOffer, dst); !done || !errors.Is(err, rdma.ErrNoOffer) {
+		t.Fatalf("no offer: done=%v, %v", done, err)
+	}
+	if st := p.fetcher.Stats(); st.Direct != 1 {
+		t.Errorf("fetcher stats %+v, want 1 direct fetch", st)
+	}
+}
+
 // TestNoDirect: an owner configured without direct offers makes none.
 func TestNoDirect(t *testing.T) {
 	p := newFakePair(t, Config{ShmDir: t.TempDir(), NoDirect: true})

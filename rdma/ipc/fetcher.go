@@ -70,31 +70,9 @@ func (m *mapping) opening() bool {
 // the owner, rdma.ErrPeerDown when the owner cannot be reached or went down
 // during the copy, rdma.ErrClosed, and the context's error.
 func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer) error {
-	if int64(dst.Len()) < d.Bytes {
-		return fmt.Errorf("ipc: %w: %d bytes for %d", rdma.ErrTooSmall, dst.Len(), d.Bytes)
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	c.fmu.Lock()
-	closed := c.fclosed
-	c.fmu.Unlock()
-	if closed {
-		return rdma.ErrClosed
-	}
-	raw, ok := d.Offers[rdma.IPC]
-	if !ok {
-		return fmt.Errorf("ipc: %w", rdma.ErrNoOffer)
-	}
-	o, err := decodeOffer(raw)
+	o, err := c.checkFetch(ctx, d, dst)
 	if err != nil {
 		return err
-	}
-	if d.Bytes < 0 || o.Bytes != uint64(d.Bytes) {
-		return fmt.Errorf("%w: offer of %d bytes for a descriptor of %d", errBadMessage, o.Bytes, d.Bytes)
-	}
-	if d.Bytes > 0 && dst.Device().Kind != memory.KindCUDA {
-		return fmt.Errorf("ipc: destination in %s memory, not CUDA memory", dst.Device())
 	}
 	req := request{Op: opBegin, Incarnation: d.Incarnation, ExportID: d.ExportID, Lease: d.Lease,
 		Alloc: o.Alloc, Offset: o.Offset, Bytes: o.Bytes}
@@ -107,13 +85,9 @@ func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 		return nil
 	}
 	key := mapKey{owner: d.Owner, inc: d.Incarnation, alloc: o.Alloc, dev: dst.Device()}
-	if o.direct() && d.Holder == c.env.Node {
-		if m := c.claimOpen(key); m != nil {
-			if done, err := c.fetchDirect(ctx, d, m, o, dst); done {
-				tracehook.CacheHit(ctx, true)
-				return err
-			}
-		}
+	if done, err := c.tryDirect(ctx, d, key, o, dst); done {
+		tracehook.CacheHit(ctx, true)
+		return err
 	}
 	m, opener, err := c.claim(ctx, key)
 	if err != nil {
@@ -159,6 +133,69 @@ func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 		err = fmt.Errorf("%w: %w", rdma.ErrPeerDown, err)
 	}
 	return err
+}
+
+// FetchDirect implements rdma.DirectFetcher: under a direct offer, when
+// this node is the holder and already maps the allocation, it copies as
+// Fetch does (the device copy alone) and reports done; otherwise, or when
+// too little of the lease is left, it reports done=false having done
+// nothing. A descriptor Fetch would refuse is done, with Fetch's error.
+func (c *Channel) FetchDirect(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer) (done bool, err error) {
+	o, err := c.checkFetch(ctx, d, dst)
+	if err != nil {
+		return true, err
+	}
+	if d.Bytes == 0 {
+		return false, nil // Fetch checks the export with its owner
+	}
+	return c.tryDirect(ctx, d, mapKey{owner: d.Owner, inc: d.Incarnation, alloc: o.Alloc, dev: dst.Device()}, o, dst)
+}
+
+var _ rdma.DirectFetcher = (*Channel)(nil)
+
+// checkFetch checks what Fetch and FetchDirect are asked to do and
+// returns d's offer.
+func (c *Channel) checkFetch(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer) (offer, error) {
+	if int64(dst.Len()) < d.Bytes {
+		return offer{}, fmt.Errorf("ipc: %w: %d bytes for %d", rdma.ErrTooSmall, dst.Len(), d.Bytes)
+	}
+	if err := ctx.Err(); err != nil {
+		return offer{}, err
+	}
+	c.fmu.Lock()
+	closed := c.fclosed
+	c.fmu.Unlock()
+	if closed {
+		return offer{}, rdma.ErrClosed
+	}
+	raw, ok := d.Offers[rdma.IPC]
+	if !ok {
+		return offer{}, fmt.Errorf("ipc: %w", rdma.ErrNoOffer)
+	}
+	o, err := decodeOffer(raw)
+	if err != nil {
+		return offer{}, err
+	}
+	if d.Bytes < 0 || o.Bytes != uint64(d.Bytes) {
+		return offer{}, fmt.Errorf("%w: offer of %d bytes for a descriptor of %d", errBadMessage, o.Bytes, d.Bytes)
+	}
+	if d.Bytes > 0 && dst.Device().Kind != memory.KindCUDA {
+		return offer{}, fmt.Errorf("ipc: destination in %s memory, not CUDA memory", dst.Device())
+	}
+	return o, nil
+}
+
+// tryDirect copies under a direct offer for which this node is the holder
+// and has key's mapping open; done=false, nothing done, otherwise.
+func (c *Channel) tryDirect(ctx context.Context, d *tensor.Descriptor, key mapKey, o offer, dst memory.Buffer) (done bool, err error) {
+	if !o.direct() || d.Holder != c.env.Node {
+		return false, nil
+	}
+	m := c.claimOpen(key)
+	if m == nil {
+		return false, nil
+	}
+	return c.fetchDirect(ctx, d, m, o, dst)
 }
 
 // errLeaseOutlived is returned when a direct copy could not finish before
