@@ -304,9 +304,9 @@ func (p *actorPair) send(x *tensor.Tensor, check bool, want uint32) (time.Durati
 	case check && ack.CRC != want:
 		return 0, nil, fmt.Errorf("gpu: %v: receiver's CRC-32 %08x, sent %08x", x, ack.CRC, want)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
-	defer cancel()
-	if err := x.WaitReleased(ctx); err != nil {
+	wctx, wcancel := context.WithTimeout(context.Background(), p.timeout)
+	defer wcancel()
+	if err := x.WaitReleased(wctx); err != nil {
 		return 0, nil, fmt.Errorf("gpu: %v: lease not released: %w", x, err)
 	}
 	return d, ack, nil
@@ -344,9 +344,9 @@ func (p *actorPair) stream(x *tensor.Tensor, n int, check bool, want uint32) (ti
 		acks[i] = ack
 	}
 	d := time.Since(t0)
-	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
-	defer cancel()
-	if err := x.WaitReleased(ctx); err != nil {
+	wctx, wcancel := context.WithTimeout(context.Background(), p.timeout)
+	defer wcancel()
+	if err := x.WaitReleased(wctx); err != nil {
 		errs = append(errs, fmt.Errorf("gpu: %v: leases not released: %w", x, err))
 	}
 	if err := errors.Join(errs...); err != nil {
