@@ -349,6 +349,11 @@ func NewMembership(cfg *config.Config, self string, incarnation uint64, h Handle
 	case tr.ReadSpin > 0:
 		m.readSpin = tr.ReadSpin
 	}
+	if m.shm.Spin == 0 {
+		// transport.read_spin is the control connections' spin, on the
+		// rings as on sockets (its default is theirs too).
+		m.shm.Spin = tr.ReadSpin
+	}
 	if m.net == nil {
 		m.net = tcpNetwork{}
 	}

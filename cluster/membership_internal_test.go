@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/config"
+	"github.com/tensorferry/tensorferry/shm"
 	"github.com/tensorferry/tensorferry/wire"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
@@ -105,5 +106,32 @@ func TestAcceptLoopRetriesAfterEMFILE(t *testing.T) {
 	again := logs.FilterMessage("accepting again").All()
 	if len(again) != 2 || again[0].ContextMap()["failed_accepts"] != int64(5) || again[1].ContextMap()["failed_accepts"] != int64(3) {
 		t.Errorf("recovery lines: %+v", again)
+	}
+}
+
+// TestReadSpinReachesSharedMemory: transport.read_spin is the spin of the
+// shared-memory rings too, unless Options.SharedMemory sets its own.
+func TestReadSpinReachesSharedMemory(t *testing.T) {
+	for _, tc := range []struct {
+		readSpin, optSpin, want time.Duration
+	}{
+		{0, 0, 0}, // both defaults: shm's own, the same as a socket's
+		{300 * time.Microsecond, 0, 300 * time.Microsecond},
+		{config.ReadSpinOff, 0, config.ReadSpinOff},
+		{300 * time.Microsecond, 20 * time.Microsecond, 20 * time.Microsecond},
+	} {
+		cfg, err := config.LocalConfig("spin", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Transport.ReadSpin = tc.readSpin
+		m, err := NewMembership(cfg, cfg.Nodes[0].Name, 1, nopHandler{}, Options{SharedMemory: shm.Config{Spin: tc.optSpin}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.shm.Spin != tc.want {
+			t.Errorf("read_spin %v, shm spin option %v: rings spin %v, want %v", tc.readSpin, tc.optSpin, m.shm.Spin, tc.want)
+		}
+		m.Close()
 	}
 }

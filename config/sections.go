@@ -77,9 +77,10 @@ type TransportConfig struct {
 	// Default 0: the cluster's dial_timeout.
 	DataIdleTimeout time.Duration
 	// ReadSpin is how long (a duration, at most 1ms) the reader of a
-	// control connection polls its socket for the next frame before it
-	// parks: a reply within it is read without a thread wake-up (10–30 µs
-	// on virtual machines), at the price of a processor kept busy. Default
+	// control connection polls its socket, or its shared-memory ring, for
+	// the next frame before it parks: a reply within it is read without a
+	// thread wake-up (10–30 µs on virtual machines), at the price of a
+	// processor kept busy. Default
 	// 0: chosen by the machine, 50µs in a process with 8 or more
 	// processors (GOMAXPROCS) and none below, where the spin would take a
 	// processor the handlers need. ReadSpinOff (YAML: read_spin: off)

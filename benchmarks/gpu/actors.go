@@ -188,6 +188,9 @@ type pairConfig struct {
 	profile  string // the receiver's CPU profile; "": none
 	trace    string // the receiver's execution trace; "": none
 	log      bool   // the receiver logs warnings and errors
+	// readSpin is the control connection's read spin (transport.read_spin;
+	// 0: the default).
+	readSpin time.Duration
 }
 
 // openPair writes the cluster's config, starts the receiving process and
@@ -201,6 +204,10 @@ func openPair(pc pairConfig) (p *actorPair, err error) {
 	// the peer dead meanwhile.
 	cfg.HeartbeatInterval, cfg.FailureTimeout = 500*time.Millisecond, 10*time.Second
 	cfg.Flow.TransferTimeout = pc.timeout
+	cfg.Transport.ReadSpin = pc.readSpin
+	if pc.readSpin < 0 {
+		cfg.Transport.ReadSpin = config.ReadSpinOff
+	}
 	cfg.DisableChannels = pc.disable
 	cfg.Nodes[0].Devices = []memory.Device{pc.src}
 	cfg.Nodes[1].Devices = []memory.Device{pc.dst}

@@ -40,6 +40,9 @@ type options struct {
 	cpuProfile string
 	trace      string // execution traces, like cpuProfile
 	logs       bool   // the receiving process logs warnings and errors
+	// readSpin is the control connection's read spin in the ipc mode
+	// (transport.read_spin; 0: the default, negative: never).
+	readSpin time.Duration
 }
 
 func main() {
@@ -67,10 +70,11 @@ func main() {
 	cpuProfile := flag.String("cpuprofile", "", "write CPU profiles of the sending process to FILE and of the receiving one to FILE.receiver")
 	traceFile := flag.String("trace", "", "write execution traces of the sending process to FILE and of the receiving one to FILE.receiver")
 	logs := flag.Bool("log", false, "the receiving process logs its warnings and errors to stderr")
+	readSpin := flag.Duration("read-spin", 0, "ipc mode: the control connection's read spin, on TCP and shared memory (transport.read_spin; 0: the node's default; negative: never)")
 	showProgress := flag.Bool("progress", false, "print a progress line on stderr even when it is not a terminal")
 	flag.Parse()
 
-	o := options{reps: *reps, src: *src, dst: *dst, timeout: *timeout, progress: os.Stderr, stream: *stream, cpuProfile: *cpuProfile, trace: *traceFile, logs: *logs}
+	o := options{reps: *reps, src: *src, dst: *dst, timeout: *timeout, progress: os.Stderr, stream: *stream, cpuProfile: *cpuProfile, trace: *traceFile, logs: *logs, readSpin: *readSpin}
 	if *quick && o.reps == 0 {
 		o.reps = 3
 	}

@@ -24,8 +24,8 @@
 // connection itself: wire.Conn.Await). tensorferry-future is protoactor-go's
 // API unchanged over tensorferry's transport (default mailboxes,
 // RequestFuture). --read-spin sets the tensorferry paths' read spin on TCP
-// (transport.read_spin; negative: off), to compare it on and off on one
-// host.
+// and shared memory (transport.read_spin; negative: off), to compare it on
+// and off on one host.
 //
 // Another path joins the same run from its own file of this package, with no
 // change here:

@@ -38,8 +38,8 @@ type tensorferryPath struct {
 }
 
 // readSpin is --read-spin: the read spin of the tensorferry paths' control
-// connections over TCP (config transport.read_spin).
-var readSpin = flag.Duration("read-spin", 0, "read spin of the tensorferry paths' TCP control connections (0: the node's default, wire.DefaultReadSpin with at least wire.SpinMinProcs processors and CPUs, none below; negative: never)")
+// connections, over TCP and shared memory (config transport.read_spin).
+var readSpin = flag.Duration("read-spin", 0, "read spin of the tensorferry paths' control connections, TCP and shared memory (0: the node's default, wire.DefaultReadSpin with at least wire.SpinMinProcs processors and CPUs, none below; negative: never)")
 
 // withReadSpin applies --read-spin to cfg.
 func withReadSpin(cfg *config.Config) {
