@@ -25,7 +25,7 @@
 //     goroutine; an InlineDelivery (an actor with inline delivery) may run
 //     its handler there, once the loop has moved to a new goroutine.
 //     Receive, the connection reader's Enqueue, goes one step further for
-//     a lone message with one tensor whose channel fetches it without
+//     a lone message with one tensor (ReaderFetchMax at most) whose channel fetches it without
 //     waiting for another node (rdma.DirectFetcher: ipc from a mapped
 //     allocation) and whose budgets have room: it fetches and delivers on
 //     the reader itself, which an InlineDelivery's handler may keep (the

@@ -131,8 +131,9 @@ func TestEngineReceiveOnTheCaller(t *testing.T) {
 
 // TestEngineReceiveKeepsOrder: a message behind one queued (its fetch
 // held) is queued too, though its channel could fetch it directly, and
-// they are delivered in order; with the budget taken, or the channel
-// declining, the message is queued and delivered by the loop.
+// they are delivered in order; with the budget taken, the channel
+// declining, or a tensor above ReaderFetchMax, the message is queued and
+// delivered by the loop.
 func TestEngineReceiveKeepsOrder(t *testing.T) {
 	a, b, _, _ := enginePair(t, Config{InlineThreshold: 16})
 	r := &recorder{}
@@ -176,6 +177,24 @@ func TestEngineReceiveKeepsOrder(t *testing.T) {
 	if order, errs := r.got(); order[2] != 2 || errs[2] != nil {
 		t.Fatalf("delivered %v (%v)", order, errs)
 	}
+
+	// A tensor above ReaderFetchMax goes through the loop (its fetch held
+	// there: one on the reader would not wait).
+	waitFor(t, func() bool { return !p.Backlog() })
+	open = holdFetches(t)
+	_, got, in, err := carry(t, a, b, &grad{Step: 3, W: newTensor(t, ReaderFetchMax+1, 3)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = got.W.Free() })
+	if err := b.Receive(a.cfg.Node, in, 100, r.delivery(3, false), nil); err != nil {
+		t.Fatal(err)
+	}
+	if order, _ := r.got(); len(order) != 3 {
+		t.Fatalf("a tensor of %d bytes was fetched on the reader", ReaderFetchMax+1)
+	}
+	open()
+	waitFor(t, func() bool { order, _ := r.got(); return len(order) == 4 })
 }
 
 // TestEngineReceiveFetchFails: a direct fetch that fails is reported to
