@@ -25,11 +25,12 @@
 //     goroutine; an InlineDelivery (an actor with inline delivery) may run
 //     its handler there, once the loop has moved to a new goroutine.
 //     Receive, the connection reader's Enqueue, goes one step further for
-//     a lone message with one tensor (ReaderFetchMax at most) whose channel fetches it without
-//     waiting for another node (rdma.DirectFetcher: ipc from a mapped
-//     allocation) and whose budgets have room: it fetches and delivers on
-//     the reader itself, which an InlineDelivery's handler may keep (the
-//     connection's take-over then moves the reading on).
+//     a lone message with one tensor (ReaderFetchMax at most) whose
+//     channel fetches it without waiting for another node
+//     (rdma.DirectFetcher: ipc from a mapped allocation) and whose budgets
+//     have room: it fetches and delivers on the reader itself, which an
+//     InlineDelivery's handler may keep (the connection's take-over then
+//     moves the reading on).
 //
 // stats.go: Engine.Stats reports what the engine did for a node's metrics
 // (package metrics): per channel and owner the transfers, bytes and fetch
