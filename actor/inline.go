@@ -22,12 +22,17 @@ import (
 // default, config.TransportConfig.HandlerTakeover) hands the connection's
 // reading to a new goroutine, so the frames behind it wait at most that
 // long and a handler that waits for a reply from the same node does not
-// deadlock. A message whose tensors the engine fetches, when it arrives
-// alone (nothing else from its node queued or being fetched) and finds the
-// actor idle, runs on the engine goroutine that fetched it, after the
-// engine has moved the delivery of that node's next messages to another
-// goroutine and while it gives the tensors' leases back: a handler that
-// waits for a reply with tensors from the same node does not deadlock.
+// deadlock. One that waits through Node.Request hands the reading on at
+// once, without waiting for handler_takeover. A message whose tensors the
+// engine fetches, when it arrives alone (nothing else from its node queued
+// or being fetched) and finds the actor idle, runs where the engine
+// fetched it: on the connection's reader when its one tensor (up to
+// transfer.ReaderFetchMax) came by ipc from an allocation already mapped,
+// as a message without tensors does; otherwise on the engine's goroutine,
+// after the engine has moved the delivery of that node's next messages to
+// another goroutine. Either way the tensors' leases go back before the
+// handler runs, so a handler that waits for a reply with tensors from the
+// same node does not deadlock.
 // Local senders, batched messages and system messages go through the
 // props' dispatcher as usual; the actor still handles one message at a
 // time, in order. At most the dispatcher's throughput of messages run

@@ -9,7 +9,9 @@ import (
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/actor"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/shm"
 	"github.com/tensorferry/tensorferry/tensor"
 )
 
@@ -84,9 +86,25 @@ func TestInlineDeliveryOrder(t *testing.T) {
 
 // TestInlineHandlerMayWaitForTheSameNode: an inline handler that waits for
 // a reply from the node whose message it handles would stall that node's
-// connection for ever; the connection's reading is taken over instead.
+// connection for ever; the connection's reading is taken over instead, at
+// once when the handler waits through Node.Request (a take-over delay of a
+// minute is never reached), over TCP and over shared memory.
 func TestInlineHandlerMayWaitForTheSameNode(t *testing.T) {
-	_, nodes := startCluster(t, 2)
+	for _, tc := range []struct {
+		name string
+		shm  shm.Config
+	}{{"tcp", shm.Config{Disable: true}}, {"shm", shm.Config{}}} {
+		t.Run(tc.name, func(t *testing.T) { testInlineHandlerMayWait(t, tc.shm) })
+	}
+}
+
+func testInlineHandlerMayWait(t *testing.T, sc shm.Config) {
+	cfg, err := config.LocalConfig("test", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Transport.HandlerTakeover = time.Minute
+	nodes := startNodes(t, cfg, actor.WithSharedMemory(sc))
 	a, b := nodes[0], nodes[1]
 	if _, err := a.Root().SpawnNamed(echoProps(a.Name()), "echo"); err != nil {
 		t.Fatal(err)

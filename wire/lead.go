@@ -190,27 +190,54 @@ func (k Wakeup) Notify() {
 // follower. Whoever makes ready true from another goroutine must Claim w
 // first and Notify after. Await returns true at once, with nothing
 // registered, on a connection that callers cannot read (the caller then
-// waits its own way); otherwise false, after which ready may still be
-// false (ctx ended, the connection closed, or a Handler call on the
-// caller's goroutine ran past HandlerTakeover and the reading went on
-// elsewhere: the result then comes through the reader goroutine).
+// waits its own way); otherwise false, after which ready is still false
+// only when ctx ended or the connection closed. A Handler call on the
+// caller's goroutine that is taken over (it ran past HandlerTakeover, or
+// it waits for a frame itself) ends the caller's reading: the reading goes
+// on elsewhere, and the caller waits again.
 //
 // The calling goroutine runs Handler for every frame it reads, its own and
-// others' (an actor's handler run inline included); Handler must not call
-// Await on the same connection (it would wait until the Handler call is
-// taken over).
+// others' (an actor's handler run inline included). A Handler call may
+// itself call Await on the same connection once it has called MayBlock: a
+// caller that finds the read role held by a Handler call that may block
+// takes that call over at once (the reading goes on elsewhere, as after
+// HandlerTakeover). Without MayBlock (or without HandlerTakeover, which
+// guards the calls) nothing takes the call over, and it waits until its
+// ctx ends.
 func (c *Conn) Await(ctx context.Context, w *Waiter, ready func() bool) bool {
 	l := c.lead
 	if l == nil {
 		return true
 	}
 	w.c = c
+	for {
+		c.await(ctx, w, ready)
+		// A Handler call on the caller's goroutine that was taken over
+		// ends its reading, its frame perhaps still to come: it waits
+		// again (the reader goroutine, finding no caller registered,
+		// could leave the role free for CallerReads).
+		if ready() || ctx.Err() != nil || c.isClosing() {
+			return false
+		}
+	}
+}
+
+// await is one wait of Await: as the leading caller, or as a follower
+// until its frame came, it was offered the role, or the reading it led
+// was taken over.
+func (c *Conn) await(ctx context.Context, w *Waiter, ready func() bool) {
+	l := c.lead
 	if l.state.CompareAndSwap(roleFree, roleCaller) {
 		w.state.Store(waiterLeading)
 		c.leadRead(ctx, ready)
 		w.state.CompareAndSwap(waiterLeading, waiterIdle)
-		return false
+		return
 	}
+	// The role is held. If its holder is in a Handler call that may block
+	// (MayBlock), that call may be waiting for this very caller's frame (a
+	// handler's own request to the same peer): the reading moves on now,
+	// not after HandlerTakeover.
+	c.takeOverBlocked()
 	if w.wake == nil {
 		w.wake = make(chan struct{}, 1)
 	}
@@ -222,7 +249,7 @@ func (c *Conn) Await(ctx context.Context, w *Waiter, ready func() bool) bool {
 	l.followers.Add(1)
 	if l.state.CompareAndSwap(roleFree, roleCaller) {
 		c.leadFollower(ctx, w, ready)
-		return false
+		return
 	}
 	// The reader goroutine leaves the role to the callers at its next
 	// pause (keepRole).
@@ -232,7 +259,7 @@ func (c *Conn) Await(ctx context.Context, w *Waiter, ready func() bool) bool {
 		case <-l.offer:
 			l.state.Store(roleCaller)
 			c.leadFollower(ctx, w, ready)
-			return false
+			return
 		case <-w.wake:
 			continue
 		case <-ctx.Done():
@@ -242,7 +269,6 @@ func (c *Conn) Await(ctx context.Context, w *Waiter, ready func() bool) bool {
 	}
 	l.followers.Add(-1)
 	w.state.CompareAndSwap(waiterFollowing, waiterIdle)
-	return false
 }
 
 // leadFollower: a follower holds the read role. It stops following and
@@ -421,6 +447,21 @@ func (c *Conn) takenOverLeader() bool {
 	}
 	l.give <- struct{}{}
 	return true
+}
+
+// takeOverBlocked takes over the Handler call in progress, as the
+// watchdog does after HandlerTakeover, when it has declared that it may
+// block (MayBlock): the reading goes on in a new goroutine (or the reader
+// goroutine, when a leading caller is the one in Handler).
+func (c *Conn) takeOverBlocked() {
+	s := c.rstate.Load()
+	if s&phaseMask != phaseBlocking || !c.rstate.CompareAndSwap(s, s&^phaseMask|phaseAbandoned) {
+		return
+	}
+	c.takeovers.Add(1)
+	if !c.takenOverLeader() {
+		go c.readLoop()
+	}
 }
 
 // watchLeader is the reader goroutine's look at the leading caller, every

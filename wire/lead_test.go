@@ -25,6 +25,7 @@ type echoClient struct {
 
 	byCaller, byReader atomic.Int64  // replies read by the waiting callers / the reader goroutine
 	block              chan struct{} // a "block" note's Handler call waits on it
+	asked              chan error    // an "ask" note's Handler call: its own request's result
 }
 
 type echoCall struct {
@@ -37,7 +38,7 @@ type echoCall struct {
 // requests whose id ends in 999 unanswered.
 func newEchoClient(t *testing.T, opts ConnOptions, nc net.Conn, sc net.Conn) *echoClient {
 	t.Helper()
-	e := &echoClient{calls: make(map[uint64]*echoCall), block: make(chan struct{})}
+	e := &echoClient{calls: make(map[uint64]*echoCall), block: make(chan struct{}), asked: make(chan error, 4)}
 	if nc == nil {
 		nc, sc = tcpPair(t)
 	}
@@ -87,6 +88,13 @@ func (e *echoClient) handle(f Frame) {
 	case "block":
 		e.c.MayBlock()
 		<-e.block
+	case "ask":
+		// A handler that asks the same peer and waits for the answer, as
+		// an actor run inline may.
+		e.c.MayBlock()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		e.asked <- e.request(ctx, m.Message.Request)
+		cancel()
 	}
 }
 
@@ -347,6 +355,57 @@ func TestAwaitCloseWhileReading(t *testing.T) {
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatal("Await still reading after Close")
+		}
+	})
+}
+
+// TestAwaitFromABlockingHandler: a Handler call that has called MayBlock
+// and then waits for a frame of the same connection (its own request) is
+// taken over at once, not after HandlerTakeover (a minute here): the
+// reading goes on elsewhere and reads its answer, whether the call ran on
+// the reader goroutine or on a leading caller; that caller, its reading
+// taken over, still gets its own reply.
+func TestAwaitFromABlockingHandler(t *testing.T) {
+	overReadable(t, func(t *testing.T, pair func(*testing.T) (net.Conn, net.Conn)) {
+		e := newEchoClientOver(t, ConnOptions{HandlerTakeover: time.Minute, CallerReads: time.Minute}, pair)
+		bg := context.Background()
+		ask := func(id uint64) {
+			t.Helper()
+			if err := e.srv.Send(bg, FrameMessage, 0, 0, &Message{Target: "ask", Request: id}); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-e.asked; err != nil {
+				t.Fatalf("a handler's own request: %v", err)
+			}
+		}
+		ask(1) // on the reader goroutine
+		for i := uint64(2); i <= 6; i++ {
+			if err := e.request(bg, i); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Now on a leading caller, waiting for a reply that comes after.
+		ret := make(chan error, 1)
+		go func() {
+			// Its reading is taken over while its reply is still to
+			// come: it must wait again, not for CallerReads (a minute).
+			ctx, cancel := context.WithTimeout(bg, 10*time.Second)
+			defer cancel()
+			ret <- e.request(ctx, 1999) // answered below
+		}()
+		poll.Until(t, "the caller reads", func() bool { return e.c.lead.state.Load() == roleCaller })
+		ask(8)
+		if err := e.srv.Send(bg, FrameMessage, 0, 0, &Message{Target: "reply", Request: 1999}); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-ret; err != nil {
+			t.Fatal(err)
+		}
+		if n := e.c.Takeovers(); n != 2 {
+			t.Fatalf("%d take-overs, want 2", n)
+		}
+		if err := e.request(bg, 9); err != nil {
+			t.Fatal(err)
 		}
 	})
 }
