@@ -132,15 +132,14 @@ const ReaderFetchMax = 16 << 20
 
 // Receive is Enqueue for the goroutine that reads peer's connection, which
 // may fetch and deliver the message itself. When nothing of peer is queued
-// or being delivered, the message has one tensor of at most
-// ReaderFetchMax bytes to fetch, the budgets
-// have room for it at once and its channel can fetch it without waiting
-// for another node (rdma.DirectFetcher: ipc from an allocation already
-// mapped), the fetch and the delivery run on the calling goroutine,
-// without the hand-off to the peer's delivery loop; an InlineDelivery then
-// runs its handler here too, its handoff giving the message's leases back
-// and then calling mayBlock (nil: none). Anything else is enqueued as
-// Enqueue does, with its errors.
+// or being delivered, the message has one tensor of at most ReaderFetchMax
+// bytes to fetch, the budgets have room for it at once and its channel can
+// fetch it without waiting for another node (rdma.DirectFetcher: ipc from
+// an allocation already mapped), the fetch and the delivery run on the
+// calling goroutine, without the hand-off to the peer's delivery loop; an
+// InlineDelivery then runs its handler here too, its handoff giving the
+// message's leases back and then calling mayBlock (nil: none). Anything
+// else is enqueued as Enqueue does, with its errors.
 func (e *Engine) Receive(peer string, in *Incoming, size int64, d Delivery, mayBlock func()) error {
 	if in != nil && len(in.jobs) == 1 && in.bytes <= ReaderFetchMax {
 		if p := e.peer(peer); p != nil && p.inbox.claimIdle() {
