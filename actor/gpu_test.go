@@ -101,6 +101,38 @@ func sendGPUTensors(t *testing.T, a *actor.Node, wantChannel string, smallDirect
 func TestGPUTensorsAcrossProcessesIPC(t *testing.T) {
 	a, _ := gpuProcessCluster(t, nil)
 	sendGPUTensors(t, a, "ipc", true)
+	sendTwiceOnTheReader(t, a)
+}
+
+// sendTwiceOnTheReader sends one device tensor twice to node1: the second
+// time node1 maps its allocation already and the owner's offer is direct,
+// so the connection's reader fetches and delivers it
+// (StatsSnapshot.ReaderDeliveries), the bytes intact.
+func sendTwiceOnTheReader(t *testing.T, a *actor.Node) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	host := randomTensor(t, rng, tensor.Uint8, tensor.Shape{1 << 20})
+	defer host.Free()
+	x, err := host.To(context.Background(), memory.CUDA(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Free()
+	var reader []int64
+	for range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		res, err := a.Request(ctx, a.PID("node1", "tensors"), &Grad{W: x})
+		cancel()
+		checkDigest(t, res, err, host)
+		reader = append(reader, res.(*Digest).Reader)
+		ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+		if err := x.WaitReleased(ctx); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+	}
+	if reader[1] <= reader[0] {
+		t.Fatalf("the second send of one allocation was not delivered on the reader (reader deliveries %v)", reader)
+	}
 }
 
 // TestGPUTensorsAcrossProcessesStaging forces the staging channel (pinned

@@ -56,10 +56,14 @@ type StatsSnapshot struct {
 	// was full; BudgetInUse is what the node has allocated for tensors
 	// being fetched, Budget its limit, BudgetWaiting the messages whose
 	// fetches wait for room in it (or in their peer's share).
-	InboxRefused  int64
-	BudgetInUse   int64
-	Budget        int64
-	BudgetWaiting int64
+	InboxRefused int64
+	// ReaderDeliveries counts messages with tensors fetched and delivered
+	// on the connection's reader, without the engine's delivery loop
+	// (transfer.Engine.Receive).
+	ReaderDeliveries int64
+	BudgetInUse      int64
+	Budget           int64
+	BudgetWaiting    int64
 	// CreditWaits counts messages with tensors that waited for a peer's
 	// credits (it had not fetched earlier tensors yet), CreditWait the
 	// time they waited in all.
@@ -106,6 +110,7 @@ func (n *Node) Stats() StatsSnapshot {
 		Exports:          e.Leases,
 		LentBytes:        e.LentBytes,
 		InboxRefused:     e.InboxRefused,
+		ReaderDeliveries: e.ReaderDeliveries,
 		BudgetInUse:      e.BudgetInUse,
 		Budget:           e.Budget,
 		BudgetWaiting:    e.BudgetWaiting,

@@ -40,6 +40,9 @@ type Digest struct {
 	Err    string
 	// Via counts the transfers each channel made into the receiving node.
 	Via map[string]int64
+	// Reader counts the messages the receiving node fetched and delivered
+	// on a connection's reader (StatsSnapshot.ReaderDeliveries).
+	Reader int64
 }
 
 // Hold is never answered.
@@ -83,9 +86,11 @@ func tensorProps(node *actor.Node) *pa.Props {
 		case *Grad:
 			d := digest(m.W)
 			d.Via = map[string]int64{}
-			for name, st := range node.Stats().Channels {
+			s := node.Stats()
+			for name, st := range s.Channels {
 				d.Via[name] = st.Transfers
 			}
+			d.Reader = s.ReaderDeliveries
 			c.Respond(d)
 			_ = m.W.Free()
 		case *RefMsg:

@@ -50,6 +50,7 @@ var families = []desc{
 	{"tensorferry_transfer_duration_seconds", "Time of one fetch over a data channel, from its start to its last byte.", []string{labelChannel}},
 	{"tensorferry_transfer_failures_total", "Fetches that failed (or messages refused before them), by reason.", []string{labelReason}},
 	{"tensorferry_inbox_refused_total", "Messages refused because their sender's inbox on this node was full.", nil},
+	{"tensorferry_reader_deliveries_total", "Messages with tensors fetched and delivered on the connection's reader, without the delivery loop.", nil},
 	{"tensorferry_regcache_hits_total", "Registration cache lookups served by an existing registration.", []string{labelCache}},
 	{"tensorferry_regcache_misses_total", "Registration cache lookups that registered memory.", []string{labelCache}},
 	{"tensorferry_regcache_evictions_total", "Idle registrations unregistered to fit the cache's budget.", []string{labelCache}},
@@ -177,6 +178,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter("tensorferry_transfer_failures_total", float64(n), reason)
 	}
 	counter("tensorferry_inbox_refused_total", float64(s.InboxRefused))
+	counter("tensorferry_reader_deliveries_total", float64(s.ReaderDeliveries))
 	for name, rs := range s.RegCaches {
 		counter("tensorferry_regcache_hits_total", float64(rs.Hits), name)
 		counter("tensorferry_regcache_misses_total", float64(rs.Misses), name)

@@ -24,6 +24,7 @@
 //	tensorferry_transfer_duration_seconds          histogram channel (fetches: in)
 //	tensorferry_transfer_failures_total            counter   reason
 //	tensorferry_inbox_refused_total                counter
+//	tensorferry_reader_deliveries_total            counter   fetched and delivered on the reader
 //	tensorferry_regcache_hits_total                counter   cache
 //	tensorferry_regcache_misses_total              counter   cache
 //	tensorferry_regcache_evictions_total           counter   cache

@@ -176,6 +176,7 @@ func (e *Engine) receiveNow(p *Peer, in *Incoming, d Delivery, mayBlock func()) 
 		return false
 	}
 	p.inbox.fetchedOne()
+	e.stats.ReaderDeliveries.Add(1)
 	id, ok := d.(InlineDelivery)
 	if !ok || err != nil {
 		e.deliverFetched(p, q, err)

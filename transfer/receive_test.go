@@ -121,7 +121,7 @@ func TestEngineReceiveOnTheCaller(t *testing.T) {
 		_ = got.W.Free()
 	}
 	s := b.Stats()
-	if s.Channels["memtest"].Transfers != 2 || s.BudgetInUse != 0 {
+	if s.Channels["memtest"].Transfers != 2 || s.BudgetInUse != 0 || s.ReaderDeliveries != 2 {
 		t.Fatalf("stats after two direct fetches: %+v", s)
 	}
 	if p := b.peer(a.cfg.Node); p.Backlog() || p.inbox.inWindow != 0 {
@@ -195,6 +195,9 @@ func TestEngineReceiveKeepsOrder(t *testing.T) {
 	}
 	open()
 	waitFor(t, func() bool { order, _ := r.got(); return len(order) == 4 })
+	if n := b.Stats().ReaderDeliveries; n != 0 {
+		t.Fatalf("%d messages counted as delivered on the reader, want none", n)
+	}
 }
 
 // TestEngineReceiveFetchFails: a direct fetch that fails is reported to

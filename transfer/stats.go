@@ -29,6 +29,9 @@ type Stats struct {
 	// InboxRefused counts messages refused because the sender's inbox
 	// was full (ErrInboxFull).
 	InboxRefused atomic.Int64
+	// ReaderDeliveries counts messages fetched and delivered on the
+	// connection's reader (Receive), without the delivery loop.
+	ReaderDeliveries atomic.Int64
 	// CreditWaits counts messages with tensors that waited in an outbox
 	// for the peer's credits; CreditWaitNanos the time they waited.
 	CreditWaits     atomic.Int64
@@ -160,6 +163,9 @@ func (s *Stats) addFailure(err error) {
 type StatsSnapshot struct {
 	TensorsExported int64
 	InboxRefused    int64
+	// ReaderDeliveries counts messages fetched and delivered on the
+	// connection's reader (Receive).
+	ReaderDeliveries int64
 	// BudgetInUse is what the node has allocated for tensors being
 	// fetched; Budget its limit. BudgetWaiting counts the messages whose
 	// fetches wait for room in the node's or their peer's budget.
@@ -207,18 +213,19 @@ type PeerStats struct {
 func (e *Engine) Stats() StatsSnapshot {
 	s := &e.stats
 	out := StatsSnapshot{
-		TensorsExported: s.TensorsExported.Load(),
-		InboxRefused:    s.InboxRefused.Load(),
-		BudgetInUse:     e.budget.inUse(),
-		Budget:          e.cfg.Flow.ReceiveBudget,
-		BudgetWaiting:   int64(e.budget.waiting()),
-		CreditWaits:     s.CreditWaits.Load(),
-		CreditWait:      time.Duration(s.CreditWaitNanos.Load()),
-		Channels:        map[string]ChannelStats{},
-		ByPeer:          map[string]map[string]ChannelStats{},
-		Served:          map[string]ChannelStats{},
-		Peers:           map[string]PeerStats{},
-		RegCaches:       map[string]memory.RegStats{},
+		TensorsExported:  s.TensorsExported.Load(),
+		InboxRefused:     s.InboxRefused.Load(),
+		ReaderDeliveries: s.ReaderDeliveries.Load(),
+		BudgetInUse:      e.budget.inUse(),
+		Budget:           e.cfg.Flow.ReceiveBudget,
+		BudgetWaiting:    int64(e.budget.waiting()),
+		CreditWaits:      s.CreditWaits.Load(),
+		CreditWait:       time.Duration(s.CreditWaitNanos.Load()),
+		Channels:         map[string]ChannelStats{},
+		ByPeer:           map[string]map[string]ChannelStats{},
+		Served:           map[string]ChannelStats{},
+		Peers:            map[string]PeerStats{},
+		RegCaches:        map[string]memory.RegStats{},
 	}
 	s.mu.Lock()
 	for k, c := range s.channels {
