@@ -1,5 +1,9 @@
 package actor
 
+// SetLazyDecode turns the decode of bursts by the actor's goroutine on or
+// off for n (by default on with wire.SpinMinProcs processors or more).
+func SetLazyDecode(n *Node, on bool) { n.lazyDecode.Store(on) }
+
 // InlineActors returns how many actors of n have inline delivery.
 func InlineActors(n *Node) int64 { return n.inline.count.Load() }
 

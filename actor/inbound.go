@@ -1,6 +1,7 @@
 package actor
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"reflect"
@@ -17,9 +18,12 @@ import (
 type procCache struct {
 	id   string
 	proc pa.Process
-	// typeName carries no tensors when plain is set (the batch's last type).
+	// typeName carries no tensors when plain is set (the batch's last
+	// type); lazy: and it may be decoded by the actor's goroutine
+	// (lazyMessage).
 	typeName string
 	plain    bool
+	lazy     bool
 	// The inline mailbox (or none) of the process last looked up.
 	mbProc pa.Process
 	mb     *inlineMailbox
@@ -65,10 +69,27 @@ func (c *procCache) noTensors(name string) bool {
 		return false
 	}
 	if !c.plain || c.typeName != name {
-		typ, ok := registry.Lookup(name)
-		c.typeName, c.plain = name, ok && !transfer.HoldsTensors(typ)
+		c.lookup(name)
 	}
 	return c.plain
+}
+
+// lazyType reports whether messages of the named type may be decoded by
+// their actor's goroutine (lazyMessage): registered, without tensors, and
+// not a lifecycle message (a PoisonPill is checked on the reader).
+func (c *procCache) lazyType(name string) bool {
+	if c.typeName != name {
+		c.lookup(name)
+	}
+	return c.lazy
+}
+
+var poisonPillType = reflect.TypeFor[pa.PoisonPill]()
+
+func (c *procCache) lookup(name string) {
+	typ, ok := registry.Lookup(name)
+	c.typeName, c.plain = name, ok && !transfer.HoldsTensors(typ)
+	c.lazy = c.plain && typ != poisonPillType
 }
 
 func (c *procCache) get(n *Node, id string) (pa.Process, bool) {
@@ -113,6 +134,17 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 			n.eng.Refuse(ps.peer.Name, m.Tensors)
 		}
 		return
+	}
+	// A message of a batch, without tensors, for an actor with inline
+	// delivery is decoded by the actor's goroutine as its mailbox runs it
+	// (on hosts with processors to spare: Node.lazyDecode): the reader,
+	// which a burst keeps busy, only copies its body.
+	if pc != nil && n.lazyDecode.Load() && len(m.Tensors) == 0 && !n.tr.On() && pc.lazyType(m.Type) && !ps.ep.Backlog() {
+		if mb := pc.inline(n, m.Target, proc); mb != nil {
+			pc.hold(mb, &lazyMessage{n: n, ps: ps, typeName: m.Type, ser: m.Ser, body: bytes.Clone(m.Body),
+				target: target, sender: sender, header: m.Header})
+			return
+		}
 	}
 	msg, err := registry.Decode(m.Type, m.Ser, m.Body)
 	if err != nil {
@@ -162,6 +194,33 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 	}
 	pc.flush()
 	n.enqueue(ps, in, m, target, sender, msg, rs, pc == nil)
+}
+
+// lazyMessage is a message of a batch held for an actor with inline
+// delivery, its body still encoded: the actor's goroutine decodes it as
+// its mailbox runs it (inlineMailbox.run), off the connection's reader.
+// Its type carries no tensors and is not a lifecycle message.
+type lazyMessage struct {
+	n              *Node
+	ps             *peerState
+	typeName       string
+	ser            uint8
+	body           []byte // its own copy
+	target, sender *pa.PID
+	header         map[string]string
+}
+
+// decode returns what the mailbox runs (the message, or its envelope), or
+// nil once a body that does not decode has been reported to its sender,
+// as the reader reports it.
+func (l *lazyMessage) decode() any {
+	msg, err := registry.Decode(l.typeName, l.ser, l.body)
+	if err != nil {
+		l.n.log.Warn("message not decoded", zap.String("peer", l.ps.peer.Name), zap.String("type", l.typeName), zap.Error(err))
+		l.n.replyFailure(l.ps, l.sender, l.target, fmt.Sprintf("decoding %s: %v", l.typeName, err))
+		return nil
+	}
+	return envelope(l.sender, l.header, msg)
 }
 
 // holdsTensors reports whether messages of the named type (msg is one) may

@@ -287,6 +287,11 @@ func (m *inlineMailbox) run(inline bool) (drained bool) {
 			return true
 		}
 		m.userMessages.Add(-1)
+		if l, ok := msg.(*lazyMessage); ok {
+			if msg = l.decode(); msg == nil {
+				continue // reported to its sender
+			}
+		}
 		m.invoker.InvokeUserMessage(msg)
 	}
 }
