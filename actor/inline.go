@@ -33,10 +33,13 @@ import (
 // another goroutine. Either way the tensors' leases go back before the
 // handler runs, so a handler that waits for a reply with tensors from the
 // same node does not deadlock.
-// Local senders, batched messages and system messages go through the
-// props' dispatcher as usual; the actor still handles one message at a
-// time, in order. At most the dispatcher's throughput of messages run
-// inline at a time; the rest go to the dispatcher.
+// Batched messages (a burst) are run by the props' dispatcher; on a host
+// with wire.SpinMinProcs processors or more, those without tensors are
+// also decoded there, off the connection's reader, which a burst keeps
+// busy. Local senders and system messages go through the dispatcher as
+// usual; the actor still handles one message at a time, in order. At most
+// the dispatcher's throughput of messages run inline at a time; the rest
+// go to the dispatcher.
 //
 //	props := pa.PropsFromFunc(echo, node.WithInlineDelivery()) // pa: protoactor-go/actor
 func (n *Node) WithInlineDelivery() pa.PropsOption {
