@@ -149,8 +149,7 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 	msg, err := registry.Decode(m.Type, m.Ser, m.Body)
 	if err != nil {
 		rs.End(err)
-		n.log.Warn("message not decoded", zap.String("peer", ps.peer.Name), zap.String("type", m.Type), zap.Error(err))
-		n.replyFailure(ps, sender, target, fmt.Sprintf("decoding %s: %v", m.Type, err))
+		n.notDecoded(ps, m.Type, sender, target, err)
 		if len(m.Tensors) > 0 {
 			n.eng.Refuse(ps.peer.Name, m.Tensors)
 		}
@@ -216,11 +215,17 @@ type lazyMessage struct {
 func (l *lazyMessage) decode() any {
 	msg, err := registry.Decode(l.typeName, l.ser, l.body)
 	if err != nil {
-		l.n.log.Warn("message not decoded", zap.String("peer", l.ps.peer.Name), zap.String("type", l.typeName), zap.Error(err))
-		l.n.replyFailure(l.ps, l.sender, l.target, fmt.Sprintf("decoding %s: %v", l.typeName, err))
+		l.n.notDecoded(l.ps, l.typeName, l.sender, l.target, err)
 		return nil
 	}
 	return envelope(l.sender, l.header, msg)
+}
+
+// notDecoded logs a message from ps whose body did not decode and reports
+// it to its sender.
+func (n *Node) notDecoded(ps *peerState, typeName string, sender, target *pa.PID, err error) {
+	n.log.Warn("message not decoded", zap.String("peer", ps.peer.Name), zap.String("type", typeName), zap.Error(err))
+	n.replyFailure(ps, sender, target, fmt.Sprintf("decoding %s: %v", typeName, err))
 }
 
 // holdsTensors reports whether messages of the named type (msg is one) may

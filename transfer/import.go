@@ -214,11 +214,16 @@ func (in *Incoming) fetchOne(ctx context.Context, j job) error {
 	if err != nil {
 		return err
 	}
-	if err := in.e.fetchInto(ctx, j.d, dst); err != nil {
-		_ = dst.Free()
-		return err
+	return in.place(j, dst, in.e.fetchInto(ctx, j.d, dst))
+}
+
+// place puts dst, fetched for j (err: how the fetch ended), in j's field;
+// dst is freed when the fetch or the fill failed.
+func (in *Incoming) place(j job, dst *tensor.Tensor, err error) error {
+	if err == nil {
+		err = tensor.Fill(j.t, dst)
 	}
-	if err := tensor.Fill(j.t, dst); err != nil {
+	if err != nil {
 		_ = dst.Free()
 		return err
 	}
@@ -228,33 +233,38 @@ func (in *Incoming) fetchOne(ctx context.Context, j job) error {
 
 // fetchDirect fetches in's descriptor on the calling goroutine when the
 // message has one and its channel can fetch it without waiting for
-// another node (Engine.fetchDirectInto); done=false, nothing done,
-// otherwise. When done, it is as fetch: on failure what was allocated is
-// freed and every lease released.
+// another node (rdma.DirectFetcher); done=false, nothing done, otherwise.
+// When done, it is as fetch: on failure what was allocated is freed and
+// every lease released.
 func (in *Incoming) fetchDirect(ctx context.Context) (done bool, err error) {
 	if len(in.jobs) != 1 {
 		return false, nil
 	}
 	j := in.jobs[0]
 	ctx = in.parent.With(ctx)
+	name, ch, err := in.e.route(j.d, in.device)
+	if err != nil {
+		in.abort(ctx)
+		return true, err
+	}
+	// The channel first, then the destination: nothing is allocated for a
+	// message the delivery loop fetches.
+	df, ok := ch.(rdma.DirectFetcher)
+	if !ok {
+		return false, nil
+	}
 	dst, err := tensor.NewUninit(in.device, j.d.DType, j.d.Shape)
 	if err != nil {
 		return false, nil // the delivery loop's fetch fails with it
 	}
-	if done, err = in.e.fetchDirectInto(ctx, j.d, dst); !done {
+	if done, err = in.e.fetchDirectWith(ctx, name, df, j.d, dst); !done {
 		_ = dst.Free()
 		return false, nil
 	}
-	if err == nil {
-		err = tensor.Fill(j.t, dst)
-	}
-	if err != nil {
-		_ = dst.Free()
+	if err = in.place(j, dst, err); err != nil {
 		in.abort(ctx)
-		return true, err
 	}
-	in.made = append(in.made, j.t)
-	return true, nil
+	return true, err
 }
 
 // Abort releases every lease of a message that will not be delivered and
@@ -382,18 +392,10 @@ func (e *Engine) fetchInto(ctx context.Context, d *tensor.Descriptor, dst *tenso
 	return err
 }
 
-// fetchDirectInto is fetchInto through the channel's FetchDirect
-// (rdma.DirectFetcher): done=false, nothing done, when the channel cannot
-// fetch d without waiting for another node.
-func (e *Engine) fetchDirectInto(ctx context.Context, d *tensor.Descriptor, dst *tensor.Tensor) (done bool, err error) {
-	name, ch, err := e.route(d, dst.Device())
-	if err != nil {
-		return true, err
-	}
-	df, ok := ch.(rdma.DirectFetcher)
-	if !ok {
-		return false, nil
-	}
+// fetchDirectWith is fetchInto through the named channel's FetchDirect:
+// done=false, nothing done, when it cannot fetch d without waiting for
+// another node.
+func (e *Engine) fetchDirectWith(ctx context.Context, name string, df rdma.DirectFetcher, d *tensor.Descriptor, dst *tensor.Tensor) (done bool, err error) {
 	start := time.Now()
 	if done, err = df.FetchDirect(ctx, d, dst.Buffer()); !done {
 		return false, nil

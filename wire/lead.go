@@ -451,17 +451,26 @@ func (c *Conn) takenOverLeader() bool {
 
 // takeOverBlocked takes over the Handler call in progress, as the
 // watchdog does after HandlerTakeover, when it has declared that it may
-// block (MayBlock): the reading goes on in a new goroutine (or the reader
-// goroutine, when a leading caller is the one in Handler).
+// block (MayBlock).
 func (c *Conn) takeOverBlocked() {
-	s := c.rstate.Load()
-	if s&phaseMask != phaseBlocking || !c.rstate.CompareAndSwap(s, s&^phaseMask|phaseAbandoned) {
-		return
+	if s := c.rstate.Load(); s&phaseMask == phaseBlocking {
+		c.takeOver(s)
+	}
+}
+
+// takeOver abandons the Handler call that rstate s marks, if it is still
+// the one in progress, and reports whether it did: the reading goes on in
+// a new goroutine (or the reader goroutine, when a leading caller is the
+// one in Handler).
+func (c *Conn) takeOver(s uint64) bool {
+	if !c.rstate.CompareAndSwap(s, s&^phaseMask|phaseAbandoned) {
+		return false
 	}
 	c.takeovers.Add(1)
 	if !c.takenOverLeader() {
 		go c.readLoop()
 	}
+	return true
 }
 
 // watchLeader is the reader goroutine's look at the leading caller, every

@@ -155,12 +155,8 @@ func (w *watchdog) scan() bool {
 		}
 		if ph := s & phaseMask; ph == phaseHandling || ph == phaseBlocking {
 			active = true
-			if ph == phaseBlocking && s == seen && c.rstate.CompareAndSwap(s, s&^phaseMask|phaseAbandoned) {
-				c.takeovers.Add(1)
+			if ph == phaseBlocking && s == seen && c.takeOver(s) {
 				c.log.Debug("wire: handler still running, reading goes on in a new goroutine", zap.Duration("after", c.opts.HandlerTakeover))
-				if !c.takenOverLeader() {
-					go c.readLoop()
-				}
 				s = c.rstate.Load()
 			}
 		}
