@@ -1,6 +1,7 @@
 package actor_test
 
 import (
+	"bytes"
 	"errors"
 	"runtime"
 	"strings"
@@ -19,14 +20,22 @@ import (
 type Picky struct {
 	N   int
 	Bad bool
+	Pad []byte // long or short: a held body is copied either way
+}
+
+// pickyPad is the Pad of message i: none, short or long (a held body is
+// the reader's copy, whatever its length).
+func pickyPad(i int) []byte {
+	return bytes.Repeat([]byte{byte(i)}, (i%3)*150)
 }
 
 var pickyInMailbox atomic.Int64
 
 func (p *Picky) MarshalMsg(b []byte) ([]byte, error) {
-	b = msgp.AppendArrayHeader(b, 2)
+	b = msgp.AppendArrayHeader(b, 3)
 	b = msgp.AppendInt(b, p.N)
-	return msgp.AppendBool(b, p.Bad), nil
+	b = msgp.AppendBool(b, p.Bad)
+	return msgp.AppendBytes(b, p.Pad), nil
 }
 
 func (p *Picky) UnmarshalMsg(b []byte) ([]byte, error) {
@@ -34,13 +43,16 @@ func (p *Picky) UnmarshalMsg(b []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if n != 2 {
-		return nil, errors.New("picky: want 2 fields")
+	if n != 3 {
+		return nil, errors.New("picky: want 3 fields")
 	}
 	if p.N, b, err = msgp.ReadIntBytes(b); err != nil {
 		return nil, err
 	}
 	if p.Bad, b, err = msgp.ReadBoolBytes(b); err != nil {
+		return nil, err
+	}
+	if p.Pad, b, err = msgp.ReadBytesBytes(b, nil); err != nil {
 		return nil, err
 	}
 	buf := make([]byte, 16<<10)
@@ -68,6 +80,9 @@ func TestLazyDecodeInBursts(t *testing.T) {
 	got := make(chan int, n)
 	sink := pa.PropsFromFunc(func(c pa.Context) {
 		if p, ok := c.Message().(*Picky); ok {
+			if !bytes.Equal(p.Pad, pickyPad(p.N)) {
+				p.N = -1 - p.N // reported below as out of order
+			}
 			got <- p.N
 		}
 	}, b.WithInlineDelivery())
@@ -80,7 +95,7 @@ func TestLazyDecodeInBursts(t *testing.T) {
 		switch m := c.Message().(type) {
 		case *pa.Started:
 			for i := range n {
-				c.Request(target, &Picky{N: i, Bad: i == bad})
+				c.Request(target, &Picky{N: i, Bad: i == bad, Pad: pickyPad(i)})
 			}
 		case *actor.DeliveryFailed:
 			failed <- m
@@ -107,7 +122,7 @@ func TestLazyDecodeInBursts(t *testing.T) {
 		select {
 		case i := <-got:
 			if i != want {
-				t.Fatalf("got message %d, want %d", i, want)
+				t.Fatalf("got message %d, want %d (negative: its padding changed)", i, want)
 			}
 			want++
 		case <-time.After(20 * time.Second):

@@ -41,14 +41,41 @@ const batchBufferSize = maxBatchBytes + 4<<10
 // future's id) only overwrites one slot, so the table never grows nor
 // rehashes and memory stays bounded whatever the peer sends. It belongs to
 // one Framer (one reader goroutine).
+//
+// Before hashing, a field's string is compared with that field's previous
+// one (last): the messages of a burst mostly repeat their target, sender
+// node and type, and comparing costs a few nanoseconds where hashing byte
+// by byte costs tens.
 type stringCache struct {
 	slots [stringCacheSlots]string
+	last  [stringFields]string
 }
+
+// The fields whose previous string stringCache.field remembers.
+const (
+	fieldTarget = iota
+	fieldSenderNode
+	fieldType
+	stringFields
+)
 
 const (
 	stringCacheSlots  = 256 // a power of two
 	stringCacheMaxLen = 128
 )
+
+// field interns b, the string of message field f (fieldTarget…).
+func (c *stringCache) field(f int, b []byte) string {
+	if c == nil || len(b) > stringCacheMaxLen {
+		return string(b)
+	}
+	if last := c.last[f]; last == string(b) { // no allocation
+		return last
+	}
+	s := c.get(b)
+	c.last[f] = s
+	return s
+}
 
 func (c *stringCache) get(b []byte) string {
 	if c == nil || len(b) > stringCacheMaxLen {

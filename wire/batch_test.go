@@ -139,6 +139,34 @@ func TestStringCache(t *testing.T) {
 	}
 }
 
+// TestStringCacheFields: each field's string comes back equal whatever the
+// other fields hold, a field that repeats its previous string allocates
+// nothing, and a long string is not remembered.
+func TestStringCacheFields(t *testing.T) {
+	var c stringCache
+	for i := range 2 * stringCacheSlots {
+		for f, s := range []string{fmt.Sprint("t", i), fmt.Sprint("node-", i%3), "bench.Msg"} {
+			if got := c.field(f, []byte(s)); got != s {
+				t.Fatalf("field(%d, %q) = %q", f, s, got)
+			}
+		}
+	}
+	target := []byte("sink")
+	c.field(fieldTarget, target)
+	c.slots = [stringCacheSlots]string{} // only last can answer now
+	if n := testing.AllocsPerRun(100, func() {
+		if c.field(fieldTarget, target) != "sink" {
+			t.Fatal("changed")
+		}
+	}); n != 0 {
+		t.Fatalf("%v allocations for a repeated target", n)
+	}
+	long := strings.Repeat("z", stringCacheMaxLen+1)
+	if c.field(fieldType, []byte(long)) != long || c.last[fieldType] == long {
+		t.Fatal("a long type name was remembered or changed")
+	}
+}
+
 // batchReceiver collects the messages of MessageFrame and MessagesFrame
 // frames and the order of System frames among them.
 type batchReceiver struct {

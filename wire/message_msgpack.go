@@ -133,13 +133,13 @@ func readMessage(b []byte, m *Message, strs *stringCache, copyBody bool) ([]byte
 		}
 		switch string(key) { // no allocation
 		case "t":
-			m.Target, b, err = readString(b, strs)
+			m.Target, b, err = readString(b, strs, fieldTarget)
 		case "sn":
-			m.SenderNode, b, err = readString(b, strs)
+			m.SenderNode, b, err = readString(b, strs, fieldSenderNode)
 		case "si":
-			m.SenderID, b, err = readString(b, nil)
+			m.SenderID, b, err = readString(b, nil, 0)
 		case "ty":
-			m.Type, b, err = readString(b, strs)
+			m.Type, b, err = readString(b, strs, fieldType)
 		case "s":
 			m.Ser, b, err = msgp.ReadUint8Bytes(b)
 		case "b":
@@ -173,8 +173,9 @@ func readMapHeader(b []byte) (uint32, []byte, error) {
 	return n, rest, err
 }
 
-// readString reads a str (nil reads as ""), interned through strs.
-func readString(b []byte, strs *stringCache) (string, []byte, error) {
+// readString reads a str (nil reads as ""), the string of field f,
+// interned through strs.
+func readString(b []byte, strs *stringCache, f int) (string, []byte, error) {
 	if msgp.IsNil(b) {
 		return "", b[1:], nil
 	}
@@ -182,7 +183,7 @@ func readString(b []byte, strs *stringCache) (string, []byte, error) {
 	if err != nil {
 		return "", nil, err
 	}
-	return strs.get(p), rest, nil
+	return strs.field(f, p), rest, nil
 }
 
 // readBytes reads a bin (nil and empty read as nil), copied if copy is
@@ -215,10 +216,10 @@ func readStringMap(b []byte) (map[string]string, []byte, error) {
 	h := make(map[string]string)
 	for range n {
 		var k, v string
-		if k, b, err = readString(b, nil); err != nil {
+		if k, b, err = readString(b, nil, 0); err != nil {
 			return nil, nil, err
 		}
-		if v, b, err = readString(b, nil); err != nil {
+		if v, b, err = readString(b, nil, 0); err != nil {
 			return nil, nil, err
 		}
 		h[k] = v
