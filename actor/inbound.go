@@ -35,13 +35,6 @@ type procCache struct {
 	held   []any
 }
 
-// readerScratch is what the reader of one peer's batches reuses from frame
-// to frame (peerState.scratch): the slice of messages held for an inline
-// mailbox.
-type readerScratch struct {
-	held []any
-}
-
 // inline returns the inline mailbox of proc (registered under id), or nil.
 func (c *procCache) inline(n *Node, id string, proc pa.Process) *inlineMailbox {
 	if c.mbProc != proc {

@@ -31,12 +31,9 @@ type peerState struct {
 	// (wire.ConnOptions.HandlerTakeover) with nothing ordering the two, so
 	// its slots are atomic: no lock is taken per message.
 	targets targetCache
-	// scratch is what the reader of this peer's batches reuses from frame
-	// to frame. A batch's reader takes it and gives it back when done:
-	// after a take-over (wire.ConnOptions.HandlerTakeover) the new reader
-	// may read the next batch while the old one still runs a handler of
-	// its own batch, and each must have its own.
-	scratch atomic.Pointer[readerScratch]
+	// held is the reader's reused slice of messages held for an inline
+	// mailbox during one batch (procCache.hold).
+	held []any
 }
 
 // targetCache maps actor ids to PIDs of this node: a two-way
@@ -217,17 +214,12 @@ func (h *handler) HandleFrame(p *cluster.Peer, f wire.Frame) {
 	case *wire.MessagesFrame:
 		n.stats.MessagesBatched.Add(int64(len(f.Messages)))
 		n.stats.BatchFrames.Add(1)
-		sc := ps.scratch.Swap(nil)
-		if sc == nil {
-			sc = new(readerScratch)
-		}
-		pc := procCache{held: sc.held[:0]}
+		pc := procCache{held: ps.held[:0]}
 		for i := range f.Messages {
 			n.receiveMessage(ps, &f.Messages[i], &pc)
 		}
 		pc.flush()
-		sc.held = pc.held
-		ps.scratch.Store(sc)
+		ps.held = pc.held
 	case *wire.SystemFrame:
 		n.receiveSystem(ps, &f.System)
 	case *wire.ReleaseFrame:
