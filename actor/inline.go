@@ -22,8 +22,9 @@ import (
 // default, config.TransportConfig.HandlerTakeover) hands the connection's
 // reading to a new goroutine, so the frames behind it wait at most that
 // long and a handler that waits for a reply from the same node does not
-// deadlock. One that waits through Node.Request hands the reading on at
-// once, without waiting for handler_takeover. A message whose tensors the
+// deadlock. One that waits through Node.Request, or through a protoactor
+// future (RequestFuture to an actor of another node), hands the reading on
+// at once, without waiting for handler_takeover. A message whose tensors the
 // engine fetches, when it arrives alone (nothing else from its node queued
 // or being fetched) and finds the actor idle, runs where the engine
 // fetched it: on the connection's reader when its one tensor (up to

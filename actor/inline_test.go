@@ -87,18 +87,25 @@ func TestInlineDeliveryOrder(t *testing.T) {
 // TestInlineHandlerMayWaitForTheSameNode: an inline handler that waits for
 // a reply from the node whose message it handles would stall that node's
 // connection for ever; the connection's reading is taken over instead, at
-// once when the handler waits through Node.Request (a take-over delay of a
-// minute is never reached), over TCP and over shared memory.
+// once when the handler waits through Node.Request or through a protoactor
+// future (a take-over delay of a minute is never reached), over TCP and
+// over shared memory.
 func TestInlineHandlerMayWaitForTheSameNode(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		shm  shm.Config
 	}{{"tcp", shm.Config{Disable: true}}, {"shm", shm.Config{}}} {
-		t.Run(tc.name, func(t *testing.T) { testInlineHandlerMayWait(t, tc.shm) })
+		for _, future := range []bool{false, true} {
+			name := tc.name + "/Request"
+			if future {
+				name = tc.name + "/RequestFuture"
+			}
+			t.Run(name, func(t *testing.T) { testInlineHandlerMayWait(t, tc.shm, future) })
+		}
 	}
 }
 
-func testInlineHandlerMayWait(t *testing.T, sc shm.Config) {
+func testInlineHandlerMayWait(t *testing.T, sc shm.Config, future bool) {
 	cfg, err := config.LocalConfig("test", 2)
 	if err != nil {
 		t.Fatal(err)
@@ -114,9 +121,15 @@ func testInlineHandlerMayWait(t *testing.T, sc shm.Config) {
 		if !ok {
 			return
 		}
-		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		res, err := b.Request(rctx, b.PID(a.Name(), "echo"), &Ping{N: p.N + 1})
+		var res any
+		var err error
+		if future {
+			res, err = ctx.RequestFuture(b.PID(a.Name(), "echo"), &Ping{N: p.N + 1}, 5*time.Second).Result()
+		} else {
+			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			res, err = b.Request(rctx, b.PID(a.Name(), "echo"), &Ping{N: p.N + 1})
+			cancel()
+		}
 		if err != nil {
 			ctx.Respond(&Pong{N: -1, From: err.Error()})
 			return

@@ -92,9 +92,15 @@ func (n *Node) sendUser(ctx context.Context, target *pa.PID, header pa.ReadonlyM
 		fillMessage(&m, target, header, sender)
 		m.Header = sp.Inject(m.Header)
 		sp.End(n.sendPlain(ps, &m, msg, target, sender, pending))
-		return
+	} else {
+		n.sendQueued(ps, out, msg, target, header, sender, pending, sp)
 	}
-	n.sendQueued(ps, out, msg, target, header, sender, pending, sp)
+	if pending {
+		// A protoactor future now waits for the reply. If the sender is
+		// an inline handler running on this peer's connection reader, no
+		// one else reads that reply: the reading moves on now.
+		ps.peer.ExpectReply()
+	}
 }
 
 func fillMessage(m *wire.Message, target *pa.PID, header pa.ReadonlyMessageHeader, sender *pa.PID) {

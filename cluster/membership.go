@@ -180,6 +180,17 @@ func (p *Peer) HandlerMayBlock() {
 	}
 }
 
+// ExpectReply says that the calling goroutine is about to wait, by its
+// own means (a protoactor future), for a frame from the peer: a Handler call
+// that declared HandlerMayBlock, which may be the waiter itself, then hands
+// the connection's reading to a new goroutine at once instead of after
+// handler_takeover (wire.Conn.ExpectReply).
+func (p *Peer) ExpectReply() {
+	if c := p.conn(); c != nil {
+		c.ExpectReply()
+	}
+}
+
 // Await lets the calling goroutine, which waits for a frame from the peer
 // (a request's reply), read the peer's connection itself until ready
 // reports true (wire.Conn.Await: a thread wake-up and a hand-off saved per

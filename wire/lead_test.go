@@ -95,6 +95,35 @@ func (e *echoClient) handle(f Frame) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		e.asked <- e.request(ctx, m.Message.Request)
 		cancel()
+	case "ask-elsewhere":
+		// The same, waiting by its own means, as a protoactor future
+		// does: ExpectReply, not Await.
+		e.c.MayBlock()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		e.asked <- e.requestElsewhere(ctx, m.Message.Request)
+		cancel()
+	}
+}
+
+// requestElsewhere sends request id and waits for its reply on its own
+// channel, after ExpectReply, without reading the connection.
+func (e *echoClient) requestElsewhere(ctx context.Context, id uint64) error {
+	call := &echoCall{ch: make(chan uint64, 1)}
+	e.mu.Lock()
+	e.calls[id] = call
+	e.mu.Unlock()
+	if err := e.c.Send(ctx, FrameMessage, 0, 0, &Message{Target: "echo", Request: id}); err != nil {
+		return err
+	}
+	e.c.ExpectReply()
+	select {
+	case got := <-call.ch:
+		if got != id {
+			return errors.New("reply to another request")
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
@@ -403,6 +432,31 @@ func TestAwaitFromABlockingHandler(t *testing.T) {
 		}
 		if n := e.c.Takeovers(); n != 2 {
 			t.Fatalf("%d take-overs, want 2", n)
+		}
+		if err := e.request(bg, 9); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestExpectReplyFromABlockingHandler: a Handler call that declared
+// MayBlock and waits for the peer's reply by its own means (ExpectReply,
+// then its own channel) gets it: the reading is taken over at once, not
+// after HandlerTakeover (a minute here).
+func TestExpectReplyFromABlockingHandler(t *testing.T) {
+	overReadable(t, func(t *testing.T, pair func(*testing.T) (net.Conn, net.Conn)) {
+		e := newEchoClientOver(t, ConnOptions{HandlerTakeover: time.Minute, CallerReads: time.Minute}, pair)
+		bg := context.Background()
+		for i := uint64(1); i <= 3; i++ {
+			if err := e.srv.Send(bg, FrameMessage, 0, 0, &Message{Target: "ask-elsewhere", Request: i}); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-e.asked; err != nil {
+				t.Fatalf("a handler's own request: %v", err)
+			}
+		}
+		if n := e.c.Takeovers(); n != 3 {
+			t.Fatalf("%d take-overs, want 3", n)
 		}
 		if err := e.request(bg, 9); err != nil {
 			t.Fatal(err)

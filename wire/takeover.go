@@ -47,6 +47,14 @@ func (c *Conn) MayBlock() {
 	}
 }
 
+// ExpectReply tells the Conn that the calling goroutine is about to wait,
+// by means of its own rather than Await (a protoactor future), for a frame
+// from the peer. A Handler call in progress that has declared MayBlock is
+// taken over at once, as Await takes it over: the waiter may be that very
+// call, whose reply no one else would read until HandlerTakeover. Outside
+// such a call it does nothing.
+func (c *Conn) ExpectReply() { c.takeOverBlocked() }
+
 // takeoverWatch is the process's watchdog.
 var takeoverWatch = &watchdog{wake: make(chan struct{}, 1)}
 
