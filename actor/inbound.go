@@ -22,6 +22,7 @@ type procCache struct {
 	// type); lazy: and it may be decoded by the actor's goroutine
 	// (lazyMessage).
 	typeName string
+	rt       *wire.RegisteredType // typeName's registration; nil if none
 	plain    bool
 	lazy     bool
 	// The inline mailbox (or none) of the process last looked up.
@@ -86,10 +87,30 @@ func (c *procCache) lazyType(name string) bool {
 
 var poisonPillType = reflect.TypeFor[pa.PoisonPill]()
 
+// lookup remembers the registration of the named type and what it allows.
 func (c *procCache) lookup(name string) {
-	typ, ok := registry.Lookup(name)
-	c.typeName, c.plain = name, ok && !transfer.HoldsTensors(typ)
-	c.lazy = c.plain && typ != poisonPillType
+	rt, ok := registry.Type(name)
+	c.typeName, c.rt, c.plain, c.lazy = name, rt, false, false
+	if ok {
+		c.plain = !transfer.HoldsTensors(rt.Type())
+		c.lazy = c.plain && rt.Type() != poisonPillType
+	}
+}
+
+// decode decodes m through the registration of its type, which a batch
+// looks up once per run of messages of one type (Registry.Decode looks it
+// up by name each time); alone in its frame (c nil), through the registry.
+func (c *procCache) decode(m *wire.Message) (any, error) {
+	if c == nil {
+		return registry.Decode(m.Type, m.Ser, m.Body)
+	}
+	if c.typeName != m.Type {
+		c.lookup(m.Type)
+	}
+	if c.rt == nil {
+		return registry.Decode(m.Type, m.Ser, m.Body) // its error names the type
+	}
+	return c.rt.Decode(m.Ser, m.Body)
 }
 
 func (c *procCache) get(n *Node, id string) (pa.Process, bool) {
@@ -141,12 +162,12 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 	// which a burst keeps busy, only copies its body.
 	if pc != nil && n.lazyDecode.Load() && len(m.Tensors) == 0 && !n.tr.On() && pc.lazyType(m.Type) && !ps.ep.Backlog() {
 		if mb := pc.inline(n, m.Target, proc); mb != nil {
-			pc.hold(mb, &lazyMessage{n: n, ps: ps, typeName: m.Type, ser: m.Ser, body: bytes.Clone(m.Body),
+			pc.hold(mb, &lazyMessage{n: n, ps: ps, rt: pc.rt, ser: m.Ser, body: bytes.Clone(m.Body),
 				target: target, sender: sender, header: m.Header})
 			return
 		}
 	}
-	msg, err := registry.Decode(m.Type, m.Ser, m.Body)
+	msg, err := pc.decode(m)
 	if err != nil {
 		rs.End(err)
 		n.notDecoded(ps, m.Type, sender, target, err)
@@ -202,7 +223,7 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 type lazyMessage struct {
 	n              *Node
 	ps             *peerState
-	typeName       string
+	rt             *wire.RegisteredType // its type's registration
 	ser            uint8
 	body           []byte // its own copy
 	target, sender *pa.PID
@@ -213,9 +234,9 @@ type lazyMessage struct {
 // nil once a body that does not decode has been reported to its sender,
 // as the reader reports it.
 func (l *lazyMessage) decode() any {
-	msg, err := registry.Decode(l.typeName, l.ser, l.body)
+	msg, err := l.rt.Decode(l.ser, l.body)
 	if err != nil {
-		l.n.notDecoded(l.ps, l.typeName, l.sender, l.target, err)
+		l.n.notDecoded(l.ps, l.rt.Name(), l.sender, l.target, err)
 		return nil
 	}
 	return envelope(l.sender, l.header, msg)

@@ -189,7 +189,10 @@ var (
 	msgpUnmarshalerType = reflect.TypeFor[msgp.Unmarshaler]()
 )
 
-type registeredType struct {
+// RegisteredType is one registration of a Registry (Registry.Type): a
+// caller that decodes many messages of one type looks it up once and
+// decodes through it, without Decode's lookup by name per message.
+type RegisteredType struct {
 	name string
 	typ  reflect.Type // the value type (not a pointer)
 	ser  Serializer
@@ -206,18 +209,18 @@ type registeredType struct {
 type Registry struct {
 	mu     sync.Mutex // serializes Register
 	tables atomic.Pointer[registryTables]
-	last   atomic.Pointer[registeredType] // the type encoded last: most senders send one type
+	last   atomic.Pointer[RegisteredType] // the type encoded last: most senders send one type
 }
 
 type registryTables struct {
-	byName map[string]*registeredType
-	byType map[reflect.Type]*registeredType
+	byName map[string]*RegisteredType
+	byType map[reflect.Type]*RegisteredType
 }
 
 // NewRegistry returns an empty Registry.
 func NewRegistry() *Registry {
 	r := &Registry{}
-	r.tables.Store(&registryTables{byName: map[string]*registeredType{}, byType: map[reflect.Type]*registeredType{}})
+	r.tables.Store(&registryTables{byName: map[string]*RegisteredType{}, byType: map[reflect.Type]*RegisteredType{}})
 	return r
 }
 
@@ -261,7 +264,7 @@ func (r *Registry) RegisterSerializer(name string, sample any, ser Serializer) e
 	if rt, ok := old.byType[typ]; ok {
 		return fmt.Errorf("wire: register %q: type %v already registered as %q", name, typ, rt.name)
 	}
-	rt := &registeredType{name: name, typ: typ, ser: ser}
+	rt := &RegisteredType{name: name, typ: typ, ser: ser}
 	if _, ok := ser.(MsgpackSerializer); ok {
 		pt := reflect.PointerTo(typ)
 		rt.gen = pt.Implements(msgpMarshalerType) && pt.Implements(msgpUnmarshalerType)
@@ -278,15 +281,6 @@ func (r *Registry) MustRegister(name string, sample any) {
 	if err := r.Register(name, sample); err != nil {
 		panic(err)
 	}
-}
-
-// Lookup returns the Go type (not a pointer) registered under name.
-func (r *Registry) Lookup(name string) (reflect.Type, bool) {
-	rt, ok := r.tables.Load().byName[name]
-	if !ok {
-		return nil, false
-	}
-	return rt.typ, true
 }
 
 // AppendEncode serializes msg (a registered type or a pointer to one),
@@ -325,7 +319,7 @@ func (r *Registry) AppendEncode(dst []byte, msg any) (typeName string, ser uint8
 }
 
 // lookupValue returns the registration of msg's type.
-func (r *Registry) lookupValue(msg any) (*registeredType, error) {
+func (r *Registry) lookupValue(msg any) (*RegisteredType, error) {
 	if msg == nil {
 		return nil, fmt.Errorf("%w: nil message", ErrUnknownType)
 	}
@@ -356,12 +350,30 @@ func (r *Registry) Decode(typeName string, ser uint8, body []byte) (any, error) 
 	if !ok {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownType, typeName)
 	}
+	return rt.Decode(ser, body)
+}
+
+// Type returns the registration of typeName.
+func (r *Registry) Type(typeName string) (*RegisteredType, bool) {
+	rt, ok := r.tables.Load().byName[typeName]
+	return rt, ok
+}
+
+// Name returns the name the type is registered under.
+func (rt *RegisteredType) Name() string { return rt.name }
+
+// Type returns the registered Go type (not a pointer).
+func (rt *RegisteredType) Type() reflect.Type { return rt.typ }
+
+// Decode decodes body, which arrived with serializer ser, as the type and
+// returns a pointer to a new value, as Registry.Decode does.
+func (rt *RegisteredType) Decode(ser uint8, body []byte) (any, error) {
 	if rt.ser.ID() != ser {
-		return nil, fmt.Errorf("%w: %q arrived with serializer %d, registered with %d (%s)", ErrUnknownType, typeName, ser, rt.ser.ID(), rt.ser.Name())
+		return nil, fmt.Errorf("%w: %q arrived with serializer %d, registered with %d (%s)", ErrUnknownType, rt.name, ser, rt.ser.ID(), rt.ser.Name())
 	}
 	v, err := rt.ser.Unmarshal(body, rt.typ)
 	if err != nil {
-		return nil, fmt.Errorf("wire: decode %q: %w", typeName, err)
+		return nil, fmt.Errorf("wire: decode %q: %w", rt.name, err)
 	}
 	return v, nil
 }

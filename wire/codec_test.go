@@ -43,8 +43,8 @@ func TestRegistryMsgpackRoundTrip(t *testing.T) {
 	if !reflect.DeepEqual(out, in) {
 		t.Fatalf("Decode: %#v", out)
 	}
-	if typ, ok := r.Lookup("test.Grad"); !ok || typ != reflect.TypeFor[testGrad]() {
-		t.Fatalf("Lookup: %v %v", typ, ok)
+	if rt, ok := r.Type("test.Grad"); !ok || rt.Type() != reflect.TypeFor[testGrad]() || rt.Name() != "test.Grad" {
+		t.Fatalf("Type: %v %v", rt, ok)
 	}
 }
 
