@@ -105,31 +105,20 @@ func (e *echoClient) handle(f Frame) {
 	}
 }
 
-// requestElsewhere sends request id and waits for its reply on its own
-// channel, after ExpectReply, without reading the connection.
-func (e *echoClient) requestElsewhere(ctx context.Context, id uint64) error {
-	call := &echoCall{ch: make(chan uint64, 1)}
-	e.mu.Lock()
-	e.calls[id] = call
-	e.mu.Unlock()
-	if err := e.c.Send(ctx, FrameMessage, 0, 0, &Message{Target: "echo", Request: id}); err != nil {
-		return err
-	}
-	e.c.ExpectReply()
-	select {
-	case got := <-call.ch:
-		if got != id {
-			return errors.New("reply to another request")
-		}
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
 // request sends request id and waits for its reply through Await, as
 // actor.Node.Request does; it returns ctx's error if ctx ends first.
 func (e *echoClient) request(ctx context.Context, id uint64) error {
+	return e.ask(ctx, id, true)
+}
+
+// requestElsewhere is request waiting on the call's own channel after
+// ExpectReply, without reading the connection, as a protoactor future
+// waits.
+func (e *echoClient) requestElsewhere(ctx context.Context, id uint64) error {
+	return e.ask(ctx, id, false)
+}
+
+func (e *echoClient) ask(ctx context.Context, id uint64, await bool) error {
 	call := &echoCall{ch: make(chan uint64, 1)}
 	e.mu.Lock()
 	e.calls[id] = call
@@ -137,7 +126,11 @@ func (e *echoClient) request(ctx context.Context, id uint64) error {
 	if err := e.c.Send(ctx, FrameMessage, 0, 0, &Message{Target: "echo", Request: id}); err != nil {
 		return err
 	}
-	e.c.Await(ctx, &call.w, func() bool { return len(call.ch) > 0 })
+	if await {
+		e.c.Await(ctx, &call.w, func() bool { return len(call.ch) > 0 })
+	} else {
+		e.c.ExpectReply()
+	}
 	select {
 	case got := <-call.ch:
 		if got != id {
