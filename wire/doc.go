@@ -89,6 +89,12 @@
 //		G    []float32 `msgpack:",allownil"` // nil stays nil, as with reflection
 //	}
 //
+// Registry.Decode finds a message's type by name; a reader that decodes
+// many messages of one type takes its registration once (Registry.Type)
+// and decodes through it (RegisteredType.Decode). A decoder must not keep
+// the body it is given: a batch's bodies are slices of the frame, which
+// the next frame overwrites.
+//
 // There is no unsafe in this package.
 //
 // Errors come in two scopes, as in HTTP/2: a *ConnError kills the
