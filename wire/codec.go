@@ -32,7 +32,8 @@ type Serializer interface {
 	// Marshal encodes v.
 	Marshal(v any) ([]byte, error)
 	// Unmarshal decodes b into a new value of typ and returns a pointer to
-	// it.
+	// it. The value must not keep b or a slice of it: b may be part of a
+	// frame that the connection's next frame overwrites.
 	Unmarshal(b []byte, typ reflect.Type) (any, error)
 }
 
