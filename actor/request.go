@@ -126,6 +126,15 @@ func (n *Node) requestRemote(ctx context.Context, target *pa.PID, msg any) (any,
 		ps.peer.Await(ctx, &w.wt, w.ready)
 	}
 
+	// The reply is mostly there already (Await read it): taking it
+	// without select spares ctx.Done, which makes the channel of a
+	// context that has none yet (one per request, with a per-request
+	// timeout).
+	if len(w.ch) > 0 {
+		res := <-w.ch
+		replyWaits.Put(w) // the entry is gone: nothing sends to w.ch again
+		return res.msg, res.err
+	}
 	select {
 	case res := <-w.ch:
 		replyWaits.Put(w) // the entry is gone: nothing sends to w.ch again

@@ -86,11 +86,10 @@ type lead struct {
 	waiting  bool // the leading caller reads at a frame boundary
 	woken    bool // the leading caller is to check whether it is done
 	deadline bool // a read deadline interrupts that read
-	// ctx is the leading caller's, when it can end: the reader
-	// goroutine, woken by timer every linger while a caller leads, wakes
-	// the caller once it has ended (so a caller notices within linger;
-	// watching each caller's ctx would cost more than the round trip
-	// saves).
+	// ctx is the leading caller's: the reader goroutine, woken by timer
+	// every linger while a caller leads, wakes the caller once it has
+	// ended (so a caller notices within linger; watching each caller's
+	// ctx would cost more than the round trip saves).
 	ctx context.Context
 }
 
@@ -301,9 +300,10 @@ func (c *Conn) leadRead(ctx context.Context, ready func() bool) {
 	l := c.lead
 	l.mu.Lock()
 	l.woken = false
-	if ctx.Done() != nil {
-		l.ctx = ctx // the reader goroutine wakes the caller when it ends
-	}
+	// The reader goroutine wakes the caller when ctx ends. It asks ctx.Err
+	// (nil for ever from a ctx that cannot end); ctx.Done here would make
+	// the channel of a context that has none yet, one per request.
+	l.ctx = ctx
 	l.mu.Unlock()
 	if !l.armed.Swap(true) {
 		l.timer.Reset(l.linger)
