@@ -69,9 +69,7 @@ func (c *procCache) noTensors(name string) bool {
 	if c == nil {
 		return false
 	}
-	if !c.plain || c.typeName != name {
-		c.lookup(name)
-	}
+	c.see(name)
 	return c.plain
 }
 
@@ -79,13 +77,20 @@ func (c *procCache) noTensors(name string) bool {
 // their actor's goroutine (lazyMessage): registered, without tensors, and
 // not a lifecycle message (a PoisonPill is checked on the reader).
 func (c *procCache) lazyType(name string) bool {
-	if c.typeName != name {
-		c.lookup(name)
-	}
+	c.see(name)
 	return c.lazy
 }
 
 var poisonPillType = reflect.TypeFor[pa.PoisonPill]()
+
+// see makes the named type the batch's current one, looking its
+// registration up when the name changes (a registration never does; the
+// zero procCache is what lookup("") gives, no registration).
+func (c *procCache) see(name string) {
+	if c.typeName != name {
+		c.lookup(name)
+	}
+}
 
 // lookup remembers the registration of the named type and what it allows.
 func (c *procCache) lookup(name string) {
@@ -104,9 +109,7 @@ func (c *procCache) decode(m *wire.Message) (any, error) {
 	if c == nil {
 		return registry.Decode(m.Type, m.Ser, m.Body)
 	}
-	if c.typeName != m.Type {
-		c.lookup(m.Type)
-	}
+	c.see(m.Type)
 	if c.rt == nil {
 		return registry.Decode(m.Type, m.Ser, m.Body) // its error names the type
 	}
