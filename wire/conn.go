@@ -66,6 +66,10 @@ type ConnOptions struct {
 	// DefaultReadSpinFor): a reply that arrives within it is read without
 	// a thread wake-up, at the price of a processor kept busy meanwhile.
 	// Only for connections that expose their socket (TCP, Unix; not TLS).
+	// On Linux, Start takes a TCP connection with a read spin out of the
+	// runtime's network poller (up to MaxDetachedConns per process): the
+	// Conn then reads and writes the socket with its own system calls, and
+	// the caller must no longer use nc.
 	ReadSpin time.Duration
 	// OnClose is called once, with the cause, after the Conn's goroutines
 	// have exited. It must not call Close.
@@ -203,6 +207,9 @@ func NewConn(nc net.Conn, peer Peer, opts ConnOptions) *Conn {
 	if log == nil {
 		log = zap.NewNop()
 	}
+	if dc := newDetachable(nc, opts.ReadSpin); dc != nil {
+		nc = dc // it spins itself: no spinReader below
+	}
 	c := &Conn{
 		nc:          nc,
 		peer:        peer,
@@ -255,6 +262,7 @@ func (c *Conn) Start() {
 		return
 	}
 	c.started = true
+	detachOnStart(c.nc)
 	c.wg.Add(2)
 	if c.opts.HandlerTakeover > 0 && c.opts.Handler != nil {
 		takeoverWatch.register(c)
