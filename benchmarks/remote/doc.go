@@ -25,7 +25,10 @@
 // API unchanged over tensorferry's transport (default mailboxes,
 // RequestFuture). --read-spin sets the tensorferry paths' read spin on TCP
 // and shared memory (transport.read_spin; negative: off), to compare it on
-// and off on one host.
+// and off on one host. raw-tcp-spin and raw-tcp-spin-detached are raw-tcp's
+// round trip with both ends reading with a 50 µs spin, their sockets in
+// the runtime's network poller or duplicated out of it (rawspin.go): what
+// the way of spinning costs, apart from the runtime above it.
 //
 // Another path joins the same run from its own file of this package, with no
 // change here:

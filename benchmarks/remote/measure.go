@@ -33,6 +33,8 @@ type path struct {
 	name string
 	// open starts both ends on loopback.
 	open func() (*endpoints, error)
+	// rttOnly: the path has no sender (no one-way figures).
+	rttOnly bool
 }
 
 // endpoints are the two ends of an opened path, seen from the sending side.
