@@ -5,6 +5,7 @@ package wire
 import (
 	"encoding/binary"
 	"io"
+	"math"
 	"net"
 	"os"
 	"sync"
@@ -208,13 +209,19 @@ func (d *detachedConn) Write(p []byte) (int, error) {
 	return done, nil
 }
 
+// maxPollTimeout bounds one wait for a deadline (ms): the wait is redone
+// until the deadline, and a far one (years ahead) would overflow poll's
+// timeout.
+const maxPollTimeout = 3600 * 1000
+
 // pollTimeout is poll(2)'s timeout in ms until deadline dl (Unix ns; 0:
-// none, -1), rounded up.
+// none, -1), rounded up, at most maxPollTimeout.
 func pollTimeout(dl int64, now time.Time) int {
 	if dl == 0 {
 		return -1
 	}
-	return int((dl - now.UnixNano() + int64(time.Millisecond) - 1) / int64(time.Millisecond))
+	ms := (dl - now.UnixNano() + int64(time.Millisecond) - 1) / int64(time.Millisecond)
+	return int(min(max(ms, 0), maxPollTimeout))
 }
 
 // Close shuts the socket down, which ends a Read or Write waiting in
@@ -283,11 +290,22 @@ func (d *detachedConn) SetWriteDeadline(t time.Time) error {
 	return nil
 }
 
-// unixNano is t in Unix ns, 0 for the zero time (no deadline) and at least
-// 1 for any other.
+// unixNano is t in Unix ns, 0 for the zero time (no deadline), at least 1
+// for any other and math.MaxInt64 for one past what int64 ns can hold
+// (t.UnixNano would overflow).
 func unixNano(t time.Time) int64 {
-	if t.IsZero() {
+	switch {
+	case t.IsZero():
 		return 0
+	case t.After(lastUnixNano):
+		return math.MaxInt64
+	case t.Before(firstUnixNano):
+		return 1
 	}
 	return max(t.UnixNano(), 1)
 }
+
+var (
+	firstUnixNano = time.Unix(0, 1)
+	lastUnixNano  = time.Unix(0, math.MaxInt64)
+)

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"os"
 	"testing"
@@ -263,6 +264,42 @@ func TestConnDetachedRoundTrips(t *testing.T) {
 		client.Await(ctx, &w, func() bool { return len(got) > 0 })
 		if g := <-got; g != string(body) {
 			t.Fatalf("reply %d: %q", i, g)
+		}
+	}
+}
+
+func TestPollTimeout(t *testing.T) {
+	now := time.Unix(1000, 0)
+	for _, c := range []struct {
+		dl   int64
+		want int
+	}{
+		{0, -1},
+		{now.UnixNano() + 1, 1},
+		{now.UnixNano() + int64(time.Millisecond), 1},
+		{now.UnixNano() + int64(time.Millisecond) + 1, 2},
+		{now.UnixNano() - 5, 0},
+		{now.AddDate(200, 0, 0).UnixNano(), maxPollTimeout},
+	} {
+		if got := pollTimeout(c.dl, now); got != c.want {
+			t.Errorf("pollTimeout(now%+d ns) = %d, want %d", c.dl-now.UnixNano(), got, c.want)
+		}
+	}
+}
+
+func TestUnixNanoOfDeadlines(t *testing.T) {
+	for _, c := range []struct {
+		t    time.Time
+		want int64
+	}{
+		{time.Time{}, 0},
+		{time.Unix(1, 0), int64(time.Second)},
+		{time.Unix(0, 0), 1},
+		{time.Date(1500, 1, 1, 0, 0, 0, 0, time.UTC), 1},
+		{time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC), math.MaxInt64},
+	} {
+		if got := unixNano(c.t); got != c.want {
+			t.Errorf("unixNano(%v) = %d, want %d", c.t, got, c.want)
 		}
 	}
 }
