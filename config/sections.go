@@ -84,7 +84,10 @@ type TransportConfig struct {
 	// 0: chosen by the machine, 50µs in a process with 8 or more
 	// processors (GOMAXPROCS) and none below, where the spin would take a
 	// processor the handlers need. ReadSpinOff (YAML: read_spin: off)
-	// never spins.
+	// never spins. On Linux a spinning TCP control connection is taken
+	// out of the Go runtime's network poller (up to
+	// wire.MaxDetachedConns per process), which spares the peer's writes
+	// the poller's wake-ups; an idle one then holds a thread in poll(2).
 	ReadSpin time.Duration
 	// IdleTimeout is how long (a duration) a control connection may carry
 	// no frame before it is closed, with gossip membership (with the full
