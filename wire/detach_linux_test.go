@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"net"
@@ -56,47 +57,26 @@ func TestDetachedConnReadsAndWrites(t *testing.T) {
 		if got := detachedConns.Load(); got != before+1 {
 			t.Fatalf("%d detached connections, want %d", got, before+1)
 		}
-		got := make(chan []byte, 1)
-		errc := make(chan error, 2)
-		go func() {
-			buf := make([]byte, 16)
-			n, err := dc.Read(buf)
-			got <- buf[:n]
-			errc <- err
-			_, err = dc.Read(buf)
-			errc <- err
-		}()
-		if _, err := d.Write([]byte("hello")); err != nil {
-			t.Fatal(err)
-		}
-		if b := <-got; string(b) != "hello" {
-			t.Errorf("spin %v: read %q", spin, b)
-		}
-		if err := <-errc; err != nil {
-			t.Errorf("spin %v: %v", spin, err)
-		}
-		// A write larger than the socket's buffers waits for the peer to
-		// drain them.
-		big := bytes.Repeat([]byte{7}, 8<<20)
-		read := make(chan error, 1)
-		go func() {
-			buf := make([]byte, len(big))
-			_, err := io.ReadFull(d, buf)
-			if err == nil && !bytes.Equal(buf, big) {
-				err = errors.New("the bytes differ")
+		readsThenEOF(t, fmt.Sprint("spin ", spin), dc, d, func() {
+			// A write larger than the socket's buffers waits for the peer
+			// to drain them.
+			big := bytes.Repeat([]byte{7}, 8<<20)
+			read := make(chan error, 1)
+			go func() {
+				buf := make([]byte, len(big))
+				_, err := io.ReadFull(d, buf)
+				if err == nil && !bytes.Equal(buf, big) {
+					err = errors.New("the bytes differ")
+				}
+				read <- err
+			}()
+			if n, err := dc.Write(big); n != len(big) || err != nil {
+				t.Errorf("spin %v: wrote %d of %d: %v", spin, n, len(big), err)
 			}
-			read <- err
-		}()
-		if n, err := dc.Write(big); n != len(big) || err != nil {
-			t.Errorf("spin %v: wrote %d of %d: %v", spin, n, len(big), err)
-		}
-		if err := <-read; err != nil {
-			t.Errorf("spin %v: the peer read: %v", spin, err)
-		}
-		d.Close()
-		if err := <-errc; err != io.EOF {
-			t.Errorf("spin %v: after the peer closed: %v, want EOF", spin, err)
-		}
+			if err := <-read; err != nil {
+				t.Errorf("spin %v: the peer read: %v", spin, err)
+			}
+		})
 		if err := dc.Close(); err != nil {
 			t.Errorf("spin %v: close: %v", spin, err)
 		}

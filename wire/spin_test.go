@@ -3,6 +3,7 @@ package wire
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -31,30 +32,39 @@ func TestSpinReaderOnlyForSockets(t *testing.T) {
 func TestSpinReaderReadsWhileSpinningAndAfterParking(t *testing.T) {
 	for _, spin := range []time.Duration{time.Hour, time.Nanosecond} {
 		c, d := tcpPair(t)
-		r := newSpinReader(c, spin)
-		got := make(chan []byte, 1)
-		errc := make(chan error, 1)
-		go func() {
-			buf := make([]byte, 16)
-			n, err := r.Read(buf)
-			got <- buf[:n]
-			errc <- err
-			_, err = r.Read(buf)
-			errc <- err
-		}()
-		if _, err := d.Write([]byte("hello")); err != nil {
-			t.Fatal(err)
-		}
-		if b := <-got; string(b) != "hello" {
-			t.Errorf("spin %v: read %q", spin, b)
-		}
-		if err := <-errc; err != nil {
-			t.Errorf("spin %v: %v", spin, err)
-		}
-		d.Close()
-		if err := <-errc; err != io.EOF {
-			t.Errorf("spin %v: after the peer closed: %v, want EOF", spin, err)
-		}
+		readsThenEOF(t, fmt.Sprint("spin ", spin), newSpinReader(c, spin), d, nil)
+	}
+}
+
+// readsThenEOF checks that r reads what its peer d writes, and EOF once d
+// has closed; between, if not nil, runs in between.
+func readsThenEOF(t *testing.T, name string, r io.Reader, d net.Conn, between func()) {
+	t.Helper()
+	got := make(chan []byte, 1)
+	errc := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 16)
+		n, err := r.Read(buf)
+		got <- buf[:n]
+		errc <- err
+		_, err = r.Read(buf)
+		errc <- err
+	}()
+	if _, err := d.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	if b := <-got; string(b) != "hello" {
+		t.Errorf("%s: read %q", name, b)
+	}
+	if err := <-errc; err != nil {
+		t.Errorf("%s: %v", name, err)
+	}
+	if between != nil {
+		between()
+	}
+	d.Close()
+	if err := <-errc; err != io.EOF {
+		t.Errorf("%s: after the peer closed: %v, want EOF", name, err)
 	}
 }
 
