@@ -84,13 +84,28 @@ func (ps *peerState) addPending(f *pa.PID) {
 	ps.mu.Unlock()
 }
 
-func (ps *peerState) removePending(f *pa.PID) {
+// takePending removes and returns every request waiting on the peer.
+func (ps *peerState) takePending() map[string]*pa.PID {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	pending := ps.pending
+	ps.pending = map[string]*pa.PID{}
+	return pending
+}
+
+// removePending removes f from the requests waiting on the peer and
+// reports whether it was there: false once PeerDown has taken it to fail
+// it, when f must not get a second result (a protoactor future takes its
+// result unguarded: two racing results are a data race).
+func (ps *peerState) removePending(f *pa.PID) bool {
 	if f == nil {
-		return
+		return false
 	}
 	ps.mu.Lock()
+	_, ok := ps.pending[f.Id]
 	delete(ps.pending, f.Id)
 	ps.mu.Unlock()
+	return ok
 }
 
 // peer returns the state of the named peer if it is up. It reads the
@@ -170,10 +185,7 @@ func (h *handler) PeerDown(p *cluster.Peer, cause error) {
 	n.mu.Unlock()
 
 	// Pending requests fail at once.
-	ps.mu.Lock()
-	pending := ps.pending
-	ps.pending = map[string]*pa.PID{}
-	ps.mu.Unlock()
+	pending := ps.takePending()
 	for _, f := range pending {
 		n.system.Root.Send(f, &pa.DeadLetterResponse{})
 	}

@@ -5,6 +5,8 @@ import (
 	"hash/maphash"
 	"sync"
 	"testing"
+
+	pa "github.com/asynkron/protoactor-go/actor"
 )
 
 // TestTargetCache: a repeated id gets the cached PID, a future's id is
@@ -63,4 +65,30 @@ func TestTargetCache(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// TestRemovePendingAfterPeerDown: a request whose send fails gives its
+// future a failure only while it is still pending; once PeerDown has taken
+// it (and failed it), removePending says so, and the send's failure must
+// not give it a second result (protoactor's future takes one, unguarded).
+func TestRemovePendingAfterPeerDown(t *testing.T) {
+	ps := &peerState{pending: map[string]*pa.PID{}}
+	f := pa.NewPID("self", "future$1")
+	ps.addPending(f)
+	if !ps.removePending(f) {
+		t.Fatal("a pending future was not reported removed")
+	}
+	if ps.removePending(f) {
+		t.Fatal("a future removed twice was reported removed twice")
+	}
+	ps.addPending(f)
+	if taken := ps.takePending(); taken[f.Id] != f {
+		t.Fatalf("PeerDown took %v", taken)
+	}
+	if ps.removePending(f) {
+		t.Fatal("a future PeerDown took is still reported pending: it would get a second result")
+	}
+	if ps.removePending(nil) {
+		t.Fatal("nil reported pending")
+	}
 }

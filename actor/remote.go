@@ -152,7 +152,9 @@ func (o *outMessage) Send() error {
 		o.ps.addPending(o.sender)
 	}
 	if err := o.ps.peer.SendMessage(o.n.ctx, &o.m); err != nil {
-		o.ps.removePending(o.sender)
+		if o.pending && !o.ps.removePending(o.sender) {
+			o.sender = nil // PeerDown failed the future: Fail only logs
+		}
 		return err
 	}
 	o.n.stats.MessagesSent.Add(1)
@@ -191,7 +193,9 @@ func (n *Node) sendPlain(ps *peerState, m *wire.Message, msg any, target, sender
 	// SendMessage blocks only while the connection's queue is full:
 	// backpressure until the peer drains it or is declared down.
 	if err := ps.peer.SendMessage(n.ctx, m); err != nil {
-		ps.removePending(sender)
+		if pending && !ps.removePending(sender) {
+			sender = nil // PeerDown failed the future: only log
+		}
 		n.failDelivery(target, sender, err)
 		return err
 	}
