@@ -130,25 +130,25 @@ func (n *Node) requestRemote(ctx context.Context, target *pa.PID, msg any) (any,
 	// without select spares ctx.Done, which makes the channel of a
 	// context that has none yet (one per request, with a per-request
 	// timeout).
+	var res replyResult
 	if len(w.ch) > 0 {
-		res := <-w.ch
-		replyWaits.Put(w) // the entry is gone: nothing sends to w.ch again
-		return res.msg, res.err
-	}
-	select {
-	case res := <-w.ch:
-		replyWaits.Put(w) // the entry is gone: nothing sends to w.ch again
-		return res.msg, res.err
-	case <-ctx.Done():
-		if n.takeReply(key) == nil {
-			// The reply (or a failure) is being sent: take it so that w
-			// goes back to the pool empty.
-			<-w.ch
+		res = <-w.ch
+	} else {
+		select {
+		case res = <-w.ch:
+		case <-ctx.Done():
+			if n.takeReply(key) == nil {
+				// The reply (or a failure) is being sent: take it so that
+				// w goes back to the pool empty.
+				<-w.ch
+			}
+			w.wt.Claim().Notify() // no reply will: end the wait
+			replyWaits.Put(w)
+			return nil, ctx.Err()
 		}
-		w.wt.Claim().Notify() // no reply will: end the wait
-		replyWaits.Put(w)
-		return nil, ctx.Err()
 	}
+	replyWaits.Put(w) // the entry is gone: nothing sends to w.ch again
+	return res.msg, res.err
 }
 
 // takeReply removes and returns the request waiting under key.

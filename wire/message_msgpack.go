@@ -133,13 +133,13 @@ func readMessage(b []byte, m *Message, strs *stringCache, copyBody bool) ([]byte
 		}
 		switch string(key) { // no allocation
 		case "t":
-			m.Target, b, err = readString(b, strs, fieldTarget)
+			m.Target, b, err = readField(b, strs, fieldTarget)
 		case "sn":
-			m.SenderNode, b, err = readString(b, strs, fieldSenderNode)
+			m.SenderNode, b, err = readField(b, strs, fieldSenderNode)
 		case "si":
-			m.SenderID, b, err = readString(b, nil, 0)
+			m.SenderID, b, err = readString(b)
 		case "ty":
-			m.Type, b, err = readString(b, strs, fieldType)
+			m.Type, b, err = readField(b, strs, fieldType)
 		case "s":
 			m.Ser, b, err = msgp.ReadUint8Bytes(b)
 		case "b":
@@ -173,9 +173,14 @@ func readMapHeader(b []byte) (uint32, []byte, error) {
 	return n, rest, err
 }
 
-// readString reads a str (nil reads as ""), the string of field f,
-// interned through strs.
-func readString(b []byte, strs *stringCache, f int) (string, []byte, error) {
+// readString reads a str (nil reads as "").
+func readString(b []byte) (string, []byte, error) {
+	return readField(b, nil, 0)
+}
+
+// readField reads a str (nil reads as ""), the string of message field f
+// (fieldTarget…), interned through strs (none when nil).
+func readField(b []byte, strs *stringCache, f int) (string, []byte, error) {
 	if msgp.IsNil(b) {
 		return "", b[1:], nil
 	}
@@ -216,10 +221,10 @@ func readStringMap(b []byte) (map[string]string, []byte, error) {
 	h := make(map[string]string)
 	for range n {
 		var k, v string
-		if k, b, err = readString(b, nil, 0); err != nil {
+		if k, b, err = readString(b); err != nil {
 			return nil, nil, err
 		}
-		if v, b, err = readString(b, nil, 0); err != nil {
+		if v, b, err = readString(b); err != nil {
 			return nil, nil, err
 		}
 		h[k] = v
