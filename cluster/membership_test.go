@@ -11,6 +11,7 @@ import (
 
 	"github.com/tensorferry/tensorferry/cluster"
 	"github.com/tensorferry/tensorferry/config"
+	"github.com/tensorferry/tensorferry/internal/poll"
 	"github.com/tensorferry/tensorferry/wire"
 	"go.uber.org/goleak"
 )
@@ -134,16 +135,31 @@ func TestMembershipSilentPeerDeclaredDown(t *testing.T) {
 	a, ea := start(t, cfg, "node0", 1)
 	defer a.Close()
 	// node1 authenticates but never sends anything: no caps, no pongs.
-	nc, err := net.Dial("tcp", cfg.Nodes[0].Address)
-	if err != nil {
+	// node0 refuses it (Unavailable) while its own dial to node1 is in
+	// progress (the tie-break of two ends dialing): node1 dials again, as a
+	// node does.
+	var nc net.Conn
+	poll.Until(t, "node0 admits the silent node1", func() bool {
+		c, err := net.Dial("tcp", cfg.Nodes[0].Address)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err = wire.Handshake(ctx, c, wire.HandshakeConfig{Cluster: cfg.Cluster, Node: "node1", Incarnation: 9, Secret: cfg.Secret}, true)
+		var ce *wire.ConnError
+		switch {
+		case err == nil:
+			nc = c
+			return true
+		case errors.As(err, &ce) && ce.Code == wire.CodeUnavailable:
+			c.Close()
+			return false
+		}
 		t.Fatal(err)
-	}
+		return false
+	})
 	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if _, err := wire.Handshake(ctx, nc, wire.HandshakeConfig{Cluster: cfg.Cluster, Node: "node1", Incarnation: 9, Secret: cfg.Secret}, true); err != nil {
-		t.Fatal(err)
-	}
 	// The connection is closed after the failure timeout; no NodeUp ever.
 	_ = nc.SetReadDeadline(time.Now().Add(cfg.FailureTimeout + 3*time.Second))
 	buf := make([]byte, 4096)
