@@ -17,6 +17,7 @@ import (
 	"github.com/tensorferry/tensorferry/cluster/gossip"
 	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/discovery"
+	"github.com/tensorferry/tensorferry/internal/mono"
 	"github.com/tensorferry/tensorferry/shm"
 	"github.com/tensorferry/tensorferry/wire"
 	"go.uber.org/zap"
@@ -84,8 +85,8 @@ type Peer struct {
 
 	link      atomic.Pointer[link] // the current control connection; nil while idle (gossip)
 	initiator string               // which end dialed the first connection
-	lastSeen  atomic.Int64
-	up        chan struct{} // closed when caps arrived
+	lastSeen  atomic.Int64         // mono.Now of the last frame from it
+	up        chan struct{}        // closed when caps arrived
 	upOnce    sync.Once
 	downOnce  sync.Once
 	gone      atomic.Bool // no longer its slot's current Peer
@@ -112,7 +113,7 @@ type link struct {
 
 // setLink makes l the Peer's current link.
 func (p *Peer) setLink(l *link) {
-	p.lastSeen.Store(time.Now().UnixNano())
+	p.lastSeen.Store(mono.Now())
 	p.lastTransport.Store(&l.transport)
 	p.link.Store(l)
 }
@@ -243,8 +244,8 @@ type slot struct {
 	// idle bookkeeping of the current Peer (ondemand.go): the send count
 	// last seen and when it last changed.
 	sends      uint64
-	sendsMoved int64
-	failures   int // dials failed in a row (connect's backoff)
+	sendsMoved int64 // mono.Now
+	failures   int   // dials failed in a row (connect's backoff)
 }
 
 // Membership tracks the other nodes of the cluster and the control
@@ -1143,7 +1144,7 @@ func (s *slot) curLink() *link {
 }
 
 func (m *Membership) frame(p *Peer, l *link, f wire.Frame) {
-	p.lastSeen.Store(time.Now().UnixNano())
+	p.lastSeen.Store(mono.Now())
 	switch f := f.(type) {
 	case *wire.CapsFrame:
 		first := false
@@ -1305,7 +1306,7 @@ func (m *Membership) heartbeatLoop() {
 			}
 			m.mu.Unlock()
 			for _, p := range peers {
-				if silent := now.Sub(time.Unix(0, p.lastSeen.Load())); silent > m.cfg.FailureTimeout {
+				if silent := time.Duration(mono.Now() - p.lastSeen.Load()); silent > m.cfg.FailureTimeout {
 					p.conn().Fail(fmt.Errorf("%w: silent for %v (failure timeout %v)", ErrNodeDown, silent.Round(time.Millisecond), m.cfg.FailureTimeout))
 					continue
 				}

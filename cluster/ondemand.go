@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/tensorferry/tensorferry/internal/mono"
 	"github.com/tensorferry/tensorferry/wire"
 	"go.uber.org/zap"
 )
@@ -195,7 +196,8 @@ func (m *Membership) idleLoop() {
 		select {
 		case <-m.ctx.Done():
 			return
-		case now := <-t.C:
+		case <-t.C:
+			now := mono.Now()
 			var drain []*Peer
 			m.mu.Lock()
 			for _, s := range m.slots {
@@ -205,11 +207,11 @@ func (m *Membership) idleLoop() {
 				}
 				v := p.gate.Load()
 				if sends := v >> 32; sends != s.sends {
-					s.sends, s.sendsMoved = sends, now.UnixNano()
+					s.sends, s.sendsMoved = sends, now
 					continue
 				}
 				last := max(s.sendsMoved, p.lastSeen.Load())
-				if now.UnixNano()-last < int64(idle) {
+				if now-last < int64(idle) {
 					continue
 				}
 				// Only with no send in flight: the GoAway is then the

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/config"
+	"github.com/tensorferry/tensorferry/internal/mono"
 	"go.uber.org/zap"
 )
 
@@ -150,7 +151,7 @@ type Conn struct {
 	goAway     atomic.Pointer[GoAway]
 
 	// Burst detection for DirectWrite: frames read so far, and the read
-	// count and time of the last direct write.
+	// count and time (mono.Now) of the last direct write.
 	reads      atomic.Uint64
 	lastReads  atomic.Uint64
 	lastDirect atomic.Int64
@@ -431,8 +432,9 @@ func (c *Conn) directAllowed() bool {
 	if !c.opts.DirectWrite || c.pending.Load() != 0 {
 		return false
 	}
-	now := time.Now().UnixNano()
-	return c.reads.Load() != c.lastReads.Load() || now-c.lastDirect.Load() >= int64(burstWindow)
+	// A frame read since the last direct write (request/response) needs
+	// no clock.
+	return c.reads.Load() != c.lastReads.Load() || mono.Now()-c.lastDirect.Load() >= int64(burstWindow)
 }
 
 // writeDirect is tryDirect once directAllowed said yes.
@@ -450,7 +452,7 @@ func (c *Conn) writeDirect(of *outFrame) (bool, error) {
 	if err == nil {
 		err = c.bw.Flush()
 	}
-	c.lastDirect.Store(time.Now().UnixNano())
+	c.lastDirect.Store(mono.Now())
 	if err != nil {
 		err = fmt.Errorf("wire: write to %s: %w", c.peer.Node, err)
 		c.fail(err)

@@ -14,6 +14,7 @@ package deadline
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -25,6 +26,7 @@ type ctx struct {
 	mu    sync.Mutex
 	done  chan struct{} // nil until Done is called or the context ends
 	err   error         // set once, when the context ends
+	ended atomic.Bool   // err is set: Err takes mu only then
 	timer *time.Timer   // armed by Done
 	stop  func() bool   // stops the parent's propagation, armed by Done
 }
@@ -61,10 +63,10 @@ func (c *ctx) Value(key any) any { return c.parent.Value(key) }
 // the parent and the clock itself, and ends the context (closing Done)
 // when either says it is over.
 func (c *ctx) Err() error {
-	c.mu.Lock()
-	err := c.err
-	c.mu.Unlock()
-	if err != nil {
+	if c.ended.Load() {
+		c.mu.Lock()
+		err := c.err
+		c.mu.Unlock()
 		return err
 	}
 	if err := c.parent.Err(); err != nil {
@@ -104,6 +106,7 @@ func (c *ctx) end(err error) error {
 		return err
 	}
 	c.err = err
+	c.ended.Store(true)
 	if c.done == nil {
 		c.done = closed
 	} else {
