@@ -140,12 +140,17 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 		sender = pa.NewPID(m.SenderNode, m.SenderID)
 	}
 	rs := n.startReceive(ps.peer.Name, m.Header, m.Target, m.Type)
-	target := ps.target(n.self.Name, m.Target)
+	// A Request's reply goes to its caller by key (completeReplyKey): its
+	// address, new for every request, becomes a PID only where one is
+	// needed (localPID).
+	key, reply := replyKey(m.Target)
+	var target *pa.PID
 	var proc pa.Process
 	ok := true
-	if _, reply := replyKey(m.Target); reply {
+	if reply {
 		proc = (*replyProcess)(n)
 	} else {
+		target = ps.target(n.self.Name, m.Target)
 		if isFuture(target) {
 			ps.removePending(target)
 		}
@@ -163,7 +168,7 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 	// delivery is decoded by the actor's goroutine as its mailbox runs it
 	// (on hosts with processors to spare: Node.lazyDecode): the reader,
 	// which a burst keeps busy, only copies its body.
-	if pc != nil && n.lazyDecode.Load() && len(m.Tensors) == 0 && !n.tr.On() && pc.lazyType(m.Type) && !ps.ep.Backlog() {
+	if pc != nil && !reply && n.lazyDecode.Load() && len(m.Tensors) == 0 && !n.tr.On() && pc.lazyType(m.Type) && !ps.ep.Backlog() {
 		if mb := pc.inline(n, m.Target, proc); mb != nil {
 			pc.hold(mb, &lazyMessage{n: n, ps: ps, rt: pc.rt, ser: m.Ser, body: bytes.Clone(m.Body),
 				target: target, sender: sender, header: m.Header})
@@ -173,7 +178,7 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 	msg, err := pc.decode(m)
 	if err != nil {
 		rs.End(err)
-		n.notDecoded(ps, m.Type, sender, target, err)
+		n.notDecoded(ps, m.Type, sender, n.localPID(target, m.Target), err)
 		if len(m.Tensors) > 0 {
 			n.eng.Refuse(ps.peer.Name, m.Tensors)
 		}
@@ -181,7 +186,7 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 	}
 	if _, poison := msg.(*pa.PoisonPill); poison && n.refuseLifecycle(ps, m.Target, "PoisonPill") {
 		rs.Fail("remote PoisonPill refused")
-		n.replyFailure(ps, sender, target, "remote PoisonPill refused by "+n.self.Name)
+		n.replyFailure(ps, sender, n.localPID(target, m.Target), "remote PoisonPill refused by "+n.self.Name)
 		return
 	}
 	// The engine puts the tensors back: inline ones now, those to fetch
@@ -191,7 +196,7 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 		if in, err = n.eng.ImportContext(rs.Context(), ps.peer.Name, m.Tensors, msg, n.deviceOf(m.Target)); err != nil {
 			rs.End(err)
 			n.log.Warn("message refused", zap.String("peer", ps.peer.Name), zap.String("type", m.Type), zap.Error(err))
-			n.replyFailure(ps, sender, target, fmt.Sprintf("tensors of %s: %v", m.Type, err))
+			n.replyFailure(ps, sender, n.localPID(target, m.Target), fmt.Sprintf("tensors of %s: %v", m.Type, err))
 			return
 		}
 	}
@@ -199,6 +204,12 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 	// earlier ones from the same peer still wait for theirs (order holds).
 	if in == nil && !ps.ep.Backlog() {
 		dl := n.startDelivery(rs, &m.Header)
+		if reply {
+			pc.flush()
+			n.completeReplyKey(key, m.Target, msg, failedReply(msg))
+			dl.end()
+			return
+		}
 		if pc == nil { // a message alone in its frame
 			if mb := n.inlineFor(m.Target, proc); mb != nil {
 				mb.postInline(envelope(sender, m.Header, msg), ps.peer.HandlerMayBlock)
@@ -216,7 +227,16 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 		return
 	}
 	pc.flush()
-	n.enqueue(ps, in, m, target, sender, msg, rs, pc == nil)
+	n.enqueue(ps, in, m, n.localPID(target, m.Target), sender, msg, rs, pc == nil)
+}
+
+// localPID is target, or for a reply, whose target receiveMessage does not
+// make, the PID of id on this node.
+func (n *Node) localPID(target *pa.PID, id string) *pa.PID {
+	if target == nil {
+		return pa.NewPID(n.self.Name, id)
+	}
+	return target
 }
 
 // lazyMessage is a message of a batch held for an actor with inline

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	pa "github.com/asynkron/protoactor-go/actor"
+	"github.com/tensorferry/tensorferry/internal/deadline"
 	"github.com/tensorferry/tensorferry/wire"
 	"go.uber.org/zap"
 )
@@ -66,6 +67,22 @@ func (n *Node) Request(ctx context.Context, target *pa.PID, msg any) (any, error
 		}
 	}
 	return n.system.Root.RequestFuture(target, msg, timeout).Result()
+}
+
+// RequestTimeout is Request bounded by timeout instead of a context, as
+// protoactor's RequestFuture(target, msg, timeout).Result() is: it gives
+// context.DeadlineExceeded once timeout has passed without a reply. It is
+// cheaper than Request with a context.WithTimeout of its own per call: no
+// runtime timer is armed unless the wait blocks (a reply read by the
+// caller itself arms none), and the timeout is noticed as Request notices
+// the end of its ctx. A timeout ≤ 0 fails at once.
+func (n *Node) RequestTimeout(target *pa.PID, msg any, timeout time.Duration) (any, error) {
+	if timeout <= 0 {
+		return nil, context.DeadlineExceeded
+	}
+	ctx, cancel := deadline.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return n.Request(ctx, target, msg)
 }
 
 // replyWait is one request waiting for its reply.
@@ -178,15 +195,20 @@ func replyKey(id string) (uint64, bool) {
 // longer waits is dropped.
 func (n *Node) completeReply(id string, msg any, err error) bool {
 	key, ok := replyKey(id)
-	if !ok {
-		return false
+	if ok {
+		n.completeReplyKey(key, id, msg, err)
 	}
+	return ok
+}
+
+// completeReplyKey is completeReply of the Request address id, whose key
+// is key.
+func (n *Node) completeReplyKey(key uint64, id string, msg any, err error) {
 	if w := n.takeReply(key); w != nil {
 		w.send(replyResult{msg: msg, err: err})
 	} else {
 		n.log.Debug("reply after its request ended", zap.String("id", id))
 	}
-	return true
 }
 
 // failReplies fails the requests waiting for a reply from peer.

@@ -139,6 +139,57 @@ func TestNodeRequestFailures(t *testing.T) {
 	}
 }
 
+// TestNodeRequestTimeout: RequestTimeout answers as Request does, remote and
+// local, and gives DeadlineExceeded when no reply comes in time: while the
+// caller reads the connection itself (leading), and while it waits behind
+// another caller that reads it (following, where the wait arms a timer).
+func TestNodeRequestTimeout(t *testing.T) {
+	_, nodes := startCluster(t, 2)
+	a, b := nodes[0], nodes[1]
+	if _, err := b.Root().SpawnNamed(echoProps(b.Name()), "echo"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Root().SpawnNamed(echoProps(a.Name()), "echo"); err != nil {
+		t.Fatal(err)
+	}
+	for i, pid := range []*pa.PID{a.PID(b.Name(), "echo"), a.PID(a.Name(), "echo")} {
+		res, err := a.RequestTimeout(pid, &Ping{N: i}, 10*time.Second)
+		if p, ok := res.(*Pong); err != nil || !ok || p.N != i || p.From != pid.Address {
+			t.Fatalf("request to %v: %v %#v", pid, err, res)
+		}
+	}
+	if _, err := a.RequestTimeout(a.PID(b.Name(), "echo"), &Ping{}, 0); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("timeout 0: err = %v, want DeadlineExceeded", err)
+	}
+
+	// Two callers wait on an actor that never replies: one of them reads
+	// the connection, the other follows; both time out, and nothing stays
+	// registered.
+	silent := pa.PropsFromFunc(func(pa.Context) {})
+	if _, err := b.Root().SpawnNamed(silent, "silent"); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() {
+			_, err := a.RequestTimeout(a.PID(b.Name(), "silent"), &Ping{}, 100*time.Millisecond)
+			errs <- err
+		}()
+	}
+	for range 2 {
+		if err := <-errs; !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("silent actor: err = %v, want DeadlineExceeded", err)
+		}
+	}
+	if n := actor.WaitingRequests(a); n != 0 {
+		t.Fatalf("%d requests still waiting after their timeout", n)
+	}
+	// The connection still serves requests.
+	if res, err := a.RequestTimeout(a.PID(b.Name(), "echo"), &Ping{N: 9}, 10*time.Second); err != nil || res.(*Pong).N != 9 {
+		t.Fatalf("after the timeouts: %v %#v", err, res)
+	}
+}
+
 // TestNodeRequestReplyWithTensor: a reply that carries a tensor too large to
 // travel inline is fetched before Request returns it.
 func TestNodeRequestReplyWithTensor(t *testing.T) {

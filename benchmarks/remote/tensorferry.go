@@ -104,14 +104,13 @@ func openTensorferry(native, sharedMemory bool) (*endpoints, error) {
 }
 
 // RoundTrip is one request to the remote echo actor, each bounded by
-// requestTimeout as the other paths' requests are.
+// requestTimeout as protoactor's requests are (RequestTimeout, as
+// RequestFuture with a timeout).
 func (p *tensorferryPath) RoundTrip() error {
 	var res any
 	var err error
 	if p.native {
-		ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-		res, err = p.client.Request(ctx, p.echo, p.msg)
-		cancel()
+		res, err = p.client.RequestTimeout(p.echo, p.msg, requestTimeout)
 	} else {
 		res, err = p.client.Root().RequestFuture(p.echo, p.msg, requestTimeout).Result()
 	}

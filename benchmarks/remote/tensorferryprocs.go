@@ -170,9 +170,7 @@ func openProcs(sharedMemory bool) (*endpoints, error) {
 
 // RoundTrip is one request to the child's echo actor.
 func (p *procsPath) RoundTrip() error {
-	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-	defer cancel()
-	res, err := p.client.Request(ctx, p.echo, p.msg)
+	res, err := p.client.RequestTimeout(p.echo, p.msg, requestTimeout)
 	if err != nil {
 		return err
 	}
