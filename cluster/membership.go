@@ -989,10 +989,12 @@ func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
 		// Handlers may run actor code inline (actor.WithInlineDelivery):
 		// one that blocks hands the reading to a new goroutine.
 		HandlerTakeover: m.transport.HandlerTakeover,
-		ReadSpin:        m.readSpin,
-		Logger:          m.log,
-		Handler:         func(f wire.Frame) { m.frame(p, l, f) },
-		OnClose:         func(err error) { m.connClosed(p, l, err) },
+		// Handler.HandleFrame's frame is valid only during the call.
+		TransientMessages: true,
+		ReadSpin:          m.readSpin,
+		Logger:            m.log,
+		Handler:           func(f wire.Frame) { m.frame(p, l, f) },
+		OnClose:           func(err error) { m.connClosed(p, l, err) },
 	})
 	p, old, ok := m.placeLink(nc, l, wp, initiator)
 	if !ok {

@@ -94,10 +94,21 @@ func (c *stringCache) get(b []byte) string {
 	return s
 }
 
-// parseMessage decodes a FrameMessage payload; the body is copied.
+// parseMessage decodes a FrameMessage payload; the body is copied, unless
+// the Framer reuses its frame (reuseMsg): the frame and the body then
+// alias the Framer's, as a batch's do.
 func (fr *Framer) parseMessage(h FrameHeader, p []byte) (Frame, error) {
-	f := &MessageFrame{FrameHeader: h}
-	rest, err := readMessage(p, &f.Message, &fr.strs, true)
+	var f *MessageFrame
+	if fr.reuseMsg {
+		if fr.msg == nil {
+			fr.msg = new(MessageFrame)
+		}
+		f = fr.msg
+		f.FrameHeader = h
+	} else {
+		f = &MessageFrame{FrameHeader: h}
+	}
+	rest, err := readMessage(p, &f.Message, &fr.strs, !fr.reuseMsg)
 	if err == nil && len(rest) != 0 {
 		err = fmt.Errorf("%w: %w", ErrBadBody, errMsgpackTrailing)
 	}

@@ -38,9 +38,10 @@ type ConnOptions struct {
 	Logger *zap.Logger
 	// Handler is called for every frame received, in order, from the single
 	// reader goroutine. Frame bodies are decoded before the call and own
-	// their memory, except UnknownFrame.Payload and the whole of a *MessagesFrame (the frame, its Messages and their Bodies),
-	// which are valid only until Handler returns: copy what must outlive
-	// the call.
+	// their memory, except UnknownFrame.Payload, the whole of a
+	// *MessagesFrame (the frame, its Messages and their Bodies) and, with
+	// TransientMessages, of a *MessageFrame, which are valid only until
+	// Handler returns: copy what must outlive the call.
 	// Handler must not block for long (it stalls all reading, unless
 	// HandlerTakeover is set) and must not call Close; it may call Fail.
 	// Unknown frame types are passed on for Handler to ignore or Fail.
@@ -95,6 +96,13 @@ type ConnOptions struct {
 	// InterruptibleReaders (shared memory), not TLS. A Conn whose users never call
 	// Await reads as if it were off.
 	CallerReads time.Duration
+	// TransientMessages makes a *MessageFrame passed to Handler, its Body
+	// and Tensors, valid only until Handler returns, as a *MessagesFrame
+	// always is: a single message is then read without a new frame and a
+	// copy of its body (two allocations a message). A Handler call taken
+	// over (HandlerTakeover) keeps its frame: the reading goes on into new
+	// buffers.
+	TransientMessages bool
 }
 
 // Conn is an authenticated connection carrying frames. Sends from any
@@ -237,6 +245,7 @@ func NewConn(nc net.Conn, peer Peer, opts ConnOptions) *Conn {
 	}
 	c.br = bufio.NewReaderSize(src, connBufferSize)
 	c.rd = NewFramer(nil, c.br)
+	c.rd.reuseMsg = opts.TransientMessages
 	c.rd.SetMaxReadFrameSize(c.max)
 	return c
 }

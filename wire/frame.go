@@ -291,6 +291,17 @@ type Framer struct {
 	wbuf     []byte
 	strs     stringCache   // read side: strings repeated across messages
 	batch    MessagesFrame // reused by every FrameMessages read
+	// reuseMsg: a FrameMessage is read into msg, its body aliasing rbuf
+	// (ConnOptions.TransientMessages); msg is made on first use.
+	reuseMsg bool
+	msg      *MessageFrame
+}
+
+// disown leaves the frame and the read buffer last returned to their
+// holder: the next ReadFrame reads into new ones.
+func (fr *Framer) disown() {
+	fr.msg = nil
+	fr.rbuf = nil
 }
 
 // NewFramer returns a Framer that writes to w and reads from r. Either may

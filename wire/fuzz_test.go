@@ -26,28 +26,39 @@ func FuzzReadFrame(f *testing.F) {
 	f.Add(unhex(f, "ffffffff 0c 00 0000 00000001"))
 	f.Add(unhex(f, hdr(1<<24, 12, 0, 1)+"00000000")) // reserved type
 	f.Fuzz(func(t *testing.T, in []byte) {
-		fr := NewFramer(nil, bytes.NewReader(in))
-		for range 4 {
-			var fm Frame
-			var err error
-			n := allocatedBytes(func() { fm, err = fr.ReadFrame() })
-			// A MESSAGES frame's Message slice is bounded by
-			// MaxBatchMessages, not by the input.
-			if n > uint64(64<<10+batchSliceMax+8*len(in)) {
-				t.Fatalf("%d bytes allocated for %d bytes of input", n, len(in))
-			}
-			if err != nil {
-				var ce *ConnError
-				if err != io.EOF && !errors.As(err, &ce) {
-					t.Fatalf("error %v is neither io.EOF nor a ConnError", err)
-				}
-				return
-			}
-			if int(fm.Header().Length) > len(in) {
-				t.Fatalf("frame of %d bytes from %d bytes of input", fm.Header().Length, len(in))
-			}
+		// As NewFramer reads, and as a Conn with TransientMessages does
+		// (single messages read into a reused frame, aliasing the buffer).
+		for _, reuse := range []bool{false, true} {
+			fr := NewFramer(nil, bytes.NewReader(in))
+			fr.reuseMsg = reuse
+			readFrames(t, fr, len(in))
 		}
 	})
+}
+
+// readFrames reads up to 4 frames of FuzzReadFrame's input (size bytes)
+// from fr, checking each read's allocation and outcome.
+func readFrames(t *testing.T, fr *Framer, size int) {
+	for range 4 {
+		var fm Frame
+		var err error
+		n := allocatedBytes(func() { fm, err = fr.ReadFrame() })
+		// A MESSAGES frame's Message slice is bounded by
+		// MaxBatchMessages, not by the input.
+		if n > uint64(64<<10+batchSliceMax+8*size) {
+			t.Fatalf("%d bytes allocated for %d bytes of input", n, size)
+		}
+		if err != nil {
+			var ce *ConnError
+			if err != io.EOF && !errors.As(err, &ce) {
+				t.Fatalf("error %v is neither io.EOF nor a ConnError", err)
+			}
+			return
+		}
+		if int(fm.Header().Length) > size {
+			t.Fatalf("frame of %d bytes from %d bytes of input", fm.Header().Length, size)
+		}
+	}
 }
 
 // rewrite writes frame f again with fr.

@@ -466,6 +466,9 @@ func (c *Conn) takeOver(s uint64) bool {
 	if !c.rstate.CompareAndSwap(s, s&^phaseMask|phaseAbandoned) {
 		return false
 	}
+	// The abandoned call keeps its frame and the buffer its body aliases
+	// (TransientMessages): the reading goes on into new ones.
+	c.rd.disown()
 	c.takeovers.Add(1)
 	if !c.takenOverLeader() {
 		go c.readLoop()

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -245,5 +246,83 @@ func TestConnHandlerTakeoverNeedsMayBlock(t *testing.T) {
 	}
 	if got := cb.Takeovers(); got != 0 {
 		t.Fatalf("Takeovers() = %d, want 0", got)
+	}
+}
+
+// TestConnTransientMessages: with TransientMessages, single messages are
+// read into one reused frame whose body aliases the read buffer; a call
+// that is taken over keeps its frame and body intact while the reading
+// goes on into new ones.
+func TestConnTransientMessages(t *testing.T) {
+	a, b := tcpPair(t)
+	release := make(chan struct{})
+	firstDone := make(chan error, 1)
+	frames := make(chan *MessageFrame, 8) // the frame of each call after the first
+	var first *MessageFrame
+	var cb *Conn
+	cb = NewConn(b, Peer{Node: "a"}, ConnOptions{HandlerTakeover: 2 * time.Millisecond, TransientMessages: true, Handler: func(f Frame) {
+		m, ok := f.(*MessageFrame)
+		if !ok {
+			return
+		}
+		if m.Message.Request != 1 {
+			frames <- m
+			if m.Message.Request == 2 {
+				close(release)
+			}
+			return
+		}
+		first = m
+		cb.MayBlock()
+		<-release // frame 2 is handled by a new reader meanwhile
+		if got := string(m.Message.Body); m.Message.Request != 1 || got != "body 1" {
+			firstDone <- fmt.Errorf("the taken-over call's frame changed under it: request %d, body %q", m.Message.Request, got)
+			return
+		}
+		firstDone <- nil
+	}})
+	ca := NewConn(a, Peer{Node: "b"}, ConnOptions{})
+	ca.Start()
+	cb.Start()
+	t.Cleanup(func() {
+		ca.Close(nil)
+		cb.Close(nil)
+	})
+	ctx := context.Background()
+	for i := uint64(1); i <= 4; i++ {
+		if err := ca.Send(ctx, FrameMessage, 0, 0, &Message{Target: "x", Request: i, Body: fmt.Appendf(nil, "body %d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case err := <-firstDone:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the blocked handler was never released: no take-over")
+	}
+	// Frames 3 and 4, read by the same reader after the take-over, share
+	// one frame, which is not the taken-over call's.
+	var got []*MessageFrame
+	for range 3 {
+		select {
+		case m := <-frames:
+			got = append(got, m)
+		case <-time.After(10 * time.Second):
+			t.Fatal("not every frame was handled")
+		}
+	}
+	if got[0] == first {
+		t.Fatal("the reading went on into the taken-over call's frame")
+	}
+	if got[1] != got[2] {
+		t.Fatal("frames 3 and 4 were read into different frames: TransientMessages reuses none")
+	}
+	if got[2].Message.Request != 4 || string(got[2].Message.Body) != "body 4" {
+		t.Fatalf("last frame: request %d, body %q", got[2].Message.Request, got[2].Message.Body)
+	}
+	if cb.Takeovers() == 0 {
+		t.Fatal("no take-over counted")
 	}
 }
