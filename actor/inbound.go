@@ -146,6 +146,7 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 	key, reply := replyKey(m.Target)
 	var target *pa.PID
 	var proc pa.Process
+	var mb *inlineMailbox // alone in its frame: the target's inline mailbox, if any
 	ok := true
 	if reply {
 		proc = (*replyProcess)(n)
@@ -154,7 +155,14 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 		if isFuture(target) {
 			ps.removePending(target)
 		}
-		proc, ok = pc.get(n, m.Target)
+		if pc == nil {
+			mb = n.inlineRegistered(m.Target)
+		}
+		if mb != nil {
+			proc = mb.proc // no lookup in protoactor's registry
+		} else {
+			proc, ok = pc.get(n, m.Target)
+		}
 	}
 	if !ok {
 		rs.Fail("no such actor")
@@ -210,16 +218,17 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 			dl.end()
 			return
 		}
-		if pc == nil { // a message alone in its frame
-			if mb := n.inlineFor(m.Target, proc); mb != nil {
-				mb.postInline(envelope(sender, m.Header, msg), ps.peer.HandlerMayBlock)
+		if pc == nil && mb != nil { // a message alone in its frame
+			mb.postInline(envelope(sender, m.Header, msg), ps.peer.HandlerMayBlock)
+			dl.end()
+			return
+		}
+		if pc != nil {
+			if mb := pc.inline(n, m.Target, proc); mb != nil {
+				pc.hold(mb, envelope(sender, m.Header, msg))
 				dl.end()
 				return
 			}
-		} else if mb := pc.inline(n, m.Target, proc); mb != nil {
-			pc.hold(mb, envelope(sender, m.Header, msg))
-			dl.end()
-			return
 		}
 		pc.flush()
 		n.deliverTo(proc, target, sender, m.Header, msg)

@@ -346,3 +346,22 @@ func (q *messageQueue) pop() any {
 	q.next++
 	return v
 }
+
+// inlineRegistered returns the inline mailbox registered under id, if any:
+// registered, its process is the one protoactor's registry holds under id
+// (the mailbox leaves before the process does, and a name is taken again
+// only once the process has left), so a message alone in its frame needs
+// no lookup in protoactor's registry.
+func (n *Node) inlineRegistered(id string) *inlineMailbox {
+	if n.inline.count.Load() == 0 {
+		return nil
+	}
+	v, ok := n.inline.byID.Load(id)
+	if !ok {
+		return nil
+	}
+	if mb := v.(*inlineMailbox); mb.registered.Load() {
+		return mb
+	}
+	return nil
+}
