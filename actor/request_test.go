@@ -13,15 +13,21 @@ import (
 	"github.com/tensorferry/tensorferry/tensor"
 )
 
-func TestNodeRequest(t *testing.T) {
+// echoPair starts two nodes, each with an "echo" actor.
+func echoPair(t *testing.T) (a, b *actor.Node) {
+	t.Helper()
 	_, nodes := startCluster(t, 2)
-	a, b := nodes[0], nodes[1]
-	if _, err := b.Root().SpawnNamed(echoProps(b.Name()), "echo"); err != nil {
-		t.Fatal(err)
+	a, b = nodes[0], nodes[1]
+	for _, n := range nodes {
+		if _, err := n.Root().SpawnNamed(echoProps(n.Name()), "echo"); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if _, err := a.Root().SpawnNamed(echoProps(a.Name()), "echo"); err != nil {
-		t.Fatal(err)
-	}
+	return a, b
+}
+
+func TestNodeRequest(t *testing.T) {
+	a, b := echoPair(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	// Concurrent callers: every reply reaches its own request.
@@ -144,14 +150,7 @@ func TestNodeRequestFailures(t *testing.T) {
 // caller reads the connection itself (leading), and while it waits behind
 // another caller that reads it (following, where the wait arms a timer).
 func TestNodeRequestTimeout(t *testing.T) {
-	_, nodes := startCluster(t, 2)
-	a, b := nodes[0], nodes[1]
-	if _, err := b.Root().SpawnNamed(echoProps(b.Name()), "echo"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.Root().SpawnNamed(echoProps(a.Name()), "echo"); err != nil {
-		t.Fatal(err)
-	}
+	a, b := echoPair(t)
 	for i, pid := range []*pa.PID{a.PID(b.Name(), "echo"), a.PID(a.Name(), "echo")} {
 		res, err := a.RequestTimeout(pid, &Ping{N: i}, 10*time.Second)
 		if p, ok := res.(*Pong); err != nil || !ok || p.N != i || p.From != pid.Address {
