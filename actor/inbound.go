@@ -218,7 +218,9 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 			dl.end()
 			return
 		}
-		if pc == nil && mb != nil { // a message alone in its frame
+		// A message alone in its frame, to an inline mailbox still
+		// registered after the decode (else as the actor's process).
+		if pc == nil && mb != nil && mb.registered.Load() {
 			mb.postInline(envelope(sender, m.Header, msg), ps.peer.HandlerMayBlock)
 			dl.end()
 			return
