@@ -33,6 +33,7 @@
 //
 //	props := pa.PropsFromFunc(serve, node.WithInlineDelivery()) // on "b" (pa: protoactor-go/actor)
 //	res, err = node.Request(ctx, pid, &Ping{})                     // on "a"
+//	res, err = node.RequestTimeout(pid, &Ping{}, time.Second)      // bounded per request, no timer armed
 //
 // With WithTracerProvider a node traces its messages with OpenTelemetry:
 // the send, the export of its tensors, and on the receiving node the
