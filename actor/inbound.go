@@ -152,8 +152,13 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 		proc = (*replyProcess)(n)
 	} else {
 		target = ps.target(n.self.Name, m.Target)
-		if isFuture(target) {
-			ps.removePending(target)
+		if isFuture(target) && !n.claimFuture(ps, target) {
+			rs.Fail("the request already failed: its node went down")
+			n.log.Debug("reply to a request that failed as its node went down", zap.String("peer", ps.peer.Name), zap.String("future", target.Id))
+			if len(m.Tensors) > 0 {
+				n.eng.Refuse(ps.peer.Name, m.Tensors)
+			}
+			return
 		}
 		if pc == nil {
 			mb = n.inlineRegistered(m.Target)
@@ -477,7 +482,9 @@ func (n *Node) receiveSystem(ps *peerState, s *wire.System) {
 		if n.completeReply(s.Target, nil, fmt.Errorf("%w: %s/%s: %s", ErrDeadLetter, s.WatcherNode, s.WatcherID, s.Detail)) {
 			return
 		}
-		ps.removePending(local)
+		if isFuture(local) && !n.claimFuture(ps, local) {
+			return // PeerDown failed it already
+		}
 		target := pa.NewPID(s.WatcherNode, s.WatcherID)
 		var reply any = &pa.DeadLetterResponse{Target: target}
 		if s.Why == 1 && !isFuture(local) {

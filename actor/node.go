@@ -155,9 +155,11 @@ type Node struct {
 	mu       sync.Mutex
 	peers    map[string]*peerState
 	peerSnap atomic.Pointer[map[string]*peerState] // copy of peers, see peer
-	remotes  map[string]*remoteProcess             // other node → its process; fixed at attach
-	watching map[string]map[string]map[string]*pa.PID
-	devices  map[string]memory.Device // local actor id → device
+	// failedFutures: the futures PeerDown failed lately (claimFuture).
+	failedFutures failedFutures
+	remotes       map[string]*remoteProcess // other node → its process; fixed at attach
+	watching      map[string]map[string]map[string]*pa.PID
+	devices       map[string]memory.Device // local actor id → device
 	// remoteWatchers are the watches other nodes' actors hold on this
 	// node's actors (watch.go).
 	remoteWatchers watchers

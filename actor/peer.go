@@ -84,13 +84,80 @@ func (ps *peerState) addPending(f *pa.PID) {
 	ps.mu.Unlock()
 }
 
-// takePending removes and returns every request waiting on the peer.
-func (ps *peerState) takePending() map[string]*pa.PID {
+// takePending removes and returns every request waiting on the peer, and
+// notes their futures in failed (PeerDown fails them) before another
+// goroutine can find them gone (claimFuture).
+func (ps *peerState) takePending(failed *failedFutures) map[string]*pa.PID {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	pending := ps.pending
 	ps.pending = map[string]*pa.PID{}
+	failed.add(pending)
 	return pending
+}
+
+// failedFutures are the last futures PeerDown failed (at most
+// failedFutureMemory): a reply to one of them, from another node or from
+// the dying connection's reader, must not give it a second result.
+type failedFutures struct {
+	mu   sync.Mutex
+	ids  map[string]struct{}
+	ring []string // the ids in the order added, the oldest replaced first; made by the first add
+	next int
+}
+
+// failedFutureMemory bounds failedFutures. A future that PeerDown failed
+// leaves protoactor's registry as it takes that result; a reply that comes
+// later finds no process and becomes a dead letter. Only a reply racing the
+// failure needs the entry.
+const failedFutureMemory = 4096
+
+func (f *failedFutures) add(pending map[string]*pa.PID) {
+	if f == nil || len(pending) == 0 {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ids == nil {
+		f.ids = make(map[string]struct{})
+		f.ring = make([]string, failedFutureMemory)
+	}
+	for id := range pending {
+		delete(f.ids, f.ring[f.next]) // "" or an id added failedFutureMemory ago
+		f.ring[f.next] = id
+		f.next = (f.next + 1) % failedFutureMemory
+		f.ids[id] = struct{}{}
+	}
+}
+
+// has reports whether PeerDown failed the future id (lately: the last
+// failedFutureMemory).
+func (f *failedFutures) has(id string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, ok := f.ids[id]
+	return ok
+}
+
+// claimFuture decides whether a reply from ps may go to the protoactor
+// future f: it takes f from the requests waiting on ps, or on another peer
+// (a request forwarded to a third node is answered by that node), so that
+// PeerDown no longer fails it. It reports false when PeerDown already took
+// f to fail it: a second result would race the first (protoactor's future
+// takes its result unguarded). A future that waits on no peer (its PID
+// travelled in a message body) takes the reply.
+func (n *Node) claimFuture(ps *peerState, f *pa.PID) bool {
+	if ps.removePending(f) {
+		return true
+	}
+	if m := n.peerSnap.Load(); m != nil {
+		for _, q := range *m {
+			if q != ps && q.removePending(f) {
+				return true
+			}
+		}
+	}
+	return !n.failedFutures.has(f.Id)
 }
 
 // removePending removes f from the requests waiting on the peer and
@@ -178,14 +245,16 @@ func (h *handler) PeerDown(p *cluster.Peer, cause error) {
 		n.mu.Unlock()
 		return
 	}
+	// Pending requests fail at once. They are taken while ps is still
+	// in the snapshot that claimFuture searches: a reply racing the
+	// failure finds either its future still waiting or it noted failed.
+	pending := ps.takePending(&n.failedFutures)
 	delete(n.peers, p.Name)
 	n.publishPeers()
 	watches := n.watching[p.Name]
 	delete(n.watching, p.Name)
 	n.mu.Unlock()
 
-	// Pending requests fail at once.
-	pending := ps.takePending()
 	for _, f := range pending {
 		n.system.Root.Send(f, &pa.DeadLetterResponse{})
 	}

@@ -82,7 +82,7 @@ func TestRemovePendingAfterPeerDown(t *testing.T) {
 		t.Fatal("a future removed twice was reported removed twice")
 	}
 	ps.addPending(f)
-	if taken := ps.takePending(); taken[f.Id] != f {
+	if taken := ps.takePending(&failedFutures{}); taken[f.Id] != f {
 		t.Fatalf("PeerDown took %v", taken)
 	}
 	if ps.removePending(f) {
@@ -90,5 +90,84 @@ func TestRemovePendingAfterPeerDown(t *testing.T) {
 	}
 	if ps.removePending(nil) {
 		t.Fatal("nil reported pending")
+	}
+}
+
+// claimNode is a Node with peers b and c, enough for claimFuture.
+func claimNode() (n *Node, b, c *peerState) {
+	n = &Node{peers: map[string]*peerState{}}
+	b = &peerState{pending: map[string]*pa.PID{}}
+	c = &peerState{pending: map[string]*pa.PID{}}
+	n.peers["b"], n.peers["c"] = b, c
+	n.publishPeers()
+	return n, b, c
+}
+
+// TestClaimFuture: a reply claims its future from whichever peer it waits
+// on (a request forwarded to a third node is answered by that node), so
+// PeerDown no longer fails it; once PeerDown took a future to fail it, no
+// reply, from any peer, claims it; a future that waits on no peer takes its
+// reply; and what PeerDown failed is remembered for the last
+// failedFutureMemory futures only.
+func TestClaimFuture(t *testing.T) {
+	n, b, c := claimNode()
+	fwd := pa.NewPID("self", "future$forwarded")
+	b.addPending(fwd)
+	if !n.claimFuture(c, fwd) {
+		t.Fatal("a reply from the node a request was forwarded to was refused")
+	}
+	failed := pa.NewPID("self", "future$failed")
+	b.addPending(failed)
+	if taken := b.takePending(&n.failedFutures); len(taken) != 1 || taken[failed.Id] != failed {
+		t.Fatalf("PeerDown took %v, want only the future still waiting", taken)
+	}
+	for _, from := range []*peerState{b, c, b} {
+		if n.claimFuture(from, failed) {
+			t.Fatal("a reply claimed a future PeerDown had taken to fail it")
+		}
+	}
+	if !n.claimFuture(c, pa.NewPID("self", "future$unknown")) {
+		t.Fatal("a future that waits on no peer was refused its reply")
+	}
+	many := map[string]*pa.PID{}
+	for i := range failedFutureMemory + 10 {
+		id := fmt.Sprintf("future$%d", i)
+		many[id] = pa.NewPID("self", id)
+	}
+	n.failedFutures.add(many)
+	if got := len(n.failedFutures.ids); got != failedFutureMemory {
+		t.Fatalf("%d failed futures remembered, want %d", got, failedFutureMemory)
+	}
+}
+
+// TestClaimFutureRacesPeerDown: replies and PeerDown race for the same
+// futures; each future gets exactly one result, from one or the other.
+func TestClaimFutureRacesPeerDown(t *testing.T) {
+	n, b, c := claimNode()
+	const count = 2000
+	fs := make([]*pa.PID, count)
+	for i := range fs {
+		fs[i] = pa.NewPID("self", fmt.Sprintf("future$race-%d", i))
+		b.addPending(fs[i])
+	}
+	claimed := make([]bool, count)
+	var taken map[string]*pa.PID
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i, f := range fs {
+			from := c
+			if i%2 == 0 {
+				from = b
+			}
+			claimed[i] = n.claimFuture(from, f)
+		}
+	})
+	wg.Go(func() { taken = b.takePending(&n.failedFutures) })
+	wg.Wait()
+	for i, f := range fs {
+		_, failed := taken[f.Id]
+		if claimed[i] == failed {
+			t.Fatalf("future %d: claimed by a reply %v, failed by PeerDown %v: want exactly one", i, claimed[i], failed)
+		}
 	}
 }
