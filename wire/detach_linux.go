@@ -136,7 +136,7 @@ func (d *detachedConn) Read(p []byte) (int, error) {
 		if d.closed.Load() {
 			return 0, net.ErrClosed
 		}
-		n, err := rawRead(d.fd, p)
+		n, err := unix.Read(d.fd, p)
 		switch {
 		case err == nil && n > 0:
 			return n, nil
@@ -184,7 +184,7 @@ func (d *detachedConn) Write(p []byte) (int, error) {
 		if d.closed.Load() {
 			return done, net.ErrClosed
 		}
-		n, err := rawWrite(d.fd, p[done:])
+		n, err := unix.Write(d.fd, p[done:])
 		if n > 0 {
 			done += n
 		}
