@@ -44,6 +44,47 @@ func BenchmarkOneWay(b *testing.B) {
 	}
 }
 
+// BenchmarkOneWayInline is BenchmarkOneWay to an actor with inline
+// delivery, its bursts decoded by the reader (eager) or by the actor's
+// goroutine (lazy, as on hosts with processors to spare).
+func BenchmarkOneWayInline(b *testing.B) {
+	for _, lazy := range []bool{false, true} {
+		name := "eager"
+		if lazy {
+			name = "lazy"
+		}
+		b.Run(name, func(b *testing.B) {
+			_, nodes := startClusterB(b, 2)
+			a, c := nodes[0], nodes[1]
+			actor.SetLazyDecode(c, lazy)
+			var got atomic.Int64
+			done := make(chan struct{}, 1)
+			target := int64(b.N)
+			_, err := c.Root().SpawnNamed(pa.PropsFromFunc(func(ctx pa.Context) {
+				if _, ok := ctx.Message().(*Ping); ok {
+					if got.Add(1) == target {
+						done <- struct{}{}
+					}
+				}
+			}, c.WithInlineDelivery()), "sink")
+			if err != nil {
+				b.Fatal(err)
+			}
+			pid := a.PID(c.Name(), "sink")
+			msg := &Ping{Text: string(bytes.Repeat([]byte{'x'}, 64))}
+			b.ResetTimer()
+			for range b.N {
+				a.Root().Send(pid, msg)
+			}
+			select {
+			case <-done:
+			case <-time.After(60 * time.Second):
+				b.Fatalf("only %d of %d arrived", got.Load(), b.N)
+			}
+		})
+	}
+}
+
 // BenchmarkRoundTrip is one RequestFuture round trip of a 64-byte message.
 func BenchmarkRoundTrip(b *testing.B) {
 	_, nodes := startClusterB(b, 2)

@@ -28,7 +28,18 @@
 // and off on one host. raw-tcp-spin and raw-tcp-spin-detached are raw-tcp's
 // round trip with both ends reading with a 50 µs spin, their sockets in
 // the runtime's network poller or duplicated out of it (rawspin.go): what
-// the way of spinning costs, apart from the runtime above it.
+// the way of spinning costs, apart from the runtime above it;
+// raw-tcp-wait-detached waits in poll(2) without spinning.
+//
+// By default the paths run one after another, each measured in its own
+// stretch of the run. On hosts whose raw TCP round trip changes from one
+// stretch to the next (the 16-core GPU hosts have two modes, about 8 and
+// 11–13 µs), --interleave N opens every path at once and times the round
+// trips in N blocks alternating between the paths, so a path and its floor
+// are timed over the same stretch; those figures carry "interleave": N.
+// One-way rates are then measured path after path, as without it.
+//
+//	go run ./benchmarks/remote --paths raw-tcp,tensorferry --interleave 20
 //
 // Another path joins the same run from its own file of this package, with no
 // change here:

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -24,6 +25,7 @@ func main() {
 	mutexProfile := flag.String("mutexprofile", "", "write a profile of the whole run's contended mutexes to this file")
 	traceFile := flag.String("trace", "", "write a runtime execution trace of the whole run to this file (go tool trace)")
 	showProgress := flag.Bool("progress", false, "print a progress line on stderr even when it is not a terminal")
+	interleave := flag.Int("interleave", 0, "open every path at once and time their round trips in this many alternating blocks of rtt-count/interleave each, so that each path's figures come from the same stretch of the run as its floor's (0 or 1: one path after another)")
 	flag.Parse()
 	for _, prof := range []struct {
 		path  string
@@ -63,7 +65,18 @@ func main() {
 	goroutines := runtime.NumGoroutine()
 	var all []result
 	failed := false
+	if *interleave > 1 {
+		rs, err := runInterleaved(paths, *rttCount, *onewayCount, *interleave, *timeout)
+		all = append(all, rs...)
+		if err != nil {
+			fmt.Fprintf(prog.Writer(os.Stderr), "remote: %v\n", err)
+			failed = true
+		}
+	}
 	for i, p := range paths {
+		if *interleave > 1 {
+			break
+		}
 		prog.Phase(i+1, len(paths), p.name, 0)
 		rs, err := run(p, *rttCount, *onewayCount, *timeout)
 		all = append(all, rs...)
@@ -115,6 +128,73 @@ func run(p path, rttCount, onewayCount int, timeout time.Duration) (rs []result,
 	}
 	if e.sender != nil {
 		r, err := measureOneWay(p.name, e.sender, onewayCount, timeout)
+		if err != nil {
+			return rs, err
+		}
+		rs = append(rs, r...)
+	}
+	return rs, nil
+}
+
+// runInterleaved opens every path, times their round trips in blocks
+// alternating between the paths (rounds blocks of rttCount/rounds round
+// trips each, after each path's warm-up), then measures each path's
+// one-way rate in turn, and closes them all. Its round-trip figures carry
+// the number of rounds (result.Interleave).
+func runInterleaved(paths []path, rttCount, onewayCount, rounds int, timeout time.Duration) (rs []result, err error) {
+	opened := make([]*endpoints, 0, len(paths))
+	defer func() {
+		for i, e := range opened {
+			if cerr := e.close(); cerr != nil {
+				err = errors.Join(err, fmt.Errorf("%s: close: %w", paths[i].name, cerr))
+			}
+		}
+	}()
+	for _, p := range paths {
+		e, err := p.open()
+		if err != nil {
+			return nil, fmt.Errorf("%s: open: %w", p.name, err)
+		}
+		opened = append(opened, e)
+	}
+	samples := make([][]time.Duration, len(paths))
+	for i, e := range opened {
+		if e.pinger == nil {
+			continue
+		}
+		if err := warmRTT(paths[i].name, e.pinger.RoundTrip, rttCount); err != nil {
+			return nil, err
+		}
+		samples[i] = make([]time.Duration, 0, rttCount)
+	}
+	block := max(1, rttCount/rounds)
+	for r := range rounds {
+		for i, e := range opened {
+			if e.pinger == nil {
+				continue
+			}
+			n := block
+			if r == rounds-1 {
+				n = rttCount - len(samples[i]) // the last block takes the rest
+			}
+			if samples[i], err = timeRTT(paths[i].name, e.pinger.RoundTrip, n, samples[i]); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for i, e := range opened {
+		if e.pinger != nil {
+			for _, f := range rttFigures(paths[i].name, samples[i]) {
+				f.Interleave = rounds
+				rs = append(rs, f)
+			}
+		}
+	}
+	for i, e := range opened {
+		if e.sender == nil {
+			continue
+		}
+		r, err := measureOneWay(paths[i].name, e.sender, onewayCount, timeout)
 		if err != nil {
 			return rs, err
 		}

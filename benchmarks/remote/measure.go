@@ -56,6 +56,9 @@ type result struct {
 	Value  float64 `json:"value"`
 	Unit   string  `json:"-"`
 	N      int     `json:"n"`
+	// Interleave: the round trips were timed in this many blocks
+	// alternating with the other paths' (--interleave); 0: in one stretch.
+	Interleave int `json:"interleave,omitempty"`
 }
 
 // warmup returns how many untimed operations precede n timed ones.
@@ -67,20 +70,43 @@ func measureRTT(name string, f func() error, n int) ([]result, error) {
 	if n < 1 {
 		return nil, errors.New("rtt count must be positive")
 	}
+	if err := warmRTT(name, f, n); err != nil {
+		return nil, err
+	}
+	d, err := timeRTT(name, f, n, make([]time.Duration, 0, n))
+	if err != nil {
+		return nil, err
+	}
+	return rttFigures(name, d), nil
+}
+
+// warmRTT makes the untimed round trips that precede n timed ones.
+func warmRTT(name string, f func() error, n int) error {
 	for range warmup(n) {
 		if err := f(); err != nil {
-			return nil, fmt.Errorf("%s: warm-up round trip: %w", name, err)
+			return fmt.Errorf("%s: warm-up round trip: %w", name, err)
 		}
 	}
-	d := make([]time.Duration, n)
-	for i := range d {
+	return nil
+}
+
+// timeRTT times n calls of f, appending each duration to d.
+func timeRTT(name string, f func() error, n int, d []time.Duration) ([]time.Duration, error) {
+	for range n {
 		t0 := time.Now()
 		if err := f(); err != nil {
-			return nil, fmt.Errorf("%s: round trip %d: %w", name, i, err)
+			return d, fmt.Errorf("%s: round trip %d: %w", name, len(d), err)
 		}
-		d[i] = time.Since(t0)
+		d = append(d, time.Since(t0))
 	}
+	return d, nil
+}
+
+// rttFigures returns the p50, p99 and minimum of the round trips d (at
+// least one), in microseconds; d is sorted.
+func rttFigures(name string, d []time.Duration) []result {
 	slices.Sort(d)
+	n := len(d)
 	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 	fig := func(metric string, v time.Duration) result {
 		return result{Bench: "remote", Path: name, Metric: metric, Value: us(v), Unit: "µs", N: n}
@@ -89,7 +115,7 @@ func measureRTT(name string, f func() error, n int) ([]result, error) {
 		fig("rtt_p50_us", d[n/2]),
 		fig("rtt_p99_us", d[min(n-1, n*99/100)]),
 		fig("rtt_min_us", d[0]),
-	}, nil
+	}
 }
 
 // measureOneWay sends n messages through s after a warm-up and returns the

@@ -81,3 +81,73 @@ func TestCounterWakesWaiter(t *testing.T) {
 		t.Fatalf("already reached: %v", err)
 	}
 }
+
+// fakePinger records its round trips in a shared log.
+type fakePinger struct {
+	name string
+	log  *[]string
+	fail error
+}
+
+func (f *fakePinger) RoundTrip() error {
+	*f.log = append(*f.log, f.name)
+	return f.fail
+}
+
+// TestRunInterleaved: the paths' round trips alternate in blocks after
+// every warm-up, each path gets its count, its figures say how many blocks,
+// one-way figures come for paths with a sender, and every path is closed,
+// also when one fails.
+func TestRunInterleaved(t *testing.T) {
+	var log []string
+	closed := map[string]int{}
+	fake := func(name string, sender Sender, fail error) path {
+		return path{name: name, open: func() (*endpoints, error) {
+			return &endpoints{pinger: &fakePinger{name: name, log: &log, fail: fail}, sender: sender,
+				close: func() error { closed[name]++; return nil }}, nil
+		}}
+	}
+	const n, rounds = 100, 4
+	rs, err := runInterleaved([]path{fake("a", &fakeSender{}, nil), fake("b", nil, nil)}, n, 1000, rounds, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := warmup(n)
+	if len(log) != 2*(w+n) {
+		t.Fatalf("%d round trips, want %d", len(log), 2*(w+n))
+	}
+	timed := log[2*w:]
+	for i, name := range timed {
+		if want := []string{"a", "b"}[i/(n/rounds)%2]; name != want {
+			t.Fatalf("round trip %d of the timed ones went to %s, want %s (blocks of %d alternating)", i, name, want, n/rounds)
+		}
+	}
+	var oneway int
+	for _, r := range rs {
+		switch r.Metric {
+		case "oneway_msgs_per_s":
+			oneway++
+			if r.Path != "a" || r.Interleave != 0 {
+				t.Errorf("one-way figure %+v", r)
+			}
+		default:
+			if r.N != n || r.Interleave != rounds {
+				t.Errorf("round-trip figure %+v", r)
+			}
+		}
+	}
+	if oneway != 1 || len(rs) != 7 {
+		t.Fatalf("figures %+v", rs)
+	}
+	if closed["a"] != 1 || closed["b"] != 1 {
+		t.Fatalf("closed %v", closed)
+	}
+
+	boom := errors.New("boom")
+	if _, err := runInterleaved([]path{fake("a", nil, nil), fake("c", nil, boom)}, n, 1000, rounds, time.Second); !errors.Is(err, boom) {
+		t.Fatalf("got %v, want boom", err)
+	}
+	if closed["a"] != 2 || closed["c"] != 1 {
+		t.Fatalf("after a failure, closed %v", closed)
+	}
+}

@@ -23,10 +23,14 @@ import (
 //     (the net.Conn closed, which removes it from the epoll set); a read
 //     retries for up to rawSpin, then waits in poll(2) (what wire's
 //     detachedConn does).
+//   - raw-tcp-wait-detached: as raw-tcp-spin-detached without the spin: a
+//     read that finds nothing waits in poll(2) at once, its thread asleep
+//     in the kernel until the socket is readable.
 func init() {
 	extraPaths = append(extraPaths,
-		path{name: "raw-tcp-spin", rttOnly: true, open: func() (*endpoints, error) { return openRawSpin(false) }},
-		path{name: "raw-tcp-spin-detached", rttOnly: true, open: func() (*endpoints, error) { return openRawSpin(true) }})
+		path{name: "raw-tcp-spin", rttOnly: true, open: func() (*endpoints, error) { return openRawSpin(false, rawSpin) }},
+		path{name: "raw-tcp-spin-detached", rttOnly: true, open: func() (*endpoints, error) { return openRawSpin(true, rawSpin) }},
+		path{name: "raw-tcp-wait-detached", rttOnly: true, open: func() (*endpoints, error) { return openRawSpin(true, 0) }})
 }
 
 // rawSpin is the spin of the raw-tcp-spin paths: wire.DefaultReadSpin.
@@ -45,7 +49,7 @@ type rawSpinPath struct {
 	req, resp      [payloadSize]byte
 }
 
-func openRawSpin(detach bool) (*endpoints, error) {
+func openRawSpin(detach bool, spin time.Duration) (*endpoints, error) {
 	c, s, err := loopbackPair()
 	if err != nil {
 		return nil, err
@@ -55,8 +59,8 @@ func openRawSpin(detach bool) (*endpoints, error) {
 		p.req[i] = byte(i)
 	}
 	if detach {
-		if p.client, err = newDetachedSocket(c); err == nil {
-			if p.server, err = newDetachedSocket(s); err != nil {
+		if p.client, err = newDetachedSocket(c, spin); err == nil {
+			if p.server, err = newDetachedSocket(s, spin); err != nil {
 				_ = p.client.close()
 			}
 		}
@@ -197,14 +201,15 @@ func (s *pollerSocket) writeAll(p []byte) error {
 func (s *pollerSocket) close() error { return s.c.Close() }
 
 // detachedSocket is a duplicate of a socket out of the runtime's poller:
-// it spins on read(2), then waits in poll(2).
+// it spins on read(2) for up to spin, then waits in poll(2).
 type detachedSocket struct {
-	fd  int
-	pfd [1]unix.PollFd
-	mu  sync.Mutex // close vs. a shutdown already done
+	fd   int
+	spin time.Duration
+	pfd  [1]unix.PollFd
+	mu   sync.Mutex // close vs. a shutdown already done
 }
 
-func newDetachedSocket(c net.Conn) (*detachedSocket, error) {
+func newDetachedSocket(c net.Conn, spin time.Duration) (*detachedSocket, error) {
 	raw, err := c.(syscall.Conn).SyscallConn()
 	if err != nil {
 		return nil, err
@@ -219,7 +224,7 @@ func newDetachedSocket(c net.Conn) (*detachedSocket, error) {
 		return nil, err
 	}
 	c.Close() // out of the epoll set; the socket lives on in fd
-	return &detachedSocket{fd: fd, pfd: [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}}, nil
+	return &detachedSocket{fd: fd, spin: spin, pfd: [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}}, nil
 }
 
 func (s *detachedSocket) readFull(p []byte) error {
@@ -228,9 +233,9 @@ func (s *detachedSocket) readFull(p []byte) error {
 		n, err := unix.Read(s.fd, p[got:])
 		switch {
 		case err == unix.EAGAIN:
-			if start.IsZero() {
+			if s.spin > 0 && start.IsZero() {
 				start = time.Now()
-			} else if time.Since(start) > rawSpin {
+			} else if s.spin <= 0 || time.Since(start) > s.spin {
 				if _, err := unix.Poll(s.pfd[:], -1); err != nil && err != unix.EINTR {
 					return err
 				}
