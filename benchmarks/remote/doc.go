@@ -29,7 +29,10 @@
 // round trip with both ends reading with a 50 µs spin, their sockets in
 // the runtime's network poller or duplicated out of it (rawspin.go): what
 // the way of spinning costs, apart from the runtime above it;
-// raw-tcp-wait-detached waits in poll(2) without spinning.
+// raw-tcp-wait-detached waits in poll(2) without spinning;
+// raw-tcp-pollspin-detached spins on poll(2) with a zero timeout instead
+// of read(2); raw-tcp-spin-detached-pause-{250,1000}ns pauses that long
+// between the spin's reads.
 //
 // By default the paths run one after another, each measured in its own
 // stretch of the run. On hosts whose raw TCP round trip changes from one

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -26,11 +27,26 @@ import (
 //   - raw-tcp-wait-detached: as raw-tcp-spin-detached without the spin: a
 //     read that finds nothing waits in poll(2) at once, its thread asleep
 //     in the kernel until the socket is readable.
+//   - raw-tcp-pollspin-detached: as raw-tcp-spin-detached, spinning on
+//     poll(2) with a zero timeout instead of read(2): TCP's poll reads the
+//     socket's state without its lock, which read(2) takes, so the spin
+//     does not contend with the kernel delivering the data.
 func init() {
 	extraPaths = append(extraPaths,
 		path{name: "raw-tcp-spin", rttOnly: true, open: func() (*endpoints, error) { return openRawSpin(false, rawSpin) }},
 		path{name: "raw-tcp-spin-detached", rttOnly: true, open: func() (*endpoints, error) { return openRawSpin(true, rawSpin) }},
-		path{name: "raw-tcp-wait-detached", rttOnly: true, open: func() (*endpoints, error) { return openRawSpin(true, 0) }})
+		path{name: "raw-tcp-wait-detached", rttOnly: true, open: func() (*endpoints, error) { return openRawSpin(true, 0) }},
+		path{name: "raw-tcp-pollspin-detached", rttOnly: true, open: func() (*endpoints, error) { return openRawSpin(true, -rawSpin) }})
+	for _, pause := range []time.Duration{250 * time.Nanosecond, time.Microsecond} {
+		extraPaths = append(extraPaths, path{name: fmt.Sprintf("raw-tcp-spin-detached-pause-%dns", pause.Nanoseconds()), rttOnly: true, open: func() (*endpoints, error) {
+			e, err := openRawSpin(true, rawSpin)
+			if err == nil {
+				p := e.pinger.(*rawSpinPath)
+				p.client.(*detachedSocket).pause, p.server.(*detachedSocket).pause = pause, pause
+			}
+			return e, err
+		}})
+	}
 }
 
 // rawSpin is the spin of the raw-tcp-spin paths: wire.DefaultReadSpin.
@@ -201,12 +217,15 @@ func (s *pollerSocket) writeAll(p []byte) error {
 func (s *pollerSocket) close() error { return s.c.Close() }
 
 // detachedSocket is a duplicate of a socket out of the runtime's poller:
-// it spins on read(2) for up to spin, then waits in poll(2).
+// it spins on read(2) for up to spin, then waits in poll(2). A negative
+// spin spins as long on poll(2) with a zero timeout, reading once the
+// socket is readable.
 type detachedSocket struct {
-	fd   int
-	spin time.Duration
-	pfd  [1]unix.PollFd
-	mu   sync.Mutex // close vs. a shutdown already done
+	fd    int
+	spin  time.Duration
+	pause time.Duration // between the spin's reads, without a system call
+	pfd   [1]unix.PollFd
+	mu    sync.Mutex // close vs. a shutdown already done
 }
 
 func newDetachedSocket(c net.Conn, spin time.Duration) (*detachedSocket, error) {
@@ -233,9 +252,17 @@ func (s *detachedSocket) readFull(p []byte) error {
 		n, err := unix.Read(s.fd, p[got:])
 		switch {
 		case err == unix.EAGAIN:
+			if s.spin < 0 {
+				s.pollSpin(-s.spin)
+				continue
+			}
+			if s.pause > 0 {
+				for t0 := time.Now(); time.Since(t0) < s.pause; {
+				}
+			}
 			if s.spin > 0 && start.IsZero() {
 				start = time.Now()
-			} else if s.spin <= 0 || time.Since(start) > s.spin {
+			} else if s.spin == 0 || time.Since(start) > s.spin {
 				if _, err := unix.Poll(s.pfd[:], -1); err != nil && err != unix.EINTR {
 					return err
 				}
@@ -251,6 +278,22 @@ func (s *detachedSocket) readFull(p []byte) error {
 		got += n
 	}
 	return nil
+}
+
+// pollSpin returns once the socket is readable (or has an error or
+// hung up): it polls without waiting for up to spin, then waits.
+func (s *detachedSocket) pollSpin(spin time.Duration) {
+	start := time.Now()
+	for i := 0; ; i++ {
+		n, err := unix.Poll(s.pfd[:], 0)
+		if n > 0 || (err != nil && err != unix.EINTR) {
+			return
+		}
+		if i&7 == 7 && time.Since(start) > spin {
+			_, _ = unix.Poll(s.pfd[:], -1)
+			return
+		}
+	}
 }
 
 func (s *detachedSocket) writeAll(p []byte) error {
