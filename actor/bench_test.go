@@ -15,9 +15,27 @@ import (
 
 // BenchmarkOneWay sends 64-byte messages from one node to an actor on
 // another and waits until all arrived.
-func BenchmarkOneWay(b *testing.B) {
+func BenchmarkOneWay(b *testing.B) { benchOneWay(b, false, false) }
+
+// BenchmarkOneWayInline is BenchmarkOneWay to an actor with inline
+// delivery, its bursts decoded by the reader (eager) or by the actor's
+// goroutine (lazy, as on hosts with processors to spare).
+func BenchmarkOneWayInline(b *testing.B) {
+	b.Run("eager", func(b *testing.B) { benchOneWay(b, true, false) })
+	b.Run("lazy", func(b *testing.B) { benchOneWay(b, true, true) })
+}
+
+// benchOneWay is BenchmarkOneWay; with inline, the sink has inline
+// delivery and its bursts are decoded by its goroutine if lazy, by the
+// reader if not.
+func benchOneWay(b *testing.B, inline, lazy bool) {
 	_, nodes := startClusterB(b, 2)
 	a, c := nodes[0], nodes[1]
+	var opts []pa.PropsOption
+	if inline {
+		actor.SetLazyDecode(c, lazy)
+		opts = append(opts, c.WithInlineDelivery())
+	}
 	var got atomic.Int64
 	done := make(chan struct{}, 1)
 	target := int64(b.N)
@@ -27,7 +45,7 @@ func BenchmarkOneWay(b *testing.B) {
 				done <- struct{}{}
 			}
 		}
-	}), "sink")
+	}, opts...), "sink")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -41,47 +59,6 @@ func BenchmarkOneWay(b *testing.B) {
 	case <-done:
 	case <-time.After(60 * time.Second):
 		b.Fatalf("only %d of %d arrived", got.Load(), b.N)
-	}
-}
-
-// BenchmarkOneWayInline is BenchmarkOneWay to an actor with inline
-// delivery, its bursts decoded by the reader (eager) or by the actor's
-// goroutine (lazy, as on hosts with processors to spare).
-func BenchmarkOneWayInline(b *testing.B) {
-	for _, lazy := range []bool{false, true} {
-		name := "eager"
-		if lazy {
-			name = "lazy"
-		}
-		b.Run(name, func(b *testing.B) {
-			_, nodes := startClusterB(b, 2)
-			a, c := nodes[0], nodes[1]
-			actor.SetLazyDecode(c, lazy)
-			var got atomic.Int64
-			done := make(chan struct{}, 1)
-			target := int64(b.N)
-			_, err := c.Root().SpawnNamed(pa.PropsFromFunc(func(ctx pa.Context) {
-				if _, ok := ctx.Message().(*Ping); ok {
-					if got.Add(1) == target {
-						done <- struct{}{}
-					}
-				}
-			}, c.WithInlineDelivery()), "sink")
-			if err != nil {
-				b.Fatal(err)
-			}
-			pid := a.PID(c.Name(), "sink")
-			msg := &Ping{Text: string(bytes.Repeat([]byte{'x'}, 64))}
-			b.ResetTimer()
-			for range b.N {
-				a.Root().Send(pid, msg)
-			}
-			select {
-			case <-done:
-			case <-time.After(60 * time.Second):
-				b.Fatalf("only %d of %d arrived", got.Load(), b.N)
-			}
-		})
 	}
 }
 
