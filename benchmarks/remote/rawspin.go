@@ -33,19 +33,13 @@ import (
 //     does not contend with the kernel delivering the data.
 func init() {
 	extraPaths = append(extraPaths,
-		path{name: "raw-tcp-spin", rttOnly: true, open: func() (*endpoints, error) { return openRawSpin(false, rawSpin) }},
-		path{name: "raw-tcp-spin-detached", rttOnly: true, open: func() (*endpoints, error) { return openRawSpin(true, rawSpin) }},
-		path{name: "raw-tcp-wait-detached", rttOnly: true, open: func() (*endpoints, error) { return openRawSpin(true, 0) }},
-		path{name: "raw-tcp-pollspin-detached", rttOnly: true, open: func() (*endpoints, error) { return openRawSpin(true, -rawSpin) }})
+		path{name: "raw-tcp-spin", rttOnly: true, open: func() (*endpoints, error) { return openRawSpin(false, rawSpin, 0) }},
+		path{name: "raw-tcp-spin-detached", rttOnly: true, open: func() (*endpoints, error) { return openRawSpin(true, rawSpin, 0) }},
+		path{name: "raw-tcp-wait-detached", rttOnly: true, open: func() (*endpoints, error) { return openRawSpin(true, 0, 0) }},
+		path{name: "raw-tcp-pollspin-detached", rttOnly: true, open: func() (*endpoints, error) { return openRawSpin(true, -rawSpin, 0) }})
 	for _, pause := range []time.Duration{250 * time.Nanosecond, time.Microsecond} {
-		extraPaths = append(extraPaths, path{name: fmt.Sprintf("raw-tcp-spin-detached-pause-%dns", pause.Nanoseconds()), rttOnly: true, open: func() (*endpoints, error) {
-			e, err := openRawSpin(true, rawSpin)
-			if err == nil {
-				p := e.pinger.(*rawSpinPath)
-				p.client.(*detachedSocket).pause, p.server.(*detachedSocket).pause = pause, pause
-			}
-			return e, err
-		}})
+		extraPaths = append(extraPaths, path{name: fmt.Sprintf("raw-tcp-spin-detached-pause-%dns", pause.Nanoseconds()), rttOnly: true,
+			open: func() (*endpoints, error) { return openRawSpin(true, rawSpin, pause) }})
 	}
 }
 
@@ -65,7 +59,9 @@ type rawSpinPath struct {
 	req, resp      [payloadSize]byte
 }
 
-func openRawSpin(detach bool, spin time.Duration) (*endpoints, error) {
+// openRawSpin opens a raw-tcp-spin path: detached or in the poller, with
+// the detached sockets' spin and pause (detachedSocket).
+func openRawSpin(detach bool, spin, pause time.Duration) (*endpoints, error) {
 	c, s, err := loopbackPair()
 	if err != nil {
 		return nil, err
@@ -75,8 +71,8 @@ func openRawSpin(detach bool, spin time.Duration) (*endpoints, error) {
 		p.req[i] = byte(i)
 	}
 	if detach {
-		if p.client, err = newDetachedSocket(c, spin); err == nil {
-			if p.server, err = newDetachedSocket(s, spin); err != nil {
+		if p.client, err = newDetachedSocket(c, spin, pause); err == nil {
+			if p.server, err = newDetachedSocket(s, spin, pause); err != nil {
 				_ = p.client.close()
 			}
 		}
@@ -228,7 +224,7 @@ type detachedSocket struct {
 	mu    sync.Mutex // close vs. a shutdown already done
 }
 
-func newDetachedSocket(c net.Conn, spin time.Duration) (*detachedSocket, error) {
+func newDetachedSocket(c net.Conn, spin, pause time.Duration) (*detachedSocket, error) {
 	raw, err := c.(syscall.Conn).SyscallConn()
 	if err != nil {
 		return nil, err
@@ -243,7 +239,7 @@ func newDetachedSocket(c net.Conn, spin time.Duration) (*detachedSocket, error) 
 		return nil, err
 	}
 	c.Close() // out of the epoll set; the socket lives on in fd
-	return &detachedSocket{fd: fd, spin: spin, pfd: [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}}, nil
+	return &detachedSocket{fd: fd, spin: spin, pause: pause, pfd: [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}}, nil
 }
 
 func (s *detachedSocket) readFull(p []byte) error {
