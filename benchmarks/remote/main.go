@@ -72,17 +72,15 @@ func main() {
 			fmt.Fprintf(prog.Writer(os.Stderr), "remote: %v\n", err)
 			failed = true
 		}
-	}
-	for i, p := range paths {
-		if *interleave > 1 {
-			break
-		}
-		prog.Phase(i+1, len(paths), p.name, 0)
-		rs, err := run(p, *rttCount, *onewayCount, *timeout)
-		all = append(all, rs...)
-		if err != nil {
-			fmt.Fprintf(prog.Writer(os.Stderr), "remote: %s: %v\n", p.name, err)
-			failed = true
+	} else {
+		for i, p := range paths {
+			prog.Phase(i+1, len(paths), p.name, 0)
+			rs, err := run(p, *rttCount, *onewayCount, *timeout)
+			all = append(all, rs...)
+			if err != nil {
+				fmt.Fprintf(prog.Writer(os.Stderr), "remote: %s: %v\n", p.name, err)
+				failed = true
+			}
 		}
 	}
 	prog.Close()
