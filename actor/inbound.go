@@ -139,11 +139,17 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 	if m.SenderID != "" {
 		sender = pa.NewPID(m.SenderNode, m.SenderID)
 	}
+	// A Request's reply goes to its caller by key (completeReplyKey): it
+	// comes with the key and no target (fillMessage), and its address,
+	// new for every request, becomes a string and a PID only where one
+	// is needed (replyTarget, localPID).
+	key, reply := m.Request, m.Request != 0 && m.Target == ""
+	if !reply {
+		key, reply = replyKey(m.Target)
+	} else if n.tr.On() {
+		replyTarget(m, key)
+	}
 	rs := n.startReceive(ps.peer.Name, m.Header, m.Target, m.Type)
-	// A Request's reply goes to its caller by key (completeReplyKey): its
-	// address, new for every request, becomes a PID only where one is
-	// needed (localPID).
-	key, reply := replyKey(m.Target)
 	var target *pa.PID
 	var proc pa.Process
 	var mb *inlineMailbox // alone in its frame: the target's inline mailbox, if any
@@ -189,6 +195,11 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 		}
 	}
 	msg, err := pc.decode(m)
+	if reply {
+		if err != nil || len(m.Tensors) > 0 || ps.ep.Backlog() {
+			replyTarget(m, key) // off the path of a plain reply
+		}
+	}
 	if err != nil {
 		rs.End(err)
 		n.notDecoded(ps, m.Type, sender, n.localPID(target, m.Target), err)
@@ -206,6 +217,9 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 	// when the budgets allow (in, nil when there are none).
 	var in *transfer.Incoming
 	if len(m.Tensors) > 0 || holdsTensors(pc, m.Type, msg) {
+		if reply {
+			replyTarget(m, key)
+		}
 		if in, err = n.eng.ImportContext(rs.Context(), ps.peer.Name, m.Tensors, msg, n.deviceOf(m.Target)); err != nil {
 			rs.End(err)
 			n.log.Warn("message refused", zap.String("peer", ps.peer.Name), zap.String("type", m.Type), zap.Error(err))
@@ -248,6 +262,14 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 
 // localPID is target, or for a reply, whose target receiveMessage does not
 // make, the PID of id on this node.
+// replyTarget gives m, a Request's reply that came with its key alone, its
+// target: the reply address the key stands for.
+func replyTarget(m *wire.Message, key uint64) {
+	if m.Target == "" {
+		m.Target = replyID(key)
+	}
+}
+
 func (n *Node) localPID(target *pa.PID, id string) *pa.PID {
 	if target == nil {
 		return pa.NewPID(n.self.Name, id)

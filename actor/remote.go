@@ -70,8 +70,17 @@ const maxPooledBody = 64 << 10
 // sendUser sends msg to target on another node; ctx (or else header)
 // holds the trace the send continues, when the node traces.
 func (n *Node) sendUser(ctx context.Context, target *pa.PID, header pa.ReadonlyMessageHeader, msg any, sender *pa.PID) {
+	n.sendUserVia(ctx, nil, target, header, msg, sender)
+}
+
+// sendUserVia is sendUser through ps, target's peer, when the caller has
+// looked it up already (nil: sendUser looks it up, connecting if need be).
+func (n *Node) sendUserVia(ctx context.Context, ps *peerState, target *pa.PID, header pa.ReadonlyMessageHeader, msg any, sender *pa.PID) {
 	sp := n.startSend(ctx, header, target, msg)
-	ps, err := n.connectedPeer(target.Address)
+	var err error
+	if ps == nil {
+		ps, err = n.connectedPeer(target.Address)
+	}
 	if ps == nil {
 		sp.End(err)
 		n.failDelivery(target, sender, err)
@@ -103,8 +112,14 @@ func (n *Node) sendUser(ctx context.Context, target *pa.PID, header pa.ReadonlyM
 	}
 }
 
+// fillMessage addresses m. A reply to a Request goes with the request's
+// key alone (no target): the receiver needs no string for it.
 func fillMessage(m *wire.Message, target *pa.PID, header pa.ReadonlyMessageHeader, sender *pa.PID) {
-	m.Target = target.Id
+	if key, ok := replyKey(target.Id); ok && key != 0 {
+		m.Request = key
+	} else {
+		m.Target = target.Id
+	}
 	if sender != nil {
 		m.SenderNode, m.SenderID = sender.Address, sender.Id
 	}

@@ -80,8 +80,8 @@ func (n *Node) RequestTimeout(target *pa.PID, msg any, timeout time.Duration) (a
 	if timeout <= 0 {
 		return nil, context.DeadlineExceeded
 	}
-	ctx, cancel := deadline.WithTimeout(context.Background(), timeout)
-	defer cancel()
+	ctx := deadline.NewTimeout(context.Background(), timeout)
+	defer ctx.Cancel()
 	return n.Request(ctx, target, msg)
 }
 
@@ -134,12 +134,15 @@ func (n *Node) requestRemote(ctx context.Context, target *pa.PID, msg any) (any,
 	r.m[key] = w
 	r.mu.Unlock()
 
-	var buf [len(replyPrefix) + 13]byte
-	sender := &pa.PID{Address: n.self.Name, Id: string(strconv.AppendUint(append(buf[:0], replyPrefix...), key, 36))}
-	n.sendUser(ctx, target, nil, msg, sender)
+	sender := &pa.PID{Address: n.self.Name, Id: replyID(key)}
+	ps := n.peer(target.Address)
+	n.sendUserVia(ctx, ps, target, nil, msg, sender)
+	if ps == nil {
+		ps = n.peer(target.Address) // connected by the send
+	}
 	// The caller reads the reply from the connection itself when nobody
 	// else reads it (no hand-off from the connection's reader).
-	if ps := n.peer(target.Address); ps != nil && len(w.ch) == 0 {
+	if ps != nil && len(w.ch) == 0 {
 		ps.peer.Await(ctx, &w.wt, w.ready)
 	}
 
@@ -180,6 +183,12 @@ func (n *Node) takeReply(key uint64) *replyWait {
 
 func isReply(id string) bool { return strings.HasPrefix(id, replyPrefix) }
 
+// replyID is the Request reply address of key.
+func replyID(key uint64) string {
+	var buf [len(replyPrefix) + 13]byte
+	return string(strconv.AppendUint(append(buf[:0], replyPrefix...), key, 36))
+}
+
 // replyKey parses the key of a Request reply address; false for any other
 // id.
 func replyKey(id string) (uint64, bool) {
@@ -207,6 +216,9 @@ func (n *Node) completeReplyKey(key uint64, id string, msg any, err error) {
 	if w := n.takeReply(key); w != nil {
 		w.send(replyResult{msg: msg, err: err})
 	} else {
+		if id == "" {
+			id = replyID(key)
+		}
 		n.log.Debug("reply after its request ended", zap.String("id", id))
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	pa "github.com/asynkron/protoactor-go/actor"
+	"github.com/tensorferry/tensorferry/wire"
 )
 
 // TestReplyIDsNeverMatchFutures: protoactor's own future ids must never be
@@ -29,5 +30,32 @@ func TestReplyIDsNeverMatchFutures(t *testing.T) {
 	}
 	if k, ok := replyKey("future#z"); !ok || k != 35 {
 		t.Fatalf("replyKey(future#z) = %d, %v", k, ok)
+	}
+}
+
+// TestReplyGoesByKey: a message to a Request reply address travels with
+// the request's key alone, which names the same address again; any other
+// target, protoactor's futures and a key of 0 included, travels as is.
+func TestReplyGoesByKey(t *testing.T) {
+	for _, key := range []uint64{1, 35, 36, 1 << 40, ^uint64(0)} {
+		var m wire.Message
+		fillMessage(&m, pa.NewPID("a", replyID(key)), nil, nil)
+		if m.Target != "" || m.Request != key {
+			t.Fatalf("reply to key %d: target %q, request %d", key, m.Target, m.Request)
+		}
+		if k, ok := replyKey(replyID(key)); !ok || k != key {
+			t.Fatalf("replyKey(replyID(%d)) = %d, %v", key, k, ok)
+		}
+		replyTarget(&m, m.Request)
+		if m.Target != replyID(key) {
+			t.Fatalf("replyTarget = %q, want %q", m.Target, replyID(key))
+		}
+	}
+	for _, id := range []string{"echo", "future$abc", "future#0", "future#zz!", ""} {
+		var m wire.Message
+		fillMessage(&m, pa.NewPID("a", id), nil, pa.NewPID("b", "s"))
+		if m.Target != id || m.Request != 0 || m.SenderNode != "b" || m.SenderID != "s" {
+			t.Fatalf("target %q: got %+v", id, m)
+		}
 	}
 }

@@ -56,7 +56,10 @@ type Message struct {
 	Ser        uint8             `msgpack:"s,omitempty"`  // serializer id
 	Body       []byte            `msgpack:"b,omitempty"`  // serialized message
 	Header     map[string]string `msgpack:"h,omitempty"`
-	Request    uint64            `msgpack:"r,omitempty"` // request id; 0 if none
+	// Request is the key of the request a reply answers, in place of
+	// Target (the layer above maps keys to its reply addresses); 0 if
+	// none.
+	Request uint64 `msgpack:"r,omitempty"`
 	// Tensors is the message's tensor table, beside the body: the
 	// transfer engine's encoding of the tensors the body's tensor fields
 	// refer to (inline bytes, or descriptors to fetch). Opaque to wire.
