@@ -272,7 +272,16 @@ func (m *inlineMailbox) run(inline bool) (drained bool) {
 			runtime.Gosched()
 		}
 		i++
-		if msg = m.system.pop(); msg != nil {
+		// The counts are raised after the push, and process looks at them
+		// again once the mailbox is idle: an empty queue skipped here on
+		// a count still zero is run then, and the lock of a queue known
+		// empty is not taken.
+		if m.sysMessages.Load() > 0 {
+			msg = m.system.pop()
+		} else {
+			msg = nil
+		}
+		if msg != nil {
 			m.sysMessages.Add(-1)
 			switch msg.(type) {
 			case *pa.SuspendMailbox:
@@ -285,6 +294,9 @@ func (m *inlineMailbox) run(inline bool) (drained bool) {
 			continue
 		}
 		if m.suspended.Load() {
+			return true
+		}
+		if m.userMessages.Load() <= 0 {
 			return true
 		}
 		if msg = m.user.pop(); msg == nil {

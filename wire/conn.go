@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -164,6 +165,10 @@ type Conn struct {
 	lastReads  atomic.Uint64
 	lastDirect atomic.Int64
 
+	// running: started and not closing (set and cleared under mu), what
+	// a direct write checks without taking mu.
+	running atomic.Bool
+
 	// rstate is the reader's guarded Handler call: a sequence number and a
 	// phase (takeover.go); takeovers counts the calls taken over.
 	rstate    atomic.Uint64
@@ -181,8 +186,15 @@ type cacheLinePad [64]byte
 // burstWindow: a Send within this time of the previous direct write, with
 // no frame read in between, is part of a one-way burst and goes through the
 // writer goroutine, which batches the burst into few writes. Request and
-// response traffic (a read between two writes) keeps writing directly.
+// response traffic (a read between two writes) keeps writing directly. The
+// window starts at a burst's second direct write: a write that follows a
+// read is not timed (noDirect), which spares a clock read per request and
+// per response.
 const burstWindow = 200 * time.Microsecond
+
+// noDirect is lastDirect after a direct write that followed a read: far
+// enough in the past that the next write is direct.
+const noDirect = math.MinInt64 / 2
 
 // outFrame is one queued frame: header and payload in buf. A flush marker
 // has no buf and has written, which the writer closes once everything
@@ -272,6 +284,7 @@ func (c *Conn) Start() {
 		return
 	}
 	c.started = true
+	c.running.Store(true)
 	detachOnStart(c.nc)
 	c.wg.Add(2)
 	if c.opts.HandlerTakeover > 0 && c.opts.Handler != nil {
@@ -317,6 +330,7 @@ func (c *Conn) end(err error, expected bool) {
 		return
 	}
 	c.closing = true
+	c.running.Store(false)
 	if err == nil {
 		err = ErrClosed
 	}
@@ -452,29 +466,31 @@ func (c *Conn) writeDirect(of *outFrame) (bool, error) {
 		return false, nil
 	}
 	defer c.wmu.Unlock()
-	if c.pending.Load() != 0 || !c.isRunning() {
+	if c.pending.Load() != 0 || !c.running.Load() {
 		return false, nil
 	}
 	of.state.Store(frameTaken)
-	c.lastReads.Store(c.reads.Load())
+	reads := c.reads.Load()
+	afterRead := reads != c.lastReads.Load()
+	c.lastReads.Store(reads)
 	err := c.writeFrameLocked(of)
 	if err == nil {
 		err = c.bw.Flush()
 	}
-	c.lastDirect.Store(mono.Now())
+	// A write that follows a read (a request or a response) takes no
+	// clock: the next write without a read in between goes directly too,
+	// and only from there on does the window apply.
+	if afterRead {
+		c.lastDirect.Store(noDirect)
+	} else {
+		c.lastDirect.Store(mono.Now())
+	}
 	if err != nil {
 		err = fmt.Errorf("wire: write to %s: %w", c.peer.Node, err)
 		c.fail(err)
 		return true, fmt.Errorf("%w: %w", ErrClosed, err)
 	}
 	return true, nil
-}
-
-// isRunning reports whether the Conn is started and not closing.
-func (c *Conn) isRunning() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.started && !c.closing
 }
 
 func (c *Conn) enqueue(ctx context.Context, of *outFrame) error {
@@ -587,6 +603,11 @@ func (c *Conn) writeFrameLocked(of *outFrame) error {
 	close(of.written)
 	return err
 }
+
+// FramesRead returns how many frames the Conn has read so far. A watcher
+// that samples it now and then learns whether the peer has said anything
+// since it last looked without a clock read per frame.
+func (c *Conn) FramesRead() uint64 { return c.reads.Load() }
 
 // Takeovers returns how many Handler calls ran past HandlerTakeover and
 // were left to finish on their own while a new goroutine went on reading.

@@ -13,15 +13,19 @@ package deadline
 
 import (
 	"context"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tensorferry/tensorferry/internal/mono"
 )
 
-// ctx is the context WithDeadline returns.
-type ctx struct {
+// Ctx is the context WithDeadline, WithTimeout and NewTimeout return.
+type Ctx struct {
 	parent   context.Context
 	deadline time.Time
+	at       int64 // deadline on mono's clock: Err reads the clock once
 
 	mu    sync.Mutex
 	done  chan struct{} // nil until Done is called or the context ends
@@ -46,23 +50,42 @@ func WithDeadline(parent context.Context, d time.Time) (context.Context, context
 	if pd, ok := parent.Deadline(); ok && pd.Before(d) {
 		d = pd
 	}
-	c := &ctx{parent: parent, deadline: d}
-	return c, func() { c.end(context.Canceled) }
+	c := &Ctx{parent: parent, deadline: d, at: mono.Of(d)}
+	return c, c.Cancel
 }
 
-// WithTimeout is WithDeadline(parent, time.Now().Add(timeout)).
+// Cancel ends c with context.Canceled (the cancel function of
+// WithDeadline and WithTimeout).
+func (c *Ctx) Cancel() { c.end(context.Canceled) }
+
+// WithTimeout is WithDeadline(parent, time.Now().Add(timeout)), reading
+// only the monotonic clock (time.Now reads the wall clock too).
 func WithTimeout(parent context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
-	return WithDeadline(parent, time.Now().Add(timeout))
+	c := NewTimeout(parent, timeout)
+	return c, c.Cancel
 }
 
-func (c *ctx) Deadline() (time.Time, bool) { return c.deadline, true }
+// NewTimeout is WithTimeout for a caller that calls Cancel itself, which
+// spares the allocation of a cancel function.
+func NewTimeout(parent context.Context, timeout time.Duration) *Ctx {
+	at := mono.Now() + min(int64(timeout), math.MaxInt64/2) // no overflow
+	d := mono.Time(at)
+	if pd, ok := parent.Deadline(); ok {
+		if pat := mono.Of(pd); pat < at {
+			d, at = pd, pat
+		}
+	}
+	return &Ctx{parent: parent, deadline: d, at: at}
+}
 
-func (c *ctx) Value(key any) any { return c.parent.Value(key) }
+func (c *Ctx) Deadline() (time.Time, bool) { return c.deadline, true }
+
+func (c *Ctx) Value(key any) any { return c.parent.Value(key) }
 
 // Err reports why the context ended, nil while it has not: it looks at
 // the parent and the clock itself, and ends the context (closing Done)
 // when either says it is over.
-func (c *ctx) Err() error {
+func (c *Ctx) Err() error {
 	if c.ended.Load() {
 		c.mu.Lock()
 		err := c.err
@@ -72,7 +95,7 @@ func (c *ctx) Err() error {
 	if err := c.parent.Err(); err != nil {
 		return c.end(err)
 	}
-	if !time.Now().Before(c.deadline) {
+	if mono.Now() >= c.at {
 		return c.end(context.DeadlineExceeded)
 	}
 	return nil
@@ -80,7 +103,7 @@ func (c *ctx) Err() error {
 
 // Done arms the deadline's timer and the parent's propagation on its first
 // call.
-func (c *ctx) Done() <-chan struct{} {
+func (c *Ctx) Done() <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.done != nil {
@@ -98,7 +121,7 @@ func (c *ctx) Done() <-chan struct{} {
 
 // end ends the context with err unless it has ended already, and returns
 // the error it ended with.
-func (c *ctx) end(err error) error {
+func (c *Ctx) end(err error) error {
 	c.mu.Lock()
 	if c.err != nil {
 		err = c.err
@@ -123,4 +146,4 @@ func (c *ctx) end(err error) error {
 	return err
 }
 
-func (c *ctx) String() string { return "deadline.WithDeadline(" + c.deadline.String() + ")" }
+func (c *Ctx) String() string { return "deadline.WithDeadline(" + c.deadline.String() + ")" }

@@ -186,3 +186,44 @@ func BenchmarkStdlibWithTimeoutErr(b *testing.B) {
 		cancel()
 	}
 }
+
+// TestTimeoutDeadline: WithTimeout's deadline, taken on the monotonic clock
+// alone, is time.Now().Add(timeout) as the wall clock reads it too; the
+// parent's earlier deadline wins; a timeout too large to add does not
+// overflow into the past.
+func TestTimeoutDeadline(t *testing.T) {
+	before := time.Now()
+	ctx, cancel := WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	after := time.Now()
+	d, ok := ctx.Deadline()
+	if !ok || d.Before(before.Add(time.Hour)) || d.After(after.Add(time.Hour)) {
+		t.Fatalf("Deadline = %v, %v; want between %v and %v", d, ok, before.Add(time.Hour), after.Add(time.Hour))
+	}
+	// The wall clock agrees, to the skew between the two clocks.
+	if w := d.Round(0); w.Before(before.Add(time.Hour).Add(-time.Second)) || w.After(after.Add(time.Hour).Add(time.Second)) {
+		t.Fatalf("Deadline's wall clock %v, want about %v", w, before.Add(time.Hour))
+	}
+
+	parent, pcancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Millisecond))
+	defer pcancel()
+	child, ccancel := WithTimeout(parent, time.Hour)
+	defer ccancel()
+	if pd, _ := parent.Deadline(); !sameTime(child, pd) {
+		t.Fatalf("child's deadline is not the parent's earlier one")
+	}
+	if err := child.Err(); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Err under an ended parent = %v", err)
+	}
+
+	huge, hcancel := WithTimeout(context.Background(), time.Duration(1<<63-1))
+	defer hcancel()
+	if err := huge.Err(); err != nil {
+		t.Fatalf("Err with the largest timeout = %v, want nil", err)
+	}
+}
+
+func sameTime(ctx context.Context, want time.Time) bool {
+	d, ok := ctx.Deadline()
+	return ok && d.Equal(want)
+}

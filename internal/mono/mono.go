@@ -15,3 +15,10 @@ var base = time.Now()
 // (strictly: since this package was initialized). Differences of two Nows
 // are durations; a Now is not a wall-clock time.
 func Now() int64 { return int64(time.Since(base)) }
+
+// Of is t on Now's clock: what Now will read when t comes (monotonic when
+// t carries a monotonic reading, as time.Now's do).
+func Of(t time.Time) int64 { return int64(t.Sub(base)) }
+
+// Time is the time.Time at which Now reads ns, with a monotonic reading.
+func Time(ns int64) time.Time { return base.Add(time.Duration(ns)) }
