@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -186,15 +185,8 @@ type cacheLinePad [64]byte
 // burstWindow: a Send within this time of the previous direct write, with
 // no frame read in between, is part of a one-way burst and goes through the
 // writer goroutine, which batches the burst into few writes. Request and
-// response traffic (a read between two writes) keeps writing directly. The
-// window starts at a burst's second direct write: a write that follows a
-// read is not timed (noDirect), which spares a clock read per request and
-// per response.
+// response traffic (a read between two writes) keeps writing directly.
 const burstWindow = 200 * time.Microsecond
-
-// noDirect is lastDirect after a direct write that followed a read: far
-// enough in the past that the next write is direct.
-const noDirect = math.MinInt64 / 2
 
 // outFrame is one queued frame: header and payload in buf. A flush marker
 // has no buf and has written, which the writer closes once everything
@@ -470,21 +462,12 @@ func (c *Conn) writeDirect(of *outFrame) (bool, error) {
 		return false, nil
 	}
 	of.state.Store(frameTaken)
-	reads := c.reads.Load()
-	afterRead := reads != c.lastReads.Load()
-	c.lastReads.Store(reads)
+	c.lastReads.Store(c.reads.Load())
 	err := c.writeFrameLocked(of)
 	if err == nil {
 		err = c.bw.Flush()
 	}
-	// A write that follows a read (a request or a response) takes no
-	// clock: the next write without a read in between goes directly too,
-	// and only from there on does the window apply.
-	if afterRead {
-		c.lastDirect.Store(noDirect)
-	} else {
-		c.lastDirect.Store(mono.Now())
-	}
+	c.lastDirect.Store(mono.Now())
 	if err != nil {
 		err = fmt.Errorf("wire: write to %s: %w", c.peer.Node, err)
 		c.fail(err)
