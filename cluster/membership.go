@@ -85,13 +85,11 @@ type Peer struct {
 
 	link      atomic.Pointer[link] // the current control connection; nil while idle (gossip)
 	initiator string               // which end dialed the first connection
-	// lastSeen is mono.Now when a look (Peer.seen) last found a frame
-	// from it that the previous look had not, or when its link was set.
-	lastSeen atomic.Int64
-	up       chan struct{} // closed when caps arrived
-	upOnce   sync.Once
-	downOnce sync.Once
-	gone     atomic.Bool // no longer its slot's current Peer
+	lastSeen  atomic.Int64         // mono.Now of the last frame from it
+	up        chan struct{}        // closed when caps arrived
+	upOnce    sync.Once
+	downOnce  sync.Once
+	gone      atomic.Bool // no longer its slot's current Peer
 	// gate counts the senders using the current link (low bits), marks a
 	// drain that closes an idle link (gateDrain) and counts sends (high
 	// bits), with gossip membership only (ondemand.go).
@@ -111,28 +109,6 @@ type link struct {
 	said      atomic.Bool
 	heard     chan struct{}
 	heardOnce sync.Once
-	// seenReads is conn.FramesRead at the last look (Peer.seen).
-	seenReads atomic.Uint64
-}
-
-// seen returns when the peer was last heard from, as the loops that look
-// now and then (silence, idle links) see it: frames read on its link since
-// the last look move lastSeen to now. The frames themselves take no clock
-// reading (one per frame costs more than the rest of a small message's
-// handling on some hosts); a look is at most one period of its loop late.
-func (p *Peer) seen(now int64) int64 {
-	if l := p.link.Load(); l != nil {
-		r := l.conn.FramesRead()
-		if old := l.seenReads.Load(); r != old && l.seenReads.CompareAndSwap(old, r) {
-			for {
-				last := p.lastSeen.Load()
-				if last >= now || p.lastSeen.CompareAndSwap(last, now) {
-					break
-				}
-			}
-		}
-	}
-	return p.lastSeen.Load()
 }
 
 // setLink makes l the Peer's current link.
@@ -1170,6 +1146,7 @@ func (s *slot) curLink() *link {
 }
 
 func (m *Membership) frame(p *Peer, l *link, f wire.Frame) {
+	p.lastSeen.Store(mono.Now())
 	switch f := f.(type) {
 	case *wire.CapsFrame:
 		first := false
@@ -1299,9 +1276,8 @@ func (m *Membership) down(p *Peer, cause error) {
 
 // silenceChecks is how many times per failure timeout the heartbeat loop
 // looks for silent peers: a node that stops answering is declared down
-// within FailureTimeout × (1 + 2/silenceChecks) of its last frame (one
-// look to notice the frame, Peer.seen, one to notice the silence), not up
-// to a whole heartbeat interval later.
+// within FailureTimeout × (1 + 1/silenceChecks) of its last frame, not
+// up to a whole heartbeat interval later.
 const silenceChecks = 30
 
 func (m *Membership) heartbeatLoop() {
@@ -1332,8 +1308,7 @@ func (m *Membership) heartbeatLoop() {
 			}
 			m.mu.Unlock()
 			for _, p := range peers {
-				mnow := mono.Now()
-				if silent := time.Duration(mnow - p.seen(mnow)); silent > m.cfg.FailureTimeout {
+				if silent := time.Duration(mono.Now() - p.lastSeen.Load()); silent > m.cfg.FailureTimeout {
 					p.conn().Fail(fmt.Errorf("%w: silent for %v (failure timeout %v)", ErrNodeDown, silent.Round(time.Millisecond), m.cfg.FailureTimeout))
 					continue
 				}

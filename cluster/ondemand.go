@@ -210,7 +210,7 @@ func (m *Membership) idleLoop() {
 					s.sends, s.sendsMoved = sends, now
 					continue
 				}
-				last := max(s.sendsMoved, p.seen(now))
+				last := max(s.sendsMoved, p.lastSeen.Load())
 				if now-last < int64(idle) {
 					continue
 				}

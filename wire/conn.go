@@ -587,11 +587,6 @@ func (c *Conn) writeFrameLocked(of *outFrame) error {
 	return err
 }
 
-// FramesRead returns how many frames the Conn has read so far. A watcher
-// that samples it now and then learns whether the peer has said anything
-// since it last looked without a clock read per frame.
-func (c *Conn) FramesRead() uint64 { return c.reads.Load() }
-
 // Takeovers returns how many Handler calls ran past HandlerTakeover and
 // were left to finish on their own while a new goroutine went on reading.
 func (c *Conn) Takeovers() uint64 { return c.takeovers.Load() }
