@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -103,9 +104,22 @@ type replyResult struct {
 
 // replies is the node's table of requests waiting for a reply.
 type replies struct {
-	mu   sync.Mutex
-	next uint64
-	m    map[uint64]*replyWait
+	mu sync.Mutex
+	m  map[uint64]*replyWait
+}
+
+// newReplyKey returns a key for a new request, unused in m (held under
+// replies.mu). Keys are random, not counted: a reply is taken from any
+// peer (an actor may forward a request to another node, whose reply then
+// comes from there), so a key is all that stands between a waiting request
+// and a peer that forges its reply; a peer learns only the keys of the
+// requests sent to it.
+func newReplyKey(m map[uint64]*replyWait) uint64 {
+	for {
+		if k := rand.Uint64(); k != 0 && m[k] == nil {
+			return k
+		}
+	}
 }
 
 var replyWaits = sync.Pool{New: func() any {
@@ -129,8 +143,7 @@ func (n *Node) requestRemote(ctx context.Context, target *pa.PID, msg any) (any,
 	if r.m == nil {
 		r.m = make(map[uint64]*replyWait)
 	}
-	r.next++
-	key := r.next
+	key := newReplyKey(r.m)
 	r.m[key] = w
 	r.mu.Unlock()
 

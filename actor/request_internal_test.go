@@ -6,6 +6,7 @@ import (
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/wire"
+	"go.uber.org/zap"
 )
 
 // TestReplyIDsNeverMatchFutures: protoactor's own future ids must never be
@@ -57,5 +58,41 @@ func TestReplyGoesByKey(t *testing.T) {
 		if m.Target != id || m.Request != 0 || m.SenderNode != "b" || m.SenderID != "s" {
 			t.Fatalf("target %q: got %+v", id, m)
 		}
+	}
+}
+
+// TestReplyKeysUnguessable: a reply is taken from any peer, so a request's
+// key must not be guessable. Keys are random: forged replies under the
+// first 100 000 keys, which a counter would hand out first, complete
+// nothing; the request's own key completes it.
+func TestReplyKeysUnguessable(t *testing.T) {
+	n := &Node{log: zap.NewNop()}
+	w := &replyWait{ch: make(chan replyResult, 1)}
+	r := &n.replies
+	r.mu.Lock()
+	r.m = map[uint64]*replyWait{}
+	key := newReplyKey(r.m)
+	r.m[key] = w
+	r.mu.Unlock()
+	if key < 100_000 {
+		t.Fatalf("key %d is among the first 100 000", key) // 1 in 2^47 by chance
+	}
+	for k := range uint64(100_000) {
+		n.completeReplyKey(k, "", "forged", nil)
+	}
+	if len(w.ch) != 0 {
+		t.Fatalf("a forged reply completed the request: %v", <-w.ch)
+	}
+	n.completeReplyKey(key, "", "real", nil)
+	if res := <-w.ch; res.msg != "real" {
+		t.Fatalf("reply = %v, want real", res.msg)
+	}
+	seen := map[uint64]*replyWait{}
+	for range 10_000 {
+		k := newReplyKey(seen)
+		if k == 0 || seen[k] != nil {
+			t.Fatalf("key %d is zero or taken", k)
+		}
+		seen[k] = w
 	}
 }
