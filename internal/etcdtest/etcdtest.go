@@ -6,6 +6,7 @@ package etcdtest
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"net"
 	"net/http"
@@ -47,10 +48,8 @@ func Start(t testing.TB) *Server {
 	}
 	dir := t.TempDir()
 	s := &Server{
-		t: t, bin: bin, dataDir: filepath.Join(dir, "data"), logPath: filepath.Join(dir, "etcd.log"),
-		ClientURL: "http://" + FreeAddr(t),
-		peerURL:   "http://" + FreeAddr(t),
-		http:      &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second},
+		t: t, bin: bin, logPath: filepath.Join(dir, "etcd.log"),
+		http: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second},
 	}
 	t.Cleanup(func() {
 		s.Kill()
@@ -60,8 +59,46 @@ func Start(t testing.TB) *Server {
 			}
 		}
 	})
-	s.Restart()
-	return s
+	// A port found free may be taken by another test's process before
+	// etcd binds it: etcd then exits at once, and it runs again on other
+	// ports, in a data directory of its own.
+	for attempt := 1; ; attempt++ {
+		s.ClientURL, s.peerURL = "http://"+freeAddr(t), "http://"+freeAddr(t)
+		s.dataDir = filepath.Join(dir, "data"+strconv.Itoa(attempt))
+		logged := s.logSize()
+		if s.run() {
+			return s
+		}
+		if attempt == maxBindAttempts || !s.loggedSince(logged, "address already in use") {
+			t.Fatalf("etcd exited: see %s", s.logPath)
+		}
+		t.Logf("etcd found a port taken (attempt %d of %d): trying others", attempt, maxBindAttempts)
+	}
+}
+
+// freeAddr is FreeAddr; a test of Start's retry replaces it.
+var freeAddr = FreeAddr
+
+// maxBindAttempts bounds the runs of Start that find a port taken.
+const maxBindAttempts = 5
+
+// logSize is the length of etcd's log so far.
+func (s *Server) logSize() int64 {
+	fi, err := os.Stat(s.logPath)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// loggedSince reports whether etcd's log holds what past its first from
+// bytes.
+func (s *Server) loggedSince(from int64, what string) bool {
+	b, err := os.ReadFile(s.logPath)
+	if err != nil || int64(len(b)) < from {
+		return false
+	}
+	return bytes.Contains(b[from:], []byte(what))
 }
 
 // FreeAddr returns a loopback host:port that was free a moment ago.
@@ -75,9 +112,18 @@ func FreeAddr(t testing.TB) string {
 	return l.Addr().String()
 }
 
-// Restart runs etcd (again, on the same data directory after Kill) and
-// waits until it answers /health.
+// Restart runs etcd (again, on the same data directory and ports after
+// Kill) and waits until it answers /health.
 func (s *Server) Restart() {
+	s.t.Helper()
+	if !s.run() {
+		s.t.Fatalf("etcd exited: see %s", s.logPath)
+	}
+}
+
+// run runs etcd and waits until it answers /health (true) or exits
+// (false).
+func (s *Server) run() bool {
 	s.t.Helper()
 	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
@@ -107,20 +153,43 @@ func (s *Server) Restart() {
 	s.mu.Lock()
 	s.cmd, s.exited = cmd, exited
 	s.mu.Unlock()
-	poll.Until(s.t, "etcd answers /health", func() bool {
+	// A health check in flight ends when etcd exits (the port may be
+	// another process's, which need not answer).
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
 		select {
 		case <-exited:
-			s.t.Fatalf("etcd exited: see %s", s.logPath)
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	healthy := false
+	poll.Until(s.t, "etcd answers /health or exits", func() bool {
+		select {
+		case <-exited:
+			return true
 		default:
 		}
-		resp, err := s.http.Get(s.ClientURL + "/health")
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.ClientURL+"/health", nil)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		resp, err := s.http.Do(req)
 		if err != nil {
 			return false
 		}
 		defer resp.Body.Close()
 		var h struct{ Health string }
-		return resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(&h) == nil && h.Health == "true"
+		healthy = resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(&h) == nil && h.Health == "true"
+		return healthy
 	})
+	if !healthy {
+		s.mu.Lock()
+		s.cmd = nil
+		s.mu.Unlock()
+	}
+	return healthy
 }
 
 // Kill kills etcd (SIGKILL: no goodbye to its clients) and waits for it.

@@ -96,11 +96,37 @@ scrape_configs:
 	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// A port found free may be taken by another process before Prometheus
+	// binds it: Prometheus then exits at once, and it runs again on
+	// another port.
+	for attempt := 1; ; attempt++ {
+		p, exited := runPrometheus(t, bin, confPath, filepath.Join(dir, fmt.Sprintf("data%d", attempt)))
+		if !exited {
+			return p
+		}
+		if attempt == 5 || !strings.Contains(p.log.String(), "address already in use") {
+			err := <-p.done
+			p.done <- err // for the cleanup's wait
+			t.Fatalf("prometheus exited: %v\n%s", err, p.log.String())
+		}
+		t.Logf("prometheus found its port taken (attempt %d of 5): trying another", attempt)
+	}
+}
+
+// readyClient asks whether Prometheus is ready; a port another process
+// took need not answer.
+var readyClient = &http.Client{Timeout: 2 * time.Second}
+
+// runPrometheus runs Prometheus on a loopback port found free and waits
+// until it is ready (exited false) or has exited (true; its error is in
+// p.done).
+func runPrometheus(t *testing.T, bin, confPath, dataDir string) (p *promServer, exited bool) {
+	t.Helper()
 	port := freePort(t)
-	p := &promServer{base: fmt.Sprintf("http://127.0.0.1:%d", port), done: make(chan error, 1), log: &strings.Builder{}}
+	p = &promServer{base: fmt.Sprintf("http://127.0.0.1:%d", port), done: make(chan error, 1), log: &strings.Builder{}}
 	p.cmd = exec.Command(bin,
 		"--config.file="+confPath,
-		"--storage.tsdb.path="+filepath.Join(dir, "data"),
+		"--storage.tsdb.path="+dataDir,
 		"--web.listen-address="+fmt.Sprintf("127.0.0.1:%d", port),
 		"--log.level=warn")
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
@@ -121,7 +147,7 @@ scrape_configs:
 			return true
 		default:
 		}
-		resp, err := http.Get(p.base + "/-/ready")
+		resp, err := readyClient.Get(p.base + "/-/ready")
 		if err != nil {
 			return false
 		}
@@ -130,13 +156,14 @@ scrape_configs:
 	})
 	select {
 	case err := <-p.done:
-		t.Fatalf("prometheus exited: %v\n%s", err, p.log.String())
+		p.done <- err
+		return p, true
 	default:
 	}
 	if err != nil {
 		t.Fatalf("prometheus not ready: %v\n%s", err, p.log.String())
 	}
-	return p
+	return p, false
 }
 
 // query evaluates expr now and returns its single value; ok is false when
