@@ -195,12 +195,12 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 		}
 	}
 	msg, err := pc.decode(m)
-	if reply {
-		if err != nil || len(m.Tensors) > 0 || ps.ep.Backlog() {
-			replyTarget(m, key) // off the path of a plain reply
-		}
-	}
+	// A reply's address is made below only where it is used: off the path
+	// of a plain reply.
 	if err != nil {
+		if reply {
+			replyTarget(m, key)
+		}
 		rs.End(err)
 		n.notDecoded(ps, m.Type, sender, n.localPID(target, m.Target), err)
 		if len(m.Tensors) > 0 {
@@ -208,10 +208,15 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 		}
 		return
 	}
-	if _, poison := msg.(*pa.PoisonPill); poison && n.refuseLifecycle(ps, m.Target, "PoisonPill") {
-		rs.Fail("remote PoisonPill refused")
-		n.replyFailure(ps, sender, n.localPID(target, m.Target), "remote PoisonPill refused by "+n.self.Name)
-		return
+	if _, poison := msg.(*pa.PoisonPill); poison {
+		if reply {
+			replyTarget(m, key)
+		}
+		if n.refuseLifecycle(ps, m.Target, "PoisonPill") {
+			rs.Fail("remote PoisonPill refused")
+			n.replyFailure(ps, sender, n.localPID(target, m.Target), "remote PoisonPill refused by "+n.self.Name)
+			return
+		}
 	}
 	// The engine puts the tensors back: inline ones now, those to fetch
 	// when the budgets allow (in, nil when there are none).
@@ -257,11 +262,12 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 		return
 	}
 	pc.flush()
+	if reply {
+		replyTarget(m, key)
+	}
 	n.enqueue(ps, in, m, n.localPID(target, m.Target), sender, msg, rs, pc == nil)
 }
 
-// localPID is target, or for a reply, whose target receiveMessage does not
-// make, the PID of id on this node.
 // replyTarget gives m, a Request's reply that came with its key alone, its
 // target: the reply address the key stands for.
 func replyTarget(m *wire.Message, key uint64) {
@@ -270,6 +276,8 @@ func replyTarget(m *wire.Message, key uint64) {
 	}
 }
 
+// localPID is target, or for a reply, whose target receiveMessage does not
+// make, the PID of id on this node.
 func (n *Node) localPID(target *pa.PID, id string) *pa.PID {
 	if target == nil {
 		return pa.NewPID(n.self.Name, id)
