@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/cluster"
@@ -33,6 +34,30 @@ func (d *DeliveryFailed) Error() string {
 type remoteProcess struct {
 	n    *Node
 	node string
+	// last is the node's peer state as the snapshot last.snap had it:
+	// a send finds its peer without a map lookup while the peers do not
+	// change.
+	last atomic.Pointer[remotePeer]
+}
+
+// remotePeer is remoteProcess.last.
+type remotePeer struct {
+	snap *map[string]*peerState
+	ps   *peerState
+}
+
+// peer returns the state of r's node if it is up, as Node.peer does.
+func (r *remoteProcess) peer() *peerState {
+	snap := r.n.peerSnap.Load()
+	if l := r.last.Load(); l != nil && l.snap == snap {
+		return l.ps
+	}
+	var ps *peerState
+	if snap != nil {
+		ps = (*snap)[r.node]
+	}
+	r.last.Store(&remotePeer{snap: snap, ps: ps})
+	return ps
 }
 
 var _ pa.Process = (*remoteProcess)(nil)
@@ -49,7 +74,7 @@ func (n *Node) resolve(pid *pa.PID) (pa.Process, bool) {
 
 func (r *remoteProcess) SendUserMessage(pid *pa.PID, message any) {
 	header, msg, sender := pa.UnwrapEnvelope(message)
-	r.n.sendUser(context.Background(), pid, header, msg, sender)
+	r.n.sendUserVia(context.Background(), r.peer(), pid, header, msg, sender)
 }
 
 func (r *remoteProcess) SendSystemMessage(pid *pa.PID, message any) {
@@ -67,14 +92,9 @@ var bodyBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 512); return 
 // maxPooledBody is the largest body buffer kept for reuse.
 const maxPooledBody = 64 << 10
 
-// sendUser sends msg to target on another node; ctx (or else header)
+// sendUserVia sends msg to target on another node through ps, target's
+// peer (nil: it is looked up, connecting if need be); ctx (or else header)
 // holds the trace the send continues, when the node traces.
-func (n *Node) sendUser(ctx context.Context, target *pa.PID, header pa.ReadonlyMessageHeader, msg any, sender *pa.PID) {
-	n.sendUserVia(ctx, nil, target, header, msg, sender)
-}
-
-// sendUserVia is sendUser through ps, target's peer, when the caller has
-// looked it up already (nil: sendUser looks it up, connecting if need be).
 func (n *Node) sendUserVia(ctx context.Context, ps *peerState, target *pa.PID, header pa.ReadonlyMessageHeader, msg any, sender *pa.PID) {
 	sp := n.startSend(ctx, header, target, msg)
 	var err error
@@ -143,6 +163,11 @@ type outMessage struct {
 // the engine, which sends it in order and never blocks the sender (the
 // body is encoded now, into its own buffer).
 func (n *Node) sendQueued(ps *peerState, out *transfer.Outgoing, msg any, target *pa.PID, header pa.ReadonlyMessageHeader, sender *pa.PID, pending bool, sp tracehook.Span) {
+	if sender != nil && isReply(sender.Id) {
+		// A Request's sender lives in its pooled wait (requestRemote),
+		// which a request that ends before this send reuses.
+		sender = pa.NewPID(sender.Address, sender.Id)
+	}
 	om := &outMessage{n: n, ps: ps, target: target, sender: sender, pending: pending, span: sp}
 	fillMessage(&om.m, target, header, sender)
 	om.m.Header = sp.Inject(om.m.Header)

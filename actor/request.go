@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -57,8 +56,8 @@ func (n *Node) Request(ctx context.Context, target *pa.PID, msg any) (any, error
 		return nil, fmt.Errorf("%w: nil target", ErrDeadLetter)
 	}
 	if target.Address != n.self.Name {
-		if _, remote := n.remotes[target.Address]; remote {
-			return n.requestRemote(ctx, target, msg)
+		if rp := n.remotes[target.Address]; rp != nil {
+			return n.requestRemote(ctx, rp, target, msg)
 		}
 	}
 	timeout := 10 * time.Second
@@ -95,6 +94,10 @@ type replyWait struct {
 	// first and notifies it after.
 	wt    wire.Waiter
 	ready func() bool // whether ch holds the result; made once
+	// sender is the request's reply address, the sender of its message:
+	// kept here, the request's PID costs no allocation of its own. Only
+	// the send reads it (a send queued behind tensors copies it).
+	sender pa.PID
 }
 
 type replyResult struct {
@@ -135,7 +138,7 @@ func (w *replyWait) send(res replyResult) {
 	k.Notify()
 }
 
-func (n *Node) requestRemote(ctx context.Context, target *pa.PID, msg any) (any, error) {
+func (n *Node) requestRemote(ctx context.Context, rp *remoteProcess, target *pa.PID, msg any) (any, error) {
 	w := replyWaits.Get().(*replyWait)
 	w.peer = target.Address
 	r := &n.replies
@@ -147,8 +150,9 @@ func (n *Node) requestRemote(ctx context.Context, target *pa.PID, msg any) (any,
 	r.m[key] = w
 	r.mu.Unlock()
 
-	sender := &pa.PID{Address: n.self.Name, Id: replyID(key)}
-	ps := n.peer(target.Address)
+	sender := &w.sender
+	sender.Address, sender.Id = n.self.Name, replyID(key)
+	ps := rp.peer()
 	n.sendUserVia(ctx, ps, target, nil, msg, sender)
 	if ps == nil {
 		ps = n.peer(target.Address) // connected by the send
@@ -196,21 +200,70 @@ func (n *Node) takeReply(key uint64) *replyWait {
 
 func isReply(id string) bool { return strings.HasPrefix(id, replyPrefix) }
 
-// replyID is the Request reply address of key.
+// replyID is the Request reply address of key: replyPrefix and key in
+// base 36, lowercase, as strconv.FormatUint(key, 36) writes it (without
+// strconv's general path: one is made for every request).
 func replyID(key uint64) string {
-	var buf [len(replyPrefix) + 13]byte
-	return string(strconv.AppendUint(append(buf[:0], replyPrefix...), key, 36))
+	const digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+	var buf [len(replyPrefix) + 13]byte // 13 base-36 digits hold any uint64
+	i := len(buf)
+	for {
+		i--
+		buf[i] = digits[key%36]
+		if key /= 36; key == 0 {
+			break
+		}
+	}
+	i -= len(replyPrefix)
+	copy(buf[i:], replyPrefix)
+	return string(buf[i:])
 }
 
 // replyKey parses the key of a Request reply address; false for any other
-// id.
+// id. It accepts what strconv.ParseUint(s, 36, 64) accepts after the
+// prefix (digits of either case, no sign, no underscores, no overflow),
+// without strconv's general path.
 func replyKey(id string) (uint64, bool) {
 	if !strings.HasPrefix(id, replyPrefix) {
 		return 0, false
 	}
-	k, err := strconv.ParseUint(id[len(replyPrefix):], 36, 64)
-	return k, err == nil
+	tail := id[len(replyPrefix):]
+	if tail == "" {
+		return 0, false
+	}
+	if len(tail) > 13 { // 13 digits hold any uint64: the rest must be leading zeros
+		if tail = strings.TrimLeft(tail, "0"); len(tail) > 13 {
+			return 0, false
+		}
+	}
+	var k uint64
+	for i := 0; i < len(tail); i++ {
+		d := base36[tail[i]]
+		if d >= 36 {
+			return 0, false
+		}
+		if i == 12 && k > (1<<64-1-uint64(d))/36 {
+			return 0, false // the 13th digit overflows 64 bits
+		}
+		k = k*36 + uint64(d)
+	}
+	return k, true
 }
+
+// base36 is the value of each byte as a base-36 digit of either case, 36
+// or more for bytes that are not one.
+var base36 = func() (t [256]byte) {
+	for i := range t {
+		t[i] = 0xff
+	}
+	for i := byte(0); i < 10; i++ {
+		t['0'+i] = i
+	}
+	for i := byte(0); i < 26; i++ {
+		t['a'+i], t['A'+i] = 10+i, 10+i
+	}
+	return t
+}()
 
 // completeReply hands a reply (or failure) to the request waiting under
 // id; false if id is not a Request address. A reply for a request that no

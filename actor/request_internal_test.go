@@ -1,6 +1,8 @@
 package actor
 
 import (
+	"math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 
@@ -94,5 +96,38 @@ func TestReplyKeysUnguessable(t *testing.T) {
 			t.Fatalf("key %d is zero or taken", k)
 		}
 		seen[k] = w
+	}
+}
+
+// TestReplyIDMatchesStrconv: replyID writes what strconv.FormatUint(key, 36)
+// writes, and replyKey accepts exactly what strconv.ParseUint(s, 36, 64)
+// accepts, with the same value.
+func TestReplyIDMatchesStrconv(t *testing.T) {
+	keys := []uint64{0, 1, 35, 36, 37, 1295, 1296, 1<<32 - 1, 1 << 32, 1<<63 - 1, 1 << 63, ^uint64(0)}
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 10000 {
+		keys = append(keys, r.Uint64()>>r.IntN(64))
+	}
+	for _, key := range keys {
+		if got, want := replyID(key), replyPrefix+strconv.FormatUint(key, 36); got != want {
+			t.Fatalf("replyID(%d) = %q, want %q", key, got, want)
+		}
+	}
+	tails := []string{"", "0", "z", "Z", "00", "3w5e11264sgsf", "3w5e11264sgsg", "3W5E11264SGSF", "zzzzzzzzzzzzz",
+		"10000000000000", "0000000000000000001", "+1", "-1", "1_0", "_", " 1", "1 ", "é", "\x00", "a.b", "g", "G"}
+	const alphabet = "0123456789abcdefghijklmnopqrstuvwxyzABCXYZ_+-#!"
+	for range 20000 {
+		b := make([]byte, r.IntN(16))
+		for i := range b {
+			b[i] = alphabet[r.IntN(len(alphabet))]
+		}
+		tails = append(tails, string(b))
+	}
+	for _, tail := range tails {
+		want, err := strconv.ParseUint(tail, 36, 64)
+		got, ok := replyKey(replyPrefix + tail)
+		if ok != (err == nil) || got != want && ok {
+			t.Fatalf("replyKey(%q) = %d, %v; strconv: %d, %v", replyPrefix+tail, got, ok, want, err)
+		}
 	}
 }

@@ -87,6 +87,7 @@ type Peer struct {
 	initiator string               // which end dialed the first connection
 	lastSeen  atomic.Int64         // mono.Now of the last frame from it
 	up        chan struct{}        // closed when caps arrived
+	isUp      atomic.Bool          // set as up is closed: read once per frame
 	upOnce    sync.Once
 	downOnce  sync.Once
 	gone      atomic.Bool // no longer its slot's current Peer
@@ -1161,6 +1162,7 @@ func (m *Membership) frame(p *Peer, l *link, f wire.Frame) {
 			s := m.slots[p.Name]
 			current := s != nil && s.cur == p
 			if current {
+				p.isUp.Store(true)
 				close(p.up)
 				s.signal()
 			}
@@ -1180,10 +1182,9 @@ func (m *Membership) frame(p *Peer, l *link, f wire.Frame) {
 		m.log.Info("peer goes away", zap.String("peer", p.Name), zap.String("reason", f.GoAway.Reason))
 		l.conn.End(fmt.Errorf("%w: peer goes away: %s", ErrNodeDown, f.GoAway.Reason))
 	default:
-		select {
-		case <-p.up:
+		if p.isUp.Load() {
 			m.h.HandleFrame(p, f)
-		default:
+		} else {
 			l.conn.Fail(fmt.Errorf("cluster: %v frame before capabilities", f.Header().Type))
 		}
 	}

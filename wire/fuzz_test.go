@@ -202,6 +202,20 @@ func FuzzHandshake(f *testing.F) {
 // allocates in proportion to its input, and whatever it accepts
 // vmihailenco's reflective decoder accepts too, with the same result.
 func FuzzMessageDecode(f *testing.F) {
+	// Keys in every form readKey meets: fixstr, str8, bin, two bytes that
+	// pack like a one-byte key, a longer unknown key, and a fixstr key cut
+	// short.
+	for _, h := range []string{
+		"83 a174a165 a2736ea16e a2747ca154",
+		"82 d90174a165 c40273 69a173",
+		"82 a20074a165 a1 74a166",
+		"81 a3747979a17a",
+		"81 a2 74",
+		"81 a1",
+		"82 a174d9036162 63a2 7479 a154",
+	} {
+		f.Add(unhex(f, h))
+	}
 	for _, hb := range hostileBodies {
 		f.Add(unhex(f, hb.hex))
 	}

@@ -51,19 +51,19 @@ func messageFields(m *Message) uint32 {
 // type (the ones a stream of messages repeats), after the map header.
 func appendMessageIDs(dst []byte, m *Message) []byte {
 	if m.Target != "" {
-		dst = msgp.AppendString(msgp.AppendString(dst, "t"), m.Target)
+		dst = appendStr(append(dst, 0xa1, 't'), m.Target)
 	}
 	if m.SenderNode != "" {
-		dst = msgp.AppendString(msgp.AppendString(dst, "sn"), m.SenderNode)
+		dst = appendStr(append(dst, 0xa2, 's', 'n'), m.SenderNode)
 	}
 	if m.SenderID != "" {
-		dst = msgp.AppendString(msgp.AppendString(dst, "si"), m.SenderID)
+		dst = appendStr(append(dst, 0xa2, 's', 'i'), m.SenderID)
 	}
 	if m.Type != "" {
-		dst = msgp.AppendString(msgp.AppendString(dst, "ty"), m.Type)
+		dst = appendStr(append(dst, 0xa2, 't', 'y'), m.Type)
 	}
 	if m.Ser != 0 {
-		dst = msgp.AppendUint8(msgp.AppendString(dst, "s"), m.Ser)
+		dst = msgp.AppendUint8(append(dst, 0xa1, 's'), m.Ser)
 	}
 	return dst
 }
@@ -72,18 +72,28 @@ func appendMessageIDs(dst []byte, m *Message) []byte {
 // appendMessageIDs.
 func appendMessageRest(dst []byte, m *Message) []byte {
 	if len(m.Body) != 0 {
-		dst = msgp.AppendBytes(msgp.AppendString(dst, "b"), m.Body)
+		dst = msgp.AppendBytes(append(dst, 0xa1, 'b'), m.Body)
 	}
 	if len(m.Header) != 0 {
-		dst = appendHeader(msgp.AppendString(dst, "h"), m.Header)
+		dst = appendHeader(append(dst, 0xa1, 'h'), m.Header)
 	}
 	if m.Request != 0 {
-		dst = msgp.AppendUint64(msgp.AppendString(dst, "r"), m.Request)
+		dst = msgp.AppendUint64(append(dst, 0xa1, 'r'), m.Request)
 	}
 	if len(m.Tensors) != 0 {
-		dst = msgp.AppendBytes(msgp.AppendString(dst, "x"), m.Tensors)
+		dst = msgp.AppendBytes(append(dst, 0xa1, 'x'), m.Tensors)
 	}
 	return dst
+}
+
+// appendStr appends s as a msgpack str, as msgp.AppendString does; a
+// string of up to 31 bytes (a fixstr: every key and most names) without
+// msgp's general path.
+func appendStr(dst []byte, s string) []byte {
+	if len(s) < 32 {
+		return append(append(dst, 0xa0|byte(len(s))), s...)
+	}
+	return msgp.AppendString(dst, s)
 }
 
 // appendHeader appends h as a map with sorted keys. It is kept out of
@@ -100,7 +110,7 @@ func appendHeader(dst []byte, h map[string]string) []byte {
 	}
 	slices.Sort(keys)
 	for _, k := range keys {
-		dst = msgp.AppendString(msgp.AppendString(dst, k), h[k])
+		dst = appendStr(appendStr(dst, k), h[k])
 	}
 	return dst
 }
@@ -127,37 +137,94 @@ func readMessage(b []byte, m *Message, strs *stringCache, copyBody bool) ([]byte
 		return nil, fmt.Errorf("%w: message: %w", ErrBadBody, err)
 	}
 	for range n {
-		var key []byte
-		if key, b, err = msgp.ReadMapKeyZC(b); err != nil {
-			return nil, fmt.Errorf("%w: message key: %w", ErrBadBody, err)
+		var key uint32
+		switch { // readKey, the keys this package writes inline
+		case len(b) >= 2 && b[0] == 0xa1:
+			key, b = 1<<16|uint32(b[1]), b[2:]
+		case len(b) >= 3 && b[0] == 0xa2:
+			key, b = 2<<16|uint32(b[1])<<8|uint32(b[2]), b[3:]
+		default:
+			if key, b, err = readKey(b); err != nil {
+				return nil, fmt.Errorf("%w: message key: %w", ErrBadBody, err)
+			}
 		}
-		switch string(key) { // no allocation
-		case "t":
+		switch key {
+		case keyTarget:
 			m.Target, b, err = readField(b, strs, fieldTarget)
-		case "sn":
+		case keySenderNode:
 			m.SenderNode, b, err = readField(b, strs, fieldSenderNode)
-		case "si":
+		case keySenderID:
 			m.SenderID, b, err = readString(b)
-		case "ty":
+		case keyType:
 			m.Type, b, err = readField(b, strs, fieldType)
-		case "s":
+		case keySer:
 			m.Ser, b, err = msgp.ReadUint8Bytes(b)
-		case "b":
+		case keyBody:
 			m.Body, b, err = readBytes(b, copyBody)
-		case "h":
+		case keyHeader:
 			m.Header, b, err = readStringMap(b)
-		case "r":
+		case keyRequest:
 			m.Request, b, err = msgp.ReadUint64Bytes(b)
-		case "x":
+		case keyTensors:
 			m.Tensors, b, err = readBytes(b, copyBody)
 		default:
 			b, err = checkValue(b, MaxMsgpackDepth)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%w: message field %q: %w", ErrBadBody, key, err)
+			return nil, fmt.Errorf("%w: message field %q: %w", ErrBadBody, keyName(key), err)
 		}
 	}
 	return b, nil
+}
+
+// The keys of a Message's fields as readKey returns them: the key's
+// length, then its bytes.
+const (
+	keyTarget     = 1<<16 | 't'
+	keySenderNode = 2<<16 | 's'<<8 | 'n'
+	keySenderID   = 2<<16 | 's'<<8 | 'i'
+	keyType       = 2<<16 | 't'<<8 | 'y'
+	keySer        = 1<<16 | 's'
+	keyBody       = 1<<16 | 'b'
+	keyHeader     = 1<<16 | 'h'
+	keyRequest    = 1<<16 | 'r'
+	keyTensors    = 1<<16 | 'x'
+)
+
+// readKey reads a map key (a str or bin, as msgp.ReadMapKeyZC does) of one
+// or two bytes as its length and bytes packed in a number (keyTarget…), so
+// that a key is told by one comparison; any other key reads as 0 (skipped
+// by readMessage). The fixstr keys this package writes are read without
+// msgp's general path.
+func readKey(b []byte) (uint32, []byte, error) {
+	if len(b) >= 3 && b[0] == 0xa2 {
+		return 2<<16 | uint32(b[1])<<8 | uint32(b[2]), b[3:], nil
+	}
+	if len(b) >= 2 && b[0] == 0xa1 {
+		return 1<<16 | uint32(b[1]), b[2:], nil
+	}
+	key, rest, err := msgp.ReadMapKeyZC(b)
+	if err != nil {
+		return 0, nil, err
+	}
+	switch len(key) {
+	case 1:
+		return 1<<16 | uint32(key[0]), rest, nil
+	case 2:
+		return 2<<16 | uint32(key[0])<<8 | uint32(key[1]), rest, nil
+	}
+	return 0, rest, nil
+}
+
+// keyName is the key readKey read as key, for errors ("" for 0).
+func keyName(key uint32) string {
+	switch key >> 16 {
+	case 1:
+		return string([]byte{byte(key)})
+	case 2:
+		return string([]byte{byte(key >> 8), byte(key)})
+	}
+	return ""
 }
 
 // readMapHeader reads a map header (nil counts as an empty map) and checks
@@ -181,6 +248,11 @@ func readString(b []byte) (string, []byte, error) {
 // readField reads a str (nil reads as ""), the string of message field f
 // (fieldTarget…), interned through strs (none when nil).
 func readField(b []byte, strs *stringCache, f int) (string, []byte, error) {
+	if len(b) > 0 && b[0]&0xe0 == 0xa0 { // a fixstr: most names
+		if n := int(b[0] & 0x1f); n < len(b) {
+			return strs.field(f, b[1:1+n]), b[1+n:], nil
+		}
+	}
 	if msgp.IsNil(b) {
 		return "", b[1:], nil
 	}
