@@ -105,9 +105,9 @@ func (c *procCache) lookup(name string) {
 // decode decodes m through the registration of its type, which a batch
 // looks up once per run of messages of one type (Registry.Decode looks it
 // up by name each time); alone in its frame (c nil), through the registry.
-func (c *procCache) decode(m *wire.Message) (any, error) {
+func (c *procCache) decode(ps *peerState, m *wire.Message) (any, error) {
 	if c == nil {
-		return registry.Decode(m.Type, m.Ser, m.Body)
+		return ps.decode(m)
 	}
 	c.see(m.Type)
 	if c.rt == nil {
@@ -194,7 +194,7 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 			return
 		}
 	}
-	msg, err := pc.decode(m)
+	msg, err := pc.decode(ps, m)
 	// A reply's address is made below only where it is used: off the path
 	// of a plain reply.
 	if err != nil {

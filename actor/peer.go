@@ -34,6 +34,23 @@ type peerState struct {
 	// held is the reader's reused slice of messages held for an inline
 	// mailbox during one batch (procCache.hold).
 	held []any
+	// lastType is the registration of the type of the last message
+	// decoded alone in its frame (decode): a peer mostly sends one or a
+	// few types, and a registration never changes.
+	lastType atomic.Pointer[wire.RegisteredType]
+}
+
+// decode decodes m, a message alone in its frame, as registry.Decode does.
+func (ps *peerState) decode(m *wire.Message) (any, error) {
+	if rt := ps.lastType.Load(); rt != nil && rt.Name() == m.Type {
+		return rt.Decode(m.Ser, m.Body)
+	}
+	rt, ok := registry.Type(m.Type)
+	if !ok {
+		return registry.Decode(m.Type, m.Ser, m.Body) // its error names the type
+	}
+	ps.lastType.Store(rt)
+	return rt.Decode(m.Ser, m.Body)
 }
 
 // targetCache maps actor ids to PIDs of this node: a two-way

@@ -463,8 +463,15 @@ func (c *Conn) writeDirect(of *outFrame) (bool, error) {
 	}
 	of.state.Store(frameTaken)
 	c.lastReads.Store(c.reads.Load())
-	err := c.writeFrameLocked(of)
-	if err == nil {
+	var err error
+	if c.bw.Buffered() == 0 && of.written == nil {
+		// Nothing waits in the buffer: the frame goes out as it is,
+		// without a copy into it.
+		_, err = c.nc.Write(of.buf)
+		if cap(of.buf) <= 64<<10 {
+			outFramePool.Put(of)
+		}
+	} else if err = c.writeFrameLocked(of); err == nil {
 		err = c.bw.Flush()
 	}
 	c.lastDirect.Store(mono.Now())

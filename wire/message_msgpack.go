@@ -72,7 +72,7 @@ func appendMessageIDs(dst []byte, m *Message) []byte {
 // appendMessageIDs.
 func appendMessageRest(dst []byte, m *Message) []byte {
 	if len(m.Body) != 0 {
-		dst = msgp.AppendBytes(append(dst, 0xa1, 'b'), m.Body)
+		dst = appendBin(append(dst, 0xa1, 'b'), m.Body)
 	}
 	if len(m.Header) != 0 {
 		dst = appendHeader(append(dst, 0xa1, 'h'), m.Header)
@@ -81,7 +81,7 @@ func appendMessageRest(dst []byte, m *Message) []byte {
 		dst = msgp.AppendUint64(append(dst, 0xa1, 'r'), m.Request)
 	}
 	if len(m.Tensors) != 0 {
-		dst = msgp.AppendBytes(append(dst, 0xa1, 'x'), m.Tensors)
+		dst = appendBin(append(dst, 0xa1, 'x'), m.Tensors)
 	}
 	return dst
 }
@@ -227,9 +227,23 @@ func keyName(key uint32) string {
 	return ""
 }
 
+// appendBin appends b as a msgpack bin, as msgp.AppendBytes does; one of
+// up to 255 bytes (a bin8: most bodies) without msgp's general path.
+func appendBin(dst, b []byte) []byte {
+	if len(b) < 256 {
+		return append(append(dst, 0xc4, byte(len(b))), b...)
+	}
+	return msgp.AppendBytes(dst, b)
+}
+
 // readMapHeader reads a map header (nil counts as an empty map) and checks
 // that the bytes that follow can hold its entries.
 func readMapHeader(b []byte) (uint32, []byte, error) {
+	if len(b) > 0 && b[0]&0xf0 == 0x80 { // a fixmap: every Message
+		if n := uint32(b[0] & 0x0f); 2*int(n) <= len(b)-1 {
+			return n, b[1:], nil
+		}
+	}
 	if msgp.IsNil(b) {
 		return 0, b[1:], nil
 	}
@@ -266,10 +280,16 @@ func readField(b []byte, strs *stringCache, f int) (string, []byte, error) {
 // readBytes reads a bin (nil and empty read as nil), copied if copy is
 // set, else aliasing b.
 func readBytes(b []byte, copy bool) ([]byte, []byte, error) {
-	if msgp.IsNil(b) {
+	var p, rest []byte
+	var err error
+	switch {
+	case len(b) >= 2 && b[0] == 0xc4 && len(b)-2 >= int(b[1]): // a bin8: most bodies
+		p, rest = b[2:2+int(b[1])], b[2+int(b[1]):]
+	case msgp.IsNil(b):
 		return nil, b[1:], nil
+	default:
+		p, rest, err = msgp.ReadBytesZC(b)
 	}
-	p, rest, err := msgp.ReadBytesZC(b)
 	if err != nil || len(p) == 0 {
 		return nil, rest, err
 	}
