@@ -167,7 +167,7 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 			return
 		}
 		if pc == nil {
-			mb = n.inlineRegistered(m.Target)
+			mb = ps.inlineRegistered(n, m.Target)
 		}
 		if mb != nil {
 			proc = mb.proc // no lookup in protoactor's registry

@@ -38,6 +38,43 @@ type peerState struct {
 	// decoded alone in its frame (decode): a peer mostly sends one or a
 	// few types, and a registration never changes.
 	lastType atomic.Pointer[wire.RegisteredType]
+	// currentIn is the latest snapshot of the peers this state was found
+	// current in (Node.current).
+	currentIn atomic.Pointer[map[string]*peerState]
+	// lastInline is the inline mailbox the last message alone in its
+	// frame went to (inlineRegistered).
+	lastInline atomic.Pointer[inlineMailbox]
+}
+
+// inlineRegistered is Node.inlineRegistered, remembering the mailbox the
+// peer's last single message went to: a peer mostly talks to one actor.
+func (ps *peerState) inlineRegistered(n *Node, id string) *inlineMailbox {
+	if mb := ps.lastInline.Load(); mb != nil && mb.id == id && mb.registered.Load() {
+		return mb
+	}
+	mb := n.inlineRegistered(id)
+	if mb != nil {
+		ps.lastInline.Store(mb)
+	}
+	return mb
+}
+
+// current reports whether ps is its peer's state in the current snapshot
+// of the peers (Node.peer), remembering the snapshot it was found in: a
+// frame finds its peer without a map lookup while the peers do not change.
+func (n *Node) current(ps *peerState) bool {
+	snap := n.peerSnap.Load()
+	if snap == nil {
+		return false
+	}
+	if ps.currentIn.Load() == snap {
+		return true
+	}
+	if (*snap)[ps.peer.Name] != ps {
+		return false
+	}
+	ps.currentIn.Store(snap)
+	return true
 }
 
 // decode decodes m, a message alone in its frame, as registry.Decode does.
@@ -247,6 +284,7 @@ func (h *handler) PeerUp(p *cluster.Peer) {
 		return
 	}
 	ps := &peerState{peer: p, ep: ep, pending: map[string]*pa.PID{}}
+	p.SetLocal(ps)
 	n.mu.Lock()
 	n.peers[p.Name] = ps
 	n.publishPeers()
@@ -302,8 +340,8 @@ func errString(err error) string {
 
 func (h *handler) HandleFrame(p *cluster.Peer, f wire.Frame) {
 	n := (*Node)(h)
-	ps := n.peer(p.Name)
-	if ps == nil || ps.peer != p {
+	ps, _ := p.Local().(*peerState)
+	if ps == nil || !n.current(ps) {
 		return
 	}
 	switch f := f.(type) {

@@ -68,8 +68,22 @@ func (n *Node) resolve(pid *pa.PID) (pa.Process, bool) {
 	if n.members == nil {
 		return nil, false
 	}
-	rp, ok := n.remotes[pid.Address] // one per node of the config, made once
-	return rp, ok
+	rp := n.remote(pid.Address)
+	return rp, rp != nil
+}
+
+// remote returns the remote process of node, nil if it is not another
+// node of the config. The last one found is remembered: replies and
+// requests mostly go to the node the one before went to.
+func (n *Node) remote(node string) *remoteProcess {
+	if rp := n.lastRemote.Load(); rp != nil && rp.node == node {
+		return rp
+	}
+	rp := n.remotes[node] // one per node of the config, made once
+	if rp != nil {
+		n.lastRemote.Store(rp)
+	}
+	return rp
 }
 
 func (r *remoteProcess) SendUserMessage(pid *pa.PID, message any) {

@@ -56,7 +56,7 @@ func (n *Node) Request(ctx context.Context, target *pa.PID, msg any) (any, error
 		return nil, fmt.Errorf("%w: nil target", ErrDeadLetter)
 	}
 	if target.Address != n.self.Name {
-		if rp := n.remotes[target.Address]; rp != nil {
+		if rp := n.remote(target.Address); rp != nil {
 			return n.requestRemote(ctx, rp, target, msg)
 		}
 	}

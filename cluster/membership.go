@@ -98,7 +98,16 @@ type Peer struct {
 	// lastTransport is the transport of the latest link.
 	lastTransport atomic.Pointer[string]
 	m             *Membership
+	local         atomic.Value // SetLocal
 }
+
+// SetLocal attaches v to p: the Handler's own state of this peer, which
+// it then finds from p without a lookup. v must not be nil, and every
+// value attached to a Peer must be of one type.
+func (p *Peer) SetLocal(v any) { p.local.Store(v) }
+
+// Local returns what SetLocal attached to p, or nil.
+func (p *Peer) Local() any { return p.local.Load() }
 
 // link is one control connection of a Peer.
 type link struct {

@@ -56,6 +56,29 @@ func CheckMsgpack(b []byte) error {
 // depth more levels of arrays and maps allowed, and returns what follows
 // it.
 func checkValue(b []byte, depth int) ([]byte, error) {
+	if len(b) > 0 { // the common one-byte codes without msgp's general path
+		switch c := b[0]; {
+		case c <= 0x7f || c >= 0xe0 || c == 0xc0 || c == 0xc2 || c == 0xc3: // fixints, nil, bools
+			return b[1:], nil
+		case c&0xe0 == 0xa0: // fixstr
+			if n := int(c & 0x1f); n < len(b) {
+				return b[1+n:], nil
+			}
+		case c == 0xc4 || c == 0xd9: // bin8, str8
+			if len(b) >= 2 && int(b[1]) <= len(b)-2 {
+				return b[2+int(b[1]):], nil
+			}
+		case c&0xf0 == 0x80: // fixmap
+			return checkItems(b[1:], 2*uint64(c&0x0f), depth)
+		case c&0xf0 == 0x90: // fixarray
+			return checkItems(b[1:], uint64(c&0x0f), depth)
+		}
+	}
+	return checkValueSlow(b, depth)
+}
+
+// checkValueSlow is checkValue through msgp's general readers.
+func checkValueSlow(b []byte, depth int) ([]byte, error) {
 	var n uint64
 	var rest []byte
 	switch msgp.NextType(b) {
@@ -76,6 +99,13 @@ func checkValue(b []byte, depth int) ([]byte, error) {
 		// (and fails on an empty b or the code 0xc1).
 		return msgp.Skip(b)
 	}
+	return checkItems(rest, n, depth)
+}
+
+// checkItems checks the n values of an array or map (keys and values) at
+// the start of rest, one level deeper than depth allows, and returns what
+// follows them.
+func checkItems(rest []byte, n uint64, depth int) ([]byte, error) {
 	if n == 0 {
 		return rest, nil
 	}
