@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	pa "github.com/asynkron/protoactor-go/actor"
@@ -88,12 +89,17 @@ func (n *Node) RequestTimeout(target *pa.PID, msg any, timeout time.Duration) (a
 // replyWait is one request waiting for its reply.
 type replyWait struct {
 	peer string
-	ch   chan replyResult // one slot: the first result wins
+	// The result goes to res, published by state (replyDone), unless the
+	// caller blocks on ch (replyBlocking, with a context that may end
+	// first): then to ch, which has one slot.
+	res   replyResult
+	state atomic.Uint32
+	ch    chan replyResult
 	// wt is the wait through the peer's connection, which the caller may
-	// read itself (cluster.Peer.Await): whoever sends to ch claims it
-	// first and notifies it after.
+	// read itself (cluster.Peer.Await): whoever sends the result claims
+	// it first and notifies it after.
 	wt    wire.Waiter
-	ready func() bool // whether ch holds the result; made once
+	ready func() bool // whether the result is in res; made once
 	// sender is the request's reply address, the sender of its message:
 	// kept here, the request's PID costs no allocation of its own. Only
 	// the send reads it (a send queued behind tensors copies it).
@@ -125,17 +131,37 @@ func newReplyKey(m map[uint64]*replyWait) uint64 {
 	}
 }
 
+// replyWait.state: the result is awaited, in res, or awaited on ch.
+const (
+	replyPending uint32 = iota
+	replyDone
+	replyBlocking
+)
+
 var replyWaits = sync.Pool{New: func() any {
 	w := &replyWait{ch: make(chan replyResult, 1)}
-	w.ready = func() bool { return len(w.ch) > 0 }
+	w.ready = func() bool { return w.state.Load() == replyDone }
 	return w
 }}
 
-// send hands w its result: see replyWait.wt.
+// send hands w its result (only the one who took w from the table does):
+// see replyWait.res and replyWait.wt.
 func (w *replyWait) send(res replyResult) {
 	k := w.wt.Claim()
-	w.ch <- res
+	w.res = res
+	if !w.state.CompareAndSwap(replyPending, replyDone) {
+		w.res = replyResult{}
+		w.ch <- res // the caller blocks on ch
+	}
 	k.Notify()
+}
+
+// done returns w to the pool once its result was taken, or once it was
+// taken from the table by its caller (nothing sends to it again).
+func (w *replyWait) done() {
+	w.res = replyResult{}
+	w.state.Store(replyPending)
+	replyWaits.Put(w)
 }
 
 func (n *Node) requestRemote(ctx context.Context, rp *remoteProcess, target *pa.PID, msg any) (any, error) {
@@ -159,7 +185,7 @@ func (n *Node) requestRemote(ctx context.Context, rp *remoteProcess, target *pa.
 	}
 	// The caller reads the reply from the connection itself when nobody
 	// else reads it (no hand-off from the connection's reader).
-	if ps != nil && len(w.ch) == 0 {
+	if ps != nil && w.state.Load() == replyPending {
 		ps.peer.Await(ctx, &w.wt, w.ready)
 	}
 
@@ -168,23 +194,23 @@ func (n *Node) requestRemote(ctx context.Context, rp *remoteProcess, target *pa.
 	// context that has none yet (one per request, with a per-request
 	// timeout).
 	var res replyResult
-	if len(w.ch) > 0 {
-		res = <-w.ch
+	if w.state.Load() == replyDone || !w.state.CompareAndSwap(replyPending, replyBlocking) {
+		res = w.res
 	} else {
 		select {
 		case res = <-w.ch:
 		case <-ctx.Done():
 			if n.takeReply(key) == nil {
-				// The reply (or a failure) is being sent: take it so that
-				// w goes back to the pool empty.
+				// The reply (or a failure) is being sent, to ch: take it
+				// so that w goes back to the pool empty.
 				<-w.ch
 			}
 			w.wt.Claim().Notify() // no reply will: end the wait
-			replyWaits.Put(w)
+			w.done()
 			return nil, ctx.Err()
 		}
 	}
-	replyWaits.Put(w) // the entry is gone: nothing sends to w.ch again
+	w.done() // the entry is gone: nothing sends to w again
 	return res.msg, res.err
 }
 

@@ -69,7 +69,7 @@ func TestReplyGoesByKey(t *testing.T) {
 // nothing; the request's own key completes it.
 func TestReplyKeysUnguessable(t *testing.T) {
 	n := &Node{log: zap.NewNop()}
-	w := &replyWait{ch: make(chan replyResult, 1)}
+	w := replyWaits.Get().(*replyWait)
 	r := &n.replies
 	r.mu.Lock()
 	r.m = map[uint64]*replyWait{}
@@ -82,12 +82,12 @@ func TestReplyKeysUnguessable(t *testing.T) {
 	for k := range uint64(100_000) {
 		n.completeReplyKey(k, "", "forged", nil)
 	}
-	if len(w.ch) != 0 {
-		t.Fatalf("a forged reply completed the request: %v", <-w.ch)
+	if w.ready() {
+		t.Fatalf("a forged reply completed the request: %v", w.res.msg)
 	}
 	n.completeReplyKey(key, "", "real", nil)
-	if res := <-w.ch; res.msg != "real" {
-		t.Fatalf("reply = %v, want real", res.msg)
+	if !w.ready() || w.res.msg != "real" {
+		t.Fatalf("reply = %v, want real", w.res.msg)
 	}
 	seen := map[uint64]*replyWait{}
 	for range 10_000 {
@@ -97,6 +97,30 @@ func TestReplyKeysUnguessable(t *testing.T) {
 		}
 		seen[k] = w
 	}
+}
+
+// TestReplyWaitHandOff: a result sent before the caller blocks is taken
+// from the wait itself; one sent while the caller blocks comes on the
+// channel; either way the wait goes back to the pool empty.
+func TestReplyWaitHandOff(t *testing.T) {
+	w := replyWaits.Get().(*replyWait)
+	w.send(replyResult{msg: "early"})
+	if !w.ready() || w.state.Load() != replyDone || len(w.ch) != 0 || w.res.msg != "early" {
+		t.Fatalf("early result: state %d, %d on ch, res %v", w.state.Load(), len(w.ch), w.res.msg)
+	}
+	w.done()
+	if w.state.Load() != replyPending || w.res.msg != nil {
+		t.Fatalf("after done: state %d, res %v", w.state.Load(), w.res.msg)
+	}
+	w = replyWaits.Get().(*replyWait)
+	if !w.state.CompareAndSwap(replyPending, replyBlocking) {
+		t.Fatal("a new wait is not pending")
+	}
+	go w.send(replyResult{msg: "late"})
+	if res := <-w.ch; res.msg != "late" || w.ready() {
+		t.Fatalf("late result: %v, ready %v", res.msg, w.ready())
+	}
+	w.done()
 }
 
 // TestReplyIDMatchesStrconv: replyID writes what strconv.FormatUint(key, 36)
