@@ -85,12 +85,19 @@ type Peer struct {
 
 	link      atomic.Pointer[link] // the current control connection; nil while idle (gossip)
 	initiator string               // which end dialed the first connection
-	lastSeen  atomic.Int64         // mono.Now of the last frame from it
-	up        chan struct{}        // closed when caps arrived
-	isUp      atomic.Bool          // set as up is closed: read once per frame
-	upOnce    sync.Once
-	downOnce  sync.Once
-	gone      atomic.Bool // no longer its slot's current Peer
+	// lastSeen is when the last frame from it came, at most one check of
+	// the heartbeat loop early: frames only count themselves (frames), and
+	// the loop, finding the count moved, stamps the time of its previous
+	// check, which they came after. No clock is read per frame.
+	lastSeen atomic.Int64  // on mono's clock
+	frames   atomic.Uint64 // frames read from it
+	framesAt uint64        // frames at the heartbeat loop's last check (the loop's own)
+	checked  bool          // the heartbeat loop has checked it once (the loop's own)
+	up       chan struct{} // closed when caps arrived
+	isUp     atomic.Bool   // set as up is closed: read once per frame
+	upOnce   sync.Once
+	downOnce sync.Once
+	gone     atomic.Bool // no longer its slot's current Peer
 	// gate counts the senders using the current link (low bits), marks a
 	// drain that closes an idle link (gateDrain) and counts sends (high
 	// bits), with gossip membership only (ondemand.go).
@@ -251,11 +258,13 @@ type slot struct {
 	// evicted.
 	gossipAlive bool
 	evicted     bool
-	// idle bookkeeping of the current Peer (ondemand.go): the send count
-	// last seen and when it last changed.
-	sends      uint64
-	sendsMoved int64 // mono.Now
-	failures   int   // dials failed in a row (connect's backoff)
+	// idle bookkeeping of the current Peer (ondemand.go): the send and
+	// received-frame counts last seen and when each last changed.
+	sends       uint64
+	sendsMoved  int64 // mono.Now
+	frames      uint64
+	framesMoved int64 // mono.Now
+	failures    int   // dials failed in a row (connect's backoff)
 }
 
 // Membership tracks the other nodes of the cluster and the control
@@ -1156,7 +1165,7 @@ func (s *slot) curLink() *link {
 }
 
 func (m *Membership) frame(p *Peer, l *link, f wire.Frame) {
-	p.lastSeen.Store(mono.Now())
+	p.frames.Add(1)
 	switch f := f.(type) {
 	case *wire.CapsFrame:
 		first := false
@@ -1287,7 +1296,8 @@ func (m *Membership) down(p *Peer, cause error) {
 // silenceChecks is how many times per failure timeout the heartbeat loop
 // looks for silent peers: a node that stops answering is declared down
 // within FailureTimeout × (1 + 1/silenceChecks) of its last frame, not
-// up to a whole heartbeat interval later.
+// up to a whole heartbeat interval later (and, as lastSeen may be one
+// check early, not before FailureTimeout × (1 − 1/silenceChecks)).
 const silenceChecks = 30
 
 func (m *Membership) heartbeatLoop() {
@@ -1300,11 +1310,13 @@ func (m *Membership) heartbeatLoop() {
 	t := time.NewTicker(hb / time.Duration(k))
 	defer t.Stop()
 	var seq uint64
+	prev := mono.Now() // the previous check: frames counted since came after it
 	for tick := 0; ; tick++ {
 		select {
 		case <-m.ctx.Done():
 			return
 		case now := <-t.C:
+			check := mono.Now()
 			ping := tick%k == 0
 			if ping {
 				seq++
@@ -1318,7 +1330,18 @@ func (m *Membership) heartbeatLoop() {
 			}
 			m.mu.Unlock()
 			for _, p := range peers {
-				if silent := time.Duration(mono.Now() - p.lastSeen.Load()); silent > m.cfg.FailureTimeout {
+				// Frames counted since the previous check came after it;
+				// a peer's first check only takes the count (its link's
+				// start stamped lastSeen).
+				if n := p.frames.Load(); n != p.framesAt || !p.checked {
+					for v := p.lastSeen.Load(); p.checked && v < prev; v = p.lastSeen.Load() {
+						if p.lastSeen.CompareAndSwap(v, prev) { // not behind a new link's stamp
+							break
+						}
+					}
+					p.framesAt, p.checked = n, true
+				}
+				if silent := time.Duration(check - p.lastSeen.Load()); silent > m.cfg.FailureTimeout {
 					p.conn().Fail(fmt.Errorf("%w: silent for %v (failure timeout %v)", ErrNodeDown, silent.Round(time.Millisecond), m.cfg.FailureTimeout))
 					continue
 				}
@@ -1329,6 +1352,7 @@ func (m *Membership) heartbeatLoop() {
 				_ = p.conn().Send(ctx, wire.FramePing, 0, 0, &wire.Ping{Seq: seq, UnixNano: now.UnixNano()})
 				cancel()
 			}
+			prev = check
 		}
 	}
 }

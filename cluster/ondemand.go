@@ -210,7 +210,11 @@ func (m *Membership) idleLoop() {
 					s.sends, s.sendsMoved = sends, now
 					continue
 				}
-				last := max(s.sendsMoved, p.lastSeen.Load())
+				if frames := p.frames.Load(); frames != s.frames {
+					s.frames, s.framesMoved = frames, now
+					continue
+				}
+				last := max(s.sendsMoved, s.framesMoved, p.lastSeen.Load())
 				if now-last < int64(idle) {
 					continue
 				}
