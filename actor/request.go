@@ -82,7 +82,7 @@ func (n *Node) RequestTimeout(target *pa.PID, msg any, timeout time.Duration) (a
 		return nil, context.DeadlineExceeded
 	}
 	ctx := deadline.NewTimeout(context.Background(), timeout)
-	defer ctx.Cancel()
+	defer ctx.Release() // the context goes nowhere else
 	return n.Request(ctx, target, msg)
 }
 

@@ -31,6 +31,7 @@ type Ctx struct {
 	done  chan struct{} // nil until Done is called or the context ends
 	err   error         // set once, when the context ends
 	ended atomic.Bool   // err is set: Err takes mu only then
+	armed atomic.Bool   // Done was called: a timer or a channel may need ending
 	timer *time.Timer   // armed by Done
 	stop  func() bool   // stops the parent's propagation, armed by Done
 }
@@ -57,6 +58,17 @@ func WithDeadline(parent context.Context, d time.Time) (context.Context, context
 // Cancel ends c with context.Canceled (the cancel function of
 // WithDeadline and WithTimeout).
 func (c *Ctx) Cancel() { c.end(context.Canceled) }
+
+// Release is Cancel for a context nothing else holds once its user is
+// done with it: when Done was never called there is no timer to stop and
+// no channel to close, and it does nothing (no lock taken); otherwise it
+// cancels. A context released unarmed is not canceled: its Err stays nil
+// until its deadline.
+func (c *Ctx) Release() {
+	if c.armed.Load() {
+		c.Cancel()
+	}
+}
 
 // WithTimeout is WithDeadline(parent, time.Now().Add(timeout)), reading
 // only the monotonic clock (time.Now reads the wall clock too).
@@ -109,6 +121,7 @@ func (c *Ctx) Done() <-chan struct{} {
 	if c.done != nil {
 		return c.done
 	}
+	c.armed.Store(true)
 	c.done = make(chan struct{})
 	c.timer = time.AfterFunc(time.Until(c.deadline), func() { c.end(context.DeadlineExceeded) })
 	if c.parent.Done() != nil {
