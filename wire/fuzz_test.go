@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"github.com/tinylib/msgp/msgp"
 	"io"
 	"net"
 	"reflect"
@@ -144,7 +143,7 @@ func FuzzCheckMsgpack(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in []byte) {
 		// The fast paths accept and refuse what the general one does.
 		fast, errFast := checkValue(in, MaxMsgpackDepth)
-		slow, errSlow := checkValueSlowOnly(in, MaxMsgpackDepth)
+		slow, errSlow := checkValueBy(in, MaxMsgpackDepth, false)
 		if (errFast == nil) != (errSlow == nil) || errFast == nil && len(fast) != len(slow) {
 			t.Fatalf("checkValue: %d left, %v; through msgp alone: %d left, %v", len(fast), errFast, len(slow), errSlow)
 		}
@@ -162,41 +161,6 @@ func FuzzCheckMsgpack(f *testing.F) {
 		var v any
 		_ = DecodeMsgpack(in, &v) // must not panic
 	})
-}
-
-// checkValueSlowOnly is checkValue without its fast paths at any depth.
-func checkValueSlowOnly(b []byte, depth int) ([]byte, error) {
-	var n uint64
-	var rest []byte
-	switch msgp.NextType(b) {
-	case msgp.MapType:
-		sz, r, err := msgp.ReadMapHeaderBytes(b)
-		if err != nil {
-			return nil, err
-		}
-		n, rest = 2*uint64(sz), r
-	case msgp.ArrayType:
-		sz, r, err := msgp.ReadArrayHeaderBytes(b)
-		if err != nil {
-			return nil, err
-		}
-		n, rest = uint64(sz), r
-	default:
-		return msgp.Skip(b)
-	}
-	if n == 0 {
-		return rest, nil
-	}
-	if n > uint64(len(rest)) || depth == 0 {
-		return nil, errMsgpackLength
-	}
-	for ; n > 0; n-- {
-		var err error
-		if rest, err = checkValueSlowOnly(rest, depth-1); err != nil {
-			return nil, err
-		}
-	}
-	return rest, nil
 }
 
 // FuzzHandshake feeds arbitrary bytes to an acceptor: it never panics,

@@ -55,8 +55,13 @@ func CheckMsgpack(b []byte) error {
 // checkValue checks the value at the start of b (see checkMsgpack) with
 // depth more levels of arrays and maps allowed, and returns what follows
 // it.
-func checkValue(b []byte, depth int) ([]byte, error) {
-	if len(b) > 0 { // the common one-byte codes without msgp's general path
+func checkValue(b []byte, depth int) ([]byte, error) { return checkValueBy(b, depth, true) }
+
+// checkValueBy is checkValue, reading the common one-byte codes itself
+// when fast is set, else everything through msgp's general readers (for
+// FuzzCheckMsgpack, which compares the two).
+func checkValueBy(b []byte, depth int, fast bool) ([]byte, error) {
+	if fast && len(b) > 0 {
 		switch c := b[0]; {
 		case c <= 0x7f || c >= 0xe0 || c == 0xc0 || c == 0xc2 || c == 0xc3: // fixints, nil, bools
 			return b[1:], nil
@@ -69,16 +74,11 @@ func checkValue(b []byte, depth int) ([]byte, error) {
 				return b[2+int(b[1]):], nil
 			}
 		case c&0xf0 == 0x80: // fixmap
-			return checkItems(b[1:], 2*uint64(c&0x0f), depth)
+			return checkItems(b[1:], 2*uint64(c&0x0f), depth, fast)
 		case c&0xf0 == 0x90: // fixarray
-			return checkItems(b[1:], uint64(c&0x0f), depth)
+			return checkItems(b[1:], uint64(c&0x0f), depth, fast)
 		}
 	}
-	return checkValueSlow(b, depth)
-}
-
-// checkValueSlow is checkValue through msgp's general readers.
-func checkValueSlow(b []byte, depth int) ([]byte, error) {
 	var n uint64
 	var rest []byte
 	switch msgp.NextType(b) {
@@ -99,13 +99,13 @@ func checkValueSlow(b []byte, depth int) ([]byte, error) {
 		// (and fails on an empty b or the code 0xc1).
 		return msgp.Skip(b)
 	}
-	return checkItems(rest, n, depth)
+	return checkItems(rest, n, depth, fast)
 }
 
 // checkItems checks the n values of an array or map (keys and values) at
 // the start of rest, one level deeper than depth allows, and returns what
 // follows them.
-func checkItems(rest []byte, n uint64, depth int) ([]byte, error) {
+func checkItems(rest []byte, n uint64, depth int, fast bool) ([]byte, error) {
 	if n == 0 {
 		return rest, nil
 	}
@@ -117,7 +117,7 @@ func checkItems(rest []byte, n uint64, depth int) ([]byte, error) {
 	}
 	for ; n > 0; n-- {
 		var err error
-		if rest, err = checkValue(rest, depth-1); err != nil {
+		if rest, err = checkValueBy(rest, depth-1, fast); err != nil {
 			return nil, err
 		}
 	}
