@@ -157,8 +157,7 @@ type Node struct {
 	peerSnap atomic.Pointer[map[string]*peerState] // copy of peers, see peer
 	// failedFutures: the futures PeerDown failed lately (claimFuture).
 	failedFutures failedFutures
-	remotes       map[string]*remoteProcess     // other node → its process; fixed at attach
-	lastRemote    atomic.Pointer[remoteProcess] // remote's cache
+	remotes       map[string]*remoteProcess // other node → its process; fixed at attach
 	watching      map[string]map[string]map[string]*pa.PID
 	devices       map[string]memory.Device // local actor id → device
 	// remoteWatchers are the watches other nodes' actors hold on this

@@ -73,17 +73,9 @@ func (n *Node) resolve(pid *pa.PID) (pa.Process, bool) {
 }
 
 // remote returns the remote process of node, nil if it is not another
-// node of the config. The last one found is remembered: replies and
-// requests mostly go to the node the one before went to.
+// node of the config.
 func (n *Node) remote(node string) *remoteProcess {
-	if rp := n.lastRemote.Load(); rp != nil && rp.node == node {
-		return rp
-	}
-	rp := n.remotes[node] // one per node of the config, made once
-	if rp != nil {
-		n.lastRemote.Store(rp)
-	}
-	return rp
+	return n.remotes[node] // one per node of the config, made once
 }
 
 func (r *remoteProcess) SendUserMessage(pid *pa.PID, message any) {
