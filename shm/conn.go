@@ -232,7 +232,7 @@ func (c *Conn) wait(sp *spinner, flag *atomic.Uint32, b *bell, ready func() bool
 	if sp.spin(start, ready) {
 		return nil
 	}
-	flag.Store(1)
+	flag.Swap(1) // a read-modify-write, so that ready's load cannot pass it (see ring.read)
 	if ready() {
 		flag.CompareAndSwap(1, 0)
 		return nil

@@ -79,7 +79,12 @@ func (r *ring) read(p []byte, n uint64) int {
 	copy(p[:first], r.data[off:off+first])
 	copy(p[first:n], r.data[:n-first])
 	r.pos += n
-	r.head.Store(r.pos)
+	// Swap, not Store: a read-modify-write, so that the load of the
+	// producer's waiting flag that follows cannot pass it (see
+	// Conn.wait). A Store is one already, except under the race
+	// detector, whose atomics are only release and acquire
+	// (golang/go#58020) and let the two cross: a lost wake-up.
+	r.head.Swap(r.pos)
 	return int(n)
 }
 
@@ -103,6 +108,6 @@ func (r *ring) write(p []byte, n uint64) int {
 	copy(r.data[off:off+first], p[:first])
 	copy(r.data[:n-first], p[first:n])
 	r.pos += n
-	r.tail.Store(r.pos)
+	r.tail.Swap(r.pos) // a read-modify-write: see read
 	return int(n)
 }
