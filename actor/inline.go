@@ -239,7 +239,10 @@ func (m *inlineMailbox) process(inline bool) {
 			m.dispatcher.Schedule(m.processScheduled)
 			return
 		}
-		m.status.Store(mailboxIdle)
+		// Swap, not Store: the loads below must not pass it (a poster
+		// counts, then tries to schedule), which a Store allows under
+		// the race detector (golang/go#58020; see shm's ring.read).
+		m.status.Swap(mailboxIdle)
 		sys, user := m.sysMessages.Load(), m.userMessages.Load()
 		// Messages posted after run found the queues empty.
 		if sys > 0 || (!m.suspended.Load() && user > 0) {
