@@ -407,7 +407,10 @@ func (c *Conn) releaseRole() {
 		c.offerRole()
 		return
 	}
-	l.state.Store(roleFree)
+	// Swap, not Store: the followers' load must not pass it (a caller
+	// counts itself, then tries to take the role), which a Store allows
+	// under the race detector (golang/go#58020).
+	l.state.Swap(roleFree)
 	if l.followers.Load() > 0 && l.state.CompareAndSwap(roleFree, roleCaller) {
 		c.offerRole() // a caller became a follower meanwhile
 		return
@@ -517,7 +520,7 @@ func (c *Conn) keepRole() {
 	if l.followers.Load() > 0 {
 		c.offerRole()
 	} else {
-		l.state.Store(roleFree)
+		l.state.Swap(roleFree) // see releaseRole
 		if l.followers.Load() > 0 && l.state.CompareAndSwap(roleFree, roleReader) {
 			c.offerRole() // a caller became a follower meanwhile
 		}
