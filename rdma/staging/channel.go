@@ -342,6 +342,11 @@ func (c *Channel) conn(ctx context.Context, owner string, p *peerPool) (cc *clie
 	}
 	conn, err := c.env.Dial(ctx, owner, rdma.Staging)
 	if err != nil {
+		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
+			// net reports a dial cut short by the deadline as an i/o
+			// timeout: say which (errors.Is(err, context.DeadlineExceeded)).
+			err = fmt.Errorf("%w (%w)", ctxErr, err)
+		}
 		return nil, false, fmt.Errorf("dial %s: %w", owner, err)
 	}
 	cc = &clientConn{conn: conn, fr: NewFramer(conn, conn, MaxChunkSize)}

@@ -1,10 +1,16 @@
 package staging
 
 import (
+	"context"
 	"errors"
+	"net"
+	"os"
 	"testing"
+	"time"
 
 	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/rdma"
+	"github.com/tensorferry/tensorferry/tensor"
 )
 
 // TestRingOnGPUNode (needs CUDA): a ring serving a GPU has its pages on
@@ -46,5 +52,30 @@ func TestRingOnGPUNode(t *testing.T) {
 	again, err := ring(&r, dev, 1<<19, 2)
 	if err != nil || again != pr {
 		t.Errorf("a smaller request on the same device replaced the ring (%v)", err)
+	}
+}
+
+// TestDialCutByDeadline: a dial that the fetch's deadline cuts short,
+// which net reports as an i/o timeout, fails with an error that is
+// context.DeadlineExceeded too.
+func TestDialCutByDeadline(t *testing.T) {
+	c, err := New(&rdma.Env{Node: "fetcher", Incarnation: 1, Store: tensor.NewStore("fetcher", 1),
+		Dial: func(ctx context.Context, node, channel string) (net.Conn, error) {
+			<-ctx.Done()
+			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	p, err := c.pool("owner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.wg.Done()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	if _, _, err := c.conn(ctx, "owner", p); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("err = %v, want context.DeadlineExceeded and the dial's own error", err)
 	}
 }
