@@ -22,6 +22,13 @@ func IsControl(typeName string) bool {
 	return typeName == ctlRequestType || typeName == ctlReplyType
 }
 
+// MaxControlPerPeer bounds the control requests of one peer handled at
+// once. A peer that sends more waits: its connection's reader blocks in
+// HandleControl until a slot frees (backpressure), and since every slot's
+// reply is sent under the transfer timeout, a peer that never reads its
+// replies holds at most this many goroutines for that long, never more.
+const MaxControlPerPeer = 32
+
 type ctlReply struct {
 	body []byte
 	err  error
@@ -75,12 +82,27 @@ func (e *Engine) HandleControl(peer string, m *wire.Message) {
 		}
 		return
 	}
+	// One slot of the peer's MaxControlPerPeer; the reader waits here
+	// when all are taken.
+	select {
+	case p.ctlSlots <- struct{}{}:
+	default:
+		e.stats.controlWaits.Add(1)
+		select {
+		case p.ctlSlots <- struct{}{}:
+		case <-p.done:
+			return
+		case <-e.ctx.Done():
+			return
+		}
+	}
 	h, ok := e.channels[m.Target].(rdma.ControlHandler)
 	req := append([]byte(nil), m.Body...)
 	id, target := m.Request, m.Target
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
+		defer func() { <-p.ctlSlots }()
 		ctx, cancel := context.WithTimeout(e.ctx, e.cfg.Flow.TransferTimeout)
 		defer cancel()
 		if !ok {
@@ -93,7 +115,9 @@ func (e *Engine) HandleControl(peer string, m *wire.Message) {
 			_ = p.link.Send(ctx, wire.FrameError, 0, 0, &wire.Error{Code: wire.CodeInternal, Stream: uint32(id), Msg: err.Error()})
 			return
 		}
-		_ = p.link.Send(ctx, wire.FrameMessage, 0, 0, &wire.Message{Type: ctlReplyType, Request: id, Body: resp})
+		if err := p.link.Send(ctx, wire.FrameMessage, 0, 0, &wire.Message{Type: ctlReplyType, Request: id, Body: resp}); err != nil {
+			e.log.Info("control reply not sent", zap.String("peer", peer), zap.String("channel", target), zap.Error(err))
+		}
 	}()
 }
 

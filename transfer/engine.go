@@ -289,6 +289,9 @@ type Peer struct {
 	budget  *budget  // what its messages hold allocated
 	done    chan struct{}
 	strikes atomic.Int64
+	// ctlSlots holds one token per control request of the peer being
+	// handled (MaxControlPerPeer).
+	ctlSlots chan struct{}
 }
 
 func (p *Peer) shutdown() {
@@ -316,7 +319,8 @@ func (e *Engine) PeerUp(name string, incarnation uint64, body []byte, link Link)
 		bytes = min(bytes, a.WindowBytes)
 	}
 	p := &Peer{name: name, link: link, caps: a.Caps, credits: newCredits(msgs, bytes),
-		budget: newBudget(e.cfg.Flow.ReceiveBudgetPerPeer), done: make(chan struct{})}
+		budget: newBudget(e.cfg.Flow.ReceiveBudgetPerPeer), done: make(chan struct{}),
+		ctlSlots: make(chan struct{}, MaxControlPerPeer)}
 	p.inbox.init(e.cfg.Flow.InboxMessages, e.cfg.Flow.InboxBytes, e.cfg.Flow.ReceiveWindow)
 	e.mu.Lock()
 	if e.closed {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -549,5 +550,106 @@ func TestEngineInlineDeliveryMovesTheLoop(t *testing.T) {
 	case <-closed:
 	case <-ctx.Done():
 		t.Fatal("Close waited for a handler run inline")
+	}
+}
+
+// stuckLink is a peer's connection that never takes a frame: Send blocks
+// until its context ends or the link is opened.
+type stuckLink struct {
+	open    chan struct{}
+	mu      sync.Mutex
+	cur     int // Sends blocked now
+	max     int // most Sends blocked at once
+	sent    int
+	atLimit chan struct{} // closed when cur first reaches MaxControlPerPeer
+	reached bool
+	want    int           // allSent is closed after this many Sends
+	allSent chan struct{}
+}
+
+func (l *stuckLink) Send(ctx context.Context, _ wire.FrameType, _ wire.Flags, _ uint32, _ any) error {
+	l.mu.Lock()
+	l.cur++
+	l.max = max(l.max, l.cur)
+	if l.cur == MaxControlPerPeer && !l.reached {
+		l.reached = true
+		close(l.atLimit)
+	}
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		l.cur--
+		l.sent++
+		if l.sent == l.want {
+			close(l.allSent)
+		}
+		l.mu.Unlock()
+	}()
+	select {
+	case <-l.open:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (l *stuckLink) Close(error) {}
+
+// A peer that floods control requests and never reads the replies holds
+// at most MaxControlPerPeer of them (and their goroutines) at once: its
+// reader waits in HandleControl instead of starting one goroutine each.
+func TestControlRequestsBoundedPerPeer(t *testing.T) {
+	mk := func(name string, inc uint64) *Engine {
+		e := New(Config{Node: name, Incarnation: inc, Disabled: func(ch string) bool { return ch != "memtest" },
+			Dial: func(context.Context, string, string) (net.Conn, error) {
+				return nil, errors.New("no data connections here")
+			}})
+		if err := e.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(e.Close)
+		return e
+	}
+	e, peer := mk("srv", 1), mk("flood", 2)
+	adv, err := peer.Advert()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 20 * MaxControlPerPeer
+	l := &stuckLink{open: make(chan struct{}), atLimit: make(chan struct{}), want: n, allSent: make(chan struct{})}
+	if _, err := e.PeerUp("flood", 2, adv, l); err != nil {
+		t.Fatal(err)
+	}
+	flooded := make(chan struct{})
+	go func() {
+		defer close(flooded)
+		for i := range n {
+			e.HandleControl("flood", &wire.Message{Type: ctlRequestType, Target: "nosuchchannel", Request: uint64(i + 1)})
+		}
+	}()
+	<-l.atLimit
+	// The reader is now held: the flood cannot finish while every slot
+	// waits on the stuck link.
+	for e.Stats().ControlWaits == 0 {
+		select {
+		case <-flooded:
+			t.Fatalf("%d control requests taken while %d replies were stuck: no backpressure", n, MaxControlPerPeer)
+		default:
+			runtime.Gosched()
+		}
+	}
+	if g := runtime.NumGoroutine(); g > 4*MaxControlPerPeer+50 {
+		t.Errorf("%d goroutines while the peer's requests are held", g)
+	}
+	close(l.open)
+	<-flooded
+	<-l.allSent
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.max > MaxControlPerPeer {
+		t.Errorf("%d replies pending at once, want at most %d", l.max, MaxControlPerPeer)
+	}
+	if l.sent != n {
+		t.Errorf("%d replies sent, want %d", l.sent, n)
 	}
 }

@@ -36,6 +36,9 @@ type Stats struct {
 	// for the peer's credits; CreditWaitNanos the time they waited.
 	CreditWaits     atomic.Int64
 	CreditWaitNanos atomic.Int64
+	// controlWaits counts control requests whose peer's reader waited for
+	// a slot (MaxControlPerPeer).
+	controlWaits atomic.Int64
 
 	mu       sync.Mutex
 	channels map[peerChannel]*ChannelStats // fetched into this node
@@ -176,6 +179,10 @@ type StatsSnapshot struct {
 	// for their peer's credits, CreditWait the time they waited in all.
 	CreditWaits int64
 	CreditWait  time.Duration
+	// ControlWaits counts channel control requests whose peer's
+	// connection waited because MaxControlPerPeer of its requests were
+	// being handled.
+	ControlWaits int64
 	// Channels maps a channel name to what it fetched into this node;
 	// ByPeer maps an owner's name to the same per channel.
 	Channels map[string]ChannelStats
@@ -221,6 +228,7 @@ func (e *Engine) Stats() StatsSnapshot {
 		BudgetWaiting:    int64(e.budget.waiting()),
 		CreditWaits:      s.CreditWaits.Load(),
 		CreditWait:       time.Duration(s.CreditWaitNanos.Load()),
+		ControlWaits:     s.controlWaits.Load(),
 		Channels:         map[string]ChannelStats{},
 		ByPeer:           map[string]map[string]ChannelStats{},
 		Served:           map[string]ChannelStats{},
