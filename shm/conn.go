@@ -205,11 +205,10 @@ func (c *Conn) catchFault(err *error) {
 	if r == nil {
 		return
 	}
-	af, ok := r.(interface{ Addr() uintptr })
-	if !ok {
+	e := faultError("connection", r)
+	if e == nil {
 		panic(r)
 	}
-	e := fmt.Errorf("shm: the shared region faulted at %#x (did the peer truncate it?): %v", af.Addr(), r)
 	c.faulted.CompareAndSwap(nil, &e)
 	*err = *c.faulted.Load()
 }

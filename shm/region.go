@@ -84,7 +84,9 @@ func createRegion(dir string, ringSize uint32, nonce [nonceSize]byte) (*region, 
 			return fail(err)
 		}
 	}
-	writeHeader(r.mem, header{ringSize: ringSize, nonce: nonce})
+	if err := guard("write the header", func() { writeHeader(r.mem, header{ringSize: ringSize, nonce: nonce}) }); err != nil {
+		return fail(err)
+	}
 	return r, name, nil
 }
 
@@ -125,7 +127,13 @@ func openRegion(dir, name string, ringSize uint32, nonce [nonceSize]byte) (*regi
 	if err != nil {
 		return fail(fmt.Errorf("shm: map %s.mem: %w", base, err))
 	}
-	h, err := parseHeader(r.mem[:pageSize])
+	if testHookMapped != nil {
+		testHookMapped(base + ".mem")
+	}
+	var h header
+	if ferr := guard("read the header", func() { h, err = parseHeader(r.mem[:pageSize]) }); ferr != nil {
+		return fail(ferr)
+	}
 	if err != nil {
 		return fail(err)
 	}
