@@ -684,7 +684,7 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 	hc := m.handshakeConfig(purpose, "")
 	var admitErr error
 	reserved := ""
-	var tieBreak, duplicate bool
+	var tieBreak, duplicate, busy bool
 	var accepting *slot // set when this connection passed the tie-break
 	hc.Admit = func(p wire.Peer) error {
 		if !m.Known(p.Node) {
@@ -734,6 +734,16 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 				Reason: fmt.Sprintf("%s already has a connection from this incarnation of %s", m.self.Name, p.Node)}
 			return admitErr
 		}
+		// One inbound control connection of a peer is set up at a time:
+		// each may make a shared-memory region (a file in /dev/shm and
+		// five descriptors) until its upgrade ends, so 400 concurrent
+		// dials under one name would hold hundreds of MB.
+		if s.accepting {
+			busy = true
+			admitErr = &wire.ConnError{Code: wire.CodeUnavailable,
+				Reason: fmt.Sprintf("%s is setting up another connection from %s", m.self.Name, p.Node)}
+			return admitErr
+		}
 		s.accepting = true // until attach decided
 		accepting = s
 		return nil
@@ -754,6 +764,8 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 			m.log.Info("inbound connection refused: own dial to it in flight", zap.String("remote", remote))
 		case duplicate:
 			m.log.Info("duplicate connection refused", zap.String("remote", remote))
+		case busy:
+			m.log.Info("connection refused: another from the same node is being set up", zap.String("remote", remote))
 		case stopping(admitErr):
 			// This node stops: a peer redialing meanwhile is expected.
 			m.log.Debug("connection refused: node stopping", zap.String("purpose", purpose), zap.String("remote", remote))

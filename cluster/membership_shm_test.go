@@ -2,6 +2,8 @@ package cluster_test
 
 import (
 	"context"
+	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,5 +78,57 @@ func TestMembershipSharedMemory(t *testing.T) {
 			b.Close()
 			ea.expect(t, "down node1")
 		})
+	}
+}
+
+// TestMembershipOneSetupPerPeer: a peer holding the secret that opens many
+// control connections under one name at once gets one set up (each may
+// hold a shared-memory region until its upgrade ends); the others are
+// refused in the handshake while it is.
+func TestMembershipOneSetupPerPeer(t *testing.T) {
+	cfg, err := config.LocalConfig("m", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Transport.SharedMemory = true
+	cfg.DialTimeout = 10 * time.Second // the held set-up outlasts the test
+	m, err := cluster.NewMembership(cfg, "node0", 1, newEvents(), cluster.Options{SharedMemory: shm.Config{Dir: t.TempDir()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	hc := wire.HandshakeConfig{Cluster: cfg.Cluster, Node: "node1", Incarnation: 7, Secret: cfg.Secret,
+		Purpose: wire.PurposeControl, SharedMemory: true, Expect: "node0"}
+	dial := func() (net.Conn, error) {
+		nc, err := net.Dial("tcp", cfg.Nodes[0].Address)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := wire.Handshake(ctx, nc, hc, true); err != nil {
+			return nil, err
+		}
+		return nc, nil
+	}
+	// The first is admitted, and held in its upgrade: it never sends its
+	// offer.
+	held, err := dial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	for i := range 20 {
+		nc, err := dial()
+		if err == nil {
+			nc.Close()
+			t.Fatalf("connection %d under the same name admitted while one is being set up", i+2)
+		}
+		if !strings.Contains(err.Error(), "setting up another connection") {
+			t.Fatalf("connection %d: %v", i+2, err)
+		}
 	}
 }
