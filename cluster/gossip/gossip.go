@@ -56,7 +56,8 @@ type Events interface {
 type Config struct {
 	// Cluster is the cluster name (config.CheckName). Nodes of another
 	// cluster never join: their traffic carries another memberlist label
-	// ("tensorferry/" + Cluster) and another key.
+	// and another key, both derived from Secret and Cluster (the label,
+	// in clear text on the wire, does not name the cluster).
 	Cluster string
 	// Secret is the cluster secret, at least config.MinSecretLen bytes.
 	// The gossip key is derived from it and Cluster with HKDF-SHA256
@@ -95,6 +96,11 @@ type Stats struct {
 	// their bytes.
 	StreamsDialed, StreamsAccepted       uint64
 	StreamBytesSent, StreamBytesReceived uint64
+	// StreamsRefused counts accepted streams closed at once because the
+	// most that may be open (32) were: a stream is authenticated only
+	// once it has been read whole, so their number and length (1 MiB)
+	// are bounded before.
+	StreamsRefused uint64
 	// PushPulls counts the full state exchanges this node took part in,
 	// joins included.
 	PushPulls uint64
@@ -170,6 +176,10 @@ func Start(cfg Config, ev Events) (*Gossip, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gossip: derive key: %w", err)
 	}
+	lbl, err := label(cfg.Secret, cfg.Cluster)
+	if err != nil {
+		return nil, fmt.Errorf("gossip: derive label: %w", err)
+	}
 	logger := cfg.Logger
 	if logger == nil {
 		logger = zap.NewNop()
@@ -208,7 +218,7 @@ func Start(cfg Config, ev Events) (*Gossip, error) {
 	mc.Transport = tr
 	mc.BindAddr, mc.BindPort = ip.String(), ct.port
 	mc.AdvertiseAddr, mc.AdvertisePort = "", ct.port
-	mc.Label = label(cfg.Cluster)
+	mc.Label = lbl
 	mc.SecretKey = key
 	mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
 	mc.ProbeInterval = g.ProbeInterval
@@ -408,6 +418,7 @@ func (g *Gossip) Stats() Stats {
 		StreamsAccepted:     t.streamsAcc.Load(),
 		StreamBytesSent:     t.streamBytesSent.Load(),
 		StreamBytesReceived: t.streamBytesRecv.Load(),
+		StreamsRefused:      t.streamsRefused.Load(),
 		PushPulls:           g.pushPulls.Load(),
 		Members:             n,
 	}

@@ -3,6 +3,7 @@ package gossip
 import (
 	"crypto/hkdf"
 	"crypto/sha256"
+	"encoding/hex"
 )
 
 // keySalt is the HKDF salt of the gossip key: the protocol and its version,
@@ -19,6 +20,18 @@ func deriveKey(secret []byte, cluster string) ([]byte, error) {
 	return hkdf.Key(sha256.New, secret, []byte(keySalt), "cluster "+cluster, keySize)
 }
 
+// labelSalt is the HKDF salt of the label, apart from the key's.
+const labelSalt = "tensorferry gossip label v1"
+
 // label is the memberlist label of cluster's traffic: packets and streams
-// of another label are refused before they are decrypted.
-func label(cluster string) string { return "tensorferry/" + cluster }
+// of another label are refused before they are decrypted. Every packet
+// carries it in clear text, so it is derived from the secret (HKDF-SHA256,
+// 16 bytes, hex) instead of naming the cluster: it tells an onlooker
+// nothing, and only a holder of the secret can make it.
+func label(secret []byte, cluster string) (string, error) {
+	b, err := hkdf.Key(sha256.New, secret, []byte(labelSalt), "cluster "+cluster, 16)
+	if err != nil {
+		return "", err
+	}
+	return "tf" + hex.EncodeToString(b), nil
+}

@@ -32,6 +32,10 @@ type netTransport struct {
 	packetBytesSent, packetBytesRecv atomic.Uint64
 	streamsDialed, streamsAcc        atomic.Uint64
 	streamBytesSent, streamBytesRecv atomic.Uint64
+	// inbound counts the accepted streams open now; streamsRefused those
+	// closed at once because maxInboundStreams were.
+	inbound        atomic.Int64
+	streamsRefused atomic.Uint64
 
 	packets chan *memberlist.Packet
 	streams chan net.Conn
@@ -55,7 +59,19 @@ const (
 	// udpRecvBuf is the socket receive buffer asked for (the kernel may
 	// give less): room for bursts of gossip while the reader is busy.
 	udpRecvBuf = 2 << 20
+	// maxInboundStreams bounds the accepted streams open at once. A
+	// stream is authenticated only once memberlist has read and
+	// decrypted all of it, so until then every stream is an outsider's:
+	// one over the bound is closed at once.
+	maxInboundStreams = 32
+	// maxStreamBytes bounds what one accepted stream may send: memberlist
+	// buffers an encrypted message whole (up to 20 MiB) before it can
+	// check it. A push/pull of 256 nodes' state is tens of KiB.
+	maxStreamBytes = 1 << 20
 )
+
+// errStreamTooLong ends the read of an accepted stream past maxStreamBytes.
+var errStreamTooLong = fmt.Errorf("gossip: stream longer than %d bytes", maxStreamBytes)
 
 // listen binds TCP and UDP on ip:port (port 0: one the kernel picks, free
 // for both).
@@ -156,10 +172,18 @@ func (t *netTransport) accept() {
 		}
 		delay = 0
 		t.streamsAcc.Add(1)
+		if t.inbound.Add(1) > maxInboundStreams {
+			t.inbound.Add(-1)
+			t.streamsRefused.Add(1)
+			c.Close()
+			continue
+		}
 		cc, ok := t.track(c)
 		if !ok {
+			t.inbound.Add(-1)
 			return
 		}
+		cc.inbound, cc.left = true, maxStreamBytes
 		select {
 		case t.streams <- cc:
 		case <-t.stop:
@@ -293,15 +317,25 @@ func (t *netTransport) Shutdown() error {
 	return err
 }
 
-// countingConn counts the bytes of one stream.
+// countingConn counts the bytes of one stream; an accepted (inbound) one
+// may read at most maxStreamBytes.
 type countingConn struct {
 	net.Conn
-	t    *netTransport
-	once sync.Once
+	t       *netTransport
+	once    sync.Once
+	inbound bool
+	left    int // bytes an inbound stream may still read
 }
 
 func (c *countingConn) Read(p []byte) (int, error) {
+	if c.inbound {
+		if c.left <= 0 {
+			return 0, errStreamTooLong
+		}
+		p = p[:min(len(p), c.left)]
+	}
 	n, err := c.Conn.Read(p)
+	c.left -= n
 	c.t.streamBytesRecv.Add(uint64(n))
 	return n, err
 }
@@ -313,6 +347,11 @@ func (c *countingConn) Write(p []byte) (int, error) {
 }
 
 func (c *countingConn) Close() error {
-	c.once.Do(func() { c.t.untrack(c) })
+	c.once.Do(func() {
+		c.t.untrack(c)
+		if c.inbound {
+			c.t.inbound.Add(-1)
+		}
+	})
 	return c.Conn.Close()
 }
