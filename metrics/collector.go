@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/transfer"
+	"time"
 )
 
 // Options configure what a node's metrics hold and how they are served.
@@ -16,7 +17,24 @@ type Options struct {
 	// Pprof serves net/http/pprof's handlers under /debug/pprof on the
 	// metrics listener (default off).
 	Pprof bool
+	// MaxConns bounds the connections Serve holds open at once (default
+	// DefaultMaxConns, 64); more wait in the kernel's accept queue, so a
+	// client that opens thousands costs no descriptors of the node.
+	MaxConns int
+	// IdleTimeout closes a keep-alive connection idle that long (default
+	// DefaultIdleTimeout, 30 s); a request must arrive, headers and body,
+	// within DefaultReadTimeout (10 s) and its answer be written within
+	// DefaultWriteTimeout (60 s: pprof's profiles take 30 s by default).
+	IdleTimeout time.Duration
 }
+
+// Defaults of the metrics listener's bounds (Options).
+const (
+	DefaultMaxConns     = 64
+	DefaultIdleTimeout  = 30 * time.Second
+	DefaultReadTimeout  = 10 * time.Second
+	DefaultWriteTimeout = 60 * time.Second
+)
 
 // desc is one family's description.
 type desc struct {

@@ -1,8 +1,12 @@
 package metrics
 
 import (
+	"bufio"
 	"context"
+	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -208,4 +212,70 @@ func TestDocListsEveryFamily(t *testing.T) {
 			t.Errorf("doc.go does not list %s", name)
 		}
 	}
+}
+
+// The listener holds at most MaxConns connections; an idle keep-alive
+// connection is closed after IdleTimeout.
+func TestServeBoundsConnections(t *testing.T) {
+	srv, err := Serve(context.Background(), "127.0.0.1:0", Options{MaxConns: 2, IdleTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	// Two idle keep-alive connections: each is closed by the server.
+	for range 2 {
+		c, err := net.Dial("tcp", srv.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		c.SetReadDeadline(time.Now().Add(30 * time.Second)) // a bound, not the wait
+		if n, err := c.Read(make([]byte, 1)); n != 0 || !errors.Is(err, io.EOF) {
+			t.Fatalf("idle keep-alive connection: read %d, %v; want it closed by the server", n, err)
+		}
+	}
+	// Two connections that send nothing hold both slots; a third is not
+	// served until one of them goes.
+	var held []net.Conn
+	for range 2 {
+		c, err := net.Dial("tcp", srv.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	third, err := net.Dial("tcp", srv.Addr()) // the kernel's queue takes it
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer third.Close()
+	fmt.Fprintf(third, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	got := make(chan error, 1)
+	go func() {
+		resp, err := http.ReadResponse(bufio.NewReader(third), nil)
+		if err == nil {
+			resp.Body.Close()
+		}
+		got <- err
+	}()
+	// Not served while both slots are held (a check that can only pass
+	// late, never fail wrongly, on a slow machine).
+	select {
+	case err := <-got:
+		t.Fatalf("a third connection served while MaxConns 2 were held (%v)", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	// Closing one frees its slot.
+	held[0].Close()
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	held[1].Close()
 }

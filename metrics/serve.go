@@ -8,12 +8,12 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/tensorferry/tensorferry/actor"
+	"golang.org/x/net/netutil"
 )
 
 // Server is a node's metrics listener: /metrics in Prometheus' text
@@ -103,9 +103,19 @@ func Serve(ctx context.Context, addr string, opts Options, nodes ...*actor.Node)
 	if err != nil {
 		return nil, fmt.Errorf("metrics: listen: %w", err)
 	}
+	maxConns, idle := opts.MaxConns, opts.IdleTimeout
+	if maxConns <= 0 {
+		maxConns = DefaultMaxConns
+	}
+	if idle <= 0 {
+		idle = DefaultIdleTimeout
+	}
+	ln = netutil.LimitListener(ln, maxConns)
 	s := &Server{
-		ln:   ln,
-		srv:  &http.Server{Handler: Handler(reg, opts.Pprof), ReadHeaderTimeout: 10 * time.Second},
+		ln: ln,
+		srv: &http.Server{Handler: Handler(reg, opts.Pprof),
+			ReadHeaderTimeout: DefaultReadTimeout, ReadTimeout: DefaultReadTimeout,
+			WriteTimeout: DefaultWriteTimeout, IdleTimeout: idle},
 		done: make(chan struct{}),
 	}
 	go func() {
