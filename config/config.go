@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/tensorferry/tensorferry/memory"
@@ -533,7 +534,21 @@ func (c *Config) secretPath() string { return c.resolvePath(c.SecretFile) }
 // readSecretFile reads the secret file at path, refusing one that group or
 // others may access unless insecure.
 func readSecretFile(path string, insecure bool) ([]byte, error) {
-	f, err := os.Open(path)
+	return readFile(path, maxSecretFile, func(fi os.FileInfo) error {
+		// Windows has no such mode bits: Go reports 0666 for every file.
+		if perm := fi.Mode().Perm(); perm&0o077 != 0 && !insecure && runtime.GOOS != "windows" {
+			return fmt.Errorf("%s is accessible by group or others (mode %04o): chmod 600 it, or set secret_file_insecure: true to accept it", path, perm)
+		}
+		return nil
+	})
+}
+
+// readFile reads a file the config names (secret, certificates, keys): a
+// regular file of at most max bytes. It never blocks on a FIFO nor reads
+// a device without end (/dev/zero): it opens without blocking and refuses
+// anything but a regular file. check, if not nil, vets the file first.
+func readFile(path string, max int64, check func(os.FileInfo) error) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -542,16 +557,20 @@ func readSecretFile(path string, insecure bool) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Windows has no such mode bits: Go reports 0666 for every file.
-	if perm := fi.Mode().Perm(); perm&0o077 != 0 && !insecure && runtime.GOOS != "windows" {
-		return nil, fmt.Errorf("%s is accessible by group or others (mode %04o): chmod 600 it, or set secret_file_insecure: true to accept it", path, perm)
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file (%s)", path, fi.Mode().Type())
 	}
-	b, err := io.ReadAll(io.LimitReader(f, maxSecretFile+1))
+	if check != nil {
+		if err := check(fi); err != nil {
+			return nil, err
+		}
+	}
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
-	if len(b) > maxSecretFile {
-		return nil, fmt.Errorf("%s is larger than %d bytes", path, maxSecretFile)
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, max)
 	}
 	return b, nil
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -331,6 +332,8 @@ func TestParseInvalid(t *testing.T) {
 			`config: line 4: transport.handler_takeover: 10µs is below the minimum of 1ms`, ""},
 		{"per-peer budget above budget", strings.Replace(base, "nodes:", "flow:\n  receive_budget: 1GiB\n  receive_budget_per_peer: 2GiB\nnodes:", 1),
 			`config: line 5: flow.receive_budget_per_peer: 2GiB is above receive_budget (1GiB)`, ""},
+		{"receive budget below minimum", strings.Replace(base, "nodes:", "flow:\n  receive_budget: 1\nnodes:", 1),
+			`config: line 4: flow.receive_budget: 1 is below 16MiB (0 derives it from the node's memory)`, ""},
 		{"ref ttl not a duration", strings.Replace(base, "nodes:", "flow:\n  ref_ttl: forever\nnodes:", 1),
 			`config: line 4: flow.ref_ttl: bad duration "forever"`, ""},
 		{"staging chunk above protocol limit", strings.Replace(base, "nodes:", "staging:\n  chunk_size: 65MiB\n  max_ring_bytes: 1GiB\nnodes:", 1),
@@ -809,4 +812,33 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("round trip changed the config:\n%+v\n%+v", public(back), public(c))
 		}
 	})
+}
+
+// Files the config names are read only if they are regular files of a
+// bounded size: a FIFO would block start-up silently, /dev/zero would
+// exhaust memory (and stalled FuzzParse's workers, whose inputs name such
+// paths).
+func TestConfigFilesNotRegular(t *testing.T) {
+	dir := secretDir(t, testSecret)
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Skipf("mkfifo: %v", err)
+	}
+	big := filepath.Join(dir, "big")
+	if err := os.WriteFile(big, make([]byte, 2<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, yaml, want string }{
+		{"secret FIFO", strings.Replace(base, "secret.key", fifo, 1), "is not a regular file"},
+		{"secret device", strings.Replace(base, "secret.key", "/dev/zero", 1), "is not a regular file"},
+		{"CA device", base + "tls:\n  cert_file: " + big + "\n  key_file: " + big + "\n  ca_file: /dev/zero\n", "is larger than"},
+		{"CA FIFO", base + "tls:\n  cert_file: " + fifo + "\n  key_file: " + fifo + "\n  ca_file: " + fifo + "\n", "is not a regular file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.yaml), dir)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want an error saying %q", err, tc.want)
+			}
+		})
+	}
 }

@@ -55,7 +55,7 @@
 //	  ref_ttl: 10m
 //	  max_in_flight: 64            # messages with unfetched tensors, per peer (sender)
 //	  max_in_flight_bytes: 4GiB
-//	  receive_budget: 0            # 0: half the smallest GPU's memory (host: a quarter), ≥ 256MiB
+//	  receive_budget: 0            # 0: half the smallest GPU's memory (host: a quarter), ≥ 256MiB; set: ≥ 16MiB
 //	  receive_budget_per_peer: 0   # 0: half of receive_budget; ≤ receive_budget
 //	  receive_window: 64           # advertised to each peer
 //	  inbox_messages: 4096

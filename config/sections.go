@@ -183,8 +183,9 @@ type FlowConfig struct {
 	// larger message goes alone). Default 4 GiB.
 	MaxInFlightBytes int64
 	// ReceiveBudget is what a node allocates at once, in bytes, for
-	// tensors being fetched, all peers together. Default 0: derived from
-	// the node's memory, half of its smallest GPU's, or a quarter of the
+	// tensors being fetched, all peers together; at least
+	// MinReceiveBudget (16 MiB) when set. Default 0: derived from the
+	// node's memory, half of its smallest GPU's, or a quarter of the
 	// host's for a node without GPUs (at least 256 MiB). Messages beyond
 	// it wait in the sender's inbox until earlier ones are delivered.
 	ReceiveBudget int64
@@ -234,6 +235,10 @@ func (f FlowConfig) WithDefaults() FlowConfig {
 	return f
 }
 
+// MinReceiveBudget is the smallest flow.receive_budget a config may set:
+// a few staging chunks (a smaller one would refuse most tensor messages).
+const MinReceiveBudget = 16 << 20
+
 func (f FlowConfig) validate(c *Config) error {
 	const p = "flow."
 	if err := c.checkDurations([]durationField{
@@ -252,6 +257,10 @@ func (f FlowConfig) validate(c *Config) error {
 		{p + "inbox_bytes", f.InboxBytes, 1, 1 << 40, "bytes"},
 	}); err != nil {
 		return err
+	}
+	if f.ReceiveBudget > 0 && f.ReceiveBudget < MinReceiveBudget {
+		return c.errf(p+"receive_budget", "%s is below %s (0 derives it from the node's memory)",
+			FormatSize(int(f.ReceiveBudget)), FormatSize(MinReceiveBudget))
 	}
 	if f.ReceiveBudget > 0 && f.ReceiveBudgetPerPeer > f.ReceiveBudget {
 		return c.errf(p+"receive_budget_per_peer", "%s is above receive_budget (%s)",

@@ -5,7 +5,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 )
 
@@ -31,6 +30,10 @@ type TLSConfig struct {
 	server, client *tls.Config // built by Validate
 }
 
+// maxPEMFile bounds a certificate, key or CA file, in bytes: a bundle of
+// a few hundred certificates.
+const maxPEMFile = 1 << 20
+
 // load reads the files and builds the TLS configurations of both ends,
 // once: validating the config again (every NewNode does) while its nodes
 // run only reads them.
@@ -46,11 +49,19 @@ func (t *TLSConfig) load(c *Config) error {
 	case t.CAFile == "":
 		return c.errf("tls.ca_file", "required with tls")
 	}
-	cert, err := tls.LoadX509KeyPair(c.resolvePath(t.CertFile), c.resolvePath(t.KeyFile))
+	certPEM, err := readFile(c.resolvePath(t.CertFile), maxPEMFile, nil)
 	if err != nil {
 		return c.errf("tls.cert_file", "%w", err)
 	}
-	pem, err := os.ReadFile(c.resolvePath(t.CAFile))
+	keyPEM, err := readFile(c.resolvePath(t.KeyFile), maxPEMFile, nil)
+	if err != nil {
+		return c.errf("tls.key_file", "%w", err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return c.errf("tls.cert_file", "%w", err)
+	}
+	pem, err := readFile(c.resolvePath(t.CAFile), maxPEMFile, nil)
 	if err != nil {
 		return c.errf("tls.ca_file", "%w", err)
 	}
