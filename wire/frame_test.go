@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"reflect"
 	"runtime"
@@ -266,6 +267,7 @@ var hostileBodies = []struct {
 	hex  string
 }{
 	{"bin32 4 GiB", "81 a162 c6ffffffff 00"},
+	{"header map of 65536 entries", "81 a168 deffff a130 a0"},
 	{"str32 4 GiB", "81 a174 dbffffffff"},
 	{"array32 huge", "81 a168 ddffffffff 01"},
 	{"map32 huge", "81 a168 dfffffffff 01"},
@@ -481,5 +483,34 @@ func TestFrameErrors(t *testing.T) {
 	se := ef.StreamError()
 	if se.Stream != 3 || se.Code != CodeNotFound || se.Error() != "wire: stream 3 error NotFound: peer says: no export 9" {
 		t.Fatalf("got %v", se)
+	}
+}
+
+// A header of many entries or many bytes is refused before it is stored:
+// a map of small entries costs far more memory than its bytes.
+func TestMessageHeaderBounded(t *testing.T) {
+	many := map[string]string{}
+	for i := range MaxHeaderEntries + 1 {
+		many[fmt.Sprint(i)] = ""
+	}
+	big := map[string]string{"a": strings.Repeat("x", MaxHeaderBytes/2), "b": strings.Repeat("y", MaxHeaderBytes/2)}
+	ok := map[string]string{"trace": "00-abc", "k": "v"}
+	for _, tc := range []struct {
+		name string
+		h    map[string]string
+		bad  bool
+	}{{"entries", many, true}, {"bytes", big, true}, {"protoactor's few", ok, false}} {
+		b, err := EncodeMsgpack(&Message{Type: "t", Header: tc.h})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m Message
+		err = decodeMessage(b, &m)
+		switch {
+		case tc.bad && (!errors.Is(err, ErrBadBody) || !errors.Is(err, errHeaderTooLarge)):
+			t.Errorf("%s: %v, want a header too large", tc.name, err)
+		case !tc.bad && (err != nil || len(m.Header) != len(tc.h)):
+			t.Errorf("%s: %v, header %v", tc.name, err, m.Header)
+		}
 	}
 }
