@@ -44,7 +44,9 @@ import (
 //
 //	props := pa.PropsFromFunc(echo, node.WithInlineDelivery()) // pa: protoactor-go/actor
 func (n *Node) WithInlineDelivery() pa.PropsOption {
-	return pa.WithMailbox(func() pa.Mailbox { return &inlineMailbox{n: n} })
+	return pa.WithMailbox(func() pa.Mailbox {
+		return &inlineMailbox{n: n, room: make(chan struct{}, 1), gone: make(chan struct{})}
+	})
 }
 
 // inlineMailboxes maps the ids of n's actors with inline delivery to their
@@ -94,6 +96,57 @@ type inlineMailbox struct {
 	sysMessages  atomic.Int32
 	suspended    atomic.Bool
 	registered   atomic.Bool
+
+	// A connection's reader that finds maxInlineBacklog user messages
+	// queued waits (waitRoom) until the actor has run half of them: a
+	// peer cannot grow the mailbox without bound, and one that sends
+	// without reading the replies stalls its own connection (then loses
+	// it to the failure detector), not the node's memory.
+	roomWaiting atomic.Bool
+	room        chan struct{} // one token: the backlog fell below half
+	gone        chan struct{} // closed by unregister: nobody waits for room
+	goneOnce    sync.Once
+}
+
+// maxInlineBacklog bounds the user messages a connection's reader queues
+// in an inline mailbox (64 Ki messages) before it waits for the actor.
+const maxInlineBacklog = 1 << 16
+
+// waitRoom blocks the calling reader while the mailbox holds
+// maxInlineBacklog user messages or more, until the actor has run half of
+// them, the actor stops, or the node does. It reports whether it waited.
+func (m *inlineMailbox) waitRoom() bool {
+	if m.userMessages.Load() < maxInlineBacklog {
+		return false
+	}
+	m.n.stats.InlineBackpressure.Add(1)
+	for m.userMessages.Load() >= maxInlineBacklog {
+		m.roomWaiting.Store(true)
+		// Published before the re-check: a run that takes the backlog
+		// below half after it sees the flag and hands a token.
+		if m.userMessages.Load() < maxInlineBacklog {
+			break
+		}
+		select {
+		case <-m.room:
+		case <-m.gone:
+			return true
+		case <-m.n.ctx.Done():
+			return true
+		}
+	}
+	m.roomWaiting.Store(false)
+	return true
+}
+
+// roomFreed hands a waiting reader its token once the backlog is below half.
+func (m *inlineMailbox) roomFreed() {
+	if m.roomWaiting.Load() && m.userMessages.Load() < maxInlineBacklog/2 {
+		select {
+		case m.room <- struct{}{}:
+		default:
+		}
+	}
 }
 
 var _ pa.Mailbox = (*inlineMailbox)(nil)
@@ -119,6 +172,7 @@ func (m *inlineMailbox) RegisterHandlers(invoker pa.MessageInvoker, dispatcher p
 // unregister forgets the mailbox when the actor is told to stop: later
 // messages take the dispatcher path, which the stopping actor still serves.
 func (m *inlineMailbox) unregister() {
+	m.goneOnce.Do(func() { close(m.gone) })
 	if m.registered.CompareAndSwap(true, false) {
 		if m.n.inline.byID.CompareAndDelete(m.id, m) {
 			m.n.inline.count.Add(-1)
@@ -142,6 +196,7 @@ func (m *inlineMailbox) PostUserMessage(message any) { m.post(message) }
 // connection's reader may be taken over while the actor runs
 // (wire.Conn.MayBlock).
 func (m *inlineMailbox) postInline(message any, mayBlock func()) {
+	m.waitRoom()
 	if isBatch(message) {
 		m.post(message) // unpacked, run by the dispatcher
 		return
@@ -182,6 +237,7 @@ func (m *inlineMailbox) push(message any) {
 // postMany posts msgs, in order, to be run by the dispatcher: one lock and
 // at most one schedule for the lot.
 func (m *inlineMailbox) postMany(msgs []any) {
+	m.waitRoom()
 	start := 0
 	for i, msg := range msgs {
 		if isBatch(msg) {
@@ -306,6 +362,7 @@ func (m *inlineMailbox) run(inline bool) (drained bool) {
 			return true
 		}
 		m.userMessages.Add(-1)
+		m.roomFreed()
 		if l, ok := msg.(*lazyMessage); ok {
 			if msg = l.decode(); msg == nil {
 				continue // reported to its sender

@@ -10,6 +10,7 @@ import (
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/config"
+	"github.com/tensorferry/tensorferry/internal/poll"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/shm"
 	"github.com/tensorferry/tensorferry/tensor"
@@ -416,4 +417,40 @@ func TestInlineTensorHandlerMayWaitForTheSamePeer(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestInlineMailboxBounded: a peer that floods an inline actor faster than
+// it runs fills its mailbox to a bound, then its connection's reader waits
+// (Stats().InlineBackpressure); the node's other peers are not held up.
+func TestInlineMailboxBounded(t *testing.T) {
+	_, nodes := startCluster(t, 3)
+	a, b, c := nodes[0], nodes[1], nodes[2]
+	release := make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	props := pa.PropsFromFunc(func(ctx pa.Context) {
+		if _, ok := ctx.Message().(*Ping); ok {
+			<-release
+		}
+	}, c.WithInlineDelivery())
+	if _, err := c.Root().SpawnNamed(props, "slow"); err != nil {
+		t.Fatal(err)
+	}
+	pid := a.PID(c.Name(), "slow")
+	const n = 1<<16 + 20000 // more than the bound
+	go func() {
+		for i := range n {
+			a.Root().Send(pid, &Ping{N: i})
+		}
+	}()
+	poll.Until(t, "the reader from a waits for the inline mailbox", func() bool {
+		return c.Stats().InlineBackpressure > 0
+	})
+	// b's connection to c has its own reader.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := b.Ping(ctx, c.Name(), []byte("x")); err != nil {
+		t.Fatalf("b's ping while a's connection waits: %v", err)
+	}
+	once.Do(func() { close(release) })
 }

@@ -27,6 +27,9 @@ type stats struct {
 	// MessagesInline counts received messages whose handler ran on the
 	// connection's reader (Node.WithInlineDelivery).
 	MessagesInline atomic.Int64
+	// InlineBackpressure counts the times a connection's reader waited
+	// because an inline mailbox held 64 Ki messages.
+	InlineBackpressure atomic.Int64
 }
 
 // ChannelStats is what one data channel moved into this node.
@@ -48,6 +51,10 @@ type StatsSnapshot struct {
 	MessagesBatched int64
 	BatchFrames     int64
 	MessagesInline  int64
+	// InlineBackpressure counts the times a connection's reader waited
+	// for an inline mailbox (Node.WithInlineDelivery) that held 64 Ki
+	// messages to run half of them.
+	InlineBackpressure int64
 	// Exports is the number of tensors this node has lent that are not
 	// released yet; LentBytes their bytes.
 	Exports   int
@@ -99,32 +106,33 @@ func (n *Node) Stats() StatsSnapshot {
 	s := &n.stats
 	e := n.eng.Stats()
 	out := StatsSnapshot{
-		MessagesSent:     s.MessagesSent.Load(),
-		MessagesReceived: s.MessagesReceived.Load(),
-		DeliveryFailures: s.DeliveryFailures.Load(),
-		DeadLetters:      s.DeadLetters.Load(),
-		TensorsExported:  e.TensorsExported,
-		MessagesBatched:  s.MessagesBatched.Load(),
-		BatchFrames:      s.BatchFrames.Load(),
-		MessagesInline:   s.MessagesInline.Load(),
-		Exports:          e.Leases,
-		LentBytes:        e.LentBytes,
-		InboxRefused:     e.InboxRefused,
-		ReaderDeliveries: e.ReaderDeliveries,
-		BudgetInUse:      e.BudgetInUse,
-		Budget:           e.Budget,
-		BudgetWaiting:    e.BudgetWaiting,
-		CreditWaits:      e.CreditWaits,
-		CreditWait:       e.CreditWait,
-		LendViolations:   n.eng.Store().LendViolations(),
-		Channels:         e.Channels,
-		Served:           e.Served,
-		ByPeer:           e.ByPeer,
-		FailedTransfers:  e.Failures,
-		Peers:            e.Peers,
-		NodeDowns:        s.NodeDowns.Load(),
-		RegCaches:        e.RegCaches,
-		Conns:            map[cluster.ConnKey]int{},
+		MessagesSent:       s.MessagesSent.Load(),
+		MessagesReceived:   s.MessagesReceived.Load(),
+		DeliveryFailures:   s.DeliveryFailures.Load(),
+		DeadLetters:        s.DeadLetters.Load(),
+		TensorsExported:    e.TensorsExported,
+		MessagesBatched:    s.MessagesBatched.Load(),
+		BatchFrames:        s.BatchFrames.Load(),
+		MessagesInline:     s.MessagesInline.Load(),
+		InlineBackpressure: s.InlineBackpressure.Load(),
+		Exports:            e.Leases,
+		LentBytes:          e.LentBytes,
+		InboxRefused:       e.InboxRefused,
+		ReaderDeliveries:   e.ReaderDeliveries,
+		BudgetInUse:        e.BudgetInUse,
+		Budget:             e.Budget,
+		BudgetWaiting:      e.BudgetWaiting,
+		CreditWaits:        e.CreditWaits,
+		CreditWait:         e.CreditWait,
+		LendViolations:     n.eng.Store().LendViolations(),
+		Channels:           e.Channels,
+		Served:             e.Served,
+		ByPeer:             e.ByPeer,
+		FailedTransfers:    e.Failures,
+		Peers:              e.Peers,
+		NodeDowns:          s.NodeDowns.Load(),
+		RegCaches:          e.RegCaches,
+		Conns:              map[cluster.ConnKey]int{},
 	}
 	out.PeersUp = make(map[string]bool, len(n.remotes))
 	for name := range n.remotes {
