@@ -75,11 +75,22 @@ func TestRemoteLifecycleRefused(t *testing.T) {
 }
 
 // TestLogsNameTheNodeOnce: every log line of a node carries its name
-// once, whichever layer (actor, engine, membership, connection) logs it,
-// and a normal stop logs no warning.
+// once, whichever layer (actor, engine, membership, gossip, connection)
+// logs it, with mesh and with gossip membership, and a normal stop logs no
+// warning.
 func TestLogsNameTheNodeOnce(t *testing.T) {
+	for _, membership := range []string{config.MembershipMesh, config.MembershipGossip} {
+		t.Run(membership, func(t *testing.T) { testLogsNameTheNodeOnce(t, membership) })
+	}
+}
+
+func testLogsNameTheNodeOnce(t *testing.T, membership string) {
 	cfg, err := config.LocalConfig("test", 2)
 	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Membership = membership
+	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zap.DebugLevel)

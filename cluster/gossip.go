@@ -32,7 +32,7 @@ func (m *Membership) startGossip() error {
 		Self: gossip.Member{Name: m.self.Name, Incarnation: m.incarnation,
 			Address: m.self.Address, DataAddress: m.self.DataAddress, GossipAddress: m.self.GossipAddress},
 		Gossip:    m.cfg.Gossip,
-		Logger:    m.log,
+		Logger:    m.baseLog, // gossip names the node itself
 		Transport: m.opts.GossipTransport,
 	}, (*gossipEvents)(m))
 	if err != nil {

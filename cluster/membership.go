@@ -280,6 +280,9 @@ type Membership struct {
 	caps        []byte
 	h           Handler
 	log         *zap.Logger
+	// baseLog is the logger the node gave, without this node's name:
+	// for components that name the node themselves (gossip).
+	baseLog *zap.Logger
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -365,7 +368,7 @@ func NewMembership(cfg *config.Config, self string, incarnation uint64, h Handle
 	// A config that was not validated still gets the transport defaults.
 	tr := cfg.Transport.WithDefaults()
 	m := &Membership{cfg: cfg, transport: tr, self: nc, incarnation: incarnation, caps: opts.Caps, h: h,
-		log: log.With(zap.String("node", self)), slots: map[string]*slot{},
+		log: log.With(zap.String("node", self)), baseLog: log, slots: map[string]*slot{},
 		maxDataPerPeer: tr.MaxDataConnsPerPeer,
 		maxData:        tr.MaxDataConns,
 		dataIdle:       cmp.Or(tr.DataIdleTimeout, cfg.DialTimeout),
