@@ -83,10 +83,24 @@ func (m *Membership) memberJoin(g gossip.Member) {
 	if g.Name == m.self.Name {
 		return
 	}
+	_, inConfig := m.cfg.Node(g.Name)
 	m.mu.Lock()
+	_, announced := m.seeds[g.Name]
+	if !inConfig && m.cfg.Discovery == nil {
+		// With a static node list only the config's nodes are members:
+		// a holder of the secret cannot add names (and connections).
+		m.mu.Unlock()
+		if m.unknownWarn.Allow() {
+			m.log.Warn("gossip announces a node that is not in the config: ignored", zap.String("peer", g.Name))
+		}
+		return
+	}
 	s := m.slots[g.Name]
 	if s == nil {
 		s = &slot{changed: make(chan struct{})}
+		// With discovery, a name the source has not announced (yet)
+		// waits for it, as a node it reported gone does (discovered).
+		s.evicted = !inConfig && !announced
 		m.slots[g.Name] = s
 	}
 	if g.Incarnation < max(s.highest, s.inc) {

@@ -280,6 +280,9 @@ type Membership struct {
 	caps        []byte
 	h           Handler
 	log         *zap.Logger
+	// unknownWarn limits the warnings about gossip members that are not
+	// in the config.
+	unknownWarn logLimit
 	// baseLog is the logger the node gave, without this node's name:
 	// for components that name the node themselves (gossip).
 	baseLog *zap.Logger

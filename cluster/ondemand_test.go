@@ -272,3 +272,31 @@ func TestGossipLeaveAndRestart(t *testing.T) {
 		t.Fatalf("incarnation %d after the restart, want 2", p.Incarnation)
 	}
 }
+
+// With a static node list, a holder of the secret that gossips under a
+// name the config does not list is not made a member.
+func TestGossipAdmitsOnlyConfigNames(t *testing.T) {
+	cfg := gossipConfig(t, 3, time.Minute)
+	// The intruder's config: the same cluster and secret, its own name
+	// on the third node's addresses.
+	other := *cfg
+	other.Nodes = append([]config.NodeConfig(nil), cfg.Nodes...)
+	other.Nodes[2].Name = "intruder"
+	cfg.Nodes = cfg.Nodes[:2]
+	a, _ := startGossip(t, cfg, "node0", 1)
+	defer a.Close()
+	b, _ := startGossip(t, cfg, "node1", 1)
+	defer b.Close()
+	in, _ := startGossip(t, &other, "intruder", 1)
+	defer in.Close()
+	waitMembers(t, a, b)
+	poll.Until(t, "the intruder sees node0 and node1", func() bool { return len(in.Members()) == 2 })
+	for _, m := range []*cluster.Membership{a, b} {
+		if m.Known("intruder") {
+			t.Errorf("a node not in the config was admitted through gossip")
+		}
+		if n := len(m.Members()); n != 1 {
+			t.Errorf("%d members, want 1: %v", n, m.Members())
+		}
+	}
+}
