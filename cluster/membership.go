@@ -694,8 +694,7 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 	var accepting *slot // set when this connection passed the tie-break
 	hc.Admit = func(p wire.Peer) error {
 		if !m.Known(p.Node) {
-			admitErr = &wire.ConnError{Code: wire.CodeNotFound,
-				Reason: fmt.Sprintf("node %q is not in the config of cluster %q at node %q", p.Node, m.cfg.Cluster, m.self.Name)}
+			admitErr = m.notMember(p.Node)
 			return admitErr
 		}
 		if data {
@@ -717,7 +716,7 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 		}
 		s := m.slots[p.Node]
 		if s == nil || !s.alive {
-			admitErr = &wire.ConnError{Code: wire.CodeNotFound,
+			admitErr = &wire.ConnError{Code: wire.CodeUnavailable,
 				Reason: fmt.Sprintf("node %q is not a member of cluster %q at node %q (yet)", p.Node, m.cfg.Cluster, m.self.Name)}
 			return admitErr
 		}
@@ -806,6 +805,23 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 		return
 	}
 	m.attach(nc, peer, peer.Node)
+}
+
+// notMember is the refusal of a connection from name, which is not a live
+// member here: for good (CodeNotFound) when neither the config nor the
+// discovery source names it; to retry (CodeUnavailable) when one does but
+// gossip has not shown this node it alive yet, or shows it gone.
+func (m *Membership) notMember(name string) error {
+	_, inConfig := m.cfg.Node(name)
+	m.mu.Lock()
+	_, announced := m.seeds[name]
+	m.mu.Unlock()
+	if !inConfig && !announced {
+		return &wire.ConnError{Code: wire.CodeNotFound,
+			Reason: fmt.Sprintf("node %q is not in the config of cluster %q at node %q", name, m.cfg.Cluster, m.self.Name)}
+	}
+	return &wire.ConnError{Code: wire.CodeUnavailable,
+		Reason: fmt.Sprintf("node %q of cluster %q is not a live member at node %q yet: its gossip has not shown it alive", name, m.cfg.Cluster, m.self.Name)}
 }
 
 // stopping reports whether err is the handshake refusal of a node that

@@ -2,8 +2,10 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -133,5 +135,34 @@ func TestReadSpinReachesSharedMemory(t *testing.T) {
 			t.Errorf("read_spin %v, shm spin option %v: rings spin %v, want %v", tc.readSpin, tc.optSpin, m.shm.Spin, tc.want)
 		}
 		m.Close()
+	}
+}
+
+// A connection from a node the config names but gossip has not shown
+// alive yet is refused to be retried (CodeUnavailable: `ferry ping`
+// waits), one from a name nobody announced for good (CodeNotFound).
+func TestNotMemberSaysWhatIsTrue(t *testing.T) {
+	cfg, err := config.LocalConfig("g", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Membership = config.MembershipGossip
+	m, err := NewMembership(cfg, "node0", 1, nil, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		code wire.ErrCode
+		says string
+	}{
+		{"node1", wire.CodeUnavailable, "its gossip has not shown it alive"},
+		{"stranger", wire.CodeNotFound, "is not in the config"},
+	} {
+		var ce *wire.ConnError
+		err := m.notMember(tc.name)
+		if !errors.As(err, &ce) || ce.Code != tc.code || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("%s: %v, want code %v saying %q", tc.name, err, tc.code, tc.says)
+		}
 	}
 }
