@@ -281,8 +281,10 @@ type Membership struct {
 	h           Handler
 	log         *zap.Logger
 	// unknownWarn limits the warnings about gossip members that are not
-	// in the config.
-	unknownWarn logLimit
+	// in the config; incarnationWarn those about connections refused for
+	// their incarnation.
+	unknownWarn     logLimit
+	incarnationWarn logLimit
 	// baseLog is the logger the node gave, without this node's name:
 	// for components that name the node themselves (gossip).
 	baseLog *zap.Logger
@@ -1080,6 +1082,7 @@ func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
 // false, with nc closed, when the connection is refused.
 func (m *Membership) placeLink(nc net.Conn, l *link, wp wire.Peer, initiator string) (p, old *Peer, ok bool) {
 	deadline := time.Now().Add(m.cfg.DialTimeout)
+	proved := false // the current Peer was found silent (answers)
 	for {
 		m.mu.Lock()
 		s := m.slots[wp.Node]
@@ -1101,12 +1104,33 @@ func (m *Membership) placeLink(nc net.Conn, l *link, wp wire.Peer, initiator str
 				liveAddr = l.addr
 			}
 			m.mu.Unlock()
-			m.log.Error("connection from an older incarnation refused: the higher incarnation wins",
-				zap.String("peer", wp.Node), zap.Uint64("incarnation", wp.Incarnation), zap.String("address", remoteAddr(nc)),
-				zap.Uint64("live_incarnation", live), zap.String("live_address", liveAddr))
+			if m.incarnationWarn.Allow() {
+				m.log.Error("connection from an older incarnation refused: the higher incarnation wins",
+					zap.String("peer", wp.Node), zap.Uint64("incarnation", wp.Incarnation), zap.String("address", remoteAddr(nc)),
+					zap.Uint64("live_incarnation", live), zap.String("live_address", liveAddr))
+			}
 			return nil, nil, false
 		}
 		cur := s.cur
+		if !m.onDemand && cur != nil && cur.Incarnation != wp.Incarnation && !proved {
+			// Another incarnation claims a node whose connection is up.
+			// A restarted node's old process is dead, and its connection
+			// silent; a live one sends heartbeats. The live, older
+			// connection keeps its place if it proves itself so: a
+			// holder of the secret cannot take a live node's name, and
+			// with it raise the incarnation the real node is held to.
+			m.mu.Unlock()
+			if m.answers(cur) {
+				if m.incarnationWarn.Allow() {
+					m.log.Error("connection refused: it claims a node whose connection is live",
+						zap.String("peer", wp.Node), zap.Uint64("incarnation", wp.Incarnation), zap.String("address", remoteAddr(nc)),
+						zap.Uint64("live_incarnation", cur.Incarnation))
+				}
+				return nil, nil, false
+			}
+			proved = true // cur is silent: replaced below, if still current
+			continue
+		}
 		if cur != nil && cur.Incarnation == wp.Incarnation {
 			if m.onDemand {
 				if cur.link.Load() == nil {
@@ -1147,6 +1171,33 @@ func (m *Membership) placeLink(nc net.Conn, l *link, wp wire.Peer, initiator str
 		s.highest = max(s.highest, wp.Incarnation)
 		m.mu.Unlock()
 		return p, cur, true
+	}
+}
+
+// answers reports whether p, a Peer of the full mesh, shows it is alive:
+// it receives a frame (heartbeats come every heartbeat interval) within
+// two heartbeat intervals, and is not taken down meanwhile.
+func (m *Membership) answers(p *Peer) bool {
+	n := p.frames.Load()
+	wait := 2 * m.cfg.HeartbeatInterval
+	tick := time.NewTicker(max(wait/16, time.Millisecond))
+	defer tick.Stop()
+	end := time.NewTimer(wait)
+	defer end.Stop()
+	for {
+		if p.gone.Load() {
+			return false
+		}
+		if p.frames.Load() != n {
+			return true
+		}
+		select {
+		case <-tick.C:
+		case <-end.C:
+			return p.frames.Load() != n && !p.gone.Load()
+		case <-m.ctx.Done():
+			return false
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -201,5 +202,69 @@ func TestMembershipUnknownAndUnreachable(t *testing.T) {
 	}
 	if _, err := a.WaitUp(ctx, "ghost"); !errors.Is(err, cluster.ErrUnknownNode) {
 		t.Fatalf("WaitUp on an unknown node: %v", err)
+	}
+}
+
+// TestImpostorCannotTakeALiveNodesName: a holder of the secret that claims
+// a live node's name with a higher incarnation is refused while the live
+// node's connection answers (heartbeats); the live node keeps its place,
+// and is not held to the impostor's incarnation afterwards.
+func TestImpostorCannotTakeALiveNodesName(t *testing.T) {
+	cfg, err := config.LocalConfig("m", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := func(name string) (*cluster.Membership, *events) {
+		ev := newEvents()
+		m, err := cluster.NewMembership(cfg, name, 1, ev, cluster.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		return m, ev
+	}
+	a, ea := start("node0")
+	_, _ = start("node1")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := a.WaitUp(ctx, "node1"); err != nil {
+		t.Fatal(err)
+	}
+	ea.expect(t, "up node1")
+	hc := wire.HandshakeConfig{Cluster: cfg.Cluster, Node: "node1", Incarnation: 1 << 62, Secret: cfg.Secret,
+		Purpose: wire.PurposeControl, Expect: "node0"}
+	for i := 0; i < 3; {
+		nc, err := net.Dial("tcp", cfg.Nodes[0].Address)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := wire.Handshake(ctx, nc, hc, true); err != nil {
+			nc.Close()
+			if strings.Contains(err.Error(), "setting up another connection") {
+				continue // the last refused one is still being let go
+			}
+			t.Fatal(err)
+		}
+		i++
+		// Refused after the handshake: node0 closes the connection.
+		nc.SetReadDeadline(time.Now().Add(10 * time.Second)) // a bound, not the wait
+		_, err = io.Copy(io.Discard, nc)
+		nc.Close()
+		if err != nil {
+			t.Fatalf("the impostor's connection was not closed: %v", err)
+		}
+	}
+	p, err := a.WaitUp(ctx, "node1")
+	if err != nil || p.Incarnation != 1 {
+		t.Fatalf("node1 after the impostor: %+v, %v; want the live incarnation 1", p, err)
+	}
+	ea.mu.Lock()
+	downs := len(ea.downs)
+	ea.mu.Unlock()
+	if downs != 0 {
+		t.Fatalf("node1 went down %d times for the impostor", downs)
 	}
 }
