@@ -48,9 +48,6 @@ const (
 	// ReasonChanged: the node registered again with other addresses or
 	// devices; a Joined with the new ones follows.
 	ReasonChanged = "registered again with other addresses"
-	// ReasonInvalid: the node's registration was replaced by a value that
-	// is not a valid one.
-	ReasonInvalid = "registration no longer valid"
 )
 
 // Event is a change of the cluster's membership.

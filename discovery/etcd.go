@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -55,6 +56,7 @@ func NewEtcd(cfg *config.Config, log *zap.Logger) (Discovery, error) {
 		timeout:   e.DialTimeout,
 		c:         newClient(slices.Clone(e.Endpoints), e.DialTimeout),
 		known:     make(map[string]member),
+		check:     make(chan struct{}, 1),
 	}
 	d.log = log.With(zap.Stringer("discovery", d))
 	return d, nil
@@ -93,6 +95,11 @@ type etcd struct {
 	// before each reconnection of the watch.
 	keepalivePaused atomic.Bool
 	resyncGate      chan struct{}
+
+	// check is signalled by the watch when this node's own key changed
+	// under it (deleted, or overwritten): the keepalives goroutine then
+	// puts the registration back (reassert).
+	check chan struct{}
 }
 
 // member is a node known from etcd.
@@ -241,7 +248,18 @@ func (d *etcd) keepalives(ctx context.Context) {
 	defer d.wg.Done()
 	delay := retryMin
 	wait := d.interval
-	for sleep(ctx, wait) {
+	for {
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-d.check:
+			t.Stop()
+			d.reassert(ctx)
+			continue
+		case <-t.C:
+		}
 		wait = d.interval
 		if d.keepalivePaused.Load() {
 			continue
@@ -270,6 +288,51 @@ func (d *etcd) keepalives(ctx context.Context) {
 		}
 		delay = retryMin
 	}
+}
+
+// reassert puts this node's registration back when its key no longer
+// holds it under its lease: deleted (by hand, or an operator's mistake),
+// or overwritten with another value or lease. Without it the other nodes
+// would take a live node for gone until its lease expired, which a live
+// node's keepalives never let happen. A valid registration of this name
+// under another live lease is another process's: it is left alone, and
+// said so.
+func (d *etcd) reassert(ctx context.Context) {
+	d.mu.Lock()
+	lease := d.lease
+	d.mu.Unlock()
+	ok, cur, err := d.c.create(ctx, d.key, d.value, lease)
+	switch {
+	case err != nil:
+		d.log.Warn("check own registration", zap.Error(err))
+		return
+	case ok:
+		d.log.Warn("own registration was deleted: put back", zap.String("key", string(d.key)))
+		return
+	case len(cur) != 1:
+		return
+	}
+	kv := cur[0]
+	if bytes.Equal(kv.Value, d.value) && int64(kv.Lease) == lease {
+		return // as it should be
+	}
+	if _, n, _, perr := d.parse(kv); perr == nil && int64(kv.Lease) != 0 && int64(kv.Lease) != lease && n.Name == d.self.Name {
+		d.log.Error("own name registered under another lease: is another process running as this node?",
+			zap.String("key", string(d.key)), zap.Int64("lease", int64(kv.Lease)))
+		return
+	}
+	if ok, err := d.c.replace(ctx, d.key, d.value, lease, int64(kv.ModRevision)); err != nil {
+		d.log.Warn("put own registration back", zap.Error(err))
+	} else if ok {
+		d.log.Warn("own registration was overwritten: put back", zap.String("key", string(d.key)))
+	}
+}
+
+// ownLease reports whether lease is this node's current one.
+func (d *etcd) ownLease(lease int64) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return lease == d.lease
 }
 
 // restartWatch ends the current watch stream; the watch reconnects and
@@ -403,6 +466,17 @@ func (d *etcd) skip(kv keyValue, err error) {
 
 // apply reports the change one watch event makes.
 func (d *etcd) apply(ev event) {
+	if bytes.Equal(ev.Kv.Key, d.key) {
+		// This node's own key: anything but its registration under its
+		// lease is put back (reassert).
+		if ev.Type == "DELETE" || !bytes.Equal(ev.Kv.Value, d.value) || !d.ownLease(int64(ev.Kv.Lease)) {
+			select {
+			case d.check <- struct{}{}:
+			default:
+			}
+		}
+		return
+	}
 	if ev.Type == "DELETE" {
 		name, err := d.nameOf(ev.Kv.Key)
 		if err != nil {
@@ -423,11 +497,11 @@ func (d *etcd) apply(ev event) {
 		return
 	}
 	if err != nil {
+		// An invalid value is skipped, not taken for a departure: a node
+		// known from a valid registration stays known until its key is
+		// deleted (its lease expires) or holds a valid one again, which
+		// the node itself puts back (reassert).
 		d.skip(ev.Kv, err)
-		if m, ok := d.known[name]; ok && name != "" {
-			delete(d.known, name)
-			d.fn(Event{Kind: Left, Node: m.node, Reason: ReasonInvalid})
-		}
 		return
 	}
 	d.update(name, member{node: n, leaving: leaving})

@@ -347,15 +347,50 @@ func TestEtcdHostileValues(t *testing.T) {
 	}
 
 	// A known node's registration replaced by one with other addresses is
-	// a Left and a Joined.
+	// a Left and a Joined; node1, alive, puts its own back: the same again.
 	srv.Put(dir+"node1", encodeTest(t, "node1", "127.0.0.1:9001"))
 	a.rec.expect(t, Left, "node1", ReasonChanged)
 	if ev := a.rec.expect(t, Joined, "node1", ""); ev.Node.Address != "127.0.0.1:9001" {
 		t.Errorf("node1 joined again at %s", ev.Node.Address)
 	}
-	// One replaced by garbage is a Left.
-	srv.Put(dir+"node1", []byte("garbage"))
-	a.rec.expect(t, Left, "node1", ReasonInvalid)
+	a.rec.expect(t, Left, "node1", ReasonChanged)
+	if ev := a.rec.expect(t, Joined, "node1", ""); ev.Node.Address != nodeConfig(1).Address {
+		t.Errorf("node1 put back at %s", ev.Node.Address)
+	}
+}
+
+// TestEtcdOwnRegistrationRestored: a live node whose key is deleted or
+// overwritten puts its registration back; the others see it gone for a
+// moment at most (deleted), or not at all (garbage: skipped, not a
+// departure).
+func TestEtcdOwnRegistrationRestored(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cfg := etcdConfig(t, srv)
+	key := "/tensorferry/test/nodes/node1"
+	core, logs := observer.New(zap.WarnLevel)
+	a := newNode(t, cfg, zap.New(core))
+	a.start(t, 0)
+	startNode(t, cfg, 1)
+	a.rec.expect(t, Joined, "node1", "")
+	srv.Delete(key)
+	a.rec.expect(t, Left, "node1", ReasonLeaseExpired)
+	a.rec.expect(t, Joined, "node1", "") // put back by node1
+	srv.Put(key, []byte("garbage"))
+	poll.Until(t, "the garbage skipped", func() bool {
+		return logs.FilterMessage("skipping an invalid registration").Len() >= 1
+	})
+	a.rec.quiet(t)
+	// A third node starting now finds node1 registered.
+	c := startNode(t, cfg, 2)
+	seen := map[string]bool{}
+	for range 2 {
+		if ev := c.rec.next(t); ev.Kind == Joined {
+			seen[ev.Node.Name] = true
+		}
+	}
+	if !seen["node1"] {
+		t.Errorf("node1 not registered after its key was overwritten: %v", seen)
+	}
 }
 
 // encodeTest returns a registration of name at addr.

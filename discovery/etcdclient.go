@@ -494,6 +494,7 @@ type compare struct {
 	Target         string `json:"target"`
 	Result         string `json:"result"`
 	CreateRevision *int64 `json:"create_revision,string,omitempty"`
+	ModRevision    *int64 `json:"mod_revision,string,omitempty"`
 	Lease          *int64 `json:"lease,string,omitempty"`
 }
 
@@ -559,6 +560,20 @@ func (c *client) create(ctx context.Context, key, value []byte, lease int64) (bo
 func (c *client) putIfLease(ctx context.Context, key, value []byte, lease int64) (bool, error) {
 	b, err := c.unary(ctx, "/v3/kv/txn", txnRequest{
 		Compare: []compare{{Key: key, Target: "LEASE", Result: "EQUAL", Lease: &lease}},
+		Success: []requestOp{{RequestPut: &putRequest{Key: key, Value: value, Lease: lease}}},
+	})
+	if err != nil {
+		return false, err
+	}
+	ok, _, err := decodeTxn(b)
+	return ok, err
+}
+
+// replace puts key = value under lease if key was last modified at
+// revision modRev (it is as the caller read it).
+func (c *client) replace(ctx context.Context, key, value []byte, lease, modRev int64) (bool, error) {
+	b, err := c.unary(ctx, "/v3/kv/txn", txnRequest{
+		Compare: []compare{{Key: key, Target: "MOD", Result: "EQUAL", ModRevision: &modRev}},
 		Success: []requestOp{{RequestPut: &putRequest{Key: key, Value: value, Lease: lease}}},
 	})
 	if err != nil {
