@@ -119,7 +119,14 @@ func initiate(nc net.Conn, cfg Config) (*Conn, error) {
 		}
 		return nil, fallback("%v", err)
 	}
-	copy(reg.mem[hdrProof:hdrProof+nonceSize], offer.nonce[:])
+	if err := guard("write the proof", func() { copy(reg.mem[hdrProof:hdrProof+nonceSize], offer.nonce[:]) }); err != nil {
+		reg.closeBells()
+		reg.unmap()
+		// The peer (or a process of this user) shrank the region: the
+		// connection is broken, not only the upgrade.
+		_ = send(nc, &msg{kind: msgConfirm, reason: err.Error()})
+		return nil, err
+	}
 	if err := send(nc, &msg{kind: msgConfirm, ok: true}); err != nil {
 		reg.closeBells()
 		reg.unmap()
@@ -192,7 +199,11 @@ func accept(nc net.Conn, cfg Config) (*Conn, error) {
 		return nil, fallback("the peer could not map the region: %s", conf.reason)
 	}
 	var proof [nonceSize]byte
-	copy(proof[:], reg.mem[hdrProof:])
+	if err := guard("read the proof", func() { copy(proof[:], reg.mem[hdrProof:]) }); err != nil {
+		release()
+		_ = send(nc, &msg{kind: msgStart, reason: err.Error()})
+		return nil, err
+	}
 	if proof != offer.nonce {
 		release()
 		if err := send(nc, &msg{kind: msgStart, reason: "no proof in the region: not the same memory"}); err != nil {
