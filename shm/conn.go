@@ -51,6 +51,7 @@ type Conn struct {
 	rdl, wdl  atomic.Int64          // deadlines, UnixNano; 0: none
 	closeOnce sync.Once
 	liveDone  chan struct{}
+	release   func() // gives the region's bytes back to Limits; nil: none
 }
 
 var _ net.Conn = (*Conn)(nil)
@@ -267,6 +268,9 @@ func (c *Conn) Close() error {
 		c.wmu.Lock()
 		<-c.liveDone
 		c.reg.unmap()
+		if c.release != nil {
+			c.release()
+		}
 		c.wmu.Unlock()
 		c.rmu.Unlock()
 	})
