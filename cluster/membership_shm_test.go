@@ -105,7 +105,7 @@ func TestMembershipShmUpgradesLimited(t *testing.T) {
 	}
 	defer m.Close()
 	offer := shmOffer(t, sc)
-	const n = 40
+	const n = 400
 	for i := range n {
 		nc, err := net.Dial("tcp", cfg.Nodes[1].Address)
 		if err != nil {
