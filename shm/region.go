@@ -156,6 +156,10 @@ func openRegion(dir, name string, ringSize uint32, nonce [nonceSize]byte) (*regi
 // file would make the first access fault.
 var testHookMapped func(path string)
 
+// testHookChecked, when a test sets it, runs in the initiator after the
+// region's header checked out, before it writes its proof.
+var testHookChecked func(path string)
+
 // guard runs f, which touches a mapping whose file a peer (or any process
 // of this user) may shrink, turning a fault on it (SIGBUS past the file's
 // end) into an error instead of a crash of the process. Every access to a

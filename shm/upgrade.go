@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"time"
 )
 
@@ -136,6 +137,9 @@ func initiate(nc net.Conn, cfg Config, lim *Limits, refuse error) (*Conn, error)
 			return nil, serr
 		}
 		return nil, fallback("%v", err)
+	}
+	if testHookChecked != nil {
+		testHookChecked(filepath.Join(cfg.dir(), acc.name+".mem"))
 	}
 	if err := guard("write the proof", func() { copy(reg.mem[hdrProof:hdrProof+nonceSize], offer.nonce[:]) }); err != nil {
 		reg.closeBells()

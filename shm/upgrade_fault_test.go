@@ -96,3 +96,33 @@ func regionFiles(t *testing.T, dir string) int {
 	}
 	return len(m)
 }
+
+// TestUpgradeDialerSurvivesShrinkAfterCheck: a region that shrinks after
+// the initiator checked its header makes the write of the proof fault; the
+// initiator's connection fails, the process goes on.
+func TestUpgradeDialerSurvivesShrinkAfterCheck(t *testing.T) {
+	cfg := Config{Dir: t.TempDir()}
+	testHookChecked = func(path string) {
+		// openRegion has unlinked the files by now: truncate them through
+		// the link made while they were still there.
+		if err := unix.Truncate(path+".keep", 0); err != nil {
+			t.Error(err)
+		}
+	}
+	testHookMapped = func(path string) {
+		if err := unix.Link(path, path+".keep"); err != nil {
+			t.Error(err)
+		}
+	}
+	t.Cleanup(func() { testHookChecked, testHookMapped = nil, nil })
+	ni, na, ei, ea := upgradePair(t, cfg, cfg)
+	if ni != nil || na != nil {
+		t.Fatal("upgraded over a shrunk region")
+	}
+	if ei == nil || errors.Is(ei, ErrFallback) || !strings.Contains(ei.Error(), "faulted") {
+		t.Errorf("initiator: %v, want a fault that fails the connection", ei)
+	}
+	if !errors.Is(ea, ErrFallback) {
+		t.Errorf("acceptor: %v, want a fallback (the initiator could not confirm)", ea)
+	}
+}
