@@ -128,3 +128,47 @@ func TestUpgradeDialerSurvivesShrinkAfterCheck(t *testing.T) {
 		t.Error("acceptor: no error")
 	}
 }
+
+// TestUpgradeRacingTruncater: a process of this user that truncates every
+// region file it sees in the directory, and plants files under names of
+// its own, while upgrades run, fails some of them (or leaves them on the
+// socket), never the process; upgrades and the Conns they make end with an
+// error or work.
+func TestUpgradeRacingTruncater(t *testing.T) {
+	cfg := Config{Dir: t.TempDir(), RingSize: MinRingSize}
+	stop := make(chan struct{})
+	racer := make(chan struct{})
+	go func() {
+		defer close(racer)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			files, _ := filepath.Glob(filepath.Join(cfg.Dir, namePrefix+"*.mem"))
+			for _, f := range files {
+				_ = unix.Truncate(f, int64(i%3)*pageSize)
+			}
+			_ = unix.Mkfifo(filepath.Join(cfg.Dir, namePrefix+strings.Repeat("0", 31)+string(rune('0'+i%10))+".mem"), 0o600)
+		}
+	}()
+	for range 100 {
+		ni, na, _, _ := upgradePair(t, cfg, cfg)
+		if ni != nil && na != nil {
+			// Both ends work on the rings, or fail with an error: the
+			// read ends with the data, or with the writer's close.
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				_, _ = na.Write([]byte("ping"))
+				na.Close()
+			}()
+			_, _ = ni.Read(make([]byte, 4))
+			ni.Close()
+			<-done
+		}
+	}
+	close(stop)
+	<-racer
+}
