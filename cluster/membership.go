@@ -300,6 +300,8 @@ type Membership struct {
 	readSpin       time.Duration
 	shm            shm.Config
 	shmOffer       bool // shm.Usable: offered and accepted in handshakes
+	// shmLimits: one upgrade in flight per peer, regions within the budget.
+	shmLimits *shm.Limits
 	// onDemand: gossip membership (gossip.go) with control connections
 	// dialed on first use (ondemand.go); false: the full mesh.
 	onDemand bool
@@ -405,6 +407,7 @@ func NewMembership(cfg *config.Config, self string, incarnation uint64, h Handle
 	} else {
 		m.shmOffer = true
 	}
+	m.shmLimits = shm.NewLimits(m.shm)
 	m.opts = opts
 	m.joined = make(chan struct{})
 	m.onDemand = cfg.MembershipMode() == config.MembershipGossip
@@ -615,11 +618,14 @@ func (m *Membership) upgrade(ctx context.Context, nc net.Conn, peer wire.Peer, i
 	}
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.DialTimeout)
 	defer cancel()
-	c, err := shm.Upgrade(ctx, nc, m.shm, initiator)
+	c, err := m.shmLimits.Upgrade(ctx, nc, m.shm, initiator, peer.Node)
 	switch {
 	case err == nil:
 		m.log.Debug("control connection on shared memory", zap.String("peer", peer.Node))
 		return c, nil
+	case errors.Is(err, shm.ErrRefused):
+		m.log.Info("control connection stays on its socket: shared memory refused", zap.String("peer", peer.Node), zap.Error(err))
+		return nc, nil
 	case errors.Is(err, shm.ErrFallback):
 		m.log.Debug("control connection stays on its socket", zap.String("peer", peer.Node), zap.Error(err))
 		return nc, nil

@@ -52,6 +52,19 @@ type Config struct {
 	// /proc/sys/kernel/random/boot_id). Tests give two nodes of one machine
 	// different ones to play two hosts.
 	HostID string
+	// RegionBudget bounds the bytes of the regions that this node's
+	// upgrades hold at once, in flight or established (default
+	// DefaultRegionBudget, 256 MiB; a region is two rings and three
+	// pages). An upgrade that would pass it stays on the socket, as does
+	// one with a peer that has another in flight; Limits enforces both.
+	RegionBudget int64
+}
+
+func (c *Config) regionBudget() int64 {
+	if c.RegionBudget == 0 {
+		return DefaultRegionBudget
+	}
+	return c.RegionBudget
 }
 
 func (c *Config) dir() string {
@@ -100,6 +113,9 @@ func (c Config) Usable() error {
 	}
 	if _, err := c.ringSize(); err != nil {
 		return err
+	}
+	if c.RegionBudget < 0 {
+		return fmt.Errorf("shm: negative region budget %d", c.RegionBudget)
 	}
 	if _, err := c.hostID(); err != nil {
 		return err

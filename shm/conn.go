@@ -51,6 +51,7 @@ type Conn struct {
 	rdl, wdl  atomic.Int64          // deadlines, UnixNano; 0: none
 	closeOnce sync.Once
 	liveDone  chan struct{}
+	release   func() // gives the region's bytes back to Limits; nil: none
 }
 
 var _ net.Conn = (*Conn)(nil)
@@ -205,10 +206,11 @@ func (c *Conn) catchFault(err *error) {
 	if r == nil {
 		return
 	}
-	e := faultError("connection", r)
-	if e == nil {
+	af, ok := r.(interface{ Addr() uintptr })
+	if !ok {
 		panic(r)
 	}
+	e := fmt.Errorf("shm: the shared region faulted at %#x (did the peer truncate it?): %v", af.Addr(), r)
 	c.faulted.CompareAndSwap(nil, &e)
 	*err = *c.faulted.Load()
 }
@@ -266,6 +268,9 @@ func (c *Conn) Close() error {
 		c.wmu.Lock()
 		<-c.liveDone
 		c.reg.unmap()
+		if c.release != nil {
+			c.release()
+		}
 		c.wmu.Unlock()
 		c.rmu.Unlock()
 	})

@@ -14,6 +14,13 @@
 // region as proof that both map the same memory; the acceptor checks the
 // proof. Nothing is mapped before the handshake succeeded.
 //
+// Limits (cluster's membership uses one per node) bounds what upgrades
+// hold: at most one in flight per peer name and direction, and the bytes of
+// the regions in flight or established within Config.RegionBudget; an
+// upgrade past either is declined in the exchange and both ends stay on
+// the socket (ErrRefused, with ErrFallback). A peer that starts hundreds of
+// upgrades at once so holds one region and its four FIFOs, not hundreds.
+//
 // Wake-ups: an end with nothing to read (or no room to write) spins for a
 // while, adaptively and bounded (Config.Spin; no spin by default with
 // fewer than wire.SpinMinProcs processors, where it would take the CPU the
@@ -38,9 +45,25 @@
 // went back or past the data written); it copies the ring's bytes out
 // before anything parses them (wire's framer bounds every length); unsafe
 // is used only to view the aligned index and flag words as sync/atomic
-// values, never on the ring's contents. A peer that truncates the region's
-// file makes this end's accesses fault: that is an error of this Conn, not
-// a crash. Every such failure costs only that connection. With TLS on the
+// values, never on the ring's contents. Every such failure costs only that
+// connection.
+//
+// Faults: a region is a file of Config.Dir, which the peer, or any process
+// of this user while the files exist, may truncate; an access past its end
+// then faults (SIGBUS). Every access to a mapping, at every stage (the
+// acceptor's header and its reading of the proof, the initiator's reading
+// of the header and writing of the proof, and Conn.Read and Conn.Write
+// afterwards), runs with runtime/debug.SetPanicOnFault on and recovers the
+// fault as an error: during the upgrade it fails that connection (or, for
+// the initiator's header, leaves it on the socket), afterwards that Conn,
+// for good. The alternative, a memfd sealed against shrinking
+// (F_SEAL_SHRINK) whose size the opener checks, would need the fd passed
+// between the ends: they talk over TCP (no SCM_RIGHTS), and opening
+// /proc/<pid>/fd/<n> of a pid the peer claims needs ptrace access, which
+// hardened hosts (hidepid, non-dumpable processes, other pid namespaces)
+// refuse. The guard covers every access with one deferred call per Read
+// or Write, and a truncation by anyone, the peer or a racing process,
+// costs at most that connection. With TLS on the
 // socket, the rings still carry plaintext: they never leave the host, and
 // only processes of the same user can map them.
 //

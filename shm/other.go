@@ -19,3 +19,7 @@ func Upgrade(ctx context.Context, nc net.Conn, cfg Config, initiator bool) (net.
 // Conn is the shared-memory stream on Linux; off Linux Upgrade never
 // returns one.
 type Conn struct{ net.Conn }
+
+func upgrade(ctx context.Context, nc net.Conn, cfg Config, initiator bool, _ *Limits, _ error) (net.Conn, error) {
+	return Upgrade(ctx, nc, cfg, initiator)
+}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -84,7 +85,9 @@ func createRegion(dir string, ringSize uint32, nonce [nonceSize]byte) (*region, 
 			return fail(err)
 		}
 	}
-	if err := guard("write the header", func() { writeHeader(r.mem, header{ringSize: ringSize, nonce: nonce}) }); err != nil {
+	// The file is in dir until the initiator unlinks it: a process of
+	// this user may truncate it already.
+	if err := guard("write the header of "+name, func() { writeHeader(r.mem, header{ringSize: ringSize, nonce: nonce}) }); err != nil {
 		return fail(err)
 	}
 	return r, name, nil
@@ -131,8 +134,8 @@ func openRegion(dir, name string, ringSize uint32, nonce [nonceSize]byte) (*regi
 		testHookMapped(base + ".mem")
 	}
 	var h header
-	if ferr := guard("read the header", func() { h, err = parseHeader(r.mem[:pageSize]) }); ferr != nil {
-		return fail(ferr)
+	if gerr := guard("read the header of "+name, func() { h, err = parseHeader(r.mem[:pageSize]) }); gerr != nil {
+		return fail(gerr)
 	}
 	if err != nil {
 		return fail(err)
@@ -146,6 +149,37 @@ func openRegion(dir, name string, ringSize uint32, nonce [nonceSize]byte) (*regi
 		}
 	}
 	return r, nil
+}
+
+// testHookMapped, when a test sets it, runs in openRegion right after the
+// region's file is mapped, with its path: the moment a peer's shrinking
+// file would make the first access fault.
+var testHookMapped func(path string)
+
+// testHookChecked, when a test sets it, runs in the initiator after the
+// region's header checked out, before it writes its proof.
+var testHookChecked func(path string)
+
+// guard runs f, which touches a mapping whose file a peer (or any process
+// of this user) may shrink, turning a fault on it (SIGBUS past the file's
+// end) into an error instead of a crash of the process. Every access to a
+// region outside Conn.Read and Conn.Write (which guard themselves) goes
+// through it.
+func guard(what string, f func()) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		r := recover()
+		if r == nil {
+			return
+		}
+		af, ok := r.(interface{ Addr() uintptr })
+		if !ok {
+			panic(r)
+		}
+		err = fmt.Errorf("shm: %s: the shared region faulted at %#x (was its file truncated?): %v", what, af.Addr(), r)
+	}()
+	f()
+	return nil
 }
 
 // openBell opens a doorbell FIFO read-write and non-blocking (Go's poller

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"time"
 )
 
@@ -29,6 +30,13 @@ import (
 // another error (an I/O error, a malformed message: a broken peer), with nc
 // closed. ctx bounds the exchange (DefaultTimeout if it has no deadline).
 func Upgrade(ctx context.Context, nc net.Conn, cfg Config, initiator bool) (net.Conn, error) {
+	return upgrade(ctx, nc, cfg, initiator, nil, nil)
+}
+
+// upgrade is Upgrade, with the region counted in lim (nil: no limits);
+// refuse, when not nil, is why this end declines without making or mapping
+// anything.
+func upgrade(ctx context.Context, nc net.Conn, cfg Config, initiator bool, lim *Limits, refuse error) (net.Conn, error) {
 	deadline := time.Now().Add(DefaultTimeout)
 	if d, ok := ctx.Deadline(); ok {
 		deadline = d
@@ -41,9 +49,9 @@ func Upgrade(ctx context.Context, nc net.Conn, cfg Config, initiator bool) (net.
 	var c *Conn
 	var err error
 	if initiator {
-		c, err = initiate(nc, cfg)
+		c, err = initiate(nc, cfg, lim, refuse)
 	} else {
-		c, err = accept(nc, cfg)
+		c, err = accept(nc, cfg, lim, refuse)
 	}
 	if !stop() {
 		if err == nil {
@@ -81,7 +89,7 @@ func send(nc net.Conn, m *msg) error {
 	return nil
 }
 
-func initiate(nc net.Conn, cfg Config) (*Conn, error) {
+func initiate(nc net.Conn, cfg Config, lim *Limits, refuse error) (*Conn, error) {
 	offer := msg{kind: msgOffer, ok: true}
 	if _, err := rand.Read(offer.nonce[:]); err != nil {
 		return nil, fmt.Errorf("shm: nonce: %w", err)
@@ -89,6 +97,9 @@ func initiate(nc net.Conn, cfg Config) (*Conn, error) {
 	host, herr := cfg.hostID()
 	if herr == nil {
 		herr = cfg.Usable()
+	}
+	if herr == nil {
+		herr = refuse
 	}
 	if herr != nil {
 		offer.ok, offer.reason = false, herr.Error()
@@ -103,7 +114,7 @@ func initiate(nc net.Conn, cfg Config) (*Conn, error) {
 		if _, err := readMsg(nc, msgAccept); err != nil {
 			return nil, err
 		}
-		return nil, fallback("%v", herr)
+		return nil, fallback("%w", herr)
 	}
 	acc, err := readMsg(nc, msgAccept)
 	if err != nil {
@@ -112,24 +123,37 @@ func initiate(nc net.Conn, cfg Config) (*Conn, error) {
 	if !acc.ok {
 		return nil, fallback("the peer declined: %s", acc.reason)
 	}
-	reg, err := openRegion(cfg.dir(), acc.name, acc.ringSize, acc.nonce)
+	release, err := lim.reserve(int64(regionSize(acc.ringSize)))
 	if err != nil {
 		if serr := send(nc, &msg{kind: msgConfirm, reason: err.Error()}); serr != nil {
 			return nil, serr
 		}
-		return nil, fallback("%v", err)
+		return nil, fallback("%w", err)
 	}
-	if err := guard("write the proof", func() { copy(reg.mem[hdrProof:hdrProof+nonceSize], offer.nonce[:]) }); err != nil {
-		reg.closeBells()
-		reg.unmap()
+	reg, err := openRegion(cfg.dir(), acc.name, acc.ringSize, acc.nonce)
+	if err != nil {
+		release()
 		if serr := send(nc, &msg{kind: msgConfirm, reason: err.Error()}); serr != nil {
 			return nil, serr
 		}
 		return nil, fallback("%v", err)
 	}
+	if testHookChecked != nil {
+		testHookChecked(filepath.Join(cfg.dir(), acc.name+".mem"))
+	}
+	if err := guard("write the proof", func() { copy(reg.mem[hdrProof:hdrProof+nonceSize], offer.nonce[:]) }); err != nil {
+		reg.closeBells()
+		reg.unmap()
+		release()
+		// The peer (or a process of this user) shrank the region: the
+		// connection is broken, not only the upgrade.
+		_ = send(nc, &msg{kind: msgConfirm, reason: err.Error()})
+		return nil, err
+	}
 	if err := send(nc, &msg{kind: msgConfirm, ok: true}); err != nil {
 		reg.closeBells()
 		reg.unmap()
+		release()
 		return nil, err
 	}
 	start, err := readMsg(nc, msgStart)
@@ -139,12 +163,15 @@ func initiate(nc net.Conn, cfg Config) (*Conn, error) {
 	if err != nil {
 		reg.closeBells()
 		reg.unmap()
+		release()
 		return nil, err
 	}
-	return newConn(reg, false, nc, cfg.Spin), nil
+	c := newConn(reg, false, nc, cfg.Spin)
+	c.release = release
+	return c, nil
 }
 
-func accept(nc net.Conn, cfg Config) (*Conn, error) {
+func accept(nc net.Conn, cfg Config, lim *Limits, refuse error) (*Conn, error) {
 	offer, err := readMsg(nc, msgOffer)
 	if err != nil {
 		return nil, err
@@ -153,7 +180,7 @@ func accept(nc net.Conn, cfg Config) (*Conn, error) {
 		if err := send(nc, &msg{kind: msgAccept, reason: why.Error()}); err != nil {
 			return nil, err
 		}
-		return nil, fallback("%v", why)
+		return nil, fallback("%w", why)
 	}
 	if !offer.ok {
 		if err := send(nc, &msg{kind: msgAccept, reason: "you declined"}); err != nil {
@@ -164,6 +191,9 @@ func accept(nc net.Conn, cfg Config) (*Conn, error) {
 	host, err := cfg.hostID()
 	if err == nil {
 		err = cfg.Usable()
+	}
+	if err == nil {
+		err = refuse
 	}
 	if err != nil {
 		return decline(err)
@@ -176,14 +206,20 @@ func accept(nc net.Conn, cfg Config) (*Conn, error) {
 	if _, err := rand.Read(nonce[:]); err != nil {
 		return nil, fmt.Errorf("shm: nonce: %w", err)
 	}
+	unreserve, err := lim.reserve(int64(regionSize(size)))
+	if err != nil {
+		return decline(err)
+	}
 	reg, name, err := createRegion(cfg.dir(), size, nonce)
 	if err != nil {
+		unreserve()
 		return decline(err)
 	}
 	defer reg.unlink()
 	release := func() {
 		reg.closeBells()
 		reg.unmap()
+		unreserve()
 	}
 	if err := send(nc, &msg{kind: msgAccept, ok: true, nonce: nonce, ringSize: size, name: name}); err != nil {
 		release()
@@ -201,10 +237,8 @@ func accept(nc net.Conn, cfg Config) (*Conn, error) {
 	var proof [nonceSize]byte
 	if err := guard("read the proof", func() { copy(proof[:], reg.mem[hdrProof:]) }); err != nil {
 		release()
-		if serr := send(nc, &msg{kind: msgStart, reason: "this end's region faulted"}); serr != nil {
-			return nil, serr
-		}
-		return nil, fallback("%v", err)
+		_ = send(nc, &msg{kind: msgStart, reason: err.Error()})
+		return nil, err
 	}
 	if proof != offer.nonce {
 		release()
@@ -217,5 +251,7 @@ func accept(nc net.Conn, cfg Config) (*Conn, error) {
 		release()
 		return nil, err
 	}
-	return newConn(reg, true, nc, cfg.Spin), nil
+	c := newConn(reg, true, nc, cfg.Spin)
+	c.release = unreserve
+	return c, nil
 }
