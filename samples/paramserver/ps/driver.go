@@ -9,6 +9,8 @@ import (
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/actor"
+	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/tensor"
 )
 
 // Result is what a training run achieved.
@@ -22,8 +24,24 @@ type Result struct {
 	Distance float64 // ‖w − w*‖ / ‖w*‖ of the final weights
 	Elapsed  time.Duration
 	// Channels sums, over every node, what each data channel moved.
-	Channels     map[string]ChannelBytes
+	Channels map[string]ChannelBytes
+	// Kinds splits Channels by what moved: "gradients" into the nodes that
+	// hold only shards, "weights" into the nodes that run only workers
+	// (the driver's final pull included), "mixed" into nodes with both.
+	Kinds        map[string]map[string]ChannelBytes
 	MessagesSent int64 // over every node
+}
+
+// transferKind says what moves into node: see Result.Kinds.
+func transferKind(l Layout, node string) string {
+	shards, workers := slices.Contains(l.ShardNodes, node), slices.Contains(l.WorkerNodes, node)
+	switch {
+	case shards && !workers:
+		return "gradients"
+	case workers && !shards:
+		return "weights"
+	}
+	return "mixed"
 }
 
 // stepLoss accumulates the workers' losses of one step.
@@ -110,7 +128,8 @@ func Drive(ctx context.Context, node *actor.Node, cfg Config, layout Layout, pro
 	defer func() { _ = node.Root().StopFuture(dpid).Wait() }()
 
 	start := time.Now()
-	res := &Result{Mode: cfg.Mode, Steps: cfg.Steps, Dim: cfg.Dim, Workers: cfg.Workers, Channels: map[string]ChannelBytes{}}
+	res := &Result{Mode: cfg.Mode, Steps: cfg.Steps, Dim: cfg.Dim, Workers: cfg.Workers, Channels: map[string]ChannelBytes{},
+		Kinds: map[string]map[string]ChannelBytes{}}
 	var setUp []string
 	defer func() {
 		// Whatever happened, every node that was set up stops its actors
@@ -131,11 +150,17 @@ func Drive(ctx context.Context, node *actor.Node, cfg Config, layout Layout, pro
 				errs = append(errs, fmt.Errorf("ps: finish %s: answer %T", n, r))
 			default:
 				res.MessagesSent += f.MessagesSent
+				kind := transferKind(layout, n)
+				if res.Kinds[kind] == nil {
+					res.Kinds[kind] = map[string]ChannelBytes{}
+				}
 				for name, ch := range f.Channels {
-					t := res.Channels[name]
-					t.Bytes += ch.Bytes
-					t.Transfers += ch.Transfers
-					res.Channels[name] = t
+					for _, m := range []map[string]ChannelBytes{res.Channels, res.Kinds[kind]} {
+						t := m[name]
+						t.Bytes += ch.Bytes
+						t.Transfers += ch.Transfers
+						m[name] = t
+					}
 				}
 			}
 		}
@@ -219,4 +244,22 @@ func pullFinal(node *actor.Node, cfg Config, i int, pid *pa.PID, w []float32) er
 	}
 	copy(w[lo:hi], vals)
 	return nil
+}
+
+// hostFloat32s returns the values of a float32 tensor on the host, copying
+// it there first when it lives on a device (the final weights, once).
+func hostFloat32s(t *tensor.Tensor) ([]float32, func(), error) {
+	if t.DType() != tensor.Float32 {
+		return nil, nil, fmt.Errorf("tensor %v is not float32", t)
+	}
+	if t.Device().IsHost() {
+		return t.Float32s(), func() {}, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	h, err := t.To(ctx, memory.CPU)
+	if err != nil {
+		return nil, nil, err
+	}
+	return h.Float32s(), func() { _ = h.Free() }, nil
 }
