@@ -3,7 +3,7 @@ package ps
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	pa "github.com/asynkron/protoactor-go/actor"
@@ -34,15 +34,15 @@ type worker struct {
 	shards []*pa.PID
 	driver *pa.PID
 
-	w, g    *tensor.Tensor   // full weights and gradient, float32[Dim] on dev
-	wViews  []*tensor.Tensor // shard i's weights in w: its pulls' destinations
-	grads   []*tensor.Tensor // shard i's gradient in g, lent every step
-	stopped atomic.Bool      // no more destinations (read by the node)
-	step    int
-	got     int // shards that answered this step's pull
-	acks    int // shards that acknowledged this step's push
-	loss    float64
-	done    bool
+	w, g   *tensor.Tensor   // full weights and gradient, float32[Dim] on dev
+	wViews []*tensor.Tensor // shard i's weights in w: its pulls' destinations
+	grads  []*tensor.Tensor // shard i's gradient in g, lent every step
+	destMu sync.Mutex       // wViews as the node reads it (destination)
+	step   int
+	got    int // shards that answered this step's pull
+	acks   int // shards that acknowledged this step's push
+	loss   float64
+	done   bool
 }
 
 func newWorker(node *actor.Node, cfg Config, id int, dev memory.Device, shards []*pa.PID, driver *pa.PID) (*worker, error) {
@@ -96,7 +96,13 @@ func shardView(t *tensor.Tensor, lo, hi int) (*tensor.Tensor, error) {
 // reads w only once every shard answered, so nothing else uses it while
 // the node fetches into it.
 func (wk *worker) destination(msg any, _ *tensor.Descriptor) *tensor.Tensor {
-	if m, ok := msg.(*Weights); ok && !wk.stopped.Load() && m.Shard >= 0 && m.Shard < len(wk.wViews) {
+	m, ok := msg.(*Weights)
+	if !ok {
+		return nil
+	}
+	wk.destMu.Lock()
+	defer wk.destMu.Unlock()
+	if m.Shard >= 0 && m.Shard < len(wk.wViews) {
 		return wk.wViews[m.Shard]
 	}
 	return nil
@@ -244,13 +250,17 @@ func (wk *worker) fail(c pa.Context, err error) {
 }
 
 func (wk *worker) free() {
-	wk.stopped.Store(true)
+	// No destinations from now on: the worker stops once training is over,
+	// when no pull is in flight.
+	wk.destMu.Lock()
+	wk.wViews = nil
+	wk.destMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for _, t := range wk.grads {
 		_ = t.WaitReleased(ctx)
 	}
-	wk.grads, wk.wViews = nil, nil
+	wk.grads = nil
 	for _, t := range []*tensor.Tensor{wk.w, wk.g} {
 		if t != nil {
 			_ = t.Free()
