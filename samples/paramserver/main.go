@@ -143,6 +143,9 @@ func report(w io.Writer, res *ps.Result) {
 	fmt.Fprintf(w, "done: %s, %d steps, dim %d, %d workers, %d shards in %v\n",
 		res.Mode, res.Steps, res.Dim, res.Workers, len(res.Shards), res.Elapsed.Round(time.Millisecond))
 	fmt.Fprintf(w, "final loss %.4g, distance ‖w−w*‖/‖w*‖ = %.3g\n", res.Loss, res.Distance)
+	if res.StepTime > 0 {
+		fmt.Fprintf(w, "step time: median %v (pull, gradient, push, update)\n", res.StepTime.Round(time.Microsecond))
+	}
 	names := make([]string, 0, len(res.Channels))
 	for n := range res.Channels {
 		names = append(names, n)

@@ -185,7 +185,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = paramserver ]; then
 		rm -f "$OUT/paramserver-node$i.log"
 		i=$((i + 1))
 	done
-	grep -E '^node[0-9]+: |final loss|distance|channel |done:' "$OUT/paramserver.log" | tee -a "$SUM"
+	grep -E '^node[0-9]+: |final loss|distance|step time|channel |done:' "$OUT/paramserver.log" | tee -a "$SUM"
 fi
 if [ "$WHAT" = collectives ]; then
 	C="$OUT/collectives"

@@ -23,6 +23,10 @@ type Result struct {
 	Loss     float64 // mean loss over all rows at the last step's pulled weights
 	Distance float64 // ‖w − w*‖ / ‖w*‖ of the final weights
 	Elapsed  time.Duration
+	// StepTime is the median time between the ends of consecutive steps
+	// (every worker's gradient computed): in sync mode one step's
+	// exchange (pushes, the shards' update, pulls) and gradient.
+	StepTime time.Duration
 	// Channels sums, over every node, what each data channel moved.
 	Channels map[string]ChannelBytes
 	// Kinds splits Channels by what moved: "gradients" into the nodes that
@@ -57,6 +61,7 @@ type driverActor struct {
 	progress func(step int, loss float64)
 	steps    map[int]*stepLoss
 	lastLoss float64
+	stepEnds []time.Time // when every worker reported each step
 	done     int
 	result   chan error // gets one value: nil when every worker is done
 	ended    bool
@@ -76,6 +81,7 @@ func (d *driverActor) Receive(c pa.Context) {
 		if s.n++; s.n == d.cfg.Workers {
 			delete(d.steps, m.Step)
 			d.lastLoss = s.sum / float64(s.samples)
+			d.stepEnds = append(d.stepEnds, time.Now())
 			if d.progress != nil {
 				d.progress(m.Step, d.lastLoss)
 			}
@@ -207,6 +213,7 @@ func Drive(ctx context.Context, node *actor.Node, cfg Config, layout Layout, pro
 	res.Elapsed = time.Since(start)
 	res.Distance = Distance(w, Truth(&cfg))
 	res.Loss = d.loss()
+	res.StepTime = d.stepTime()
 	if err := finish(); err != nil {
 		return nil, err
 	}
@@ -216,6 +223,20 @@ func Drive(ctx context.Context, node *actor.Node, cfg Config, layout Layout, pro
 // loss returns the last step's loss. Safe once every worker is done: the
 // driver actor receives nothing after that.
 func (d *driverActor) loss() float64 { return d.lastLoss }
+
+// stepTime returns the median time between consecutive step ends (0 with
+// fewer than two steps). Safe once every worker is done, as loss.
+func (d *driverActor) stepTime() time.Duration {
+	var ds []time.Duration
+	for i := 1; i < len(d.stepEnds); i++ {
+		ds = append(ds, d.stepEnds[i].Sub(d.stepEnds[i-1]))
+	}
+	if len(ds) == 0 {
+		return 0
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2]
+}
 
 // pullFinal copies shard i's current weights into w.
 func pullFinal(node *actor.Node, cfg Config, i int, pid *pa.PID, w []float32) error {
