@@ -225,7 +225,7 @@ func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
 		if reply {
 			replyTarget(m, key)
 		}
-		if in, err = n.eng.ImportContext(rs.Context(), ps.peer.Name, m.Tensors, msg, n.deviceOf(m.Target)); err != nil {
+		if in, err = n.eng.ImportInto(rs.Context(), ps.peer.Name, m.Tensors, msg, n.deviceOf(m.Target), n.destinationsOf(m.Target)); err != nil {
 			rs.End(err)
 			n.log.Warn("message refused", zap.String("peer", ps.peer.Name), zap.String("type", m.Type), zap.Error(err))
 			n.replyFailure(ps, sender, n.localPID(target, m.Target), fmt.Sprintf("tensors of %s: %v", m.Type, err))

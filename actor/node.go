@@ -160,6 +160,7 @@ type Node struct {
 	remotes       map[string]*remoteProcess // other node → its process; fixed at attach
 	watching      map[string]map[string]map[string]*pa.PID
 	devices       map[string]memory.Device // local actor id → device
+	dests         sync.Map                 // local actor id → transfer.Destinations (WithDestinations)
 	// remoteWatchers are the watches other nodes' actors hold on this
 	// node's actors (watch.go).
 	remoteWatchers watchers

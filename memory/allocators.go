@@ -3,6 +3,7 @@ package memory
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 )
 
 var (
@@ -24,15 +25,29 @@ func RegisterAllocatorFactory(k Kind, f func(Device) (Allocator, error)) {
 // host buffers may reuse cached memory (NewHostBufferUninit); other devices
 // allocate as usual (CUDA memory is never zeroed).
 func AllocUninit(dev Device, n int) (Buffer, error) {
+	var b Buffer
+	var err error
 	if dev.Kind == KindHost {
-		return NewHostBufferUninit(n)
+		b, err = NewHostBufferUninit(n)
+	} else {
+		var a Allocator
+		if a, err = AllocatorFor(dev); err == nil {
+			b, err = a.Alloc(n)
+		}
 	}
-	a, err := AllocatorFor(dev)
-	if err != nil {
-		return nil, err
+	if err == nil {
+		uninitAllocs.Add(1)
 	}
-	return a.Alloc(n)
+	return b, err
 }
+
+var uninitAllocs atomic.Uint64
+
+// UninitAllocs returns how many buffers AllocUninit allocated in this
+// process, on any device: the destinations of received tensors, which a
+// receiver that gives its own (transfer.Destinations, tensor.Ref.FetchInto)
+// does not allocate.
+func UninitAllocs() uint64 { return uninitAllocs.Load() }
 
 // AllocatorFor returns an allocator for dev, or an error wrapping
 // ErrNotSupported (with the reason) when this machine cannot serve it.

@@ -13,10 +13,17 @@ import (
 // fetched again.
 var ErrRefSpent = errors.New("tensor: ref already fetched or released")
 
+// ErrDestination is wrapped by the error of a fetch into a tensor whose
+// dtype, shape or size is not the fetched tensor's.
+var ErrDestination = errors.New("tensor: destination does not match the tensor")
+
 // Fetcher is what a receiving node attaches to the Refs it delivers.
 type Fetcher interface {
 	// FetchDescriptor allocates a tensor on dev and fills it from the owner.
 	FetchDescriptor(ctx context.Context, d *Descriptor, dev memory.Device) (*Tensor, error)
+	// FetchDescriptorInto fills dst, which CheckDestination accepted for
+	// d, from the owner, allocating nothing for the bytes.
+	FetchDescriptorInto(ctx context.Context, d *Descriptor, dst *Tensor) error
 	// ReleaseDescriptor ends the descriptor's lease on the owner.
 	ReleaseDescriptor(ctx context.Context, d *Descriptor) error
 }
@@ -100,6 +107,70 @@ func (r Ref) Fetch(ctx context.Context, dev memory.Device) (*Tensor, error) {
 		return nil, rerr
 	}
 	return t, nil
+}
+
+// FetchInto copies the referenced tensor into dst, which must have its
+// dtype and shape (else an error wrapping ErrDestination, and the Ref is
+// not spent), and releases the lease. dst may be on any device; it is
+// written through Write, so it must not be lent (ErrLeased). It allocates
+// nothing for the bytes: a worker that pulls the same-shaped tensor every
+// step fetches into the one it has. On a failed fetch dst's contents are
+// unspecified. A Ref made with NewRef copies its tensor into dst.
+func (r Ref) FetchInto(ctx context.Context, dst *Tensor) error {
+	if r.st == nil {
+		return errors.New("tensor: fetch of an empty Ref")
+	}
+	if dst == nil {
+		return fmt.Errorf("%w: nil destination", ErrDestination)
+	}
+	if l := r.st.local; l != nil {
+		if err := CheckDestination(dst, l.DType(), l.Shape()); err != nil {
+			return err
+		}
+		return dst.Write(func(buf memory.Buffer) error { return memory.Copy(ctx, buf, l.Buffer()) })
+	}
+	r.st.mu.Lock()
+	if r.st.spent {
+		r.st.mu.Unlock()
+		return ErrRefSpent
+	}
+	d, f := r.st.desc, r.st.fetcher
+	if f == nil || d == nil {
+		r.st.mu.Unlock()
+		return fmt.Errorf("tensor: %v has no fetcher (not delivered by a node)", r)
+	}
+	if err := CheckDestination(dst, d.DType, d.Shape); err != nil {
+		r.st.mu.Unlock()
+		return err
+	}
+	r.st.spent = true
+	r.st.mu.Unlock()
+	err := f.FetchDescriptorInto(ctx, d, dst)
+	if rerr := f.ReleaseDescriptor(context.WithoutCancel(ctx), d); err == nil {
+		err = rerr
+	}
+	return err
+}
+
+// CheckDestination reports whether dst can take a tensor of dtype dt and
+// shape s: nil, or an error wrapping ErrDestination that says why not.
+func CheckDestination(dst *Tensor, dt DType, s Shape) error {
+	switch {
+	case dst == nil:
+		return fmt.Errorf("%w: nil destination", ErrDestination)
+	case dst.placeholder:
+		return fmt.Errorf("%w: the destination is an unfilled placeholder", ErrDestination)
+	case dst.DType() != dt || !dst.Shape().Equal(s):
+		return fmt.Errorf("%w: %v%v into %v", ErrDestination, dt, s, dst)
+	}
+	n, err := s.ByteSize(dt)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrDestination, err)
+	}
+	if dst.ByteSize() != n {
+		return fmt.Errorf("%w: %d bytes into %v of %d bytes", ErrDestination, n, dst, dst.ByteSize())
+	}
+	return nil
 }
 
 // Forward returns the descriptor of a received Ref, to send it on to

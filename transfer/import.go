@@ -28,6 +28,8 @@ type Incoming struct {
 	made    []*tensor.Tensor // filled (inline or fetched): freed if the message fails
 	bytes   int64            // of jobs
 	parent  tracehook.Parent // of the fetches' spans
+	msg     any              // the message, for dests
+	dests   Destinations     // nil: every destination is allocated
 	w       walker
 	// Room for the common message's few tensors, without allocating.
 	jobsBuf [2]job
@@ -35,9 +37,32 @@ type Incoming struct {
 }
 
 type job struct {
-	d *tensor.Descriptor
-	t *tensor.Tensor // the placeholder it fills
+	d   *tensor.Descriptor
+	t   *tensor.Tensor // the placeholder it fills
+	dst *tensor.Tensor // the receiver's destination (Destinations), nil: allocate one
 }
+
+// Destinations gives the tensors a message's tensor fields are fetched
+// into, so that a receiver that gets same-shaped tensors again and again
+// allocates nothing for them. It is called once per tensor field of a
+// received message (inline or fetched) with the decoded message, whose
+// other fields are set, and the tensor's descriptor (dtype, shape, bytes);
+// it returns nil to have the engine allocate the destination as usual.
+// A tensor it returns must have the descriptor's dtype and shape (else the
+// message fails with an error wrapping tensor.ErrDestination) and may be
+// on any device; it is written through Write, so it must not be lent.
+//
+// Ownership: the caller keeps owning the tensor it returns. The message's
+// field becomes a view of it (same memory; its Free does nothing), so the
+// handler reads the field or the tensor alike. From the call until the
+// message is delivered (or its delivery fails) the engine writes the
+// tensor: the receiver must not use it then, which holds by construction
+// when it gives a tensor only for the answer it waits for (the weights it
+// pulled) and reuses it for the next request once the answer is handled.
+// It runs on the node's goroutines (the connection's reader or the peer's
+// delivery loop), not the actor's: it must not block, and what it reads of
+// the actor must be safe to read there.
+type Destinations func(msg any, d *tensor.Descriptor) *tensor.Tensor
 
 // Bytes returns the bytes the message's fetches allocate.
 func (in *Incoming) Bytes() int64 {
@@ -64,6 +89,13 @@ func (e *Engine) Import(peer string, table []byte, msg any, dev memory.Device) (
 // with the channel, the bytes, and what the channel reports (registration
 // cache hit or miss, stripes).
 func (e *Engine) ImportContext(ctx context.Context, peer string, table []byte, msg any, dev memory.Device) (*Incoming, error) {
+	return e.ImportInto(ctx, peer, table, msg, dev, nil)
+}
+
+// ImportInto is ImportContext with the receiver's destinations: the tensor
+// fields for which dests returns a tensor are filled into it instead of a
+// tensor allocated on dev (see Destinations).
+func (e *Engine) ImportInto(ctx context.Context, peer string, table []byte, msg any, dev memory.Device, dests Destinations) (*Incoming, error) {
 	if len(table) == 0 && (msg == nil || !HoldsTensors(reflect.TypeOf(msg))) {
 		return nil, nil
 	}
@@ -72,6 +104,9 @@ func (e *Engine) ImportContext(ctx context.Context, peer string, table []byte, m
 		return nil, err
 	}
 	in := &Incoming{e: e, peer: peer, device: dev, entries: entries, parent: e.tr.ParentOf(ctx)}
+	if dests != nil {
+		in.msg, in.dests = msg, dests
+	}
 	in.w.v = in
 	in.jobs, in.made = in.jobsBuf[:0], in.madeBuf[:0]
 	if err = in.w.walk(msg); err == nil {
@@ -107,8 +142,17 @@ func (in *Incoming) visitTensor(t *tensor.Tensor) error {
 	if err != nil {
 		return err
 	}
+	var dst *tensor.Tensor
+	if in.dests != nil && (x.Kind == entryInline || x.Kind == entryFetch) {
+		if dst, err = in.destination(x); err != nil {
+			return err
+		}
+	}
 	switch x.Kind {
 	case entryInline:
+		if dst != nil {
+			return in.fillInline(t, dst, x.Data)
+		}
 		src, err := tensor.NewUninit(in.device, x.DType, x.Shape)
 		if err != nil {
 			return err
@@ -125,12 +169,68 @@ func (in *Incoming) visitTensor(t *tensor.Tensor) error {
 		}
 		in.made = append(in.made, t)
 	case entryFetch:
-		in.jobs = append(in.jobs, job{d: x.Desc, t: t})
+		in.jobs = append(in.jobs, job{d: x.Desc, t: t, dst: dst})
 		in.bytes += x.Desc.Bytes
 	default:
 		return fmt.Errorf("%w: tensor field refers to entry %d of kind %d", ErrBadTable, id, x.Kind)
 	}
 	return nil
+}
+
+// destination asks the receiver's Destinations for x's tensor: nil when it
+// gives none, an error when the one it gives does not fit.
+func (in *Incoming) destination(x *entry) (*tensor.Tensor, error) {
+	d := x.Desc
+	if d == nil {
+		// An inline entry: what the descriptor of its tensor would say.
+		d = &tensor.Descriptor{DType: x.DType, Shape: x.Shape, Bytes: int64(len(x.Data)), Device: memory.CPU.String()}
+	}
+	dst := in.dests(in.msg, d)
+	if dst == nil {
+		return nil, nil
+	}
+	if err := tensor.CheckDestination(dst, d.DType, d.Shape); err != nil {
+		return nil, fmt.Errorf("transfer: the receiver's destination for %T: %w", in.msg, err)
+	}
+	return dst, nil
+}
+
+// fillInline copies an inline tensor's bytes into the receiver's dst and
+// makes the field t a view of it.
+func (in *Incoming) fillInline(t, dst *tensor.Tensor, data []byte) error {
+	if int64(len(data)) != dst.ByteSize() {
+		return fmt.Errorf("%w: inline tensor of %d bytes for %v", ErrBadTable, len(data), dst)
+	}
+	err := dst.Write(func(buf memory.Buffer) error {
+		if h := buf.Host(); h != nil {
+			copy(h, data)
+			return nil
+		}
+		return memory.Copy(in.e.ctx, buf, memory.WrapHost(data))
+	})
+	if err == nil {
+		err = fillView(t, dst)
+	}
+	if err != nil {
+		return err
+	}
+	in.made = append(in.made, t)
+	return nil
+}
+
+// fillView makes the placeholder t a view of dst: its memory, without
+// owning it (t.Free does nothing).
+func fillView(t, dst *tensor.Tensor) error {
+	buf := dst.Buffer()
+	v, err := buf.Slice(0, buf.Len())
+	if err != nil {
+		return err
+	}
+	vt, err := tensor.FromBuffer(v, dst.DType(), dst.Shape())
+	if err != nil {
+		return err
+	}
+	return tensor.Fill(t, vt)
 }
 
 func (in *Incoming) visitRef(r tensor.Ref) error {
@@ -210,6 +310,9 @@ func (in *Incoming) releaseFetched(ctx context.Context) {
 }
 
 func (in *Incoming) fetchOne(ctx context.Context, j job) error {
+	if j.dst != nil {
+		return in.placeInto(j, j.dst.Write(func(memory.Buffer) error { return in.e.fetchInto(ctx, j.d, j.dst) }))
+	}
 	dst, err := tensor.NewUninit(in.device, j.d.DType, j.d.Shape)
 	if err != nil {
 		return err
@@ -225,6 +328,19 @@ func (in *Incoming) place(j job, dst *tensor.Tensor, err error) error {
 	}
 	if err != nil {
 		_ = dst.Free()
+		return err
+	}
+	in.made = append(in.made, j.t)
+	return nil
+}
+
+// placeInto makes j's field a view of the receiver's destination, fetched
+// for j (err: how the fetch ended). The destination stays the receiver's.
+func (in *Incoming) placeInto(j job, err error) error {
+	if err == nil {
+		err = fillView(j.t, j.dst)
+	}
+	if err != nil {
 		return err
 	}
 	in.made = append(in.made, j.t)
@@ -252,6 +368,19 @@ func (in *Incoming) fetchDirect(ctx context.Context) (done bool, err error) {
 	df, ok := ch.(rdma.DirectFetcher)
 	if !ok {
 		return false, nil
+	}
+	if j.dst != nil {
+		err = j.dst.Write(func(memory.Buffer) error {
+			done, err = in.e.fetchDirectWith(ctx, name, df, j.d, j.dst)
+			return err
+		})
+		if !done && err == nil {
+			return false, nil
+		}
+		if err = in.placeInto(j, err); err != nil {
+			in.abort(ctx)
+		}
+		return true, err
 	}
 	dst, err := tensor.NewUninit(in.device, j.d.DType, j.d.Shape)
 	if err != nil {
@@ -317,6 +446,14 @@ func (f *refFetcher) FetchDescriptor(ctx context.Context, d *tensor.Descriptor, 
 		return nil, err
 	}
 	return t, nil
+}
+
+func (f *refFetcher) FetchDescriptorInto(ctx context.Context, d *tensor.Descriptor, dst *tensor.Tensor) error {
+	if err := tensor.CheckDestination(dst, d.DType, d.Shape); err != nil {
+		return fmt.Errorf("transfer: fetch %v: %w", d, err)
+	}
+	e := (*Engine)(f)
+	return dst.Write(func(memory.Buffer) error { return e.fetchInto(ctx, d, dst) })
 }
 
 func (f *refFetcher) ReleaseDescriptor(ctx context.Context, d *tensor.Descriptor) error {

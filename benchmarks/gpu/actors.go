@@ -99,6 +99,11 @@ func receive(stdin io.Reader, stdout io.Writer) error {
 	if _, err := node.Root().SpawnNamed(sinkProps(node, spec.Device, cfg.Transport.InlineThreshold), "sink"); err != nil {
 		return err
 	}
+	pool := &destPool{dev: spec.Device}
+	defer pool.close()
+	if _, err := node.Root().SpawnNamed(sinkProps(node, spec.Device, cfg.Transport.InlineThreshold, node.WithDestinations(pool.get)), reuseSink); err != nil {
+		return err
+	}
 	if _, err := fmt.Fprintln(stdout, "ready"); err != nil {
 		return err
 	}
@@ -117,7 +122,7 @@ func quiet() tfactor.Option {
 // counters, which grew by exactly that transfer). It has inline delivery,
 // as a request/response service would: a message that arrives alone runs
 // where the engine fetched it.
-func sinkProps(node *tfactor.Node, dev memory.Device, inline int) *pa.Props {
+func sinkProps(node *tfactor.Node, dev memory.Device, inline int, opts ...pa.PropsOption) *pa.Props {
 	last := node.Stats().Channels
 	lastCh := "inline"
 	return pa.PropsFromFunc(func(c pa.Context) {
@@ -149,7 +154,7 @@ func sinkProps(node *tfactor.Node, dev memory.Device, inline int) *pa.Props {
 		}
 		_ = m.T.Free()
 		c.Respond(ack)
-	}, node.WithDevice(dev), node.WithInlineDelivery())
+	}, append([]pa.PropsOption{node.WithDevice(dev), node.WithInlineDelivery()}, opts...)...)
 }
 
 // checksum returns the CRC-32 of t's bytes, copying them to the host first

@@ -10,6 +10,8 @@
 //	gpu --mode regcache                # first vs repeated transfer of one buffer
 //	gpu --mode peer --max 256MiB --reps 20 --json
 //	gpu --mode ipc --nccl nccl.txt     # also states the NCCL target from nccl_sendrecv.py's output
+//	gpu --mode reuse --min 4MiB        # GPU0 → GPU1 into the receiver's own tensor vs a new one
+//	gpu --mode psexchange --gpus 2 --ps-sizes 256MiB,1GiB   # a PS step's exchange, one process per GPU
 //
 // Modes and their paths (the "path" of each JSON line):
 //
@@ -58,6 +60,24 @@
 //     repeated copies (hits), the registration alone, the same copy from an
 //     unregistered buffer (pageable_ms), and the cache's hit and miss
 //     counters.
+//   - reuse: tensorferry-reuse and tensorferry-alloc — the ipc mode's
+//     messages, one at a time, 4 MiB to 1 GiB, to two actors of the
+//     receiving process, alternating: one fetches into a destination it
+//     keeps (Node.WithDestinations, one tensor per shape), the other into a
+//     tensor the node allocates (from the CUDA allocator's cache), freed
+//     after use. Target: reuse ≤ 1.1× NCCL send/recv into a preallocated
+//     tensor (nccl_sendrecv.py) at ≥ 16 MiB.
+//   - psexchange: tensorferry-psexchange-Ngpu — one process per GPU (--gpus,
+//     default all; this program re-executes itself), each with a shard and
+//     a worker actor on its GPU. P (--ps-sizes) bytes of float32 split in N
+//     ranges; a step: every worker lends each shard its gradient's range
+//     (a view) and asks for every shard's weights; a shard answers once
+//     every worker's gradient of the step is in, lending its weights; the
+//     workers fetch them into views of their own weights. Time: from the
+//     steps' start until every worker holds every shard's weights (the
+//     traffic of an allreduce of P; no arithmetic). The first step checks
+//     every byte. Target: ≤ 1.25× NCCL allreduce of P on the same GPUs
+//     (nccl_collectives.py; scripts/gpu/multi.sh collectives runs both).
 //
 // Figures: gbps is bytes / median time in GB/s (10^9 bytes per second), us
 // the median time of one transfer; the actor paths also report fetch_gbps,

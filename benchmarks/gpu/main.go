@@ -23,7 +23,7 @@ import (
 var defaultSizes = []int{4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30}
 
 // modes lists the modes in the order --mode all runs them.
-var modes = []string{"peer", "ipc", "staging", "regcache", "contexts"}
+var modes = []string{"peer", "ipc", "staging", "regcache", "contexts", "reuse", "psexchange"}
 
 // options are the program's settings.
 type options struct {
@@ -43,6 +43,8 @@ type options struct {
 	// readSpin is the control connection's read spin in the ipc mode
 	// (transport.read_spin; 0: the default, negative: never).
 	readSpin time.Duration
+	gpus     int   // psexchange: GPUs to use; 0: all
+	psSizes  []int // psexchange: parameter bytes
 }
 
 func main() {
@@ -54,7 +56,13 @@ func main() {
 		runHolder()
 		return
 	}
-	mode := flag.String("mode", "all", "peer, ipc, staging, regcache, contexts or all")
+	if isExchanger() {
+		runExchanger()
+		return
+	}
+	mode := flag.String("mode", "all", "peer, ipc, staging, regcache, contexts, reuse, psexchange or all")
+	gpusFlag := flag.Int("gpus", 0, "psexchange: GPUs (one process each; default: all the driver sees)")
+	psSizes := flag.String("ps-sizes", "256MiB,1GiB", "psexchange: parameter bytes P of the runs")
 	minSize := flag.String("min", "4KiB", "smallest message size")
 	maxSize := flag.String("max", "1GiB", "largest message size")
 	reps := flag.Int("reps", 0, "timed repetitions per size and path (default: by size, 5 at 1 GiB to 200 at 4 KiB)")
@@ -96,6 +104,10 @@ func main() {
 				err = errors.Join(err, fmt.Errorf("unknown mode %q: want %s or all", m, strings.Join(modes, ", ")))
 			}
 		}
+	}
+	if err == nil {
+		o.gpus = *gpusFlag
+		o.psSizes, err = parseSizes(*psSizes)
 	}
 	if err == nil && *nccl != "" {
 		o.nccl, err = readResults(*nccl)
@@ -247,6 +259,10 @@ func runMode(m string, o options) ([]report.Result, error) {
 		return runRegCache(o)
 	case "contexts":
 		return runContexts(o)
+	case "reuse":
+		return runReuse(o)
+	case "psexchange":
+		return runExchange(o)
 	}
 	return nil, fmt.Errorf("unknown mode %q", m)
 }

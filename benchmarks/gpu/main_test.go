@@ -11,6 +11,7 @@ import (
 	"github.com/tensorferry/tensorferry/benchmarks/internal/report"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
+	"github.com/tensorferry/tensorferry/tensor"
 	"go.uber.org/goleak"
 )
 
@@ -19,6 +20,10 @@ import (
 func TestMain(m *testing.M) {
 	if isReceiver() {
 		runReceiver()
+		os.Exit(0)
+	}
+	if isExchanger() {
+		runExchanger()
 		os.Exit(0)
 	}
 	childArgs = func() []string { return []string{"-test.run=^$"} }
@@ -168,5 +173,64 @@ func TestFloors(t *testing.T) {
 	lines := floorLines(out)
 	if len(lines) != 1 || !strings.Contains(lines[0], "2.00× its floor of 30.0 µs") {
 		t.Errorf("summary lines %q", lines)
+	}
+}
+
+// TestReuseHost runs the reuse mode's two paths with host tensors: both
+// deliver the bytes (the first step checks them), and the receiver that
+// reuses its destination allocates no tensor for a message.
+func TestReuseHost(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	o := options{sizes: []int{1 << 20, 4 << 20}, reps: 3, timeout: 30 * time.Second}
+	rs, err := measureReuse(o, pairConfig{src: memory.CPU, dst: memory.CPU, disable: []string{rdma.IPC}, timeout: o.timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for _, r := range rs {
+		if r.Value <= 0 || r.N != 3 || r.Channel != "staging" {
+			t.Errorf("figure %+v", r)
+		}
+		got[r.Path]++
+	}
+	if got[pathReuse] == 0 || got[pathAlloc] == 0 {
+		t.Errorf("figures by path %v, want both %s and %s", got, pathReuse, pathAlloc)
+	}
+}
+
+func TestDestPool(t *testing.T) {
+	p := &destPool{dev: memory.CPU}
+	defer p.close()
+	d := &tensor.Descriptor{DType: tensor.Uint8, Shape: tensor.Shape{1 << 20}, Bytes: 1 << 20}
+	a := p.get(&Msg{}, d)
+	if a == nil || p.get(&Msg{}, d) != a {
+		t.Fatal("a second message of the same shape gets another destination")
+	}
+	if p.get(&Ack{}, d) != nil {
+		t.Error("a destination for an Ack")
+	}
+	d2 := &tensor.Descriptor{DType: tensor.Uint8, Shape: tensor.Shape{2 << 20}, Bytes: 2 << 20}
+	if b := p.get(&Msg{}, d2); b == nil || b.ByteSize() != 2<<20 {
+		t.Errorf("destination %v for %v", b, d2.Shape)
+	}
+}
+
+// TestExchangeHost runs the psexchange mode with host tensors on three
+// processes: every step checks the bytes each shard and worker got the
+// first time, and the figures name the channel.
+func TestExchangeHost(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	o := options{psSizes: []int{1 << 20, 3 << 20}, reps: 2, timeout: 30 * time.Second}
+	rs, err := measureExchange(o, []memory.Device{memory.CPU, memory.CPU, memory.CPU})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) != 2*len(o.psSizes) {
+		t.Fatalf("%d figures, want %d: %v", len(rs), 2*len(o.psSizes), rs)
+	}
+	for _, r := range rs {
+		if r.Path != pathExchange+"-3gpu" || r.Value <= 0 || r.N != 2 || r.Channel != "staging" {
+			t.Errorf("figure %+v", r)
+		}
 	}
 }

@@ -143,6 +143,9 @@ func report(w io.Writer, res *ps.Result) {
 	fmt.Fprintf(w, "done: %s, %d steps, dim %d, %d workers, %d shards in %v\n",
 		res.Mode, res.Steps, res.Dim, res.Workers, len(res.Shards), res.Elapsed.Round(time.Millisecond))
 	fmt.Fprintf(w, "final loss %.4g, distance ‖w−w*‖/‖w*‖ = %.3g\n", res.Loss, res.Distance)
+	if res.StepTime > 0 {
+		fmt.Fprintf(w, "step time: median %v (pull, gradient, push, update)\n", res.StepTime.Round(time.Microsecond))
+	}
 	names := make([]string, 0, len(res.Channels))
 	for n := range res.Channels {
 		names = append(names, n)
@@ -151,6 +154,21 @@ func report(w io.Writer, res *ps.Result) {
 	for _, n := range names {
 		ch := res.Channels[n]
 		fmt.Fprintf(w, "channel %-8s %6d transfers %12d bytes\n", n, ch.Transfers, ch.Bytes)
+	}
+	// By kind: which channel carried the gradients, which the weights.
+	for _, kind := range []string{"gradients", "weights", "mixed"} {
+		chs := res.Kinds[kind]
+		names := make([]string, 0, len(chs))
+		for n, ch := range chs {
+			if ch.Transfers > 0 {
+				names = append(names, n)
+			}
+		}
+		slices.Sort(names)
+		for _, n := range names {
+			ch := chs[n]
+			fmt.Fprintf(w, "channel %-8s %6d transfers %12d bytes of %s\n", n, ch.Transfers, ch.Bytes, kind)
+		}
 	}
 	fmt.Fprintf(w, "messages sent: %d\n", res.MessagesSent)
 }
@@ -163,7 +181,8 @@ func progress(w io.Writer, quiet bool) func(int, float64) {
 }
 
 // embedded runs a 3-node cluster on loopback in this process: node0 holds
-// the shards (on the GPUs if there are any), node1 and node2 the workers.
+// the shards, node1 and node2 the workers (all on the GPUs if there are
+// any).
 func embedded(ctx context.Context, o *options, stdout io.Writer) (*ps.Result, error) {
 	c, err := startEmbedded(ctx, o, stdout)
 	if err != nil {
@@ -205,9 +224,17 @@ func startEmbedded(ctx context.Context, o *options, stdout io.Writer) (_ *embedd
 	// loaded machine (or the race detector) can exceed: use the defaults.
 	def := config.DefaultConfig()
 	cc.HeartbeatInterval, cc.FailureTimeout = def.HeartbeatInterval, def.FailureTimeout
-	cc.Nodes[0].Devices = shardDevices()
+	gpus := shardDevices()
+	cc.Nodes[0].Devices = gpus
+	if gpus[0].Kind == memory.KindCUDA {
+		// The workers compute on the GPUs too: node1 on the first, node2
+		// on the last.
+		cc.Nodes[1].Devices = gpus[:1]
+		cc.Nodes[2].Devices = gpus[len(gpus)-1:]
+	}
 	if !o.json {
-		fmt.Fprintf(stdout, "embedded cluster: 3 nodes on loopback; shards on %s use %v\n", cc.Nodes[0].Name, cc.Nodes[0].Devices)
+		fmt.Fprintf(stdout, "embedded cluster: 3 nodes on loopback; shards on %s use %v, workers on %s %v and %s %v\n",
+			cc.Nodes[0].Name, cc.Nodes[0].Devices, cc.Nodes[1].Name, cc.Nodes[1].Devices, cc.Nodes[2].Name, cc.Nodes[2].Devices)
 	}
 	c := &embeddedCluster{}
 	defer func() {

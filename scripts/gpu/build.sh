@@ -30,7 +30,9 @@ for cmd in ./benchmarks/gpu ./benchmarks/remote ./samples/paramserver ./samples/
 	[ -d "$cmd" ] && "$GO" build $FLAGS -o "$OUTDIR/bin/$(basename "$cmd")" "$cmd"
 done
 PEERS=${PEERS:-$REPO/../shared/peers}
-[ -f "$PEERS/nccl_sendrecv.py" ] && cp "$PEERS/nccl_sendrecv.py" "$OUTDIR/peers/"
+for f in nccl_sendrecv.py nccl_collectives.py; do
+	[ -f "$PEERS/$f" ] && cp "$PEERS/$f" "$OUTDIR/peers/"
+done
 cp "$REPO/scripts/gpu/run.sh" "$OUTDIR/run.sh"
 rm -rf "$REPO/.gpu"
 mkdir -p "$REPO/.gpu"

@@ -10,12 +10,20 @@
 #      peer) and the ipc stream (gpu --mode ipc, one process per GPU) at
 #      MATRIX_SIZE (default 256MiB), as matrix.jsonl and a table;
 #   3. the parameter server with one process per GPU: the first ceil(N/3)
-#      nodes hold one shard each, the others run one worker each.
+#      nodes hold one shard each, the others run one worker each (on their
+#      GPU: gradients and weights move between GPUs);
+#   4. collectives (not part of all): our modes beside NCCL's in the same
+#      call: gpu --mode psexchange (one shard + one worker per GPU, P =
+#      PS_SIZES, default 256MiB,1GiB) beside nccl_collectives.py's
+#      allreduce and allgather of P on the same N GPUs; with 2 GPUs or
+#      more, gpu --mode reuse (cuda:0 -> cuda:1, 4 MiB..1 GiB) beside
+#      nccl_sendrecv.py.
 #
-#   scripts/gpu/multi.sh [topo|matrix|paramserver|all]   (default all)
+#   scripts/gpu/multi.sh [topo|matrix|paramserver|collectives|all]   (default all)
 #
 # Results go to $OUT (default .gpu/out): multi.txt (the summary), topo.txt,
-# matrix.jsonl, paramserver.log, cluster.yaml.
+# matrix.jsonl, paramserver.log, cluster.yaml, collectives/ (each tool's
+# JSON lines and logs).
 #
 # MULTI_GPUS=N takes N GPUs (default: all that nvidia-smi lists);
 # MULTI_DEVICE=D puts every node on device D instead (cpu, or cuda:0 for N
@@ -177,7 +185,69 @@ if [ "$WHAT" = all ] || [ "$WHAT" = paramserver ]; then
 		rm -f "$OUT/paramserver-node$i.log"
 		i=$((i + 1))
 	done
-	grep -E '^node[0-9]+: |final loss|distance|channel |done:' "$OUT/paramserver.log" | tee -a "$SUM"
+	grep -E '^node[0-9]+: |final loss|distance|step time|channel |done:' "$OUT/paramserver.log" | tee -a "$SUM"
+fi
+if [ "$WHAT" = collectives ]; then
+	C="$OUT/collectives"
+	mkdir -p "$C"
+	PS_SIZES=${PS_SIZES:-256MiB,1GiB}
+	# nccl_collectives.py's sizes: 256MiB -> 256M.
+	NSIZES=$(echo "$PS_SIZES" | sed 's/iB//g')
+	say "--- collectives on $N GPUs: psexchange at P = $PS_SIZES beside NCCL allreduce/allgather; reuse beside NCCL send/recv"
+	if [ -f "$G/peers/nccl_collectives.py" ]; then
+		timeout 600 python3 "$G/peers/nccl_collectives.py" --gpus "$N" --sizes "$NSIZES" --ops allreduce,allgather,broadcast \
+			> "$C/nccl_collectives.jsonl" 2> "$C/nccl_collectives.log" || { say "nccl_collectives.py FAILED:"; tail -5 "$C/nccl_collectives.log" >> "$SUM"; status=1; }
+	else
+		say "nccl_collectives.py missing from the bundle (scripts/gpu/build.sh copies it from ../shared/peers)"
+	fi
+	if ! timeout 600 "$G/bin/gpu" --mode psexchange --gpus "$N" --ps-sizes "$PS_SIZES" --json > "$C/psexchange.jsonl" 2> "$C/psexchange.log"; then
+		say "gpu --mode psexchange FAILED:"; tail -5 "$C/psexchange.log" >> "$SUM"; status=1
+	fi
+	if [ "$N" -ge 2 ]; then
+		if [ -f "$G/peers/nccl_sendrecv.py" ]; then
+			timeout 300 python3 "$G/peers/nccl_sendrecv.py" --sizes 4M,16M,64M,256M,1G > "$C/nccl_sendrecv.txt" 2>&1 || { say "nccl_sendrecv.py FAILED"; status=1; }
+		fi
+		if ! timeout 600 "$G/bin/gpu" --mode reuse --src 0 --dst 1 --min 4MiB --max 1GiB --json > "$C/reuse.jsonl" 2> "$C/reuse.log"; then
+			say "gpu --mode reuse FAILED:"; tail -5 "$C/reuse.log" >> "$SUM"; status=1
+		fi
+	fi
+	python3 - "$C" <<'EOF' | tee -a "$SUM"
+import json, os, sys
+d = sys.argv[1]
+def rows(name):
+    out = []
+    try:
+        for line in open(os.path.join(d, name)):
+            line = line.strip()
+            if line.startswith("{"):
+                out.append(json.loads(line))
+    except OSError:
+        pass
+    return out
+def fmt(v):
+    return f"{v:.1f}" if v else "-"
+nccl = {(r["peer"], r["bytes"]): r["us"] for r in rows("nccl_collectives.jsonl")}
+ps = [r for r in rows("psexchange.jsonl") if r.get("metric") == "us"]
+if ps:
+    print(f"{'P':>10} {'psexchange us':>14} {'allreduce us':>13} {'ratio':>6} {'allgather us':>13} {'channel':>8}")
+for r in ps:
+    ar, ag = nccl.get(("nccl-allreduce", r["size"])), nccl.get(("nccl-allgather", r["size"]))
+    ratio = f"{r['value'] / ar:.2f}" if ar else "-"
+    print(f"{r['size']:>10} {fmt(r['value']):>14} {fmt(ar):>13} {ratio:>6} {fmt(ag):>13} {r.get('channel', ''):>8}")
+sr = {r["bytes"]: r["us"] for r in rows("nccl_sendrecv.txt") if r.get("peer") == "nccl-sendrecv"}
+reuse = {}
+for r in rows("reuse.jsonl"):
+    if r.get("metric") == "us":
+        reuse.setdefault(r["size"], {})[r["path"]] = (r["value"], r.get("channel", ""))
+if reuse:
+    print(f"{'bytes':>10} {'reuse us':>9} {'alloc us':>9} {'nccl send/recv us':>18} {'reuse/nccl':>10} {'channel':>8}")
+for n in sorted(reuse):
+    ru, ch = reuse[n].get("tensorferry-reuse", (None, ""))
+    al, _ = reuse[n].get("tensorferry-alloc", (None, ""))
+    s = sr.get(n)
+    ratio = f"{ru / s:.2f}" if ru and s else "-"
+    print(f"{n:>10} {fmt(ru):>9} {fmt(al):>9} {fmt(s):>18} {ratio:>10} {ch:>8}")
+EOF
 fi
 rm -f "$OUT/secret.key"
 say "multi.sh: exit status $status"

@@ -41,8 +41,9 @@ type Agent struct {
 }
 
 // Serve spawns the node's agent. Call it before node.Start, so that the
-// agent exists when the driver's Setup arrives. Shards on this node use the
-// node's devices from cc in turn; workers use host memory.
+// agent exists when the driver's Setup arrives. Shards and then workers on
+// this node use the node's devices from cc in turn (a worker on a GPU
+// computes its gradient there).
 func Serve(node *actor.Node, cc *config.Config) (*Agent, error) {
 	nc, ok := cc.Node(node.Name())
 	if !ok {
@@ -161,11 +162,14 @@ func (a *Agent) setup(c pa.Context, m *Setup) *Ready {
 		if n != self {
 			continue
 		}
-		wk, err := newWorker(a.node, cfg, j, shards, driver)
+		dev := a.devices[local%len(a.devices)]
+		local++
+		wk, err := newWorker(a.node, cfg, j, dev, shards, driver)
 		if err != nil {
 			return fail(err)
 		}
-		pid, err := a.node.Root().SpawnNamed(pa.PropsFromProducer(func() pa.Actor { return wk }, a.node.WithDevice(memory.CPU)), workerID(j))
+		pid, err := a.node.Root().SpawnNamed(pa.PropsFromProducer(func() pa.Actor { return wk },
+			a.node.WithDevice(dev), a.node.WithDestinations(wk.destination)), workerID(j))
 		if err != nil {
 			wk.free()
 			return fail(fmt.Errorf("ps: spawn worker %d: %w", j, err))

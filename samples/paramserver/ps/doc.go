@@ -11,8 +11,8 @@
 //	res, err := ps.Drive(ctx, driverNode, ps.DefaultConfig(), layout, nil)
 //	fmt.Println(res.Distance, res.Channels["staging"].Bytes)
 //
-// The shards' float32 vector math (axpy, sgd; kernels.go) runs as the CUDA
-// kernels of kernels.ptx on GPU shards, loaded and launched through
-// memory.LoadModule, and as Go loops on host shards; kernels.cu is their
-// CUDA C.
+// The shards' float32 vector math (axpy, sgd; kernels.go) and the workers'
+// gradient (residual, scatter; gradient.go) run as the CUDA kernels of
+// kernels.ptx on GPUs, loaded and launched through memory.LoadModule, and
+// as Go loops on host memory; kernels.cu is their CUDA C.
 package ps

@@ -9,6 +9,8 @@ import (
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/actor"
+	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/tensor"
 )
 
 // Result is what a training run achieved.
@@ -21,9 +23,29 @@ type Result struct {
 	Loss     float64 // mean loss over all rows at the last step's pulled weights
 	Distance float64 // ‖w − w*‖ / ‖w*‖ of the final weights
 	Elapsed  time.Duration
+	// StepTime is the median time between the ends of consecutive steps
+	// (every worker's gradient computed): in sync mode one step's
+	// exchange (pushes, the shards' update, pulls) and gradient.
+	StepTime time.Duration
 	// Channels sums, over every node, what each data channel moved.
-	Channels     map[string]ChannelBytes
+	Channels map[string]ChannelBytes
+	// Kinds splits Channels by what moved: "gradients" into the nodes that
+	// hold only shards, "weights" into the nodes that run only workers
+	// (the driver's final pull included), "mixed" into nodes with both.
+	Kinds        map[string]map[string]ChannelBytes
 	MessagesSent int64 // over every node
+}
+
+// transferKind says what moves into node: see Result.Kinds.
+func transferKind(l Layout, node string) string {
+	shards, workers := slices.Contains(l.ShardNodes, node), slices.Contains(l.WorkerNodes, node)
+	switch {
+	case shards && !workers:
+		return "gradients"
+	case workers && !shards:
+		return "weights"
+	}
+	return "mixed"
 }
 
 // stepLoss accumulates the workers' losses of one step.
@@ -39,6 +61,7 @@ type driverActor struct {
 	progress func(step int, loss float64)
 	steps    map[int]*stepLoss
 	lastLoss float64
+	stepEnds []time.Time // when every worker reported each step
 	done     int
 	result   chan error // gets one value: nil when every worker is done
 	ended    bool
@@ -58,6 +81,7 @@ func (d *driverActor) Receive(c pa.Context) {
 		if s.n++; s.n == d.cfg.Workers {
 			delete(d.steps, m.Step)
 			d.lastLoss = s.sum / float64(s.samples)
+			d.stepEnds = append(d.stepEnds, time.Now())
 			if d.progress != nil {
 				d.progress(m.Step, d.lastLoss)
 			}
@@ -110,7 +134,8 @@ func Drive(ctx context.Context, node *actor.Node, cfg Config, layout Layout, pro
 	defer func() { _ = node.Root().StopFuture(dpid).Wait() }()
 
 	start := time.Now()
-	res := &Result{Mode: cfg.Mode, Steps: cfg.Steps, Dim: cfg.Dim, Workers: cfg.Workers, Channels: map[string]ChannelBytes{}}
+	res := &Result{Mode: cfg.Mode, Steps: cfg.Steps, Dim: cfg.Dim, Workers: cfg.Workers, Channels: map[string]ChannelBytes{},
+		Kinds: map[string]map[string]ChannelBytes{}}
 	var setUp []string
 	defer func() {
 		// Whatever happened, every node that was set up stops its actors
@@ -131,11 +156,17 @@ func Drive(ctx context.Context, node *actor.Node, cfg Config, layout Layout, pro
 				errs = append(errs, fmt.Errorf("ps: finish %s: answer %T", n, r))
 			default:
 				res.MessagesSent += f.MessagesSent
+				kind := transferKind(layout, n)
+				if res.Kinds[kind] == nil {
+					res.Kinds[kind] = map[string]ChannelBytes{}
+				}
 				for name, ch := range f.Channels {
-					t := res.Channels[name]
-					t.Bytes += ch.Bytes
-					t.Transfers += ch.Transfers
-					res.Channels[name] = t
+					for _, m := range []map[string]ChannelBytes{res.Channels, res.Kinds[kind]} {
+						t := m[name]
+						t.Bytes += ch.Bytes
+						t.Transfers += ch.Transfers
+						m[name] = t
+					}
 				}
 			}
 		}
@@ -182,6 +213,7 @@ func Drive(ctx context.Context, node *actor.Node, cfg Config, layout Layout, pro
 	res.Elapsed = time.Since(start)
 	res.Distance = Distance(w, Truth(&cfg))
 	res.Loss = d.loss()
+	res.StepTime = d.stepTime()
 	if err := finish(); err != nil {
 		return nil, err
 	}
@@ -191,6 +223,20 @@ func Drive(ctx context.Context, node *actor.Node, cfg Config, layout Layout, pro
 // loss returns the last step's loss. Safe once every worker is done: the
 // driver actor receives nothing after that.
 func (d *driverActor) loss() float64 { return d.lastLoss }
+
+// stepTime returns the median time between consecutive step ends (0 with
+// fewer than two steps). Safe once every worker is done, as loss.
+func (d *driverActor) stepTime() time.Duration {
+	var ds []time.Duration
+	for i := 1; i < len(d.stepEnds); i++ {
+		ds = append(ds, d.stepEnds[i].Sub(d.stepEnds[i-1]))
+	}
+	if len(ds) == 0 {
+		return 0
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2]
+}
 
 // pullFinal copies shard i's current weights into w.
 func pullFinal(node *actor.Node, cfg Config, i int, pid *pa.PID, w []float32) error {
@@ -219,4 +265,22 @@ func pullFinal(node *actor.Node, cfg Config, i int, pid *pa.PID, w []float32) er
 	}
 	copy(w[lo:hi], vals)
 	return nil
+}
+
+// hostFloat32s returns the values of a float32 tensor on the host, copying
+// it there first when it lives on a device (the final weights, once).
+func hostFloat32s(t *tensor.Tensor) ([]float32, func(), error) {
+	if t.DType() != tensor.Float32 {
+		return nil, nil, fmt.Errorf("tensor %v is not float32", t)
+	}
+	if t.Device().IsHost() {
+		return t.Float32s(), func() {}, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	h, err := t.To(ctx, memory.CPU)
+	if err != nil {
+		return nil, nil, err
+	}
+	return h.Float32s(), func() { _ = h.Free() }, nil
 }

@@ -72,7 +72,7 @@ func TestHostVectorOps(t *testing.T) {
 }
 
 func TestKernelsPTX(t *testing.T) {
-	for _, name := range []string{kernelAxpy, kernelSGD} {
+	for _, name := range []string{kernelAxpy, kernelSGD, kernelResidual, kernelScatter} {
 		if !strings.Contains(string(kernelsPTX), ".visible .entry "+name+"(") {
 			t.Errorf("kernels.ptx has no entry %q", name)
 		}
@@ -135,5 +135,71 @@ func TestGPUKernelsMatchHost(t *testing.T) {
 	// A GPU buffer with a host one is refused before any launch.
 	if err := axpy(ctx, 1, hx, dy); err == nil {
 		t.Error("axpy of a host and a GPU buffer succeeded")
+	}
+}
+
+// The worker's gradient on the GPU (kernels residual and scatter) matches
+// the host's, and its loss too.
+func TestGPUGradientMatchesHost(t *testing.T) {
+	ctx := context.Background()
+	if _, err := memory.AllocatorFor(memory.CUDA(0)); errors.Is(err, memory.ErrNotSupported) {
+		t.Skipf("no CUDA device: %v", err)
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	c := Config{Dim: 100003, Workers: 1, Shards: 1, NonZeros: 8, Noise: 0.1, Seed: 9, Steps: 1, LR: 0.5}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	d := generate(&c, 0, Truth(&c))
+	hw := hostVec(t, randomFloats(c.Dim, 4))
+	hg := hostVec(t, make([]float32, c.Dim))
+	host, err := newGradData(ctx, d, memory.CPU)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantLoss, err := host.gradient(ctx, hw, hg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpu, err := newGradData(ctx, d, memory.CUDA(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gpu.free()
+	ca, _ := memory.AllocatorFor(memory.CUDA(0))
+	dw, err := ca.Alloc(4 * c.Dim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dw.Free()
+	dg, err := ca.Alloc(4 * c.Dim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dg.Free()
+	if err := memory.Copy(ctx, dw, hw); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // the second run starts from the first's g and loss: both are reset
+		loss, err := gpu.gradient(ctx, dw, dg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if math.Abs(loss-wantLoss) > 1e-3*wantLoss {
+			t.Fatalf("loss %v on the GPU, %v on the CPU", loss, wantLoss)
+		}
+	}
+	got := hostVec(t, make([]float32, c.Dim))
+	if err := memory.Copy(ctx, got, dg); err != nil {
+		t.Fatal(err)
+	}
+	var num, den float64
+	for i, w := range floats(hg.Host()) {
+		e := float64(floats(got.Host())[i] - w)
+		num, den = num+e*e, den+float64(w)*float64(w)
+	}
+	if math.Sqrt(num/den) > 1e-4 {
+		t.Fatalf("gradient on the GPU differs from the CPU's by %v (relative norm)", math.Sqrt(num/den))
 	}
 }

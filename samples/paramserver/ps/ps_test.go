@@ -9,6 +9,7 @@ import (
 
 	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/config"
+	"github.com/tensorferry/tensorferry/memory"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 )
@@ -95,7 +96,15 @@ func TestTrain(t *testing.T) {
 		t.Run(string(mode), func(t *testing.T) {
 			nodes := startCluster(t, 3)
 			cfg := smallConfig(mode)
+			allocs := memory.UninitAllocs()
 			res := train(t, nodes, cfg)
+			// Workers fetch their weights into their own tensors
+			// (WithDestinations): the only receive destinations
+			// allocated are the shards' for the gradients and the
+			// driver's for the final pulls.
+			if n, want := memory.UninitAllocs()-allocs, uint64(cfg.Steps*cfg.Workers*cfg.Shards+cfg.Shards); n != want {
+				t.Errorf("%d receive destinations allocated, want %d (pushes and final pulls only)", n, want)
+			}
 			if res.Distance > 1e-2 {
 				t.Errorf("distance to w* %v, want ≤ 1e-2", res.Distance)
 			}
