@@ -28,7 +28,7 @@ import (
 )
 
 var (
-	soakFlag     = flag.Duration("soak", 0, "how long TestSoakNodeKills kills and restarts nodes under traffic (0: $TF_SOAK, else 90s)")
+	soakFlag     = flag.Duration("soak", 0, "how long TestSoakNodeKills kills and restarts nodes under traffic (0: $TF_SOAK, else 45s for each membership)")
 	soakSeedFlag = flag.Uint64("soak.seed", 0, "seed of TestSoakNodeKills's schedule (0: $TF_SOAK_SEED, else from the clock)")
 )
 
@@ -597,18 +597,41 @@ func (s *soakTraffic) doWatchIn(child, target string, n int) {
 // long (or $TF_SOAK), -soak.seed replays a schedule (or $TF_SOAK_SEED): the
 // seed fixes the kills, the signals, the pauses and the traffic each worker
 // picks, not how the processes interleave.
+// TestSoakNodeKills runs the soak with each membership: the full mesh and
+// gossip. By default each gets half of defaultSoak; -soak or $TF_SOAK sets
+// each one's duration.
 func TestSoakNodeKills(t *testing.T) {
 	if testing.Short() {
 		t.Skip("soak: kills and restarts processes for minutes")
 	}
 	dur, seed := soakDuration(t), soakSeed(t)
-	t.Logf("soak: seed %d, %v of kills (replay with -soak.seed %d or TF_SOAK_SEED=%d)", seed, dur, seed, seed)
+	if *soakFlag == 0 && os.Getenv("TF_SOAK") == "" {
+		dur /= 2
+	}
+	for _, mode := range []string{config.MembershipMesh, config.MembershipGossip} {
+		t.Run(mode, func(t *testing.T) { soakNodeKills(t, mode, dur, seed) })
+	}
+}
+
+// soakNodeKills kills and restarts three child nodes for dur under traffic
+// from the parent, with the given membership, then checks the parent is
+// back where it started.
+func soakNodeKills(t *testing.T, membership string, dur time.Duration, seed uint64) {
+	t.Logf("soak: %s, seed %d, %v of kills (replay with -soak.seed %d or TF_SOAK_SEED=%d)", membership, seed, dur, seed, seed)
 	rng := rand.New(rand.NewPCG(seed, 0x50a4))
 	start := time.Now()
 
 	const nodes = 4 // the parent and three children
 	cfg, err := config.LocalConfig("soak", nodes)
 	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Membership = membership
+	// With gossip, a control connection is dialed by the first message:
+	// kept open through the soak, so that NodeUp and NodeDown mean what
+	// they mean with the mesh.
+	cfg.Transport.IdleTimeout = time.Hour
+	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
 	path, err := cfg.WriteFiles(t.TempDir())
@@ -646,8 +669,27 @@ func TestSoakNodeKills(t *testing.T) {
 	for _, name := range kids {
 		children[name] = startSoakChild(t, path, name)
 	}
+	// dial has the parent dial name, with gossip (the mesh dials every
+	// node itself); the wait for NodeUp that follows reports a failure.
+	var dials sync.WaitGroup
+	t.Cleanup(dials.Wait)
+	dial := func(name string) {
+		if membership != config.MembershipGossip {
+			return
+		}
+		dials.Add(1)
+		go func() {
+			defer dials.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_ = parent.WaitPeer(ctx, name)
+		}()
+	}
 	allUp := func(what string) {
 		t.Helper()
+		for _, name := range kids {
+			dial(name)
+		}
 		members.wait(t, what, 30*time.Second, func(up map[string]uint64) bool { return len(up) == len(kids) })
 		// Every child sees every node too.
 		for _, name := range kids {
@@ -708,6 +750,7 @@ func TestSoakNodeKills(t *testing.T) {
 	}
 	restart := func(name string, old uint64) {
 		children[name] = startSoakChild(t, path, name)
+		dial(name)
 		members.wait(t, name+" up again", 30*time.Second,
 			func(up map[string]uint64) bool { return up[name] != 0 && up[name] != old })
 	}
