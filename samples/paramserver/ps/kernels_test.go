@@ -203,3 +203,13 @@ func TestGPUGradientMatchesHost(t *testing.T) {
 		t.Fatalf("gradient on the GPU differs from the CPU's by %v (relative norm)", math.Sqrt(num/den))
 	}
 }
+
+// ptxas refuses a module with a byte outside ASCII anywhere, comments
+// included: the hand-written kernels.ptx must stay ASCII.
+func TestKernelsPTXIsASCII(t *testing.T) {
+	for i, b := range kernelsPTX {
+		if b > 0x7f {
+			t.Fatalf("kernels.ptx: byte %d is %#x, outside ASCII (ptxas fails on it)", i, b)
+		}
+	}
+}
