@@ -78,7 +78,12 @@ func (e *Engine) HandleControl(peer string, m *wire.Message) {
 		w, ok := e.ctlWait[m.Request]
 		e.ctlMu.Unlock()
 		if ok && w.node == peer {
-			w.ch <- ctlReply{body: append([]byte(nil), m.Body...)}
+			// Not blocking: a peer that answers one request twice must
+			// not stall this reader on the full one-reply channel.
+			select {
+			case w.ch <- ctlReply{body: append([]byte(nil), m.Body...)}:
+			default:
+			}
 		}
 		return
 	}
@@ -128,7 +133,10 @@ func (e *Engine) HandleError(peer string, m *wire.Error) {
 	w, ok := e.ctlWait[uint64(m.Stream)]
 	e.ctlMu.Unlock()
 	if ok && w.node == peer {
-		w.ch <- ctlReply{err: fmt.Errorf("%w: %s: %s: %s", ErrControl, peer, m.Code, m.Msg)}
+		select {
+		case w.ch <- ctlReply{err: fmt.Errorf("%w: %s: %s: %s", ErrControl, peer, m.Code, m.Msg)}:
+		default: // answered already
+		}
 		return
 	}
 	e.log.Warn("error from peer", zap.String("peer", peer), zap.Stringer("code", m.Code), zap.String("msg", m.Msg))

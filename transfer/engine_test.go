@@ -653,3 +653,20 @@ func TestControlRequestsBoundedPerPeer(t *testing.T) {
 		t.Errorf("%d replies sent, want %d", l.sent, n)
 	}
 }
+
+// A peer that answers one control request twice (or with a reply and an
+// error) does not block the reader that takes the second answer.
+func TestControlDuplicateReplyDoesNotBlock(t *testing.T) {
+	a, b, _, _ := enginePair(t, Config{})
+	ch := make(chan ctlReply, 1)
+	a.ctlMu.Lock()
+	a.ctlWait[77] = ctlWaiter{node: b.cfg.Node, ch: ch}
+	a.ctlMu.Unlock()
+	for range 3 {
+		a.HandleControl(b.cfg.Node, &wire.Message{Type: ctlReplyType, Request: 77, Body: []byte("x")})
+		a.HandleError(b.cfg.Node, &wire.Error{Stream: 77, Msg: "again"})
+	}
+	if r := <-ch; string(r.body) != "x" {
+		t.Fatalf("first answer %+v", r)
+	}
+}
