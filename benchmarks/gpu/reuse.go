@@ -17,6 +17,10 @@ import (
 // target.
 const (
 	pathReuse = "tensorferry-reuse" // into the receiver's destination
+	// pathReuseStream is pathReuse with messages back to back (streamBatch
+	// of them in flight), the way nccl_sendrecv.py times its iterations
+	// into one preallocated tensor.
+	pathReuseStream = "tensorferry-reuse-stream"
 	pathAlloc = "tensorferry-alloc" // into a new tensor, freed after use
 	reuseSink = "sink-reuse"        // the receiver's actor with destinations
 )
@@ -90,5 +94,6 @@ func measureReuse(o options, pc pairConfig) (rs []report.Result, err error) {
 	defer func() { err = errors.Join(err, p.close()) }()
 	reuse := *p // the same nodes, to the other sink; closed through p
 	reuse.sink = p.node.PID(p.sink.Address, reuseSink)
-	return measure(o, []pathMaker{actorPath(pathReuse, &reuse, pc.src), actorPath(pathAlloc, p, pc.src)})
+	return measure(o, []pathMaker{actorPath(pathReuse, &reuse, pc.src), actorPath(pathAlloc, p, pc.src),
+		streamPath(pathReuseStream, &reuse, pc.src, 0)})
 }

@@ -240,13 +240,14 @@ for r in rows("reuse.jsonl"):
     if r.get("metric") == "us":
         reuse.setdefault(r["size"], {})[r["path"]] = (r["value"], r.get("channel", ""))
 if reuse:
-    print(f"{'bytes':>10} {'reuse us':>9} {'alloc us':>9} {'nccl send/recv us':>18} {'reuse/nccl':>10} {'channel':>8}")
+    print(f"{'bytes':>10} {'reuse us':>9} {'alloc us':>9} {'stream us':>10} {'nccl send/recv us':>18} {'stream/nccl':>11} {'channel':>8}")
 for n in sorted(reuse):
     ru, ch = reuse[n].get("tensorferry-reuse", (None, ""))
     al, _ = reuse[n].get("tensorferry-alloc", (None, ""))
+    st, _ = reuse[n].get("tensorferry-reuse-stream", (None, ""))
     s = sr.get(n)
-    ratio = f"{ru / s:.2f}" if ru and s else "-"
-    print(f"{n:>10} {fmt(ru):>9} {fmt(al):>9} {fmt(s):>18} {ratio:>10} {ch:>8}")
+    ratio = f"{st / s:.2f}" if st and s else "-"
+    print(f"{n:>10} {fmt(ru):>9} {fmt(al):>9} {fmt(st):>10} {fmt(s):>18} {ratio:>11} {ch:>8}")
 EOF
 fi
 rm -f "$OUT/secret.key"
