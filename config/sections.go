@@ -206,6 +206,16 @@ type FlowConfig struct {
 	// InboxBytes bounds the encoded bytes those messages hold, per peer.
 	// Default 256 MiB.
 	InboxBytes int64
+	// NoRelay turns fan-out by relay off (YAML: relay: false). With relay
+	// on (the default), a node that fetches content it is already
+	// fetching for another message (one tensor lent to several of its
+	// actors) copies it from its first copy on the node instead of
+	// fetching it from the owner again (package transfer, relay.go).
+	NoRelay bool
+	// RelayMinBytes is the smallest tensor, in bytes, that relay applies
+	// to (YAML: relay_min_bytes); smaller ones cost little to fetch
+	// again. Default 4 MiB.
+	RelayMinBytes int64
 }
 
 // DefaultFlowConfig returns the flow defaults described in FlowConfig.
@@ -218,6 +228,7 @@ func DefaultFlowConfig() FlowConfig {
 		ReceiveWindow:    64,
 		InboxMessages:    4096,
 		InboxBytes:       256 << 20,
+		RelayMinBytes:    4 << 20,
 	}
 }
 
@@ -232,6 +243,7 @@ func (f FlowConfig) WithDefaults() FlowConfig {
 	orInt(&f.ReceiveWindow, d.ReceiveWindow)
 	orInt(&f.InboxMessages, d.InboxMessages)
 	orInt(&f.InboxBytes, d.InboxBytes)
+	orInt(&f.RelayMinBytes, d.RelayMinBytes)
 	return f
 }
 
@@ -255,6 +267,7 @@ func (f FlowConfig) validate(c *Config) error {
 		{p + "receive_window", int64(f.ReceiveWindow), 1, 1 << 20, ""},
 		{p + "inbox_messages", int64(f.InboxMessages), 1, 1 << 24, ""},
 		{p + "inbox_bytes", f.InboxBytes, 1, 1 << 40, "bytes"},
+		{p + "relay_min_bytes", f.RelayMinBytes, 1, 1 << 50, "bytes"},
 	}); err != nil {
 		return err
 	}

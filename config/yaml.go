@@ -220,6 +220,8 @@ func (c *Config) decode(root *yaml.Node) error {
 				"receive_window":          countOf(&f.ReceiveWindow),
 				"inbox_messages":          countOf(&f.InboxMessages),
 				"inbox_bytes":             sizeOf(&f.InboxBytes),
+				"relay":                   notBoolOf(&f.NoRelay),
+				"relay_min_bytes":         sizeOf(&f.RelayMinBytes),
 			})
 		case "staging":
 			s := &c.Staging
@@ -333,9 +335,27 @@ func readSpinOf(p *time.Duration) setter {
 	}
 }
 
+// relayOff is what the file says of relay: only false, when off.
+func relayOff(no bool) *bool {
+	if !no {
+		return nil
+	}
+	off := false
+	return &off
+}
+
 func boolOf(p *bool) setter {
 	return func(v *yaml.Node, field string) (err error) {
 		*p, err = boolean(v, field)
+		return err
+	}
+}
+
+// notBoolOf sets *p to the negation of a boolean (relay: false sets NoRelay).
+func notBoolOf(p *bool) setter {
+	return func(v *yaml.Node, field string) error {
+		b, err := boolean(v, field)
+		*p = !b
 		return err
 	}
 }
@@ -615,6 +635,8 @@ type fileFlow struct {
 	ReceiveWindow        int    `yaml:"receive_window,omitempty"`
 	InboxMessages        int    `yaml:"inbox_messages,omitempty"`
 	InboxBytes           string `yaml:"inbox_bytes,omitempty"`
+	Relay                *bool  `yaml:"relay,omitempty"` // written only when off
+	RelayMinBytes        string `yaml:"relay_min_bytes,omitempty"`
 }
 
 type fileStaging struct {
@@ -741,6 +763,7 @@ func (c *Config) Marshal() ([]byte, error) {
 			MaxInFlight: fl.MaxInFlight, MaxInFlightBytes: sz(fl.MaxInFlightBytes),
 			ReceiveBudget: sz(fl.ReceiveBudget), ReceiveBudgetPerPeer: sz(fl.ReceiveBudgetPerPeer),
 			ReceiveWindow: fl.ReceiveWindow, InboxMessages: fl.InboxMessages, InboxBytes: sz(fl.InboxBytes),
+			Relay: relayOff(fl.NoRelay), RelayMinBytes: sz(fl.RelayMinBytes),
 		}),
 		Staging: nonZero(&fileStaging{
 			ChunkSize: sz(int64(st.ChunkSize)), ChunksInFlight: st.ChunksInFlight,

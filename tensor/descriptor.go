@@ -40,6 +40,12 @@ type Descriptor struct {
 	// Offers holds what the owner offers each data channel, keyed by channel
 	// name (for example the CUDA IPC handle for "ipc").
 	Offers map[string][]byte `msgpack:"f,omitempty"`
+	// Content names the bytes: descriptors of one owner and incarnation
+	// with the same nonzero Content lend the same bytes (the owner cannot
+	// write a lent tensor, and a tensor lent again after all its leases
+	// ended gets a new Content). A receiving node that fetches one of them
+	// may copy the others from its first copy (fan-out by relay).
+	Content uint64 `msgpack:"c,omitempty"`
 }
 
 // Validate checks that the descriptor is well formed: a known dtype, a valid
@@ -77,7 +83,7 @@ func (d *Descriptor) Validate() error {
 }
 
 // maxFields bounds the number of map entries a descriptor may have on the
-// wire (9 known fields, room for later ones).
+// wire (10 known fields, room for later ones).
 const maxFields = 32
 
 var (
@@ -89,7 +95,7 @@ var (
 
 // Msgsize implements msgp.Sizer: at least the bytes MarshalMsg appends.
 func (d *Descriptor) Msgsize() int {
-	n := 64 + len(d.Owner) + len(d.Device) + len(d.Holder) + d.Shape.Msgsize()
+	n := 80 + len(d.Owner) + len(d.Device) + len(d.Holder) + d.Shape.Msgsize()
 	for k, v := range d.Offers {
 		n += 2*msgp.BytesPrefixSize + len(k) + len(v)
 	}
@@ -105,6 +111,9 @@ func (d *Descriptor) MarshalMsg(b []byte) ([]byte, error) {
 		n++
 	}
 	if len(d.Offers) != 0 {
+		n++
+	}
+	if d.Content != 0 {
 		n++
 	}
 	b = msgp.AppendMapHeader(b, n)
@@ -129,6 +138,9 @@ func (d *Descriptor) MarshalMsg(b []byte) ([]byte, error) {
 		for _, k := range keys {
 			b = appendBytesOrNil(msgp.AppendString(b, k), d.Offers[k])
 		}
+	}
+	if d.Content != 0 {
+		b = msgp.AppendUint64(msgp.AppendString(b, "c"), d.Content)
 	}
 	return b, nil
 }
@@ -194,6 +206,8 @@ func (d *Descriptor) UnmarshalMsg(b []byte) ([]byte, error) {
 			out.Offers, b, err = readOffers(b)
 		case "h":
 			out.Holder, b, err = msgp.ReadStringBytes(b)
+		case "c":
+			out.Content, b, err = msgp.ReadUint64Bytes(b)
 		default:
 			b, err = msgp.Skip(b)
 		}

@@ -151,6 +151,7 @@ func (s *Store) Export(t *Tensor, holder string, ttl time.Duration) (*Export, *D
 		Bytes:       t.ByteSize(),
 		Device:      t.Device().String(),
 		Holder:      holder,
+		Content:     t.lentContent(),
 	}
 	return e, d, nil
 }

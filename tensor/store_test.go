@@ -240,3 +240,36 @@ func TestWaitReleasedHonoursContext(t *testing.T) {
 		t.Fatalf("WaitReleased: %v", err)
 	}
 }
+
+// TestStoreExportContent: exports of a tensor while it is lent share a
+// Content; once every lease ended (the owner may write), the next export
+// names new content.
+func TestStoreExportContent(t *testing.T) {
+	s := NewStore("a", 1)
+	defer s.Close()
+	x, _ := FromFloat32s([]float32{1, 2}, Shape{2})
+	y, _ := FromFloat32s([]float32{1, 2}, Shape{2})
+	_, d1, err := s.Export(x, "b", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, d2, _ := s.Export(x, "c", 0)
+	_, dy, _ := s.Export(y, "b", 0)
+	if d1.Content == 0 || d1.Content != d2.Content || dy.Content == d1.Content {
+		t.Fatalf("contents %d %d (same tensor), %d (another)", d1.Content, d2.Content, dy.Content)
+	}
+	_ = s.Release(d1.ExportID, d1.Lease)
+	_, d3, _ := s.Export(x, "b", 0)
+	if d3.Content != d1.Content {
+		t.Fatalf("lent throughout: content %d, then %d", d1.Content, d3.Content)
+	}
+	_ = s.Release(d2.ExportID, d2.Lease)
+	_ = s.Release(d3.ExportID, d3.Lease)
+	if err := x.Write(func(memory.Buffer) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	_, d4, _ := s.Export(x, "b", 0)
+	if d4.Content == d1.Content {
+		t.Fatalf("lent again after its leases ended: same content %d", d4.Content)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/tensorferry/tensorferry/memory"
@@ -36,6 +37,7 @@ type Tensor struct {
 	leases  int
 	writers int           // Write calls in progress; no lease is taken while > 0
 	idle    chan struct{} // closed while leases == 0; replaced when a lease is taken
+	content uint64        // names the bytes lent since leases last went from 0 to 1 (Descriptor.Content)
 
 	id          uint64 // WireID
 	placeholder bool   // decoded from a message body, not filled yet (field.go)
@@ -246,9 +248,20 @@ func (t *Tensor) addLease() error {
 	}
 	if t.leases == 0 {
 		t.idle = make(chan struct{})
+		t.content = nextContent.Add(1)
 	}
 	t.leases++
 	return nil
+}
+
+// nextContent numbers the contents lent in this process (Descriptor.Content).
+var nextContent atomic.Uint64
+
+// lentContent returns the id of the content lent now; t must be lent.
+func (t *Tensor) lentContent() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.content
 }
 
 func (t *Tensor) dropLease() {

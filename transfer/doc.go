@@ -32,6 +32,23 @@
 //     InlineDelivery's handler may keep (the connection's take-over then
 //     moves the reading on).
 //
+// relay.go and relayplan.go: fan-out by relay. A descriptor names its
+// content (tensor.Descriptor.Content: the same for every export of a
+// tensor while it stays lent, since the owner cannot write it then). A
+// fetch of Config.Flow.RelayMinBytes or more (default 4 MiB) whose content
+// this node is already fetching for another message or Ref does not cross
+// the link again: it waits for that first fetch (the leader) and copies
+// its destination on the node (memory.Copy: device to device on a GPU),
+// because a device-local copy costs a fraction of a second transfer from
+// the owner, whose egress N receivers would otherwise share. The leader
+// is not delivered (its actor cannot write its copy) until its followers
+// have copied; a follower whose leader failed fetches from the owner; each
+// keeps and releases its own lease, so the owner writes again only once
+// every receiver has its copy. Flow.NoRelay turns it off. PlanRelay is the
+// pure plan for receivers on several nodes and hosts (one fetch across
+// hosts per host, one into each GPU, bounded fan-out per holder); nodes do
+// not yet ask the owner for their place in it.
+//
 // stats.go: Engine.Stats reports what the engine did for a node's metrics
 // (package metrics): per channel and owner the transfers, bytes and fetch
 // latency buckets (LatencyBounds), bytes served, failed fetches by reason,

@@ -168,6 +168,9 @@ type Engine struct {
 	ctlWait map[uint64]ctlWaiter
 
 	stats Stats
+	// relays are the fetches of contents in flight that others may join
+	// (relay.go).
+	relays relays
 }
 
 // New makes the engine of a node; Start opens its channels.

@@ -563,7 +563,7 @@ type stuckLink struct {
 	sent    int
 	atLimit chan struct{} // closed when cur first reaches MaxControlPerPeer
 	reached bool
-	want    int           // allSent is closed after this many Sends
+	want    int // allSent is closed after this many Sends
 	allSent chan struct{}
 }
 

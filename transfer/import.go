@@ -317,7 +317,7 @@ func (in *Incoming) fetchOne(ctx context.Context, j job) error {
 	if err != nil {
 		return err
 	}
-	return in.place(j, dst, in.e.fetchInto(ctx, j.d, dst))
+	return in.place(j, dst, in.e.fetchShared(ctx, j.d, dst))
 }
 
 // place puts dst, fetched for j (err: how the fetch ended), in j's field;
@@ -353,7 +353,7 @@ func (in *Incoming) placeInto(j job, err error) error {
 // When done, it is as fetch: on failure what was allocated is freed and
 // every lease released.
 func (in *Incoming) fetchDirect(ctx context.Context) (done bool, err error) {
-	if len(in.jobs) != 1 {
+	if len(in.jobs) != 1 || in.mayRelay() {
 		return false, nil
 	}
 	j := in.jobs[0]
@@ -441,7 +441,7 @@ func (f *refFetcher) FetchDescriptor(ctx context.Context, d *tensor.Descriptor, 
 	if err != nil {
 		return nil, err
 	}
-	if err := e.fetchInto(ctx, d, t); err != nil {
+	if err := e.fetchShared(ctx, d, t); err != nil {
 		_ = t.Free()
 		return nil, err
 	}

@@ -319,7 +319,7 @@ func (e *Engine) runLoop(p *Peer, st *loopState) {
 				end()
 				return
 			}
-			if st.handed.Load() == 0 && p.inbox.empty() {
+			if st.handed.Load() == 0 && p.inbox.empty() && !q.in.mayRelay() {
 				// A lone message: fetched and delivered on this goroutine.
 				if movedOn = e.deliverLone(p, q, e.fetchNow(p, q), st); movedOn {
 					return // its handler ran here: the loop went on elsewhere

@@ -43,6 +43,9 @@ type receiverSpec struct {
 	Trace string `json:"trace,omitempty"`
 	// Log makes the receiver log warnings and errors to its stderr.
 	Log bool `json:"log,omitempty"`
+	// Sinks is how many sink actors the receiver starts (0: one): "sink",
+	// then "sink1", "sink2", … (the fanout mode's receivers).
+	Sinks int `json:"sinks,omitempty"`
 }
 
 func isReceiver() bool { return os.Getenv(receiverEnv) != "" }
@@ -96,8 +99,10 @@ func receive(stdin io.Reader, stdout io.Writer) error {
 		return err
 	}
 	defer node.Stop()
-	if _, err := node.Root().SpawnNamed(sinkProps(node, spec.Device, cfg.Transport.InlineThreshold), "sink"); err != nil {
-		return err
+	for i := range max(spec.Sinks, 1) {
+		if _, err := node.Root().SpawnNamed(sinkProps(node, spec.Device, cfg.Transport.InlineThreshold), sinkName(i)); err != nil {
+			return err
+		}
 	}
 	pool := &destPool{dev: spec.Device}
 	defer pool.close()
@@ -178,6 +183,7 @@ func checksum(t *tensor.Tensor) (uint32, error) {
 type actorPair struct {
 	node    *tfactor.Node
 	sink    *pa.PID
+	sinks   []*pa.PID // every sink, sink first
 	child   *exec.Cmd
 	stdin   io.WriteCloser
 	dir     string
@@ -196,6 +202,9 @@ type pairConfig struct {
 	// readSpin is the control connection's read spin (transport.read_spin;
 	// 0: the default).
 	readSpin time.Duration
+	sinks    int   // sink actors of the receiver (0: one)
+	noRelay  bool  // flow.relay: false
+	relayMin int64 // flow.relay_min_bytes; 0: the default
 }
 
 // openPair writes the cluster's config, starts the receiving process and
@@ -214,6 +223,7 @@ func openPair(pc pairConfig) (p *actorPair, err error) {
 		cfg.Transport.ReadSpin = config.ReadSpinOff
 	}
 	cfg.DisableChannels = pc.disable
+	cfg.Flow.NoRelay, cfg.Flow.RelayMinBytes = pc.noRelay, pc.relayMin
 	cfg.Nodes[0].Devices = []memory.Device{pc.src}
 	cfg.Nodes[1].Devices = []memory.Device{pc.dst}
 	if err := cfg.Validate(); err != nil {
@@ -232,7 +242,7 @@ func openPair(pc pairConfig) (p *actorPair, err error) {
 	if err != nil {
 		return p, err
 	}
-	spec, err := json.Marshal(receiverSpec{Config: path, Node: cfg.Nodes[1].Name, Device: pc.dst, Profile: pc.profile, Trace: pc.trace, Log: pc.log})
+	spec, err := json.Marshal(receiverSpec{Config: path, Node: cfg.Nodes[1].Name, Device: pc.dst, Profile: pc.profile, Trace: pc.trace, Log: pc.log, Sinks: pc.sinks})
 	if err != nil {
 		return p, err
 	}
@@ -284,7 +294,18 @@ func openPair(pc pairConfig) (p *actorPair, err error) {
 		return p, err
 	}
 	p.sink = p.node.PID(cfg.Nodes[1].Name, "sink")
+	for i := range max(pc.sinks, 1) {
+		p.sinks = append(p.sinks, p.node.PID(cfg.Nodes[1].Name, sinkName(i)))
+	}
 	return p, nil
+}
+
+// sinkName names the receiver's i-th sink actor.
+func sinkName(i int) string {
+	if i == 0 {
+		return "sink"
+	}
+	return fmt.Sprintf("sink%d", i)
 }
 
 // childArgs are the receiving process's arguments; a test binary passes

@@ -12,6 +12,7 @@
 //	gpu --mode ipc --nccl nccl.txt     # also states the NCCL target from nccl_sendrecv.py's output
 //	gpu --mode reuse --min 4MiB        # GPU0 → GPU1 into the receiver's own tensor vs a new one
 //	gpu --mode psexchange --gpus 2 --ps-sizes 256MiB,1GiB   # a PS step's exchange, one process per GPU
+//	gpu --mode fanout --receivers 3 --min 16MiB --max 1GiB  # one tensor to 3 actors on GPU1, relay on and off
 //
 // Modes and their paths (the "path" of each JSON line):
 //
@@ -78,6 +79,17 @@
 //     traffic of an allreduce of P; no arithmetic). The first step checks
 //     every byte. Target: ≤ 1.25× NCCL allreduce of P on the same GPUs
 //     (nccl_collectives.py; scripts/gpu/multi.sh collectives runs both).
+//   - fanout: tensorferry-fanout-relay and tensorferry-fanout-norelay — two
+//     processes as in ipc, the receiving node with --receivers sink actors
+//     (default 3) on --dst; node0 lends one tensor on --src to all of them
+//     at once (a RequestFuture each, every first message checked by
+//     CRC-32). Time: the first request until the last Ack, every receiver
+//     holding its own copy; gbps counts the bytes delivered in all (size ×
+//     receivers). Relay on (flow.relay, the default): the receiving node
+//     fetches the content once and copies it on --dst for the other
+//     receivers (channel "relay" in the line); off: each receiver fetches
+//     from the owner. Each setting has its own pair of processes, relay on
+//     first. Compare with NCCL broadcast to one rank of the same size.
 //
 // Figures: gbps is bytes / median time in GB/s (10^9 bytes per second), us
 // the median time of one transfer; the actor paths also report fetch_gbps,

@@ -23,7 +23,7 @@ import (
 var defaultSizes = []int{4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30}
 
 // modes lists the modes in the order --mode all runs them.
-var modes = []string{"peer", "ipc", "staging", "regcache", "contexts", "reuse", "psexchange"}
+var modes = []string{"peer", "ipc", "staging", "regcache", "contexts", "reuse", "psexchange", "fanout"}
 
 // options are the program's settings.
 type options struct {
@@ -45,6 +45,11 @@ type options struct {
 	readSpin time.Duration
 	gpus     int   // psexchange: GPUs to use; 0: all
 	psSizes  []int // psexchange: parameter bytes
+	// receivers is the fanout mode's receiving actors (all on --dst).
+	receivers int
+	// relayMin is flow.relay_min_bytes of the ipc and fanout modes'
+	// nodes (0: the default).
+	relayMin int64
 }
 
 func main() {
@@ -60,9 +65,11 @@ func main() {
 		runExchanger()
 		return
 	}
-	mode := flag.String("mode", "all", "peer, ipc, staging, regcache, contexts, reuse, psexchange or all")
+	mode := flag.String("mode", "all", "peer, ipc, staging, regcache, contexts, reuse, psexchange, fanout or all")
 	gpusFlag := flag.Int("gpus", 0, "psexchange: GPUs (one process each; default: all the driver sees)")
 	psSizes := flag.String("ps-sizes", "256MiB,1GiB", "psexchange: parameter bytes P of the runs")
+	receivers := flag.Int("receivers", 3, "fanout mode: receiving actors of the node on --dst")
+	relayMin := flag.String("relay-min", "", "ipc and fanout modes: the nodes' flow.relay_min_bytes (default: the config's default)")
 	minSize := flag.String("min", "4KiB", "smallest message size")
 	maxSize := flag.String("max", "1GiB", "largest message size")
 	reps := flag.Int("reps", 0, "timed repetitions per size and path (default: by size, 5 at 1 GiB to 200 at 4 KiB)")
@@ -82,7 +89,17 @@ func main() {
 	showProgress := flag.Bool("progress", false, "print a progress line on stderr even when it is not a terminal")
 	flag.Parse()
 
-	o := options{reps: *reps, src: *src, dst: *dst, timeout: *timeout, progress: os.Stderr, stream: *stream, cpuProfile: *cpuProfile, trace: *traceFile, logs: *logs, readSpin: *readSpin}
+	o := options{reps: *reps, src: *src, dst: *dst, timeout: *timeout, progress: os.Stderr, stream: *stream, cpuProfile: *cpuProfile, trace: *traceFile, logs: *logs, readSpin: *readSpin, receivers: *receivers}
+	if *receivers < 1 || *receivers > 64 {
+		fatal(fmt.Errorf("--receivers %d: want 1 to 64", *receivers))
+	}
+	if *relayMin != "" {
+		n, err := size.Parse(*relayMin)
+		if err != nil || n < 1 {
+			fatal(fmt.Errorf("--relay-min %q: want a size of at least 1 byte", *relayMin))
+		}
+		o.relayMin = int64(n)
+	}
 	if *quick && o.reps == 0 {
 		o.reps = 3
 	}
@@ -240,7 +257,7 @@ func needs(m string, gpus int, o options) string {
 // ipc with both processes on it) use --src as the receiver too on a host
 // whose --dst does not exist.
 func fitDevices(m string, gpus int, o options) options {
-	if (m == "staging" || m == "regcache" || m == "ipc" || m == "contexts") && (o.dst < 0 || o.dst >= gpus) {
+	if (m == "staging" || m == "regcache" || m == "ipc" || m == "contexts" || m == "fanout") && (o.dst < 0 || o.dst >= gpus) {
 		o.dst = o.src
 	}
 	return o
@@ -263,6 +280,8 @@ func runMode(m string, o options) ([]report.Result, error) {
 		return runReuse(o)
 	case "psexchange":
 		return runExchange(o)
+	case "fanout":
+		return runFanout(o)
 	}
 	return nil, fmt.Errorf("unknown mode %q", m)
 }

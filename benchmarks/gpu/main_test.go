@@ -234,3 +234,33 @@ func TestExchangeHost(t *testing.T) {
 		}
 	}
 }
+
+// TestFanoutHost runs the fanout mode's code with host tensors: one
+// tensor lent to three actors of the receiving process, relay on and off,
+// each receiver's bytes checked; both paths report their figures.
+func TestFanoutHost(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	o := options{sizes: []int{8 << 20}, reps: 2, timeout: 30 * time.Second}
+	var rs []report.Result
+	for _, noRelay := range []bool{false, true} {
+		path := map[bool]string{false: pathFanoutRelay, true: pathFanoutNoRelay}[noRelay]
+		got, err := measureFanout(o, path, pairConfig{src: memory.CPU, dst: memory.CPU, disable: []string{rdma.IPC},
+			timeout: o.timeout, sinks: 3, noRelay: noRelay})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs = append(rs, got...)
+	}
+	want := map[string]bool{pathFanoutRelay + "/gbps": true, pathFanoutRelay + "/us": true, pathFanoutNoRelay + "/gbps": true, pathFanoutNoRelay + "/us": true}
+	for _, r := range rs {
+		k := r.Path + "/" + r.Metric
+		t.Logf("%s %s = %.1f (%s)", r.Path, r.Metric, r.Value, r.Channel)
+		if !want[k] || r.Value <= 0 || r.N != 2 || r.Size != 8<<20 {
+			t.Errorf("unexpected figure %+v", r)
+		}
+		delete(want, k)
+	}
+	if len(want) > 0 {
+		t.Errorf("missing figures %v", want)
+	}
+}

@@ -152,7 +152,7 @@ func runIPC(o options) (rs []report.Result, err error) {
 	if err != nil {
 		return alone, err
 	}
-	pc := pairConfig{src: src, dst: dst, timeout: o.timeout, log: o.logs, readSpin: o.readSpin}
+	pc := pairConfig{src: src, dst: dst, timeout: o.timeout, log: o.logs, readSpin: o.readSpin, relayMin: o.relayMin}
 	if o.cpuProfile != "" {
 		pc.profile = o.cpuProfile + ".receiver"
 	}

@@ -21,8 +21,8 @@ const (
 	// of them in flight), the way nccl_sendrecv.py times its iterations
 	// into one preallocated tensor.
 	pathReuseStream = "tensorferry-reuse-stream"
-	pathAlloc = "tensorferry-alloc" // into a new tensor, freed after use
-	reuseSink = "sink-reuse"        // the receiver's actor with destinations
+	pathAlloc       = "tensorferry-alloc" // into a new tensor, freed after use
+	reuseSink       = "sink-reuse"        // the receiver's actor with destinations
 )
 
 // reuseSizes are the reuse mode's sizes, within the run's bounds.
