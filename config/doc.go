@@ -61,7 +61,7 @@
 //	  inbox_messages: 4096
 //	  inbox_bytes: 256MiB
 //	  relay: true                  # a node fetches content lent to several of its actors once (transfer/relay.go)
-//	  relay_min_bytes: 4MiB        # smaller tensors are fetched per message
+//	  relay_min_bytes: 64MiB       # smaller tensors are fetched per message, on the reader
 //	staging:
 //	  chunk_size: 4MiB             # ≤ 64MiB
 //	  chunks_in_flight: 4          # ≤ 64

@@ -35,7 +35,7 @@
 // relay.go and relayplan.go: fan-out by relay. A descriptor names its
 // content (tensor.Descriptor.Content: the same for every export of a
 // tensor while it stays lent, since the owner cannot write it then). A
-// fetch of Config.Flow.RelayMinBytes or more (default 4 MiB) whose content
+// fetch of Config.Flow.RelayMinBytes or more (default 64 MiB) whose content
 // this node is already fetching for another message or Ref does not cross
 // the link again: it waits for that first fetch (the leader) and copies
 // its destination on the node (memory.Copy: device to device on a GPU),

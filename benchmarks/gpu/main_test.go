@@ -245,7 +245,7 @@ func TestFanoutHost(t *testing.T) {
 	for _, noRelay := range []bool{false, true} {
 		path := map[bool]string{false: pathFanoutRelay, true: pathFanoutNoRelay}[noRelay]
 		got, err := measureFanout(o, path, pairConfig{src: memory.CPU, dst: memory.CPU, disable: []string{rdma.IPC},
-			timeout: o.timeout, sinks: 3, noRelay: noRelay})
+			timeout: o.timeout, sinks: 3, noRelay: noRelay, relayMin: 1 << 20})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -255,6 +255,9 @@ func TestFanoutHost(t *testing.T) {
 	for _, r := range rs {
 		k := r.Path + "/" + r.Metric
 		t.Logf("%s %s = %.1f (%s)", r.Path, r.Metric, r.Value, r.Channel)
+		if want := map[string]string{pathFanoutRelay: "relay", pathFanoutNoRelay: "staging"}[r.Path]; r.Channel != want {
+			t.Errorf("%s: channel %s, want %s", r.Path, r.Channel, want)
+		}
 		if !want[k] || r.Value <= 0 || r.N != 2 || r.Size != 8<<20 {
 			t.Errorf("unexpected figure %+v", r)
 		}
