@@ -69,7 +69,7 @@ func main() {
 	gpusFlag := flag.Int("gpus", 0, "psexchange: GPUs (one process each; default: all the driver sees)")
 	psSizes := flag.String("ps-sizes", "256MiB,1GiB", "psexchange: parameter bytes P of the runs")
 	receivers := flag.Int("receivers", 3, "fanout mode: receiving actors of the node on --dst")
-	relayMin := flag.String("relay-min", "", "ipc and fanout modes: the nodes' flow.relay_min_bytes (default: the config's default)")
+	relayMin := flag.String("relay-min", "", "ipc and fanout modes: the nodes' flow.relay_min_bytes (fanout default: the config's; ipc default: relay off, since its stream repeats one tensor)")
 	minSize := flag.String("min", "4KiB", "smallest message size")
 	maxSize := flag.String("max", "1GiB", "largest message size")
 	reps := flag.Int("reps", 0, "timed repetitions per size and path (default: by size, 5 at 1 GiB to 200 at 4 KiB)")

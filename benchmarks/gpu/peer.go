@@ -152,7 +152,11 @@ func runIPC(o options) (rs []report.Result, err error) {
 	if err != nil {
 		return alone, err
 	}
-	pc := pairConfig{src: src, dst: dst, timeout: o.timeout, log: o.logs, readSpin: o.readSpin, relayMin: o.relayMin}
+	// The stream sends one tensor back to back: with relay the receiving
+	// node would fetch it once and copy it for the rest, which times the
+	// GPU's memory, not the link. Relay is off here unless --relay-min
+	// asks for it.
+	pc := pairConfig{src: src, dst: dst, timeout: o.timeout, log: o.logs, readSpin: o.readSpin, relayMin: o.relayMin, noRelay: o.relayMin == 0}
 	if o.cpuProfile != "" {
 		pc.profile = o.cpuProfile + ".receiver"
 	}
