@@ -1,0 +1,10 @@
+"""tensorferry for Python: a PyTorch process as a peer of a Go cluster.
+
+codec: msgpack bytes equal to the Go side's (wire.EncodeMsgpack) for the
+same values, decoded as hostile input. message: wire.Message envelopes and
+tensor tables.
+"""
+
+from .codec import BadBody, F32, Struct, TensorRef, decode, encode  # noqa: F401
+from .message import (BadTable, InlineTensor, decode_body, decode_envelope,  # noqa: F401
+                      decode_table, encode_body, encode_envelope, encode_table)
