@@ -1,0 +1,233 @@
+package python_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+	"github.com/tensorferry/tensorferry/actor"
+	"github.com/tensorferry/tensorferry/config"
+	"github.com/tensorferry/tensorferry/tensor"
+	"go.uber.org/zap"
+)
+
+// Vec is the message the Go node and the Python node (tests/peer.py)
+// exchange: the Python side writes the same fields in this order.
+type Vec struct {
+	Scale float64
+	X     *tensor.Tensor
+	Note  string
+}
+
+func init() { actor.MustRegisterMessage("py.Vec", &Vec{}) }
+
+// python returns the interpreter with torch and msgpack, or skips the test
+// saying why.
+func python(t *testing.T) string {
+	t.Helper()
+	py := os.Getenv("TF_PYTHON")
+	if py == "" {
+		py = "/usr/bin/python3"
+	}
+	if _, err := os.Stat(py); err != nil {
+		t.Skipf("no Python at %s (set TF_PYTHON; scripts/deps.sh installs python3-torch python3-msgpack): %v", py, err)
+	}
+	if out, err := exec.Command(py, "-c", "import torch, msgpack").CombinedOutput(); err != nil {
+		t.Skipf("%s lacks torch or msgpack (scripts/deps.sh installs python3-torch python3-msgpack): %v: %s", py, err, out)
+	}
+	return py
+}
+
+// peer is the Python node run by tests/peer.py.
+type peer struct {
+	t     *testing.T
+	in    io.WriteCloser
+	lines chan string
+	cmd   *exec.Cmd
+}
+
+func startPeer(t *testing.T, cfg *config.Config, self, goNode int) *peer {
+	t.Helper()
+	py := python(t)
+	pc, err := json.Marshal(map[string]any{
+		"cluster": cfg.Cluster, "secret": string(cfg.Secret), "name": cfg.Nodes[self].Name,
+		"address": cfg.Nodes[self].Address, "go": cfg.Nodes[goNode].Name,
+		"peers":            map[string]string{cfg.Nodes[goNode].Name: cfg.Nodes[goNode].Address},
+		"inline_threshold": cfg.Transport.InlineThreshold,
+		"heartbeat":        cfg.HeartbeatInterval.Seconds(), "failure_timeout": cfg.FailureTimeout.Seconds(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(py, filepath.Join("tests", "peer.py"))
+	cmd.Env = append(os.Environ(), "TF_PEER_CONFIG="+string(pc), "PYTHONDONTWRITEBYTECODE=1")
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &peer{t: t, in: in, lines: make(chan string, 64), cmd: cmd}
+	go func() {
+		defer close(p.lines)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			p.lines <- sc.Text()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = in.Close()
+		done := make(chan struct{})
+		go func() {
+			for range p.lines { // drain until the process ends
+			}
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		_ = cmd.Wait()
+	})
+	p.expect("listening")
+	return p
+}
+
+// expect waits for the next line that is not an up/down notice, and
+// fails unless it starts with prefix. It returns the line.
+func (p *peer) expect(prefix string) string {
+	p.t.Helper()
+	timeout := time.NewTimer(20 * time.Second)
+	defer timeout.Stop()
+	for {
+		select {
+		case l, ok := <-p.lines:
+			if !ok {
+				p.t.Fatalf("python peer exited; wanted %q", prefix)
+			}
+			if strings.HasPrefix(l, "up ") || strings.HasPrefix(l, "down ") {
+				continue
+			}
+			if !strings.HasPrefix(l, prefix) {
+				p.t.Fatalf("python peer said %q, want %q", l, prefix)
+			}
+			return l
+		case <-timeout.C:
+			p.t.Fatalf("python peer: no %q in 20s", prefix)
+		}
+	}
+}
+
+func (p *peer) do(cmd, want string) string {
+	p.t.Helper()
+	if _, err := io.WriteString(p.in, cmd+"\n"); err != nil {
+		p.t.Fatal(err)
+	}
+	return p.expect(want)
+}
+
+func scaleProps() *pa.Props {
+	return pa.PropsFromFunc(func(c pa.Context) {
+		v, ok := c.Message().(*Vec)
+		if !ok {
+			return
+		}
+		x := v.X.Float32s()
+		out := make([]float32, len(x))
+		for i := range x {
+			out[i] = x[i] * float32(v.Scale)
+		}
+		y, err := tensor.FromFloat32s(out, v.X.Shape())
+		if err != nil {
+			panic(err)
+		}
+		c.Respond(&Vec{Scale: v.Scale, X: y, Note: "scaled by go"})
+	})
+}
+
+// TestPythonPeer runs a Go node and a Python node of one config: requests
+// both ways with CPU tensors inline, a hostile message from the Python
+// side refused without harm, and a tensor above the inline threshold
+// refused by the Python side with an error that says why.
+func TestPythonPeer(t *testing.T) {
+	cfg, err := config.LocalConfig("pytest", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startPeer(t, cfg, 1, 0)
+	node, err := actor.NewNode(cfg, cfg.Nodes[0].Name, actor.WithLogger(zap.NewNop()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := node.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = node.Stop() })
+	if _, err := node.Root().SpawnNamed(scaleProps(), "scale"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := node.WaitPeer(ctx, cfg.Nodes[1].Name); err != nil {
+		t.Fatal(err)
+	}
+	p.do("wait", "ok wait")
+
+	// Go → Python: a request to the Python handler "double".
+	for _, n := range []int{0, 1, 1000} {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(i) - 3.5
+		}
+		xt, err := tensor.FromFloat32s(x, tensor.Shape{int64(n)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := node.Request(ctx, node.PID(cfg.Nodes[1].Name, "double"), &Vec{Scale: 0.5, X: xt, Note: "from go"})
+		if err != nil {
+			t.Fatalf("request of %d elements to python: %v", n, err)
+		}
+		v, ok := res.(*Vec)
+		if !ok || v.Note != "doubled by python" || v.Scale != 0.5 {
+			t.Fatalf("reply %#v", res)
+		}
+		got := v.X.Float32s()
+		if len(got) != n {
+			t.Fatalf("reply of %d elements, want %d", len(got), n)
+		}
+		for i := range got {
+			if got[i] != 2*x[i] {
+				t.Fatalf("element %d: %v, want %v", i, got[i], 2*x[i])
+			}
+		}
+	}
+	// A request to a handler the Python node lacks fails at once.
+	if _, err := node.Request(ctx, node.PID(cfg.Nodes[1].Name, "nobody"), &Vec{}); err == nil {
+		t.Fatal("request to a missing python handler succeeded")
+	}
+
+	// Python → Go.
+	p.do("request 1", "ok request")
+	p.do("request 4096", "ok request")
+	// Bad input from the Python peer: refused, and the Go node goes on
+	// serving it on the same connection.
+	p.do("hostile", "ok hostile")
+	p.do("request 7", "ok request")
+	p.do("big", "ok big")
+}
