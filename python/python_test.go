@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -60,7 +61,8 @@ func startPeer(t *testing.T, cfg *config.Config, self, goNode int) *peer {
 	pc, err := json.Marshal(map[string]any{
 		"cluster": cfg.Cluster, "secret": string(cfg.Secret), "name": cfg.Nodes[self].Name,
 		"address": cfg.Nodes[self].Address, "go": cfg.Nodes[goNode].Name,
-		"peers":            map[string]string{cfg.Nodes[goNode].Name: cfg.Nodes[goNode].Address},
+		"peers": map[string]any{cfg.Nodes[goNode].Name: map[string]string{
+			"address": cfg.Nodes[goNode].Address, "data_address": cfg.Nodes[goNode].DataAddress}},
 		"inline_threshold": cfg.Transport.InlineThreshold,
 		"heartbeat":        cfg.HeartbeatInterval.Seconds(), "failure_timeout": cfg.FailureTimeout.Seconds(),
 	})
@@ -220,6 +222,36 @@ func TestPythonPeer(t *testing.T) {
 	// A request to a handler the Python node lacks fails at once.
 	if _, err := node.Request(ctx, node.PID(cfg.Nodes[1].Name, "nobody"), &Vec{}); err == nil {
 		t.Fatal("request to a missing python handler succeeded")
+	}
+
+	// Go → Python through staging: a tensor above the inline threshold is
+	// exported by the Go node and fetched by the Python node, which
+	// releases it.
+	n := cfg.Transport.InlineThreshold/4*16 + 3
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(i % 7)
+	}
+	xt, err := tensor.FromFloat32s(x, tensor.Shape{int64(n)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := node.Request(ctx, node.PID(cfg.Nodes[1].Name, "sum"), &Vec{X: xt})
+	if err != nil {
+		t.Fatalf("request with %d bytes to python: %v", 4*n, err)
+	}
+	var want float32
+	for _, v := range x {
+		want += v
+	}
+	if v, ok := res.(*Vec); !ok || v.Scale != float64(n) || v.X.Float32s()[0] != want {
+		t.Fatalf("sum reply %#v, want %v", res, want)
+	}
+	if err := xt.WaitReleased(ctx); err != nil {
+		t.Fatalf("the python node did not release the tensor it fetched: %v", err)
+	}
+	if l := p.do("transfers", "transfers"); !strings.Contains(l, fmt.Sprintf(`["staging", "%s", %d]`, cfg.Nodes[0].Name, 4*n)) {
+		t.Fatalf("python node's transfers: %s", l)
 	}
 
 	// Python → Go.

@@ -27,7 +27,8 @@ import time
 import uuid
 
 from .codec import BadBody, Struct, decode, encode
-from .message import (DTYPES, DTYPE_SIZE, BadTable, InlineTensor, SER_MSGPACK,
+from . import staging
+from .message import (DTYPES, DTYPE_SIZE, MAX_DIMS, BadTable, InlineTensor, SER_MSGPACK,
                       decode_body, decode_envelope, decode_table, encode_body,
                       encode_envelope, encode_table)
 
@@ -214,13 +215,18 @@ class Node:
 
     def __init__(self, cluster, secret, name, address, peers, incarnation=None,
                  heartbeat_interval=1.0, failure_timeout=5.0, inline_threshold=64 << 10,
-                 max_frame_size=16 << 20, on_up=None, on_down=None):
+                 max_frame_size=16 << 20, receive_budget=1 << 30, fetch_timeout=60.0,
+                 on_up=None, on_down=None):
         if isinstance(secret, str):
             secret = secret.encode()
         if len(secret) < 16:
             raise ValueError("tensorferry: secret must have at least 16 bytes")
         self.cluster, self.secret, self.name = cluster, secret, name
-        self.address, self.peers = address, dict(peers)
+        self.address = address
+        # peers: name → address, or name → {"address", "data_address"}.
+        self.peers = {k: v if isinstance(v, dict) else {"address": v} for k, v in peers.items()}
+        self.receive_budget, self.fetch_timeout = receive_budget, fetch_timeout
+        self.data_conns = {}  # peer → (socket, stream counter): used by the dispatch thread only
         self.incarnation = incarnation or time.time_ns()
         self.heartbeat, self.failure_timeout = heartbeat_interval, failure_timeout
         self.inline_threshold, self.max_frame = inline_threshold, max_frame_size
@@ -234,6 +240,7 @@ class Node:
         self.stopped = threading.Event()
         self.inbox = queue.Queue()
         self.errors = []  # bad input seen, for tests and logs
+        self.transfers = []  # (channel, peer, bytes) of every fetch
         self.threads = []
         self.sock = None
 
@@ -337,8 +344,7 @@ class Node:
 
     def _advert(self):
         caps = Struct(n=self.name, i=self.incarnation, h="python:" + uuid.uuid4().hex,
-                      c=[], x={"staging": "not spoken by the Python node yet",
-                               "ipc": "not spoken by the Python node yet"})
+                      c=["staging"], x={"ipc": "not spoken by the Python node yet"})
         return Struct(c=caps, w=0, wb=0)
 
     def _serve(self, s):
@@ -412,12 +418,145 @@ class Node:
         if env["ser"] != SER_MSGPACK:
             raise BadBody("tensorferry: serializer %d not spoken (msgpack only)" % env["ser"])
         table = decode_table(env["tensors"])
-        if any(not isinstance(v, InlineTensor) for v in table.values()):
-            # Fetching needs a channel this node does not run yet: the
-            # message is refused, the connection stays.
-            self.errors.append("%s: message %s needs a channel" % (c.peer, env["type_name"]))
-            self._send_dead_letter(c, env, "tensors to fetch: the Python node runs no channel yet")
+        fetches = [(k, v[1]) for k, v in table.items() if not isinstance(v, InlineTensor)]
+        if fetches:
+            total, why = 0, None
+            for k, d in fetches:
+                try:
+                    total += self._check_descriptor(c, d)
+                except BadTable as e:
+                    why = str(e)
+                if table[k][0] == "ref" and why is None:
+                    why = "lazy tensor.Ref fields are not spoken by the Python node yet"
+            if why is None and total > self.receive_budget:
+                why = "tensors of %d bytes above the receive budget %d" % (total, self.receive_budget)
+            if why is not None:
+                # Refused: its leases go back, the connection stays.
+                self.errors.append("%s: message %s refused: %s" % (c.peer, env["type_name"], why))
+                self._release_all(c, [d for _, d in fetches])
+                self._send_dead_letter(c, env, why)
+                return
+            self.inbox.put(("fetch", (c, env, table, fetches)))
             return
+        self._deliver(c, env, table)
+
+    def _check_descriptor(self, c, d):
+        """Check a descriptor from c's peer; return its byte size."""
+        def u64(k):
+            v = d.get(k)
+            if type(v) is not int or not 0 <= v < 1 << 64:
+                raise BadTable("tensorferry: bad descriptor: field %s is %r" % (k, v))
+            return v
+        u64("e"), u64("l")
+        if d.get("o") != c.peer or u64("i") != c.inc:
+            raise BadTable("tensorferry: bad descriptor: owner %r#%r is not the sender %s#%d"
+                           % (d.get("o"), d.get("i"), c.peer, c.inc))
+        dt, shape, n = d.get("t"), d.get("s"), d.get("b")
+        if dt not in DTYPE_SIZE or not isinstance(shape, list) or len(shape) > MAX_DIMS or \
+                not all(type(x) is int and x >= 0 for x in shape) or type(n) is not int:
+            raise BadTable("tensorferry: bad descriptor: dtype %r, shape %r, bytes %r" % (dt, shape, n))
+        size = DTYPE_SIZE[dt]
+        for x in shape:
+            size *= x
+            if size > n:
+                break
+        if size != n:
+            raise BadTable("tensorferry: bad descriptor: %d bytes for shape %r of dtype %d" % (n, shape, dt))
+        return n
+
+    def _release_all(self, c, descs):
+        for d in descs:
+            try:
+                c.send(F_RELEASE, Struct(e=d.get("e", 0), l=d.get("l", 0), i=d.get("i", 0)))
+            except (TensorferryError, OSError):
+                return
+
+    def _fetch(self, c, env, table, fetches):
+        """Fetch a message's exported tensors over staging (dispatch
+        thread), release their leases, and deliver it."""
+        done = []
+        try:
+            for k, d in fetches:
+                buf = bytearray(d["b"])
+                self._fetch_one(c, d, memoryview(buf))
+                done.append(d)
+                table[k] = InlineTensor(d["t"], d["s"], bytes(buf) if d["b"] else b"")
+                del buf
+        except (staging.StagingError, BadBody, OSError, TensorferryError, socket.timeout) as e:
+            self._drop_data(c.peer)
+            self.errors.append("%s: fetch for %s: %s" % (c.peer, env["type_name"], e))
+            self._release_all(c, [d for _, d in fetches])
+            self._send_dead_letter(c, env, "fetch failed: %s" % e)
+            return
+        self._release_all(c, done)
+        self.transfers.append(("staging", c.peer, sum(d["b"] for d in done)))
+        try:
+            self._deliver(c, env, table, now=True)
+        except (BadBody, BadTable) as e:
+            self.errors.append("%s: %s" % (c.peer, e))
+
+    def _fetch_one(self, c, d, dst):
+        dc = self.data_conns.get(c.peer)
+        if dc is None:
+            dc = [self._dial_data(c.peer), 0]
+            self.data_conns[c.peer] = dc
+        dc[1] += 1
+        dc[0].settimeout(self.fetch_timeout)
+        staging.fetch(dc[0], dc[1], d, dst)
+
+    def _drop_data(self, peer):
+        dc = self.data_conns.pop(peer, None)
+        if dc is not None:
+            dc[0].close()
+
+    def _dial_data(self, peer):
+        addr = self.peers[peer].get("data_address")
+        if not addr:
+            raise TensorferryError("tensorferry: no data address for %s" % peer)
+        host, port = addr.rsplit(":", 1)
+        s = socket.create_connection((host, int(port)), timeout=5.0)
+        try:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._initiate(s, "data", peer)
+            name = b"staging"
+            s.sendall(bytes((len(name),)) + name)
+        except BaseException:
+            s.close()
+            raise
+        return s
+
+    def _initiate(self, s, purpose, expect):
+        """The handshake as initiator (the Go side's wire.Handshake)."""
+        nonce_i = os.urandom(NONCE_SIZE)
+        s.sendall(self._frame(F_HELLO, Struct(v=PROTOCOL_VERSION, c=self.cluster, n=nonce_i, p=purpose)))
+        ftype, _, _, body = read_frame(s, HANDSHAKE_MAX_FRAME)
+        ch = decode(body)
+        if ftype != F_CHALLENGE or not isinstance(ch, dict):
+            raise TensorferryError("tensorferry: handshake with %s: frame %d (%r), want CHALLENGE"
+                                   % (expect, ftype, ch if ftype == F_GOAWAY else ""))
+        nonce_a = ch.get("n")
+        if ch.get("v") != PROTOCOL_VERSION or not isinstance(nonce_a, bytes) or len(nonce_a) != NONCE_SIZE:
+            raise TensorferryError("tensorferry: handshake with %s: bad challenge" % expect)
+        mac = _mac(self.secret, LABEL_I, PROTOCOL_VERSION, self.cluster, purpose, nonce_i, nonce_a,
+                   self.name, self.incarnation)
+        s.sendall(self._frame(F_AUTH, Struct(n=self.name, i=self.incarnation, m=mac)))
+        ftype, _, _, body = read_frame(s, HANDSHAKE_MAX_FRAME)
+        w = decode(body)
+        if ftype != F_WELCOME or not isinstance(w, dict):
+            raise TensorferryError("tensorferry: handshake with %s refused: %r" % (expect, w))
+        node, inc = w.get("n"), w.get("i", 0)
+        if not isinstance(node, str) or type(inc) is not int:
+            raise BadBody("tensorferry: handshake: welcome names no valid node")
+        want = _mac(self.secret, LABEL_A, PROTOCOL_VERSION, self.cluster, purpose, nonce_i, nonce_a,
+                    self.name, self.incarnation, node, inc)
+        if not hmac.compare_digest(w.get("m", b"") if isinstance(w.get("m"), bytes) else b"", want):
+            raise TensorferryError("tensorferry: handshake: acceptor's proof is wrong")
+        if node != expect:
+            raise TensorferryError("tensorferry: handshake: reached %r, expected %r" % (node, expect))
+
+    def _deliver(self, c, env, table, now=False):
+        """Complete a request or run a handler (now: on this thread, the
+        dispatch thread, so that it keeps its place among the messages)."""
         fields = decode_body(env["body"], table)
         if not isinstance(fields, dict):
             raise BadBody("tensorferry: message body is not a map")
@@ -434,7 +573,10 @@ class Node:
         if env["target"] not in self.handlers:
             self._send_dead_letter(c, env, "no handler %r on %s" % (env["target"], self.name))
             return
-        self.inbox.put((env["target"], msg))
+        if now:
+            self._run(env["target"], msg)
+        else:
+            self.inbox.put((env["target"], msg))
 
     def _send_dead_letter(self, c, env, why):
         if env["sender_id"]:
@@ -484,16 +626,22 @@ class Node:
             if item is None:
                 return
             target, msg = item
-            try:
-                out = self.handlers[target](msg)
-            except Exception as e:  # a handler's failure is its own
-                self.errors.append("handler %s: %r" % (target, e))
+            if target == "fetch":
+                self._fetch(*msg)
                 continue
-            if out is not None and msg.sender[1]:
-                try:
-                    self.send(msg.sender, out, sender_id=target)
-                except TensorferryError as e:
-                    self.errors.append("reply from %s: %s" % (target, e))
+            self._run(target, msg)
+
+    def _run(self, target, msg):
+        try:
+            out = self.handlers[target](msg)
+        except Exception as e:  # a handler's failure is its own
+            self.errors.append("handler %s: %r" % (target, e))
+            return
+        if out is not None and msg.sender[1]:
+            try:
+                self.send(msg.sender, out, sender_id=target)
+            except TensorferryError as e:
+                self.errors.append("reply from %s: %s" % (target, e))
 
     # -- sending -----------------------------------------------------------
 

@@ -44,6 +44,13 @@ def main():
         return tf.Message("py.Vec", {"Scale": m["Scale"], "X": x * 2, "Note": "doubled by python"})
 
     node.handle("double", double)
+
+    def total(m):
+        x = m["X"]
+        return tf.Message("py.Vec", {"Scale": float(x.numel()), "X": x.sum().reshape(1),
+                                     "Note": "summed by python"})
+
+    node.handle("sum", total)
     node.start()
     say("listening")
     gonode = cfg["go"]
@@ -78,6 +85,8 @@ def main():
                     say("bad big: sent")
                 except tf.TensorferryError as e:
                     say("ok big:", e)
+            elif cmd[0] == "transfers":
+                say("transfers", json.dumps(node.transfers))
             elif cmd[0] == "errors":
                 say("errors", json.dumps(node.errors))
             elif cmd[0] == "quit":
