@@ -60,7 +60,7 @@ func startPeer(t *testing.T, cfg *config.Config, self, goNode int) *peer {
 	py := python(t)
 	pc, err := json.Marshal(map[string]any{
 		"cluster": cfg.Cluster, "secret": string(cfg.Secret), "name": cfg.Nodes[self].Name,
-		"address": cfg.Nodes[self].Address, "go": cfg.Nodes[goNode].Name,
+		"address": cfg.Nodes[self].Address, "data_address": cfg.Nodes[self].DataAddress, "go": cfg.Nodes[goNode].Name,
 		"peers": map[string]any{cfg.Nodes[goNode].Name: map[string]string{
 			"address": cfg.Nodes[goNode].Address, "data_address": cfg.Nodes[goNode].DataAddress}},
 		"inline_threshold": cfg.Transport.InlineThreshold,
@@ -261,5 +261,12 @@ func TestPythonPeer(t *testing.T) {
 	// serving it on the same connection.
 	p.do("hostile", "ok hostile")
 	p.do("request 7", "ok request")
+	// Python → Go and back through staging.
 	p.do("big", "ok big")
+	if l := p.do("transfers", "transfers"); strings.Count(l, `"staging"`) != 2 {
+		t.Fatalf("python node's transfers: %s", l)
+	}
+	// Without a data address, a tensor above the inline threshold is
+	// refused by the sender with an error that says why.
+	p.do("nodata", "ok nodata")
 }

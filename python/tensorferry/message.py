@@ -101,8 +101,12 @@ def encode_table(entries):
                          % (len(entries), MAX_TABLE_ENTRIES))
     rows = []
     for wid, t in entries:
-        rows.append(Struct((("i", wid), ("k", ENTRY_INLINE), ("t", t.dtype),
-                            ("s", list(t.shape)), ("b", bytes(t.data)), ("d", None))))
+        if isinstance(t, InlineTensor):
+            rows.append(Struct((("i", wid), ("k", ENTRY_INLINE), ("t", t.dtype),
+                                ("s", list(t.shape)), ("b", bytes(t.data)), ("d", None))))
+        else:  # the descriptor of an export, fetched before delivery
+            rows.append(Struct((("i", wid), ("k", ENTRY_FETCH), ("t", 0), ("s", None),
+                                ("b", None), ("d", t))))
     return bytes(encode(rows))
 
 

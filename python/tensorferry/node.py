@@ -182,6 +182,13 @@ class _Conn:
         self.node._conn_closed(self, why)
 
 
+def read_frame_byte(sock):
+    b = sock.recv(1)
+    if not b:
+        raise TensorferryError("tensorferry: connection closed by the peer")
+    return b[0]
+
+
 def _read_exact(sock, n):
     buf = bytearray(n)
     view, got = memoryview(buf), 0
@@ -216,7 +223,7 @@ class Node:
     def __init__(self, cluster, secret, name, address, peers, incarnation=None,
                  heartbeat_interval=1.0, failure_timeout=5.0, inline_threshold=64 << 10,
                  max_frame_size=16 << 20, receive_budget=1 << 30, fetch_timeout=60.0,
-                 on_up=None, on_down=None):
+                 data_address=None, on_up=None, on_down=None):
         if isinstance(secret, str):
             secret = secret.encode()
         if len(secret) < 16:
@@ -226,6 +233,9 @@ class Node:
         # peers: name → address, or name → {"address", "data_address"}.
         self.peers = {k: v if isinstance(v, dict) else {"address": v} for k, v in peers.items()}
         self.receive_budget, self.fetch_timeout = receive_budget, fetch_timeout
+        self.data_address = data_address
+        self.exports = {}  # export id → [lease, bytes, peer]: lent until released
+        self.export_ids = itertools.count(1)
         self.data_conns = {}  # peer → (socket, stream counter): used by the dispatch thread only
         self.incarnation = incarnation or time.time_ns()
         self.heartbeat, self.failure_timeout = heartbeat_interval, failure_timeout
@@ -254,7 +264,12 @@ class Node:
     def start(self):
         host, port = self.address.rsplit(":", 1)
         self.sock = socket.create_server((host, int(port)))
-        for fn in (self._accept_loop, self._heartbeat_loop, self._dispatch_loop):
+        loops = [self._accept_loop, self._heartbeat_loop, self._dispatch_loop]
+        if self.data_address:
+            host, port = self.data_address.rsplit(":", 1)
+            self.data_sock = socket.create_server((host, int(port)))
+            loops.append(self._data_accept_loop)
+        for fn in loops:
             t = threading.Thread(target=fn, daemon=True, name="tensorferry-" + fn.__name__)
             t.start()
             self.threads.append(t)
@@ -262,10 +277,12 @@ class Node:
 
     def stop(self):
         self.stopped.set()
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+        for s in (self.sock, getattr(self, "data_sock", None)):
+            try:
+                if s is not None:
+                    s.close()
+            except OSError:
+                pass
         with self.mu:
             conns = list(self.conns.values())
         for c in conns:
@@ -296,7 +313,7 @@ class Node:
                 return
             threading.Thread(target=self._serve, args=(s,), daemon=True).start()
 
-    def _handshake(self, s):
+    def _handshake(self, s, want_purpose="control"):
         s.settimeout(5.0)
         ftype, _, stream, body = read_frame(s, HANDSHAKE_MAX_FRAME)
         if ftype != F_HELLO or stream != 0:
@@ -307,7 +324,7 @@ class Node:
                                    % (hello.get("v") if isinstance(hello, dict) else None,
                                       PROTOCOL_VERSION))
         purpose, nonce_i, cluster = hello.get("p"), hello.get("n"), hello.get("c", "")
-        if purpose != "control":
+        if purpose != want_purpose:
             raise TensorferryError("tensorferry: handshake: purpose %r not accepted" % (purpose,))
         if not isinstance(nonce_i, bytes) or len(nonce_i) != NONCE_SIZE:
             raise BadBody("tensorferry: handshake: bad hello nonce")
@@ -385,6 +402,8 @@ class Node:
             c.send(F_PONG, Struct((k, p[k]) for k in ("s", "t") if k in p))
         elif ftype in (F_PONG, F_SYSTEM, F_RELEASE, F_ERROR):
             v = decode(body) if body else {}
+            if ftype == F_RELEASE and isinstance(v, dict):
+                self._released(c, v)
             if ftype == F_SYSTEM and isinstance(v, dict) and v.get("k") == SYS_DEADLETTER:
                 self._dead_letter(v)
         elif ftype == F_CAPS:
@@ -601,9 +620,88 @@ class Node:
             if self.conns.get(c.peer) is not c:
                 return
             del self.conns[c.peer]
+            # What it held is released: its node is down.
+            for k in [k for k, x in self.exports.items() if x[2] == c.peer]:
+                del self.exports[k]
             was_up = c.caps is not None
         if was_up and self.on_down:
             self.on_down(c.peer, why)
+
+    def _released(self, c, v):
+        e, lease, inc = v.get("e"), v.get("l"), v.get("i")
+        with self.mu:
+            x = self.exports.get(e)
+            if x is not None and x[0] == lease and x[2] == c.peer and inc == self.incarnation:
+                del self.exports[e]
+                return
+        self.errors.append("%s: release of unknown export %r" % (c.peer, e))
+
+    def _data_accept_loop(self):
+        while not self.stopped.is_set():
+            try:
+                s, _ = self.data_sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve_data, args=(s,), daemon=True).start()
+
+    def _serve_data(self, s):
+        """Serve staging fetches of this node's exports on a data connection."""
+        try:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            peer, _ = self._handshake(s, "data")
+            s.settimeout(60.0)
+            n = read_frame_byte(s)
+            name = staging._read(s, n) if 0 < n <= 64 else b""
+            if name != b"staging":
+                raise BadBody("tensorferry: data connection for channel %r, not staging" % name)
+            s.settimeout(None)
+            while not self.stopped.is_set():
+                t, stream, length = staging.read_header(s, staging.MAX_CHUNK)
+                if t == staging.FR_CANCEL:
+                    continue
+                if t != staging.FR_REQUEST:
+                    raise BadBody("tensorferry: staging: %d frame from a fetcher" % t)
+                r = staging.REQUEST.unpack(staging._read(s, length))
+                self._serve_request(s, peer, stream, *r)
+        except (TensorferryError, BadBody, OSError, staging.StagingError) as e:
+            if not self.stopped.is_set():
+                self.errors.append("data connection: %s" % e)
+        finally:
+            s.close()
+
+    def _serve_request(self, s, peer, stream, eid, lease, inc, off, n, chunk, window):
+        with self.mu:
+            x = self.exports.get(eid)
+        code, why = 0, ""
+        if inc != self.incarnation:
+            code, why = 14, "export of incarnation %d, this is %d" % (inc, self.incarnation)
+        elif x is None or x[2] != peer:
+            code, why = 7, "no export %d" % eid
+        elif x[0] != lease:
+            code, why = 8, "lease not valid for export %d" % eid
+        elif off > len(x[1]) or n > len(x[1]) - off:
+            code, why = 9, "[%d, +%d) outside export %d of %d bytes" % (off, n, eid, len(x[1]))
+        if code:
+            b = code.to_bytes(4, "big") + why.encode()[:staging.MAX_MESSAGE]
+            s.sendall(staging.HEADER.pack(staging.FR_ERROR, 0, 0, stream, len(b)) + b)
+            return
+        chunk = min(chunk or staging.DEFAULT_CHUNK, staging.MAX_CHUNK)
+        data, end = x[1], off + n
+        while off < end:
+            k = min(chunk, end - off)
+            s.sendall(staging.HEADER.pack(staging.FR_DATA, 0, 0, stream, 8 + k) + off.to_bytes(8, "big"))
+            s.sendall(data[off:off + k])
+            off += k
+        s.sendall(staging.HEADER.pack(staging.FR_END, 0, 0, stream, 4) + bytes(4))
+
+    def _export(self, peer, t):
+        """Lend t's bytes to peer until it releases them: its descriptor."""
+        eid = next(self.export_ids)
+        lease = int.from_bytes(os.urandom(8), "big") or 1
+        with self.mu:
+            self.exports[eid] = [lease, memoryview(t.data), peer]
+        return Struct((("o", self.name), ("i", self.incarnation), ("e", eid), ("l", lease),
+                       ("t", t.dtype), ("s", list(t.shape)), ("b", len(t.data)), ("d", "cpu")))
 
     def _heartbeat_loop(self):
         seq = itertools.count(1)
@@ -656,12 +754,15 @@ class Node:
         if not isinstance(msg, Message):
             raise TypeError("tensorferry: send a tensorferry.Message, not %s" % type(msg).__name__)
         body, table = encode_body(msg.fields, _is_tensor)
-        for _, t in table:
-            if len(t.data) > self.inline_threshold:
-                raise TensorferryError(
-                    "tensorferry: tensor of %d bytes above the inline threshold %d: staging is "
-                    "not spoken by the Python node yet" % (len(t.data), self.inline_threshold))
         node, ident = target
+        big = [i for i, (_, t) in enumerate(table) if len(t.data) > self.inline_threshold]
+        if big and not self.data_address:
+            raise TensorferryError(
+                "tensorferry: tensor of %d bytes above the inline threshold %d and this node "
+                "has no data address to serve it over staging"
+                % (len(table[big[0]][1].data), self.inline_threshold))
+        for i in big:
+            table[i] = (table[i][0], self._export(node, table[i][1]))
         key = reply_key(ident)
         kw = dict(sender_node=self.name, sender_id=sender_id, type_name=msg.name,
                   ser=SER_MSGPACK, body=body, tensors=encode_table(table) if table else b"")
@@ -673,8 +774,16 @@ class Node:
 
     def send(self, pid, msg, sender_id=""):
         """Send msg (a Message) to pid, a (node, actor id) pair."""
-        node, env = self._envelope(pid, msg, sender_id)
-        self._conn(node).send(F_MESSAGE, env)
+        before = next(self.export_ids)
+        try:
+            node, env = self._envelope(pid, msg, sender_id)
+            self._conn(node).send(F_MESSAGE, env)
+        except BaseException:
+            # Exports of a message that was not sent are nobody's.
+            with self.mu:
+                for k in [k for k in self.exports if k > before]:
+                    del self.exports[k]
+            raise
 
     def request(self, pid, msg, timeout=10.0):
         """Send msg to pid and wait for the reply (a Message)."""

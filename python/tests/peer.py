@@ -35,7 +35,7 @@ def main():
     node = tf.Node(cfg["cluster"], cfg["secret"], cfg["name"], cfg["address"], cfg["peers"],
                    heartbeat_interval=cfg.get("heartbeat", 0.1),
                    failure_timeout=cfg.get("failure_timeout", 2.0),
-                   inline_threshold=cfg["inline_threshold"],
+                   inline_threshold=cfg["inline_threshold"], data_address=cfg["data_address"],
                    on_up=lambda n, i: (ups.append(n), say("up", n)),
                    on_down=lambda n, why: say("down", n, why))
 
@@ -79,12 +79,24 @@ def main():
                 node._conn(gonode).send(F_MESSAGE, env)
                 say("ok hostile")
             elif cmd[0] == "big":
-                x = torch.zeros(node.inline_threshold // 4 + 1)
+                # Above the inline threshold both ways: the Go node fetches
+                # this node's export over staging, and this node fetches the
+                # reply's; every lease is released.
+                n = node.inline_threshold // 4 * 8 + 5
+                x = torch.arange(n, dtype=torch.float32) % 11
+                r = node.request((gonode, "scale"), tf.Message(
+                    "py.Vec", {"Scale": -2.0, "X": x, "Note": ""}), timeout=20)
+                ok = torch.equal(r["X"], x * -2) and r["Note"] == "scaled by go"
+                say("ok big" if ok and not node.exports else "bad big: equal %s, exports %r"
+                    % (ok, node.exports))
+            elif cmd[0] == "nodata":
+                node.data_address = None
                 try:
-                    node.send((gonode, "scale"), tf.Message("py.Vec", {"Scale": 1.0, "X": x, "Note": ""}))
-                    say("bad big: sent")
+                    node.send((gonode, "scale"), tf.Message(
+                        "py.Vec", {"Scale": 1.0, "X": torch.zeros(node.inline_threshold), "Note": ""}))
+                    say("bad nodata: sent")
                 except tf.TensorferryError as e:
-                    say("ok big:", e)
+                    say("ok nodata:", e)
             elif cmd[0] == "transfers":
                 say("transfers", json.dumps(node.transfers))
             elif cmd[0] == "errors":
