@@ -25,8 +25,14 @@ from tensorferry.message import encode_envelope, SER_MSGPACK  # noqa: E402
 from tensorferry.node import F_MESSAGE, reply_id  # noqa: E402
 
 
+_out = threading.Lock()
+
+
 def say(*a):
-    print(*a, flush=True)
+    # One whole line at a time: the node's threads say "up" and "down".
+    with _out:
+        sys.stdout.write(" ".join(str(x) for x in a) + "\n")
+        sys.stdout.flush()
 
 
 def main():
