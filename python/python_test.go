@@ -270,3 +270,17 @@ func TestPythonPeer(t *testing.T) {
 	// refused by the sender with an error that says why.
 	p.do("nodata", "ok nodata")
 }
+
+// TestPythonUnit runs the Python package's own tests (codec against the
+// golden bytes, hostile input, hypothesis properties, staging frames).
+func TestPythonUnit(t *testing.T) {
+	py := python(t)
+	if out, err := exec.Command(py, "-c", "import hypothesis").CombinedOutput(); err != nil {
+		t.Skipf("%s lacks hypothesis (scripts/deps.sh installs python3-hypothesis): %v: %s", py, err, out)
+	}
+	cmd := exec.Command(py, "-m", "unittest", "discover", "-s", "tests", "-t", ".", "-p", "test_*.py")
+	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("python unit tests: %v\n%s", err, out)
+	}
+}

@@ -223,7 +223,7 @@ class Node:
     def __init__(self, cluster, secret, name, address, peers, incarnation=None,
                  heartbeat_interval=1.0, failure_timeout=5.0, inline_threshold=64 << 10,
                  max_frame_size=16 << 20, receive_budget=1 << 30, fetch_timeout=60.0,
-                 data_address=None, on_up=None, on_down=None):
+                 data_address=None, inbox_messages=4096, on_up=None, on_down=None):
         if isinstance(secret, str):
             secret = secret.encode()
         if len(secret) < 16:
@@ -248,7 +248,10 @@ class Node:
         self.pending = {}
         self.keys = itertools.count(1)
         self.stopped = threading.Event()
-        self.inbox = queue.Queue()
+        # Bounded: a peer that sends faster than the handlers run is held
+        # back by its connection (the reader waits), not by this
+        # process's memory.
+        self.inbox = queue.Queue(maxsize=inbox_messages)
         self.errors = []  # bad input seen, for tests and logs
         self.transfers = []  # (channel, peer, bytes) of every fetch
         self.threads = []
@@ -291,7 +294,10 @@ class Node:
             except Exception:
                 pass
             c.close("stopped")
-        self.inbox.put(None)
+        try:
+            self.inbox.put(None, timeout=1.0)
+        except queue.Full:
+            pass
 
     def wait_peer(self, name, timeout=10.0):
         """Wait until the named node is up; raise TensorferryError if not in time."""
