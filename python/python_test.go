@@ -254,6 +254,16 @@ func TestPythonPeer(t *testing.T) {
 		t.Fatalf("python node's transfers: %s", l)
 	}
 
+	// A Python handler that itself requests a reply above the inline
+	// threshold from the Go node.
+	res, err = node.Request(ctx, node.PID(cfg.Nodes[1].Name, "relay"), &Vec{})
+	if err != nil {
+		t.Fatalf("relay: %v", err)
+	}
+	if v, ok := res.(*Vec); !ok || v.Note != "relayed" || v.Scale != float64(2*(cfg.Transport.InlineThreshold/4*4+1)) {
+		t.Fatalf("relay reply %#v", res)
+	}
+
 	// Python → Go.
 	p.do("request 1", "ok request")
 	p.do("request 4096", "ok request")
@@ -263,7 +273,7 @@ func TestPythonPeer(t *testing.T) {
 	p.do("request 7", "ok request")
 	// Python → Go and back through staging.
 	p.do("big", "ok big")
-	if l := p.do("transfers", "transfers"); strings.Count(l, `"staging"`) != 2 {
+	if l := p.do("transfers", "transfers"); strings.Count(l, `"staging"`) != 3 {
 		t.Fatalf("python node's transfers: %s", l)
 	}
 	// Without a data address, a tensor above the inline threshold is

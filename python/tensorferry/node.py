@@ -461,7 +461,13 @@ class Node:
                 self._release_all(c, [d for _, d in fetches])
                 self._send_dead_letter(c, env, why)
                 return
-            self.inbox.put(("fetch", (c, env, table, fetches)))
+            if (env["request"] and not env["target"]) or reply_key(env["target"]) is not None:
+                # A reply: fetched on a thread of its own, as its requester
+                # may be a handler holding the dispatch thread.
+                threading.Thread(target=self._fetch, args=(c, env, table, fetches, True),
+                                 daemon=True).start()
+            else:
+                self.inbox.put(("fetch", (c, env, table, fetches)))
             return
         self._deliver(c, env, table)
 
@@ -496,19 +502,20 @@ class Node:
             except (TensorferryError, OSError):
                 return
 
-    def _fetch(self, c, env, table, fetches):
+    def _fetch(self, c, env, table, fetches, own_conn=False):
         """Fetch a message's exported tensors over staging (dispatch
         thread), release their leases, and deliver it."""
         done = []
         try:
             for k, d in fetches:
                 buf = bytearray(d["b"])
-                self._fetch_one(c, d, memoryview(buf))
+                self._fetch_one(c, d, memoryview(buf), own_conn)
                 done.append(d)
                 table[k] = InlineTensor(d["t"], d["s"], bytes(buf) if d["b"] else b"")
                 del buf
         except (staging.StagingError, BadBody, OSError, TensorferryError, socket.timeout) as e:
-            self._drop_data(c.peer)
+            if not own_conn:
+                self._drop_data(c.peer)
             self.errors.append("%s: fetch for %s: %s" % (c.peer, env["type_name"], e))
             self._release_all(c, [d for _, d in fetches])
             self._send_dead_letter(c, env, "fetch failed: %s" % e)
@@ -520,7 +527,15 @@ class Node:
         except (BadBody, BadTable) as e:
             self.errors.append("%s: %s" % (c.peer, e))
 
-    def _fetch_one(self, c, d, dst):
+    def _fetch_one(self, c, d, dst, own_conn=False):
+        if own_conn:  # off the dispatch thread: a data connection of its own
+            s = self._dial_data(c.peer)
+            try:
+                s.settimeout(self.fetch_timeout)
+                staging.fetch(s, 1, d, dst)
+            finally:
+                s.close()
+            return
         dc = self.data_conns.get(c.peer)
         if dc is None:
             dc = [self._dial_data(c.peer), 0]

@@ -57,6 +57,15 @@ def main():
                                      "Note": "summed by python"})
 
     node.handle("sum", total)
+
+    def relay(m):
+        # A handler that requests a reply above the inline threshold.
+        n = node.inline_threshold // 4 * 4 + 1
+        x = torch.ones(n)
+        r = node.request((gonode, "scale"), tf.Message("py.Vec", {"Scale": 2.0, "X": x, "Note": ""}))
+        return tf.Message("py.Vec", {"Scale": float(r["X"].sum()), "X": None, "Note": "relayed"})
+
+    node.handle("relay", relay)
     node.start()
     say("listening")
     gonode = cfg["go"]
