@@ -2,7 +2,8 @@
 
 codec: msgpack bytes equal to the Go side's (wire.EncodeMsgpack) for the
 same values, decoded as hostile input. message: wire.Message envelopes and
-tensor tables.
+tensor tables. node: a Node of the config mesh (handshake, heartbeats,
+send/request/handlers, tensors inline and through staging).
 """
 
 from .codec import BadBody, F32, Struct, TensorRef, decode, encode  # noqa: F401

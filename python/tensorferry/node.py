@@ -7,8 +7,11 @@ other, with backoff): the mutual HMAC handshake as acceptor, its advert
 failure timeout a NodeDown. It sends to and requests from Go actors' PIDs
 and runs named Python handlers; a handler answers a request by returning
 a value. Tensors ride inline in the tensor table (at most the inline
-threshold each); staging and ipc are not spoken yet: a Go peer sees that
-this node runs no channel.
+threshold each); larger ones go through staging: this node fetches Go's
+exports (releasing each lease once fetched, within its receive budget and
+fetch deadline) and serves its own on its data address, lent until the
+fetcher releases them. ipc, lazy tensor.Ref fields, TLS and gossip
+membership are not spoken yet; the advert says ipc does not run.
 
 Every byte from a peer is hostile: frame lengths are bounded before
 anything is read for them, bodies are decoded by codec.decode, and a bad
