@@ -482,6 +482,8 @@ class Node:
                 raise BadTable("tensorferry: bad descriptor: field %s is %r" % (k, v))
             return v
         u64("e"), u64("l")
+        if "c" in d:  # Content (tensor.Descriptor's omitempty "c"): carried, not used here
+            u64("c")
         if d.get("o") != c.peer or u64("i") != c.inc:
             raise BadTable("tensorferry: bad descriptor: owner %r#%r is not the sender %s#%d"
                            % (d.get("o"), d.get("i"), c.peer, c.inc))
