@@ -33,6 +33,16 @@ if ! command -v etcd >/dev/null 2>&1; then
 	$SUDO apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends etcd-server >/dev/null
 fi
+# Python: the Python package's tests and the Go test that runs a Python
+# node use Debian's python3 with torch (CPU), msgpack and hypothesis; they
+# skip, saying why, where those are missing.
+if ! /usr/bin/python3 -c 'import torch, msgpack, hypothesis' >/dev/null 2>&1; then
+	SUDO=
+	[ "$(id -u)" -eq 0 ] || SUDO=sudo
+	echo "deps: installing python3-torch python3-msgpack python3-hypothesis" >&2
+	$SUDO apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-torch python3-msgpack python3-hypothesis >/dev/null
+fi
 
 GO=${GO:-go}
 command -v "$GO" >/dev/null 2>&1 || GO=/usr/local/go/bin/go

@@ -1,0 +1,296 @@
+package python_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+	"github.com/tensorferry/tensorferry/actor"
+	"github.com/tensorferry/tensorferry/config"
+	"github.com/tensorferry/tensorferry/tensor"
+	"go.uber.org/zap"
+)
+
+// Vec is the message the Go node and the Python node (tests/peer.py)
+// exchange: the Python side writes the same fields in this order.
+type Vec struct {
+	Scale float64
+	X     *tensor.Tensor
+	Note  string
+}
+
+func init() { actor.MustRegisterMessage("py.Vec", &Vec{}) }
+
+// python returns the interpreter with torch and msgpack, or skips the test
+// saying why.
+func python(t *testing.T) string {
+	t.Helper()
+	py := os.Getenv("TF_PYTHON")
+	if py == "" {
+		py = "/usr/bin/python3"
+	}
+	if _, err := os.Stat(py); err != nil {
+		t.Skipf("no Python at %s (set TF_PYTHON; scripts/deps.sh installs python3-torch python3-msgpack): %v", py, err)
+	}
+	if out, err := exec.Command(py, "-c", "import torch, msgpack").CombinedOutput(); err != nil {
+		t.Skipf("%s lacks torch or msgpack (scripts/deps.sh installs python3-torch python3-msgpack): %v: %s", py, err, out)
+	}
+	return py
+}
+
+// peer is the Python node run by tests/peer.py.
+type peer struct {
+	t     *testing.T
+	in    io.WriteCloser
+	lines chan string
+	cmd   *exec.Cmd
+}
+
+func startPeer(t *testing.T, cfg *config.Config, self, goNode int) *peer {
+	t.Helper()
+	py := python(t)
+	pc, err := json.Marshal(map[string]any{
+		"cluster": cfg.Cluster, "secret": string(cfg.Secret), "name": cfg.Nodes[self].Name,
+		"address": cfg.Nodes[self].Address, "data_address": cfg.Nodes[self].DataAddress, "go": cfg.Nodes[goNode].Name,
+		"peers": map[string]any{cfg.Nodes[goNode].Name: map[string]string{
+			"address": cfg.Nodes[goNode].Address, "data_address": cfg.Nodes[goNode].DataAddress}},
+		"inline_threshold": cfg.Transport.InlineThreshold,
+		"heartbeat":        cfg.HeartbeatInterval.Seconds(), "failure_timeout": cfg.FailureTimeout.Seconds(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(py, filepath.Join("tests", "peer.py"))
+	cmd.Env = append(os.Environ(), "TF_PEER_CONFIG="+string(pc), "PYTHONDONTWRITEBYTECODE=1")
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &peer{t: t, in: in, lines: make(chan string, 64), cmd: cmd}
+	go func() {
+		defer close(p.lines)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			p.lines <- sc.Text()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = in.Close()
+		done := make(chan struct{})
+		go func() {
+			for range p.lines { // drain until the process ends
+			}
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		_ = cmd.Wait()
+	})
+	p.expect("listening")
+	return p
+}
+
+// expect waits for the next line that is not an up/down notice, and
+// fails unless it starts with prefix. It returns the line.
+func (p *peer) expect(prefix string) string {
+	p.t.Helper()
+	timeout := time.NewTimer(20 * time.Second)
+	defer timeout.Stop()
+	for {
+		select {
+		case l, ok := <-p.lines:
+			if !ok {
+				p.t.Fatalf("python peer exited; wanted %q", prefix)
+			}
+			if strings.HasPrefix(l, "up ") || strings.HasPrefix(l, "down ") {
+				continue
+			}
+			if !strings.HasPrefix(l, prefix) {
+				p.t.Fatalf("python peer said %q, want %q", l, prefix)
+			}
+			return l
+		case <-timeout.C:
+			p.t.Fatalf("python peer: no %q in 20s", prefix)
+		}
+	}
+}
+
+func (p *peer) do(cmd, want string) string {
+	p.t.Helper()
+	if _, err := io.WriteString(p.in, cmd+"\n"); err != nil {
+		p.t.Fatal(err)
+	}
+	return p.expect(want)
+}
+
+func scaleProps() *pa.Props {
+	return pa.PropsFromFunc(func(c pa.Context) {
+		v, ok := c.Message().(*Vec)
+		if !ok {
+			return
+		}
+		x := v.X.Float32s()
+		out := make([]float32, len(x))
+		for i := range x {
+			out[i] = x[i] * float32(v.Scale)
+		}
+		y, err := tensor.FromFloat32s(out, v.X.Shape())
+		if err != nil {
+			panic(err)
+		}
+		c.Respond(&Vec{Scale: v.Scale, X: y, Note: "scaled by go"})
+	})
+}
+
+// TestPythonPeer runs a Go node and a Python node of one config: requests
+// both ways with CPU tensors inline, a hostile message from the Python
+// side refused without harm, and a tensor above the inline threshold
+// refused by the Python side with an error that says why.
+func TestPythonPeer(t *testing.T) {
+	cfg, err := config.LocalConfig("pytest", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startPeer(t, cfg, 1, 0)
+	node, err := actor.NewNode(cfg, cfg.Nodes[0].Name, actor.WithLogger(zap.NewNop()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := node.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = node.Stop() })
+	if _, err := node.Root().SpawnNamed(scaleProps(), "scale"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := node.WaitPeer(ctx, cfg.Nodes[1].Name); err != nil {
+		t.Fatal(err)
+	}
+	p.do("wait", "ok wait")
+
+	// Go → Python: a request to the Python handler "double".
+	for _, n := range []int{0, 1, 1000} {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(i) - 3.5
+		}
+		xt, err := tensor.FromFloat32s(x, tensor.Shape{int64(n)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := node.Request(ctx, node.PID(cfg.Nodes[1].Name, "double"), &Vec{Scale: 0.5, X: xt, Note: "from go"})
+		if err != nil {
+			t.Fatalf("request of %d elements to python: %v", n, err)
+		}
+		v, ok := res.(*Vec)
+		if !ok || v.Note != "doubled by python" || v.Scale != 0.5 {
+			t.Fatalf("reply %#v", res)
+		}
+		got := v.X.Float32s()
+		if len(got) != n {
+			t.Fatalf("reply of %d elements, want %d", len(got), n)
+		}
+		for i := range got {
+			if got[i] != 2*x[i] {
+				t.Fatalf("element %d: %v, want %v", i, got[i], 2*x[i])
+			}
+		}
+	}
+	// A request to a handler the Python node lacks fails at once.
+	if _, err := node.Request(ctx, node.PID(cfg.Nodes[1].Name, "nobody"), &Vec{}); err == nil {
+		t.Fatal("request to a missing python handler succeeded")
+	}
+
+	// Go → Python through staging: a tensor above the inline threshold is
+	// exported by the Go node and fetched by the Python node, which
+	// releases it.
+	n := cfg.Transport.InlineThreshold/4*16 + 3
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(i % 7)
+	}
+	xt, err := tensor.FromFloat32s(x, tensor.Shape{int64(n)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := node.Request(ctx, node.PID(cfg.Nodes[1].Name, "sum"), &Vec{X: xt})
+	if err != nil {
+		t.Fatalf("request with %d bytes to python: %v", 4*n, err)
+	}
+	var want float32
+	for _, v := range x {
+		want += v
+	}
+	if v, ok := res.(*Vec); !ok || v.Scale != float64(n) || v.X.Float32s()[0] != want {
+		t.Fatalf("sum reply %#v, want %v", res, want)
+	}
+	if err := xt.WaitReleased(ctx); err != nil {
+		t.Fatalf("the python node did not release the tensor it fetched: %v", err)
+	}
+	if l := p.do("transfers", "transfers"); !strings.Contains(l, fmt.Sprintf(`["staging", "%s", %d]`, cfg.Nodes[0].Name, 4*n)) {
+		t.Fatalf("python node's transfers: %s", l)
+	}
+
+	// A Python handler that itself requests a reply above the inline
+	// threshold from the Go node.
+	res, err = node.Request(ctx, node.PID(cfg.Nodes[1].Name, "relay"), &Vec{})
+	if err != nil {
+		t.Fatalf("relay: %v", err)
+	}
+	if v, ok := res.(*Vec); !ok || v.Note != "relayed" || v.Scale != float64(2*(cfg.Transport.InlineThreshold/4*4+1)) {
+		t.Fatalf("relay reply %#v", res)
+	}
+
+	// Python → Go.
+	p.do("request 1", "ok request")
+	p.do("request 4096", "ok request")
+	// Bad input from the Python peer: refused, and the Go node goes on
+	// serving it on the same connection.
+	p.do("hostile", "ok hostile")
+	p.do("request 7", "ok request")
+	// Python → Go and back through staging.
+	p.do("big", "ok big")
+	if l := p.do("transfers", "transfers"); strings.Count(l, `"staging"`) != 3 {
+		t.Fatalf("python node's transfers: %s", l)
+	}
+	// Without a data address, a tensor above the inline threshold is
+	// refused by the sender with an error that says why.
+	p.do("nodata", "ok nodata")
+}
+
+// TestPythonUnit runs the Python package's own tests (codec against the
+// golden bytes, hostile input, hypothesis properties, staging frames).
+func TestPythonUnit(t *testing.T) {
+	py := python(t)
+	if out, err := exec.Command(py, "-c", "import hypothesis").CombinedOutput(); err != nil {
+		t.Skipf("%s lacks hypothesis (scripts/deps.sh installs python3-hypothesis): %v: %s", py, err, out)
+	}
+	cmd := exec.Command(py, "-m", "unittest", "discover", "-s", "tests", "-t", ".", "-p", "test_*.py")
+	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("python unit tests: %v\n%s", err, out)
+	}
+}

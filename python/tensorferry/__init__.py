@@ -1,0 +1,13 @@
+"""tensorferry for Python: a PyTorch process as a peer of a Go cluster.
+
+codec: msgpack bytes equal to the Go side's (wire.EncodeMsgpack) for the
+same values, decoded as hostile input. message: wire.Message envelopes and
+tensor tables. node: a Node of the config mesh (handshake, heartbeats,
+send/request/handlers, tensors inline and through staging).
+"""
+
+from .codec import BadBody, F32, Struct, TensorRef, decode, encode  # noqa: F401
+from .message import (BadTable, InlineTensor, decode_body, decode_envelope,  # noqa: F401
+                      decode_table, encode_body, encode_envelope, encode_table)
+from .node import (DeadLetter, Message, Node, TensorferryError,  # noqa: F401
+                   inline_to_tensor, tensor_to_inline)

@@ -1,0 +1,840 @@
+"""A Python process as a node of a tensorferry cluster (the config mesh).
+
+The node listens on its address from the config and accepts the control
+connections the Go nodes dial (mesh membership: every node dials every
+other, with backoff): the mutual HMAC handshake as acceptor, its advert
+(capabilities) after it, heartbeats answered and sent, silence beyond the
+failure timeout a NodeDown. It sends to and requests from Go actors' PIDs
+and runs named Python handlers; a handler answers a request by returning
+a value. Tensors ride inline in the tensor table (at most the inline
+threshold each); larger ones go through staging: this node fetches Go's
+exports (releasing each lease once fetched, within its receive budget and
+fetch deadline) and serves its own on its data address, lent until the
+fetcher releases them. ipc, lazy tensor.Ref fields, TLS and gossip
+membership are not spoken yet; the advert says ipc does not run.
+
+Every byte from a peer is hostile: frame lengths are bounded before
+anything is read for them, bodies are decoded by codec.decode, and a bad
+frame costs only its connection.
+"""
+
+import hmac
+import hashlib
+import itertools
+import os
+import queue
+import socket
+import struct
+import threading
+import time
+import uuid
+
+from .codec import BadBody, Struct, decode, encode
+from . import staging
+from .message import (DTYPES, DTYPE_SIZE, MAX_DIMS, BadTable, InlineTensor, SER_MSGPACK,
+                      decode_body, decode_envelope, decode_table, encode_body,
+                      encode_envelope, encode_table)
+
+PROTOCOL_VERSION = 2
+NONCE_SIZE = 32
+HEADER = struct.Struct(">IBBHI")
+HANDSHAKE_MAX_FRAME = 4 << 10
+MAX_NAME = 255
+LABEL_I = b"tensorferry initiator v1"
+LABEL_A = b"tensorferry acceptor v1"
+
+F_HELLO, F_CHALLENGE, F_AUTH, F_WELCOME, F_MESSAGE, F_SYSTEM, F_PING, F_PONG, \
+    F_GOAWAY, F_ERROR = range(1, 11)
+F_RELEASE, F_CAPS, F_MESSAGES = 14, 15, 16
+SYS_DEADLETTER = 6
+CODE_PROTOCOL, CODE_AUTH, CODE_NOT_FOUND, CODE_SHUTDOWN = 1, 4, 7, 13  # wire.ErrCode
+
+REPLY_PREFIX = "future#"
+_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+class TensorferryError(Exception):
+    """A failure of the Python node (connection, handshake, request)."""
+
+
+class DeadLetter(TensorferryError):
+    """The target of a request does not exist or could not be reached."""
+
+
+class Message:
+    """A registered message name and its fields, in the Go struct's order."""
+
+    __slots__ = ("name", "fields", "sender")
+
+    def __init__(self, name, fields=None, sender=None):
+        self.name, self.fields, self.sender = name, dict(fields or {}), sender
+
+    def __getitem__(self, k):
+        return self.fields[k]
+
+    def __repr__(self):
+        return "Message(%r, %r)" % (self.name, self.fields)
+
+
+def reply_id(key):
+    s = ""
+    while True:
+        s = _DIGITS[key % 36] + s
+        key //= 36
+        if key == 0:
+            return REPLY_PREFIX + s
+
+
+def reply_key(ident):
+    if not ident.startswith(REPLY_PREFIX):
+        return None
+    tail = ident[len(REPLY_PREFIX):].lstrip("0") or "0"
+    if len(tail) > 13 or any(c not in _DIGITS for c in tail):
+        return None
+    k = int(tail, 36)
+    return k if k < 1 << 64 else None
+
+
+def _mac(secret, label, version, cluster, purpose, nonce_i, nonce_a, node_i, inc_i,
+         node_a=None, inc_a=None):
+    m = hmac.new(secret, digestmod=hashlib.sha256)
+
+    def field(b):
+        m.update(len(b).to_bytes(4, "big"))
+        m.update(b)
+
+    field(label)
+    m.update(version.to_bytes(8, "big"))
+    field(cluster.encode())
+    field(purpose.encode())
+    field(nonce_i)
+    field(nonce_a)
+    field(node_i.encode())
+    m.update(inc_i.to_bytes(8, "big"))
+    if node_a is not None:
+        field(node_a.encode())
+        m.update(inc_a.to_bytes(8, "big"))
+    return m.digest()
+
+
+def tensor_to_inline(t):
+    """The InlineTensor of a torch.Tensor (copied to host memory)."""
+    import torch
+    name = str(t.dtype).replace("torch.", "")
+    if name not in DTYPES:
+        raise TypeError("tensorferry: dtype %s has no tensorferry equivalent" % t.dtype)
+    flat = t.detach().contiguous().cpu().reshape(-1)
+    data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+    return InlineTensor(DTYPES[name], tuple(t.shape), data)
+
+
+_TORCH_OF = {}
+
+
+def inline_to_tensor(x):
+    """A torch.Tensor holding a copy of an InlineTensor's bytes."""
+    import torch
+    if not _TORCH_OF:
+        for name, n in DTYPES.items():
+            _TORCH_OF[n] = getattr(torch, name)
+    dt = _TORCH_OF[x.dtype]
+    if not x.data:
+        return torch.empty(x.shape, dtype=dt)
+    return torch.frombuffer(bytearray(x.data), dtype=torch.uint8).view(dt).reshape(x.shape)
+
+
+def _is_tensor(v):
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return None
+    return tensor_to_inline(v) if isinstance(v, torch.Tensor) else None
+
+
+class _Conn:
+    """One authenticated control connection to a Go node."""
+
+    def __init__(self, node, sock, peer, inc, max_frame):
+        self.node, self.sock, self.peer, self.inc = node, sock, peer, inc
+        self.max_frame = max_frame
+        self.wlock = threading.Lock()
+        self.closed = False
+        self.last_heard = time.monotonic()
+        self.caps = None
+
+    def send(self, ftype, body, stream=0):
+        b = body if isinstance(body, (bytes, bytearray)) else bytes(encode(body))
+        if len(b) > self.max_frame:
+            raise TensorferryError("tensorferry: frame of %d bytes above the maximum %d"
+                                   % (len(b), self.max_frame))
+        with self.wlock:
+            if self.closed:
+                raise TensorferryError("tensorferry: connection to %s closed" % self.peer)
+            self.sock.sendall(HEADER.pack(len(b), ftype, 0, 0, stream) + b)
+
+    def close(self, why):
+        with self.wlock:
+            if self.closed:
+                return
+            self.closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        self.node._conn_closed(self, why)
+
+
+def read_frame_byte(sock):
+    b = sock.recv(1)
+    if not b:
+        raise TensorferryError("tensorferry: connection closed by the peer")
+    return b[0]
+
+
+def _read_exact(sock, n):
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise TensorferryError("tensorferry: connection closed by the peer")
+        got += k
+    return bytes(buf)
+
+
+def read_frame(sock, max_frame):
+    """Read one frame: (type, flags, stream, body). The length is checked
+    against max_frame before the body is read."""
+    n, ftype, flags, reserved, stream = HEADER.unpack(_read_exact(sock, HEADER.size))
+    if reserved != 0:
+        raise BadBody("tensorferry: frame header's reserved bits set")
+    if n > max_frame:
+        raise BadBody("tensorferry: frame of %d bytes above the maximum %d" % (n, max_frame))
+    return ftype, flags, stream, _read_exact(sock, n) if n else b""
+
+
+class Node:
+    """A Python node of a cluster's config.
+
+    cluster, secret (bytes), name and address (host:port) as in the config;
+    peers maps the other nodes' names to addresses (only nodes in it are
+    admitted). on_up(name, incarnation) and on_down(name, why) are called
+    from the node's threads.
+    """
+
+    def __init__(self, cluster, secret, name, address, peers, incarnation=None,
+                 heartbeat_interval=1.0, failure_timeout=5.0, inline_threshold=64 << 10,
+                 max_frame_size=16 << 20, receive_budget=1 << 30, fetch_timeout=60.0,
+                 data_address=None, inbox_messages=4096, on_up=None, on_down=None):
+        if isinstance(secret, str):
+            secret = secret.encode()
+        if len(secret) < 16:
+            raise ValueError("tensorferry: secret must have at least 16 bytes")
+        self.cluster, self.secret, self.name = cluster, secret, name
+        self.address = address
+        # peers: name → address, or name → {"address", "data_address"}.
+        self.peers = {k: v if isinstance(v, dict) else {"address": v} for k, v in peers.items()}
+        self.receive_budget, self.fetch_timeout = receive_budget, fetch_timeout
+        self.data_address = data_address
+        self.exports = {}  # export id → [lease, bytes, peer]: lent until released
+        self.export_ids = itertools.count(1)
+        self.data_conns = {}  # peer → (socket, stream counter): used by the dispatch thread only
+        self.incarnation = incarnation or time.time_ns()
+        self.heartbeat, self.failure_timeout = heartbeat_interval, failure_timeout
+        self.inline_threshold, self.max_frame = inline_threshold, max_frame_size
+        self.on_up, self.on_down = on_up, on_down
+        self.handlers = {}
+        self.conns = {}
+        self.mu = threading.Lock()
+        self.up_cv = threading.Condition(self.mu)
+        self.pending = {}
+        self.keys = itertools.count(1)
+        self.stopped = threading.Event()
+        # Bounded: a peer that sends faster than the handlers run is held
+        # back by its connection (the reader waits), not by this
+        # process's memory.
+        self.inbox = queue.Queue(maxsize=inbox_messages)
+        self.errors = []  # bad input seen, for tests and logs
+        self.transfers = []  # (channel, peer, bytes) of every fetch
+        self.threads = []
+        self.sock = None
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def handle(self, name, fn):
+        """Run fn(Message) for messages to the actor id name; its return
+        value (a Message, or None) answers a request."""
+        self.handlers[name] = fn
+
+    def start(self):
+        host, port = self.address.rsplit(":", 1)
+        self.sock = socket.create_server((host, int(port)))
+        loops = [self._accept_loop, self._heartbeat_loop, self._dispatch_loop]
+        if self.data_address:
+            host, port = self.data_address.rsplit(":", 1)
+            self.data_sock = socket.create_server((host, int(port)))
+            loops.append(self._data_accept_loop)
+        for fn in loops:
+            t = threading.Thread(target=fn, daemon=True, name="tensorferry-" + fn.__name__)
+            t.start()
+            self.threads.append(t)
+        return self
+
+    def stop(self):
+        self.stopped.set()
+        for s in (self.sock, getattr(self, "data_sock", None)):
+            try:
+                if s is not None:
+                    s.close()
+            except OSError:
+                pass
+        with self.mu:
+            conns = list(self.conns.values())
+        for c in conns:
+            try:
+                c.send(F_GOAWAY, Struct(c=CODE_SHUTDOWN, r="node %s shutting down" % self.name))
+            except Exception:
+                pass
+            c.close("stopped")
+        try:
+            self.inbox.put(None, timeout=1.0)
+        except queue.Full:
+            pass
+
+    def wait_peer(self, name, timeout=10.0):
+        """Wait until the named node is up; raise TensorferryError if not in time."""
+        end = time.monotonic() + timeout
+        with self.mu:
+            while name not in self.conns or self.conns[name].caps is None:
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise TensorferryError("tensorferry: node %s not up after %.1fs" % (name, timeout))
+                self.up_cv.wait(left)
+
+    # -- connections -------------------------------------------------------
+
+    def _accept_loop(self):
+        while not self.stopped.is_set():
+            try:
+                s, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(s,), daemon=True).start()
+
+    def _handshake(self, s, want_purpose="control"):
+        s.settimeout(5.0)
+        ftype, _, stream, body = read_frame(s, HANDSHAKE_MAX_FRAME)
+        if ftype != F_HELLO or stream != 0:
+            raise BadBody("tensorferry: handshake: frame %d, want HELLO" % ftype)
+        hello = decode(body)
+        if not isinstance(hello, dict) or hello.get("v") != PROTOCOL_VERSION:
+            raise TensorferryError("tensorferry: handshake: initiator speaks version %r, want %d"
+                                   % (hello.get("v") if isinstance(hello, dict) else None,
+                                      PROTOCOL_VERSION))
+        purpose, nonce_i, cluster = hello.get("p"), hello.get("n"), hello.get("c", "")
+        if purpose != want_purpose:
+            raise TensorferryError("tensorferry: handshake: purpose %r not accepted" % (purpose,))
+        if not isinstance(nonce_i, bytes) or len(nonce_i) != NONCE_SIZE:
+            raise BadBody("tensorferry: handshake: bad hello nonce")
+        nonce_a = os.urandom(NONCE_SIZE)
+        s.sendall(self._frame(F_CHALLENGE, Struct(v=PROTOCOL_VERSION, n=nonce_a)))
+        ftype, _, stream, body = read_frame(s, HANDSHAKE_MAX_FRAME)
+        if ftype != F_AUTH or stream != 0:
+            raise BadBody("tensorferry: handshake: frame %d, want AUTH" % ftype)
+        auth = decode(body)
+        if not isinstance(auth, dict):
+            raise BadBody("tensorferry: handshake: auth is not a map")
+        node, inc, mac = auth.get("n"), auth.get("i", 0), auth.get("m")
+        if not isinstance(node, str) or not 0 < len(node.encode()) <= MAX_NAME or \
+                type(inc) is not int or not 0 <= inc < 1 << 64 or not isinstance(mac, bytes):
+            raise BadBody("tensorferry: handshake: auth names no valid node")
+        want = _mac(self.secret, LABEL_I, PROTOCOL_VERSION, self.cluster, purpose, nonce_i,
+                    nonce_a, node, inc)
+        if not hmac.compare_digest(mac, want) or cluster != self.cluster:
+            s.sendall(self._frame(F_GOAWAY, Struct(c=CODE_AUTH, r="authentication failed")))
+            raise TensorferryError("tensorferry: handshake: initiator's proof is wrong")
+        if node not in self.peers:
+            s.sendall(self._frame(F_GOAWAY, Struct(c=CODE_NOT_FOUND, r="node %r not in the config" % node)))
+            raise TensorferryError("tensorferry: handshake: node %r is not in the config" % node)
+        mac_a = _mac(self.secret, LABEL_A, PROTOCOL_VERSION, self.cluster, purpose, nonce_i,
+                     nonce_a, node, inc, self.name, self.incarnation)
+        s.sendall(self._frame(F_WELCOME, Struct(n=self.name, i=self.incarnation, m=mac_a)))
+        s.settimeout(None)
+        return node, inc
+
+    @staticmethod
+    def _frame(ftype, body, stream=0):
+        b = bytes(encode(body))
+        return HEADER.pack(len(b), ftype, 0, 0, stream) + b
+
+    def _advert(self):
+        caps = Struct(n=self.name, i=self.incarnation, h="python:" + uuid.uuid4().hex,
+                      c=["staging"], x={"ipc": "not spoken by the Python node yet"})
+        return Struct(c=caps, w=0, wb=0)
+
+    def _serve(self, s):
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            peer, inc = self._handshake(s)
+        except (TensorferryError, BadBody, OSError, socket.timeout) as e:
+            self.errors.append(str(e))
+            s.close()
+            return
+        c = _Conn(self, s, peer, inc, self.max_frame)
+        with self.mu:
+            old = self.conns.get(peer)
+            self.conns[peer] = c
+        if old is not None:
+            old.close("replaced by a new connection")
+        try:
+            c.send(F_CAPS, Struct(b=bytes(encode(self._advert()))))
+            while not c.closed:
+                ftype, flags, stream, body = read_frame(s, self.max_frame)
+                c.last_heard = time.monotonic()
+                self._frame_in(c, ftype, stream, body)
+        except (TensorferryError, BadBody, BadTable, OSError) as e:
+            if not c.closed:
+                self.errors.append("%s: %s" % (peer, e))
+                if isinstance(e, (BadBody, BadTable)):
+                    try:
+                        c.send(F_GOAWAY, Struct(c=CODE_PROTOCOL, r=str(e)[:200]))
+                    except Exception:
+                        pass
+            c.close(str(e))
+
+    def _frame_in(self, c, ftype, stream, body):
+        if ftype == F_PING:
+            p = decode(body) if body else {}
+            if not isinstance(p, dict):
+                raise BadBody("tensorferry: ping is not a map")
+            c.send(F_PONG, Struct((k, p[k]) for k in ("s", "t") if k in p))
+        elif ftype in (F_PONG, F_SYSTEM, F_RELEASE, F_ERROR):
+            v = decode(body) if body else {}
+            if ftype == F_RELEASE and isinstance(v, dict):
+                self._released(c, v)
+            if ftype == F_SYSTEM and isinstance(v, dict) and v.get("k") == SYS_DEADLETTER:
+                self._dead_letter(v)
+        elif ftype == F_CAPS:
+            caps = decode(body)
+            if not isinstance(caps, dict):
+                raise BadBody("tensorferry: caps is not a map")
+            with self.mu:
+                first = c.caps is None
+                c.caps = caps.get("b", b"")
+                self.up_cv.notify_all()
+            if first and self.on_up:
+                self.on_up(c.peer, c.inc)
+        elif ftype == F_MESSAGE:
+            self._message_in(c, body)
+        elif ftype == F_MESSAGES:
+            batch = decode(body)
+            if not isinstance(batch, list):
+                raise BadBody("tensorferry: message batch is not an array")
+            for m in batch:
+                self._message_in(c, bytes(encode(m)) if not isinstance(m, bytes) else m)
+        elif ftype == F_GOAWAY:
+            v = decode(body) if body else {}
+            raise TensorferryError("tensorferry: %s said goodbye: %s"
+                                   % (c.peer, v.get("r", "") if isinstance(v, dict) else ""))
+        elif F_HELLO <= ftype <= F_WELCOME:
+            raise BadBody("tensorferry: handshake frame %d after the handshake" % ftype)
+        # Unknown frame types are skipped, as the Go side reads them.
+
+    def _message_in(self, c, body):
+        env = decode_envelope(body)
+        if env["ser"] != SER_MSGPACK:
+            raise BadBody("tensorferry: serializer %d not spoken (msgpack only)" % env["ser"])
+        table = decode_table(env["tensors"])
+        fetches = [(k, v[1]) for k, v in table.items() if not isinstance(v, InlineTensor)]
+        if fetches:
+            total, why = 0, None
+            for k, d in fetches:
+                try:
+                    total += self._check_descriptor(c, d)
+                except BadTable as e:
+                    why = str(e)
+                if table[k][0] == "ref" and why is None:
+                    why = "lazy tensor.Ref fields are not spoken by the Python node yet"
+            if why is None and total > self.receive_budget:
+                why = "tensors of %d bytes above the receive budget %d" % (total, self.receive_budget)
+            if why is not None:
+                # Refused: its leases go back, the connection stays.
+                self.errors.append("%s: message %s refused: %s" % (c.peer, env["type_name"], why))
+                self._release_all(c, [d for _, d in fetches])
+                self._send_dead_letter(c, env, why)
+                return
+            if (env["request"] and not env["target"]) or reply_key(env["target"]) is not None:
+                # A reply: fetched on a thread of its own, as its requester
+                # may be a handler holding the dispatch thread.
+                threading.Thread(target=self._fetch, args=(c, env, table, fetches, True),
+                                 daemon=True).start()
+            else:
+                self.inbox.put(("fetch", (c, env, table, fetches)))
+            return
+        self._deliver(c, env, table)
+
+    def _check_descriptor(self, c, d):
+        """Check a descriptor from c's peer; return its byte size."""
+        def u64(k):
+            v = d.get(k)
+            if type(v) is not int or not 0 <= v < 1 << 64:
+                raise BadTable("tensorferry: bad descriptor: field %s is %r" % (k, v))
+            return v
+        u64("e"), u64("l")
+        if "c" in d:  # Content (tensor.Descriptor's omitempty "c"): carried, not used here
+            u64("c")
+        if d.get("o") != c.peer or u64("i") != c.inc:
+            raise BadTable("tensorferry: bad descriptor: owner %r#%r is not the sender %s#%d"
+                           % (d.get("o"), d.get("i"), c.peer, c.inc))
+        dt, shape, n = d.get("t"), d.get("s"), d.get("b")
+        if dt not in DTYPE_SIZE or not isinstance(shape, list) or len(shape) > MAX_DIMS or \
+                not all(type(x) is int and x >= 0 for x in shape) or type(n) is not int:
+            raise BadTable("tensorferry: bad descriptor: dtype %r, shape %r, bytes %r" % (dt, shape, n))
+        size = DTYPE_SIZE[dt]
+        for x in shape:
+            size *= x
+            if size > n:
+                break
+        if size != n:
+            raise BadTable("tensorferry: bad descriptor: %d bytes for shape %r of dtype %d" % (n, shape, dt))
+        return n
+
+    def _release_all(self, c, descs):
+        for d in descs:
+            try:
+                c.send(F_RELEASE, Struct(e=d.get("e", 0), l=d.get("l", 0), i=d.get("i", 0)))
+            except (TensorferryError, OSError):
+                return
+
+    def _fetch(self, c, env, table, fetches, own_conn=False):
+        """Fetch a message's exported tensors over staging (dispatch
+        thread), release their leases, and deliver it."""
+        done = []
+        try:
+            for k, d in fetches:
+                buf = bytearray(d["b"])
+                self._fetch_one(c, d, memoryview(buf), own_conn)
+                done.append(d)
+                table[k] = InlineTensor(d["t"], d["s"], bytes(buf) if d["b"] else b"")
+                del buf
+        except (staging.StagingError, BadBody, OSError, TensorferryError, socket.timeout) as e:
+            if not own_conn:
+                self._drop_data(c.peer)
+            self.errors.append("%s: fetch for %s: %s" % (c.peer, env["type_name"], e))
+            self._release_all(c, [d for _, d in fetches])
+            self._send_dead_letter(c, env, "fetch failed: %s" % e)
+            return
+        self._release_all(c, done)
+        self.transfers.append(("staging", c.peer, sum(d["b"] for d in done)))
+        try:
+            self._deliver(c, env, table, now=True)
+        except (BadBody, BadTable) as e:
+            self.errors.append("%s: %s" % (c.peer, e))
+
+    def _fetch_one(self, c, d, dst, own_conn=False):
+        if own_conn:  # off the dispatch thread: a data connection of its own
+            s = self._dial_data(c.peer)
+            try:
+                s.settimeout(self.fetch_timeout)
+                staging.fetch(s, 1, d, dst)
+            finally:
+                s.close()
+            return
+        dc = self.data_conns.get(c.peer)
+        if dc is None:
+            dc = [self._dial_data(c.peer), 0]
+            self.data_conns[c.peer] = dc
+        dc[1] += 1
+        dc[0].settimeout(self.fetch_timeout)
+        staging.fetch(dc[0], dc[1], d, dst)
+
+    def _drop_data(self, peer):
+        dc = self.data_conns.pop(peer, None)
+        if dc is not None:
+            dc[0].close()
+
+    def _dial_data(self, peer):
+        addr = self.peers[peer].get("data_address")
+        if not addr:
+            raise TensorferryError("tensorferry: no data address for %s" % peer)
+        host, port = addr.rsplit(":", 1)
+        s = socket.create_connection((host, int(port)), timeout=5.0)
+        try:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._initiate(s, "data", peer)
+            name = b"staging"
+            s.sendall(bytes((len(name),)) + name)
+        except BaseException:
+            s.close()
+            raise
+        return s
+
+    def _initiate(self, s, purpose, expect):
+        """The handshake as initiator (the Go side's wire.Handshake)."""
+        nonce_i = os.urandom(NONCE_SIZE)
+        s.sendall(self._frame(F_HELLO, Struct(v=PROTOCOL_VERSION, c=self.cluster, n=nonce_i, p=purpose)))
+        ftype, _, _, body = read_frame(s, HANDSHAKE_MAX_FRAME)
+        ch = decode(body)
+        if ftype != F_CHALLENGE or not isinstance(ch, dict):
+            raise TensorferryError("tensorferry: handshake with %s: frame %d (%r), want CHALLENGE"
+                                   % (expect, ftype, ch if ftype == F_GOAWAY else ""))
+        nonce_a = ch.get("n")
+        if ch.get("v") != PROTOCOL_VERSION or not isinstance(nonce_a, bytes) or len(nonce_a) != NONCE_SIZE:
+            raise TensorferryError("tensorferry: handshake with %s: bad challenge" % expect)
+        mac = _mac(self.secret, LABEL_I, PROTOCOL_VERSION, self.cluster, purpose, nonce_i, nonce_a,
+                   self.name, self.incarnation)
+        s.sendall(self._frame(F_AUTH, Struct(n=self.name, i=self.incarnation, m=mac)))
+        ftype, _, _, body = read_frame(s, HANDSHAKE_MAX_FRAME)
+        w = decode(body)
+        if ftype != F_WELCOME or not isinstance(w, dict):
+            raise TensorferryError("tensorferry: handshake with %s refused: %r" % (expect, w))
+        node, inc = w.get("n"), w.get("i", 0)
+        if not isinstance(node, str) or type(inc) is not int:
+            raise BadBody("tensorferry: handshake: welcome names no valid node")
+        want = _mac(self.secret, LABEL_A, PROTOCOL_VERSION, self.cluster, purpose, nonce_i, nonce_a,
+                    self.name, self.incarnation, node, inc)
+        if not hmac.compare_digest(w.get("m", b"") if isinstance(w.get("m"), bytes) else b"", want):
+            raise TensorferryError("tensorferry: handshake: acceptor's proof is wrong")
+        if node != expect:
+            raise TensorferryError("tensorferry: handshake: reached %r, expected %r" % (node, expect))
+
+    def _deliver(self, c, env, table, now=False):
+        """Complete a request or run a handler (now: on this thread, the
+        dispatch thread, so that it keeps its place among the messages)."""
+        fields = decode_body(env["body"], table)
+        if not isinstance(fields, dict):
+            raise BadBody("tensorferry: message body is not a map")
+        fields = _tensors_out(fields)
+        key = env["request"] if env["request"] and not env["target"] else reply_key(env["target"])
+        msg = Message(env["type_name"], fields, (env["sender_node"] or c.peer, env["sender_id"]))
+        if key is not None:
+            with self.mu:
+                w = self.pending.pop(key, None)
+            if w is not None:
+                w[1].append(msg)
+                w[0].set()
+            return
+        if env["target"] not in self.handlers:
+            self._send_dead_letter(c, env, "no handler %r on %s" % (env["target"], self.name))
+            return
+        if now:
+            self._run(env["target"], msg)
+        else:
+            self.inbox.put((env["target"], msg))
+
+    def _send_dead_letter(self, c, env, why):
+        if env["sender_id"]:
+            try:
+                c.send(F_SYSTEM, Struct(k=SYS_DEADLETTER, t=env["sender_id"], wn=self.name,
+                                        wi=env["target"], d=why))
+            except TensorferryError:
+                pass
+
+    def _dead_letter(self, v):
+        key = reply_key(v.get("t", "")) if isinstance(v.get("t"), str) else None
+        if key is None:
+            return
+        with self.mu:
+            w = self.pending.pop(key, None)
+        if w is not None:
+            w[1].append(DeadLetter("tensorferry: dead letter: %s" % v.get("d", "")))
+            w[0].set()
+
+    def _conn_closed(self, c, why):
+        with self.mu:
+            if self.conns.get(c.peer) is not c:
+                return
+            del self.conns[c.peer]
+            # What it held is released: its node is down.
+            for k in [k for k, x in self.exports.items() if x[2] == c.peer]:
+                del self.exports[k]
+            was_up = c.caps is not None
+        if was_up and self.on_down:
+            self.on_down(c.peer, why)
+
+    def _released(self, c, v):
+        e, lease, inc = v.get("e"), v.get("l"), v.get("i")
+        with self.mu:
+            x = self.exports.get(e)
+            if x is not None and x[0] == lease and x[2] == c.peer and inc == self.incarnation:
+                del self.exports[e]
+                return
+        self.errors.append("%s: release of unknown export %r" % (c.peer, e))
+
+    def _data_accept_loop(self):
+        while not self.stopped.is_set():
+            try:
+                s, _ = self.data_sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve_data, args=(s,), daemon=True).start()
+
+    def _serve_data(self, s):
+        """Serve staging fetches of this node's exports on a data connection."""
+        try:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            peer, _ = self._handshake(s, "data")
+            s.settimeout(60.0)
+            n = read_frame_byte(s)
+            name = staging._read(s, n) if 0 < n <= 64 else b""
+            if name != b"staging":
+                raise BadBody("tensorferry: data connection for channel %r, not staging" % name)
+            s.settimeout(None)
+            while not self.stopped.is_set():
+                t, stream, length = staging.read_header(s, staging.MAX_CHUNK)
+                if t == staging.FR_CANCEL:
+                    continue
+                if t != staging.FR_REQUEST:
+                    raise BadBody("tensorferry: staging: %d frame from a fetcher" % t)
+                r = staging.REQUEST.unpack(staging._read(s, length))
+                self._serve_request(s, peer, stream, *r)
+        except (TensorferryError, BadBody, OSError, staging.StagingError) as e:
+            if not self.stopped.is_set():
+                self.errors.append("data connection: %s" % e)
+        finally:
+            s.close()
+
+    def _serve_request(self, s, peer, stream, eid, lease, inc, off, n, chunk, window):
+        with self.mu:
+            x = self.exports.get(eid)
+        code, why = 0, ""
+        if inc != self.incarnation:
+            code, why = 14, "export of incarnation %d, this is %d" % (inc, self.incarnation)
+        elif x is None or x[2] != peer:
+            code, why = 7, "no export %d" % eid
+        elif x[0] != lease:
+            code, why = 8, "lease not valid for export %d" % eid
+        elif off > len(x[1]) or n > len(x[1]) - off:
+            code, why = 9, "[%d, +%d) outside export %d of %d bytes" % (off, n, eid, len(x[1]))
+        if code:
+            b = code.to_bytes(4, "big") + why.encode()[:staging.MAX_MESSAGE]
+            s.sendall(staging.HEADER.pack(staging.FR_ERROR, 0, 0, stream, len(b)) + b)
+            return
+        chunk = min(chunk or staging.DEFAULT_CHUNK, staging.MAX_CHUNK)
+        data, end = x[1], off + n
+        while off < end:
+            k = min(chunk, end - off)
+            s.sendall(staging.HEADER.pack(staging.FR_DATA, 0, 0, stream, 8 + k) + off.to_bytes(8, "big"))
+            s.sendall(data[off:off + k])
+            off += k
+        s.sendall(staging.HEADER.pack(staging.FR_END, 0, 0, stream, 4) + bytes(4))
+
+    def _export(self, peer, t):
+        """Lend t's bytes to peer until it releases them: its descriptor."""
+        eid = next(self.export_ids)
+        lease = int.from_bytes(os.urandom(8), "big") or 1
+        with self.mu:
+            self.exports[eid] = [lease, memoryview(t.data), peer]
+        return Struct((("o", self.name), ("i", self.incarnation), ("e", eid), ("l", lease),
+                       ("t", t.dtype), ("s", list(t.shape)), ("b", len(t.data)), ("d", "cpu")))
+
+    def _heartbeat_loop(self):
+        seq = itertools.count(1)
+        while not self.stopped.wait(self.heartbeat):
+            now = time.monotonic()
+            with self.mu:
+                conns = list(self.conns.values())
+            for c in conns:
+                if now - c.last_heard > self.failure_timeout:
+                    c.close("silent for %.1fs" % (now - c.last_heard))
+                    continue
+                try:
+                    c.send(F_PING, Struct(s=next(seq), t=time.time_ns()))
+                except (TensorferryError, OSError) as e:
+                    c.close(str(e))
+
+    def _dispatch_loop(self):
+        while True:
+            item = self.inbox.get()
+            if item is None:
+                return
+            target, msg = item
+            if target == "fetch":
+                self._fetch(*msg)
+                continue
+            self._run(target, msg)
+
+    def _run(self, target, msg):
+        try:
+            out = self.handlers[target](msg)
+        except Exception as e:  # a handler's failure is its own
+            self.errors.append("handler %s: %r" % (target, e))
+            return
+        if out is not None and msg.sender[1]:
+            try:
+                self.send(msg.sender, out, sender_id=target)
+            except TensorferryError as e:
+                self.errors.append("reply from %s: %s" % (target, e))
+
+    # -- sending -----------------------------------------------------------
+
+    def _conn(self, node):
+        with self.mu:
+            c = self.conns.get(node)
+        if c is None or c.caps is None:
+            raise TensorferryError("tensorferry: node %s is not up" % node)
+        return c
+
+    def _envelope(self, target, msg, sender_id, request_key=0):
+        if not isinstance(msg, Message):
+            raise TypeError("tensorferry: send a tensorferry.Message, not %s" % type(msg).__name__)
+        body, table = encode_body(msg.fields, _is_tensor)
+        node, ident = target
+        big = [i for i, (_, t) in enumerate(table) if len(t.data) > self.inline_threshold]
+        if big and not self.data_address:
+            raise TensorferryError(
+                "tensorferry: tensor of %d bytes above the inline threshold %d and this node "
+                "has no data address to serve it over staging"
+                % (len(table[big[0]][1].data), self.inline_threshold))
+        for i in big:
+            table[i] = (table[i][0], self._export(node, table[i][1]))
+        key = reply_key(ident)
+        kw = dict(sender_node=self.name, sender_id=sender_id, type_name=msg.name,
+                  ser=SER_MSGPACK, body=body, tensors=encode_table(table) if table else b"")
+        if key:
+            kw["request"] = key
+        else:
+            kw["target"] = ident
+        return node, encode_envelope(**kw)
+
+    def send(self, pid, msg, sender_id=""):
+        """Send msg (a Message) to pid, a (node, actor id) pair."""
+        before = next(self.export_ids)
+        try:
+            node, env = self._envelope(pid, msg, sender_id)
+            self._conn(node).send(F_MESSAGE, env)
+        except BaseException:
+            # Exports of a message that was not sent are nobody's.
+            with self.mu:
+                for k in [k for k in self.exports if k > before]:
+                    del self.exports[k]
+            raise
+
+    def request(self, pid, msg, timeout=10.0):
+        """Send msg to pid and wait for the reply (a Message)."""
+        key = next(self.keys)
+        w = (threading.Event(), [])
+        with self.mu:
+            self.pending[key] = w
+        try:
+            self.send(pid, msg, sender_id=reply_id(key))
+            if not w[0].wait(timeout):
+                raise TimeoutError("tensorferry: no reply from %s/%s in %.1fs" % (pid[0], pid[1], timeout))
+        finally:
+            with self.mu:
+                self.pending.pop(key, None)
+        r = w[1][0]
+        if isinstance(r, Exception):
+            raise r
+        return r
+
+
+def _tensors_out(v):
+    if isinstance(v, InlineTensor):
+        return inline_to_tensor(v)
+    if isinstance(v, dict):
+        return {k: _tensors_out(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_tensors_out(x) for x in v]
+    return v

@@ -1,0 +1,129 @@
+"""A Python node that the Go test python/python_test.go runs as a cluster peer.
+
+The config comes as JSON in TF_PEER_CONFIG. It answers requests on its
+actor "double" (the tensor X times two), and runs the commands Go writes
+on stdin, one a line, printing one result line each:
+
+  request <size>   request the Go actor "scale" with a float32 tensor of size elements
+  hostile          send Go a message whose tensor table lies about its bytes
+  big              try to send a tensor above the inline threshold
+  quit             stop
+"""
+
+import json
+import os
+import sys
+import threading
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import torch  # noqa: E402
+
+import tensorferry as tf  # noqa: E402
+from tensorferry.codec import Struct, TensorRef  # noqa: E402
+from tensorferry.message import encode_envelope, SER_MSGPACK  # noqa: E402
+from tensorferry.node import F_MESSAGE, reply_id  # noqa: E402
+
+
+_out = threading.Lock()
+
+
+def say(*a):
+    # One whole line at a time: the node's threads say "up" and "down".
+    with _out:
+        sys.stdout.write(" ".join(str(x) for x in a) + "\n")
+        sys.stdout.flush()
+
+
+def main():
+    cfg = json.loads(os.environ["TF_PEER_CONFIG"])
+    ups = []
+    node = tf.Node(cfg["cluster"], cfg["secret"], cfg["name"], cfg["address"], cfg["peers"],
+                   heartbeat_interval=cfg.get("heartbeat", 0.1),
+                   failure_timeout=cfg.get("failure_timeout", 2.0),
+                   inline_threshold=cfg["inline_threshold"], data_address=cfg["data_address"],
+                   on_up=lambda n, i: (ups.append(n), say("up", n)),
+                   on_down=lambda n, why: say("down", n, why))
+
+    def double(m):
+        x = m["X"]
+        return tf.Message("py.Vec", {"Scale": m["Scale"], "X": x * 2, "Note": "doubled by python"})
+
+    node.handle("double", double)
+
+    def total(m):
+        x = m["X"]
+        return tf.Message("py.Vec", {"Scale": float(x.numel()), "X": x.sum().reshape(1),
+                                     "Note": "summed by python"})
+
+    node.handle("sum", total)
+
+    def relay(m):
+        # A handler that requests a reply above the inline threshold.
+        n = node.inline_threshold // 4 * 4 + 1
+        x = torch.ones(n)
+        r = node.request((gonode, "scale"), tf.Message("py.Vec", {"Scale": 2.0, "X": x, "Note": ""}))
+        return tf.Message("py.Vec", {"Scale": float(r["X"].sum()), "X": None, "Note": "relayed"})
+
+    node.handle("relay", relay)
+    node.start()
+    say("listening")
+    gonode = cfg["go"]
+    for line in sys.stdin:
+        cmd = line.split()
+        if not cmd:
+            continue
+        try:
+            if cmd[0] == "wait":
+                node.wait_peer(gonode)
+                say("ok wait")
+            elif cmd[0] == "request":
+                n = int(cmd[1])
+                x = torch.arange(n, dtype=torch.float32)
+                r = node.request((gonode, "scale"), tf.Message(
+                    "py.Vec", {"Scale": 3.0, "X": x, "Note": "from python"}), timeout=10)
+                ok = r.name == "py.Vec" and torch.equal(r["X"], x * 3) and r["Note"] == "scaled by go"
+                say("ok request" if ok else "bad request %r" % (r,))
+            elif cmd[0] == "hostile":
+                body = bytes(tf.encode(Struct(Scale=1.0, X=TensorRef(1, 9), Note="")))
+                # 5 float32s (20 bytes) claimed, 3 bytes sent.
+                table = bytes(tf.encode([Struct(i=9, k=1, t=1, s=[5], b=b"abc", d=None)]))
+                env = encode_envelope(target="scale", sender_node=node.name,
+                                      sender_id=reply_id(10 ** 9), type_name="py.Vec",
+                                      ser=SER_MSGPACK, body=body, tensors=table)
+                node._conn(gonode).send(F_MESSAGE, env)
+                say("ok hostile")
+            elif cmd[0] == "big":
+                # Above the inline threshold both ways: the Go node fetches
+                # this node's export over staging, and this node fetches the
+                # reply's; every lease is released.
+                n = node.inline_threshold // 4 * 8 + 5
+                x = torch.arange(n, dtype=torch.float32) % 11
+                r = node.request((gonode, "scale"), tf.Message(
+                    "py.Vec", {"Scale": -2.0, "X": x, "Note": ""}), timeout=20)
+                ok = torch.equal(r["X"], x * -2) and r["Note"] == "scaled by go"
+                say("ok big" if ok and not node.exports else "bad big: equal %s, exports %r"
+                    % (ok, node.exports))
+            elif cmd[0] == "nodata":
+                node.data_address = None
+                try:
+                    node.send((gonode, "scale"), tf.Message(
+                        "py.Vec", {"Scale": 1.0, "X": torch.zeros(node.inline_threshold), "Note": ""}))
+                    say("bad nodata: sent")
+                except tf.TensorferryError as e:
+                    say("ok nodata:", e)
+            elif cmd[0] == "transfers":
+                say("transfers", json.dumps(node.transfers))
+            elif cmd[0] == "errors":
+                say("errors", json.dumps(node.errors))
+            elif cmd[0] == "quit":
+                break
+        except Exception as e:
+            say("bad %s: %r" % (cmd[0], e))
+    node.stop()
+    say("stopped")
+
+
+if __name__ == "__main__":
+    threading.current_thread().name = "peer-main"
+    main()
