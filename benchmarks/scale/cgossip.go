@@ -31,15 +31,27 @@ type clusterGossip struct {
 
 // startClusterGossip starts n nodes in gossip mode, paced at joinRate, and
 // waits until every node knows every other. Each node's config lists the
-// nodes started before it and itself, on ports picked just before it
-// starts (picked all at once, some would be taken by the time the last
-// nodes start): in gossip mode the others learn its addresses from gossip.
+// nodes started before it and itself on the ports they bound, and the
+// later ones on ports picked at the start: in gossip mode the others learn
+// a node's addresses from gossip.
 func startClusterGossip(n int, timings *config.Config, converge time.Duration, joinRate float64) (*clusterGossip, error) {
 	base := *timings
 	base.Nodes = nil
 	base.Membership = config.MembershipGossip
 	base.Transport.SharedMemory = false
 	c := &clusterGossip{freeze: new(gossiptest.Freezer)}
+	// Gossip admits only the names a node's config lists (or discovery
+	// announces): every config names all n nodes. The later nodes'
+	// entries hold ports picked now, which may be taken by the time those
+	// nodes start (they then bind others): the names are what counts, the
+	// addresses come from gossip.
+	later := make([]config.NodeConfig, n)
+	for j := range n {
+		var err error
+		if later[j], err = freeNode(fmt.Sprintf("node%d", j)); err != nil {
+			return nil, err
+		}
+	}
 	t0 := time.Now()
 	for i := range n {
 		if wait := time.Duration(float64(i)/joinRate*float64(time.Second)) - time.Since(t0); wait > 0 {
@@ -62,7 +74,7 @@ func startClusterGossip(n int, timings *config.Config, converge time.Duration, j
 			if self, err = freeNode(fmt.Sprintf("node%d", i)); err != nil {
 				continue
 			}
-			cfg.Nodes = append(append([]config.NodeConfig(nil), c.selves...), self)
+			cfg.Nodes = append(append(append([]config.NodeConfig(nil), c.selves...), self), later[i+1:]...)
 			if err = cfg.Validate(); err != nil {
 				break
 			}
@@ -85,7 +97,7 @@ func startClusterGossip(n int, timings *config.Config, converge time.Duration, j
 		c.nodes = append(c.nodes, m)
 		c.nets = append(c.nets, nn)
 		c.gnets = append(c.gnets, cg)
-		c.selves = append(c.selves, cfg.Nodes[len(cfg.Nodes)-1])
+		c.selves = append(c.selves, cfg.Nodes[i])
 	}
 	deadline := time.Now().Add(converge)
 	for _, m := range c.nodes {
