@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -627,6 +628,14 @@ func (c *Conn) readFrames() bool {
 			return true
 		case frameTakenOver:
 			return false // a new reader took over
+		}
+		if c.opts.ReadSpin > 0 && c.br.Buffered() == 0 {
+			// A goroutine that Handler made runnable (a protoactor
+			// future's caller, an actor's mailbox) waits in this
+			// processor's run queue, where the read spin, which never
+			// yields, would hold it until another processor steals it
+			// or the spin ends: it runs first.
+			runtime.Gosched()
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -113,5 +114,39 @@ func TestConnWithReadSpin(t *testing.T) {
 		if m == nil || m.Target != to || len(m.Body) != 1 || m.Body[0] != byte(i) {
 			t.Errorf("frame %d: %+v", i, m)
 		}
+	}
+}
+
+// A goroutine that Handler makes runnable runs before the reader spins
+// again: the spin never yields, and on a processor of its own the reader
+// held it until the runtime preempted the spin (10 ms) — a protoactor
+// future's caller, woken by its reply, waited that long.
+func TestReadSpinLetsHandlersWokenGoroutineRun(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	a, b := tcpPair(t)
+	kick := make(chan time.Time, 1)
+	ran := make(chan time.Duration)
+	go func() {
+		for t0 := range kick {
+			ran <- time.Since(t0)
+		}
+	}()
+	defer close(kick)
+	ca := NewConn(a, Peer{Node: "b"}, ConnOptions{})
+	cb := NewConn(b, Peer{Node: "a"}, ConnOptions{ReadSpin: time.Hour, Handler: func(Frame) { kick <- time.Now() }})
+	ca.Start()
+	cb.Start()
+	defer ca.Close(nil)
+	defer cb.Close(nil)
+	best := time.Hour
+	for range 5 {
+		if err := ca.SendMessage(t.Context(), &Message{Target: "x", Type: "x"}); err != nil {
+			t.Fatal(err)
+		}
+		best = min(best, <-ran)
+	}
+	// Preemption ends a spin after 10 ms at the earliest.
+	if best >= 5*time.Millisecond {
+		t.Errorf("the goroutine Handler woke ran %v after it at best: the reader's spin held it", best)
 	}
 }
