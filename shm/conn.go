@@ -206,11 +206,7 @@ func (c *Conn) catchFault(err *error) {
 	if r == nil {
 		return
 	}
-	af, ok := r.(interface{ Addr() uintptr })
-	if !ok {
-		panic(r)
-	}
-	e := fmt.Errorf("shm: the shared region faulted at %#x (did the peer truncate it?): %v", af.Addr(), r)
+	e := faultError("connection", r)
 	c.faulted.CompareAndSwap(nil, &e)
 	*err = *c.faulted.Load()
 }

@@ -168,18 +168,22 @@ var testHookChecked func(path string)
 func guard(what string, f func()) (err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
-		r := recover()
-		if r == nil {
-			return
+		if r := recover(); r != nil {
+			err = faultError(what, r)
 		}
-		af, ok := r.(interface{ Addr() uintptr })
-		if !ok {
-			panic(r)
-		}
-		err = fmt.Errorf("shm: %s: the shared region faulted at %#x (was its file truncated?): %v", what, af.Addr(), r)
 	}()
 	f()
 	return nil
+}
+
+// faultError describes r, recovered from a fault on a region's mapping
+// while doing what; it panics again with r if r is not such a fault.
+func faultError(what string, r any) error {
+	af, ok := r.(interface{ Addr() uintptr })
+	if !ok {
+		panic(r)
+	}
+	return fmt.Errorf("shm: %s: the shared region faulted at %#x (was its file truncated?): %v", what, af.Addr(), r)
 }
 
 // openBell opens a doorbell FIFO read-write and non-blocking (Go's poller

@@ -8,26 +8,13 @@ import (
 
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/tensor"
-	"github.com/vmihailenco/msgpack/v5"
 )
 
 // carryInto is carry with the receiver's destinations.
 func carryInto(t *testing.T, a, b *Engine, msg *grad, dests Destinations) (*grad, *Incoming, error) {
 	t.Helper()
-	out, err := a.Export(b.cfg.Node, msg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, err := msgpack.Marshal(msg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got grad
-	if err := msgpack.Unmarshal(body, &got); err != nil {
-		t.Fatal(err)
-	}
-	in, err := b.ImportInto(context.Background(), a.cfg.Node, out.Table, &got, memory.CPU, dests)
-	return &got, in, err
+	_, got, in, err := carryWith(t, a, b, msg, dests)
+	return got, in, err
 }
 
 // A message's tensor lands in the receiver's destination on the reader

@@ -221,6 +221,12 @@ type grad struct {
 // encoded and decoded, b's Import.
 func carry(t *testing.T, a, b *Engine, msg *grad) (*Outgoing, *grad, *Incoming, error) {
 	t.Helper()
+	return carryWith(t, a, b, msg, nil)
+}
+
+// carryWith is carry with the receiver's destinations (nil: none).
+func carryWith(t *testing.T, a, b *Engine, msg *grad, dests Destinations) (*Outgoing, *grad, *Incoming, error) {
+	t.Helper()
 	out, err := a.Export(b.cfg.Node, msg)
 	if err != nil {
 		t.Fatal(err)
@@ -237,7 +243,7 @@ func carry(t *testing.T, a, b *Engine, msg *grad) (*Outgoing, *grad, *Incoming, 
 	if out != nil {
 		table = out.Table
 	}
-	in, err := b.Import(a.cfg.Node, table, &got, memory.CPU)
+	in, err := b.ImportInto(context.Background(), a.cfg.Node, table, &got, memory.CPU, dests)
 	return out, &got, in, err
 }
 
