@@ -220,6 +220,13 @@ type FlowConfig struct {
 	// 4 MiB), while below 64 MiB fetching again costs little. Default
 	// 64 MiB.
 	RelayMinBytes int64
+	// RelayFanout is how many receivers of one content a holder serves at
+	// most on each kind of link (YAML: relay_fanout): when an owner lends
+	// the same content to several nodes, it names in each descriptor the
+	// receiver to fetch from first (transfer.PlanRelay: one fetch per host,
+	// one per GPU, then copies from those), so that most bytes do not
+	// leave the owner again. 1 makes chains. Default 4.
+	RelayFanout int
 }
 
 // DefaultFlowConfig returns the flow defaults described in FlowConfig.
@@ -233,6 +240,7 @@ func DefaultFlowConfig() FlowConfig {
 		InboxMessages:    4096,
 		InboxBytes:       256 << 20,
 		RelayMinBytes:    64 << 20,
+		RelayFanout:      4,
 	}
 }
 
@@ -248,6 +256,7 @@ func (f FlowConfig) WithDefaults() FlowConfig {
 	orInt(&f.InboxMessages, d.InboxMessages)
 	orInt(&f.InboxBytes, d.InboxBytes)
 	orInt(&f.RelayMinBytes, d.RelayMinBytes)
+	orInt(&f.RelayFanout, d.RelayFanout)
 	return f
 }
 
@@ -272,6 +281,7 @@ func (f FlowConfig) validate(c *Config) error {
 		{p + "inbox_messages", int64(f.InboxMessages), 1, 1 << 24, ""},
 		{p + "inbox_bytes", f.InboxBytes, 1, 1 << 40, "bytes"},
 		{p + "relay_min_bytes", f.RelayMinBytes, 1, 1 << 50, "bytes"},
+		{p + "relay_fanout", int64(f.RelayFanout), 1, 64, ""},
 	}); err != nil {
 		return err
 	}

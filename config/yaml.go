@@ -222,6 +222,7 @@ func (c *Config) decode(root *yaml.Node) error {
 				"inbox_bytes":             sizeOf(&f.InboxBytes),
 				"relay":                   notBoolOf(&f.NoRelay),
 				"relay_min_bytes":         sizeOf(&f.RelayMinBytes),
+				"relay_fanout":            countOf(&f.RelayFanout),
 			})
 		case "staging":
 			s := &c.Staging
@@ -637,6 +638,7 @@ type fileFlow struct {
 	InboxBytes           string `yaml:"inbox_bytes,omitempty"`
 	Relay                *bool  `yaml:"relay,omitempty"` // written only when off
 	RelayMinBytes        string `yaml:"relay_min_bytes,omitempty"`
+	RelayFanout          int    `yaml:"relay_fanout,omitempty"`
 }
 
 type fileStaging struct {
@@ -763,7 +765,7 @@ func (c *Config) Marshal() ([]byte, error) {
 			MaxInFlight: fl.MaxInFlight, MaxInFlightBytes: sz(fl.MaxInFlightBytes),
 			ReceiveBudget: sz(fl.ReceiveBudget), ReceiveBudgetPerPeer: sz(fl.ReceiveBudgetPerPeer),
 			ReceiveWindow: fl.ReceiveWindow, InboxMessages: fl.InboxMessages, InboxBytes: sz(fl.InboxBytes),
-			Relay: relayOff(fl.NoRelay), RelayMinBytes: sz(fl.RelayMinBytes),
+			Relay: relayOff(fl.NoRelay), RelayMinBytes: sz(fl.RelayMinBytes), RelayFanout: fl.RelayFanout,
 		}),
 		Staging: nonZero(&fileStaging{
 			ChunkSize: sz(int64(st.ChunkSize)), ChunksInFlight: st.ChunksInFlight,

@@ -46,6 +46,12 @@ type Descriptor struct {
 	// ended gets a new Content). A receiving node that fetches one of them
 	// may copy the others from its first copy (fan-out by relay).
 	Content uint64 `msgpack:"c,omitempty"`
+	// Relay names the receiver of the same content to ask first: the
+	// owner lends the content to several nodes and plans which of them
+	// serves which (transfer's fan-out by relay). It is only a hint: a
+	// receiver that cannot get the bytes from there fetches them from the
+	// owner. Empty: from the owner.
+	Relay string `msgpack:"r,omitempty"`
 }
 
 // Validate checks that the descriptor is well formed: a known dtype, a valid
@@ -60,6 +66,9 @@ func (d *Descriptor) Validate() error {
 	}
 	if len(d.Holder) > maxNameLen {
 		return fmt.Errorf("%w: holder name of %d bytes", ErrBadDescriptor, len(d.Holder))
+	}
+	if len(d.Relay) > maxNameLen {
+		return fmt.Errorf("%w: relay name of %d bytes", ErrBadDescriptor, len(d.Relay))
 	}
 	n, err := d.Shape.ByteSize(d.DType)
 	if err != nil {
@@ -95,7 +104,7 @@ var (
 
 // Msgsize implements msgp.Sizer: at least the bytes MarshalMsg appends.
 func (d *Descriptor) Msgsize() int {
-	n := 80 + len(d.Owner) + len(d.Device) + len(d.Holder) + d.Shape.Msgsize()
+	n := 84 + len(d.Owner) + len(d.Device) + len(d.Holder) + len(d.Relay) + d.Shape.Msgsize()
 	for k, v := range d.Offers {
 		n += 2*msgp.BytesPrefixSize + len(k) + len(v)
 	}
@@ -114,6 +123,9 @@ func (d *Descriptor) MarshalMsg(b []byte) ([]byte, error) {
 		n++
 	}
 	if d.Content != 0 {
+		n++
+	}
+	if d.Relay != "" {
 		n++
 	}
 	b = msgp.AppendMapHeader(b, n)
@@ -141,6 +153,9 @@ func (d *Descriptor) MarshalMsg(b []byte) ([]byte, error) {
 	}
 	if d.Content != 0 {
 		b = msgp.AppendUint64(msgp.AppendString(b, "c"), d.Content)
+	}
+	if d.Relay != "" {
+		b = msgp.AppendString(msgp.AppendString(b, "r"), d.Relay)
 	}
 	return b, nil
 }
@@ -208,6 +223,8 @@ func (d *Descriptor) UnmarshalMsg(b []byte) ([]byte, error) {
 			out.Holder, b, err = msgp.ReadStringBytes(b)
 		case "c":
 			out.Content, b, err = msgp.ReadUint64Bytes(b)
+		case "r":
+			out.Relay, b, err = msgp.ReadStringBytes(b)
 		default:
 			b, err = msgp.Skip(b)
 		}

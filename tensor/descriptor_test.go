@@ -135,7 +135,7 @@ func TestDescriptorMarshalMsg(t *testing.T) {
 	// One key per map: msgpack's reflection does not sort the keys of a
 	// map[string][]byte (MarshalMsg does).
 	many.Offers = map[string][]byte{"z": nil}
-	many.Incarnation, many.Lease, many.Content = 1<<63, 1<<32, 1<<40
+	many.Incarnation, many.Lease, many.Content, many.Relay = 1<<63, 1<<32, 1<<40, "r1"
 	for _, d := range []*Descriptor{validDescriptor(), neg, many, {}} {
 		var buf strings.Builder
 		enc := msgpack.NewEncoder(&buf)
@@ -152,7 +152,7 @@ func TestDescriptorMarshalMsg(t *testing.T) {
 			t.Fatalf("Msgsize %d < %d bytes", n, len(got)-1)
 		}
 		var back Descriptor
-		if rest, err := back.UnmarshalMsg(got[1:]); err != nil || len(rest) != 0 || back.String() != d.String() || back.Holder != d.Holder || back.Content != d.Content || len(back.Offers) != len(d.Offers) {
+		if rest, err := back.UnmarshalMsg(got[1:]); err != nil || len(rest) != 0 || back.String() != d.String() || back.Holder != d.Holder || back.Content != d.Content || back.Relay != d.Relay || len(back.Offers) != len(d.Offers) {
 			t.Fatalf("UnmarshalMsg: %+v, rest %x, %v", back, rest, err)
 		}
 	}
@@ -171,7 +171,7 @@ func FuzzDescriptorUnmarshalMsg(f *testing.F) {
 		}
 		b, _ := d.MarshalMsg(nil)
 		var again Descriptor
-		if rest, err := again.UnmarshalMsg(b); err != nil || len(rest) != 0 || again.String() != d.String() || again.Content != d.Content {
+		if rest, err := again.UnmarshalMsg(b); err != nil || len(rest) != 0 || again.String() != d.String() || again.Content != d.Content || again.Relay != d.Relay {
 			t.Fatalf("re-encoded %x: %v", b, err)
 		}
 	})

@@ -20,6 +20,9 @@ func openChannels(env *rdma.Env, cfg *Config) (map[string]rdma.Channel, rdma.Cap
 		override[name] = f
 	}
 	caps := rdma.LocalCaps(cfg.Node, cfg.Incarnation, cfg.Devices, cfg.Disabled, cfg.Log)
+	if cfg.HostID != "" {
+		caps.HostID = cfg.HostID
+	}
 	channels := rdma.Open(env, &caps, override)
 	return channels, caps, nil
 }

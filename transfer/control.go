@@ -101,7 +101,11 @@ func (e *Engine) HandleControl(peer string, m *wire.Message) {
 			return
 		}
 	}
-	h, ok := e.channels[m.Target].(rdma.ControlHandler)
+	var h rdma.ControlHandler = relayHandler{e}
+	ok := m.Target == relayTarget
+	if !ok {
+		h, ok = e.channels[m.Target].(rdma.ControlHandler)
+	}
 	req := append([]byte(nil), m.Body...)
 	id, target := m.Request, m.Target
 	e.wg.Add(1)
@@ -155,4 +159,12 @@ func (e *Engine) failControls(peer string) {
 		default:
 		}
 	}
+}
+
+// relayHandler takes the relay requests of peers (relay.go) as a channel
+// takes its control requests.
+type relayHandler struct{ e *Engine }
+
+func (h relayHandler) HandleControl(ctx context.Context, peer string, req []byte) ([]byte, error) {
+	return h.e.serveRelay(ctx, peer, req)
 }

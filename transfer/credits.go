@@ -103,6 +103,7 @@ func (e *Engine) track(c *credits, b int64, exports []*tensor.Export) {
 // exportEnded is the store's OnEnd hook: a tracked export's end may give
 // its message's credit back.
 func (e *Engine) exportEnded(x *tensor.Export) {
+	e.relayExportEnded(x)
 	e.flowMu.Lock()
 	f := e.flow[x.ID]
 	delete(e.flow, x.ID)

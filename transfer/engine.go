@@ -88,7 +88,13 @@ type Config struct {
 	Verbs   config.VerbsConfig
 	// Dial opens an authenticated data connection to a peer's channel.
 	Dial func(ctx context.Context, node, channel string) (net.Conn, error)
-	Log  *zap.Logger
+	// HostID replaces the host identity the node advertises
+	// (memory.HostID), for tests in which nodes of one process stand for
+	// several hosts: channels that need one host (ipc) are then not
+	// chosen between nodes of different HostIDs, and relay plans one
+	// fetch per host.
+	HostID string
+	Log    *zap.Logger
 	// TracerProvider makes the spans of exports and fetches (see
 	// ExportContext, ImportContext); nil (the default) makes none.
 	TracerProvider trace.TracerProvider
@@ -258,11 +264,15 @@ type advert struct {
 	Caps        rdma.Caps `msgpack:"c"`
 	WindowMsgs  int       `msgpack:"w"`
 	WindowBytes int64     `msgpack:"wb"`
+	// Relay: the node serves its copies of contents to other receivers
+	// (relay control requests, relay.go); an owner names only such
+	// nodes in its descriptors' Relay.
+	Relay bool `msgpack:"r,omitempty"`
 }
 
 // Advert returns the body a node sends its peers after the handshake.
 func (e *Engine) Advert() ([]byte, error) {
-	return wire.EncodeMsgpack(&advert{Caps: e.caps, WindowMsgs: e.cfg.Flow.ReceiveWindow, WindowBytes: e.cfg.Flow.ReceiveBudgetPerPeer})
+	return wire.EncodeMsgpack(&advert{Caps: e.caps, WindowMsgs: e.cfg.Flow.ReceiveWindow, WindowBytes: e.cfg.Flow.ReceiveBudgetPerPeer, Relay: !e.cfg.Flow.NoRelay})
 }
 
 // decodeAdvert decodes the advert of the named peer's incarnation.
@@ -295,6 +305,8 @@ type Peer struct {
 	// ctlSlots holds one token per control request of the peer being
 	// handled (MaxControlPerPeer).
 	ctlSlots chan struct{}
+	// relay: the peer serves relay requests (advert.Relay).
+	relay bool
 }
 
 func (p *Peer) shutdown() {
@@ -323,7 +335,7 @@ func (e *Engine) PeerUp(name string, incarnation uint64, body []byte, link Link)
 	}
 	p := &Peer{name: name, link: link, caps: a.Caps, credits: newCredits(msgs, bytes),
 		budget: newBudget(e.cfg.Flow.ReceiveBudgetPerPeer), done: make(chan struct{}),
-		ctlSlots: make(chan struct{}, MaxControlPerPeer)}
+		ctlSlots: make(chan struct{}, MaxControlPerPeer), relay: a.Relay}
 	p.inbox.init(e.cfg.Flow.InboxMessages, e.cfg.Flow.InboxBytes, e.cfg.Flow.ReceiveWindow)
 	e.mu.Lock()
 	if e.closed {

@@ -154,6 +154,8 @@ func (l *link) Send(_ context.Context, t wire.FrameType, _ wire.Flags, _ uint32,
 	case wire.FrameMessage:
 		m := *body.(*wire.Message)
 		go l.to.HandleControl(l.from, &m)
+	case wire.FrameError:
+		go l.to.HandleError(l.from, body.(*wire.Error))
 	}
 	return nil
 }

@@ -175,10 +175,18 @@ func (o *Outgoing) export(t *tensor.Tensor, asRef bool) (*tensor.Descriptor, err
 		o.fetched = append(o.fetched, x)
 		o.bytes += d.Bytes
 	}
+	e.planRelay(o.peer, x, d)
+	e.offer(x, o.peer, d)
+	e.stats.TensorsExported.Add(1)
+	return d, nil
+}
+
+// offer adds each running channel's offer of x to peer to d.
+func (e *Engine) offer(x *tensor.Export, peer string, d *tensor.Descriptor) {
 	ctx, cancel := deadline.WithTimeout(e.ctx, e.cfg.Flow.TransferTimeout) // no timer unless waited on
 	defer cancel()
 	for name, ch := range e.channels {
-		offer, err := ch.Offer(ctx, x, o.peer)
+		offer, err := ch.Offer(ctx, x, peer)
 		if err != nil {
 			e.log.Debug("channel makes no offer", zap.String("channel", name), zap.Error(err))
 			continue
@@ -190,8 +198,6 @@ func (o *Outgoing) export(t *tensor.Tensor, asRef bool) (*tensor.Descriptor, err
 			d.Offers[name] = offer
 		}
 	}
-	e.stats.TensorsExported.Add(1)
-	return d, nil
 }
 
 // Abort ends the leases of a message that was not sent.

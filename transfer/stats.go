@@ -39,6 +39,9 @@ type Stats struct {
 	// controlWaits counts control requests whose peer's reader waited for
 	// a slot (MaxControlPerPeer).
 	controlWaits atomic.Int64
+	// relayServed, relayFetched and relayFallbacks count fan-out by relay
+	// across nodes (StatsSnapshot's fields of those names).
+	relayServed, relayFetched, relayFallbacks atomic.Int64
 
 	mu       sync.Mutex
 	channels map[peerChannel]*ChannelStats // fetched into this node
@@ -183,6 +186,15 @@ type StatsSnapshot struct {
 	// connection waited because MaxControlPerPeer of its requests were
 	// being handled.
 	ControlWaits int64
+	// RelayServed counts the copies this node lent to other receivers of
+	// the same content (fan-out by relay, relay.go); RelayFetched the
+	// fetches it made from such a receiver, as the owner's descriptor
+	// asked; RelayFallbacks those it then made from the owner because
+	// that receiver could not serve (not holding the content, down, or
+	// its copy failed).
+	RelayServed    int64
+	RelayFetched   int64
+	RelayFallbacks int64
 	// Channels maps a channel name to what it fetched into this node;
 	// ByPeer maps an owner's name to the same per channel.
 	Channels map[string]ChannelStats
@@ -229,6 +241,9 @@ func (e *Engine) Stats() StatsSnapshot {
 		CreditWaits:      s.CreditWaits.Load(),
 		CreditWait:       time.Duration(s.CreditWaitNanos.Load()),
 		ControlWaits:     s.controlWaits.Load(),
+		RelayServed:      s.relayServed.Load(),
+		RelayFetched:     s.relayFetched.Load(),
+		RelayFallbacks:   s.relayFallbacks.Load(),
 		Channels:         map[string]ChannelStats{},
 		ByPeer:           map[string]map[string]ChannelStats{},
 		Served:           map[string]ChannelStats{},
