@@ -83,6 +83,14 @@ func WithChannel(name string, f ChannelFactory) Option {
 	}
 }
 
+// WithHostID makes the node advertise id as its host's identity in place
+// of memory.HostID, for tests in which nodes of one process stand for
+// several hosts: channels that need one host (ipc) are not chosen between
+// nodes of different ids, and fan-out by relay plans one fetch per host.
+// Nodes of one real host must not differ in it on a GPU host, where they
+// would lose ipc.
+func WithHostID(id string) Option { return func(o *options) { o.engine.HostID = id } }
+
 // WithRefTTL sets how long a lease lent through a tensor.Ref lasts when it is
 // neither fetched nor released, in place of the config's flow.ref_ttl
 // (config.FlowConfig.RefTTL, default 10 minutes). A value <= 0 keeps the

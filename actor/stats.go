@@ -76,6 +76,11 @@ type StatsSnapshot struct {
 	// time they waited in all.
 	CreditWaits int64
 	CreditWait  time.Duration
+	// RelayServed, RelayFetched and RelayFallbacks count fan-out by relay
+	// across nodes (transfer.StatsSnapshot's fields of those names).
+	RelayServed    int64
+	RelayFetched   int64
+	RelayFallbacks int64
 	// LendViolations counts owners that wrote a tensor while it was lent
 	// (only with WithLendCheck).
 	LendViolations uint64
@@ -123,6 +128,9 @@ func (n *Node) Stats() StatsSnapshot {
 		Budget:             e.Budget,
 		BudgetWaiting:      e.BudgetWaiting,
 		CreditWaits:        e.CreditWaits,
+		RelayServed:        e.RelayServed,
+		RelayFetched:       e.RelayFetched,
+		RelayFallbacks:     e.RelayFallbacks,
 		CreditWait:         e.CreditWait,
 		LendViolations:     n.eng.Store().LendViolations(),
 		Channels:           e.Channels,

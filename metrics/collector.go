@@ -83,6 +83,9 @@ var families = []desc{
 	{"tensorferry_peer_receive_budget_in_use_bytes", "What one peer's messages hold of this node's receive budget (with peer labels).", []string{labelPeer}},
 	{"tensorferry_credits_in_use", "Messages sent whose tensors the receiver has not fetched yet (they hold the sender's credits).", nil},
 	{"tensorferry_credit_waits_total", "Messages with tensors that waited for their receiver's credits.", nil},
+	{"tensorferry_relay_served_total", "Copies this node lent to other receivers of the same content (fan-out by relay).", nil},
+	{"tensorferry_relay_fetched_total", "Fetches from another receiver of the same content, as its owner asked.", nil},
+	{"tensorferry_relay_fallbacks_total", "Fetches from the owner after the receiver it named could not serve.", nil},
 	{"tensorferry_credit_wait_seconds_total", "Time messages waited for their receiver's credits, in all.", nil},
 	{"tensorferry_peers_up", "Other nodes of the cluster that are up.", nil},
 	{"tensorferry_peer_up", "Whether a peer is up (1) or not (0) (with peer labels).", []string{labelPeer}},
@@ -222,6 +225,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge("tensorferry_credits_in_use", float64(credits))
 	}
 	counter("tensorferry_credit_waits_total", float64(s.CreditWaits))
+	counter("tensorferry_relay_served_total", float64(s.RelayServed))
+	counter("tensorferry_relay_fetched_total", float64(s.RelayFetched))
+	counter("tensorferry_relay_fallbacks_total", float64(s.RelayFallbacks))
 	counter("tensorferry_credit_wait_seconds_total", s.CreditWait.Seconds())
 	up := 0
 	for peer, isUp := range s.PeersUp {

@@ -40,6 +40,9 @@
 //	tensorferry_credits_in_use                     gauge
 //	tensorferry_credit_waits_total                 counter
 //	tensorferry_credit_wait_seconds_total          counter
+//	tensorferry_relay_served_total                 counter
+//	tensorferry_relay_fetched_total                counter
+//	tensorferry_relay_fallbacks_total              counter
 //	tensorferry_peers_up                           gauge
 //	tensorferry_peer_up                            gauge     peer (Options.PeerLabels only)
 //	tensorferry_node_down_total                    counter

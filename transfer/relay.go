@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tensorferry/tensorferry/memory"
@@ -81,7 +82,9 @@ var ErrNotHeld = errors.New("transfer: content not held here")
 // to start on the node asked: the owner lent the content to both about
 // at once, and the asker may be quicker. Past it the asker fetches from
 // the owner.
-const relayGrace = 5 * time.Millisecond
+var relayGrace atomic.Int64 // nanoseconds
+
+func init() { relayGrace.Store(int64(5 * time.Millisecond)) }
 
 // relayEligible reports whether a fetch of d may lead or join a relay.
 func (e *Engine) relayEligible(d *tensor.Descriptor) bool {
@@ -277,7 +280,7 @@ func (e *Engine) joinFlight(ctx context.Context, d *tensor.Descriptor) (*relayFl
 		started := e.relays.started
 		e.relays.mu.Unlock()
 		if grace == nil {
-			t := time.NewTimer(relayGrace)
+			t := time.NewTimer(time.Duration(relayGrace.Load()))
 			defer t.Stop()
 			grace = t.C
 		}

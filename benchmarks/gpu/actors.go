@@ -181,13 +181,18 @@ func checksum(t *tensor.Tensor) (uint32, error) {
 // actorPair is a sending node in this process and a receiving node in a
 // child process (this program again), on one loopback cluster.
 type actorPair struct {
-	node    *tfactor.Node
-	sink    *pa.PID
-	sinks   []*pa.PID // every sink, sink first
-	child   *exec.Cmd
-	stdin   io.WriteCloser
-	dir     string
-	timeout time.Duration
+	node     *tfactor.Node
+	sink     *pa.PID
+	sinks    []*pa.PID // every sink, sink first
+	children []*child  // the receiving processes
+	dir      string
+	timeout  time.Duration
+}
+
+// child is a receiving process.
+type child struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
 }
 
 // pairConfig says where each end's tensors live and which channels the
@@ -205,12 +210,20 @@ type pairConfig struct {
 	sinks    int   // sink actors of the receiver (0: one)
 	noRelay  bool  // flow.relay: false
 	relayMin int64 // flow.relay_min_bytes; 0: the default
+	fanout   int   // flow.relay_fanout; 0: the default
+	// nodes, when set, replaces the one receiving process on dst: one
+	// receiving process (one node, one sink) on each device listed.
+	nodes []memory.Device
 }
 
 // openPair writes the cluster's config, starts the receiving process and
 // the sending node, and waits until the receiver's actor is up.
 func openPair(pc pairConfig) (p *actorPair, err error) {
-	cfg, err := config.LocalConfig("bench-gpu", 2)
+	recvDevs := pc.nodes
+	if len(recvDevs) == 0 {
+		recvDevs = []memory.Device{pc.dst}
+	}
+	cfg, err := config.LocalConfig("bench-gpu", 1+len(recvDevs))
 	if err != nil {
 		return nil, err
 	}
@@ -223,9 +236,11 @@ func openPair(pc pairConfig) (p *actorPair, err error) {
 		cfg.Transport.ReadSpin = config.ReadSpinOff
 	}
 	cfg.DisableChannels = pc.disable
-	cfg.Flow.NoRelay, cfg.Flow.RelayMinBytes = pc.noRelay, pc.relayMin
+	cfg.Flow.NoRelay, cfg.Flow.RelayMinBytes, cfg.Flow.RelayFanout = pc.noRelay, pc.relayMin, pc.fanout
 	cfg.Nodes[0].Devices = []memory.Device{pc.src}
-	cfg.Nodes[1].Devices = []memory.Device{pc.dst}
+	for i, d := range recvDevs {
+		cfg.Nodes[1+i].Devices = []memory.Device{d}
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -242,27 +257,44 @@ func openPair(pc pairConfig) (p *actorPair, err error) {
 	if err != nil {
 		return p, err
 	}
-	spec, err := json.Marshal(receiverSpec{Config: path, Node: cfg.Nodes[1].Name, Device: pc.dst, Profile: pc.profile, Trace: pc.trace, Log: pc.log, Sinks: pc.sinks})
-	if err != nil {
-		return p, err
-	}
 	exe, err := os.Executable()
 	if err != nil {
 		return p, err
 	}
-	p.child = exec.Command(exe, childArgs()...)
-	p.child.Env = append(os.Environ(), receiverEnv+"="+string(spec))
-	p.child.Stderr = os.Stderr
-	if p.stdin, err = p.child.StdinPipe(); err != nil {
-		return p, err
-	}
-	stdout, err := p.child.StdoutPipe()
-	if err != nil {
-		return p, err
-	}
-	if err := p.child.Start(); err != nil {
-		p.child = nil
-		return p, fmt.Errorf("gpu: start receiver: %w", err)
+	var readies []chan error
+	for i, d := range recvDevs {
+		sinks := pc.sinks
+		if len(pc.nodes) > 0 {
+			sinks = 1
+		}
+		spec, err := json.Marshal(receiverSpec{Config: path, Node: cfg.Nodes[1+i].Name, Device: d, Profile: pc.profile, Trace: pc.trace, Log: pc.log, Sinks: sinks})
+		if err != nil {
+			return p, err
+		}
+		c := &child{cmd: exec.Command(exe, childArgs()...)}
+		c.cmd.Env = append(os.Environ(), receiverEnv+"="+string(spec))
+		c.cmd.Stderr = os.Stderr
+		if c.stdin, err = c.cmd.StdinPipe(); err != nil {
+			return p, err
+		}
+		stdout, err := c.cmd.StdoutPipe()
+		if err != nil {
+			return p, err
+		}
+		if err := c.cmd.Start(); err != nil {
+			return p, fmt.Errorf("gpu: start receiver: %w", err)
+		}
+		p.children = append(p.children, c)
+		ready := make(chan error, 1)
+		readies = append(readies, ready)
+		go func() {
+			line, err := bufio.NewReader(stdout).ReadString('\n')
+			if err == nil && strings.TrimSpace(line) != "ready" {
+				err = fmt.Errorf("gpu: receiver said %q", line)
+			}
+			ready <- err
+			_, _ = io.Copy(io.Discard, stdout)
+		}()
 	}
 	if p.node, err = tfactor.NewNode(cfg, cfg.Nodes[0].Name, quiet()); err != nil {
 		return p, err
@@ -271,29 +303,30 @@ func openPair(pc pairConfig) (p *actorPair, err error) {
 		p.node = nil
 		return p, err
 	}
-	ready := make(chan error, 1)
-	go func() {
-		line, err := bufio.NewReader(stdout).ReadString('\n')
-		if err == nil && strings.TrimSpace(line) != "ready" {
-			err = fmt.Errorf("gpu: receiver said %q", line)
+	for _, ready := range readies {
+		select {
+		case err := <-ready:
+			if err != nil {
+				return p, fmt.Errorf("gpu: receiver: %w", err)
+			}
+		case <-time.After(time.Minute):
+			return p, errors.New("gpu: receiver not ready after a minute")
 		}
-		ready <- err
-		_, _ = io.Copy(io.Discard, stdout)
-	}()
-	select {
-	case err := <-ready:
-		if err != nil {
-			return p, fmt.Errorf("gpu: receiver: %w", err)
-		}
-	case <-time.After(time.Minute):
-		return p, errors.New("gpu: receiver not ready after a minute")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := p.node.WaitPeer(ctx, cfg.Nodes[1].Name); err != nil {
-		return p, err
+	for _, nc := range cfg.Nodes[1:] {
+		if err := p.node.WaitPeer(ctx, nc.Name); err != nil {
+			return p, err
+		}
 	}
 	p.sink = p.node.PID(cfg.Nodes[1].Name, "sink")
+	if len(pc.nodes) > 0 {
+		for _, nc := range cfg.Nodes[1:] {
+			p.sinks = append(p.sinks, p.node.PID(nc.Name, "sink"))
+		}
+		return p, nil
+	}
 	for i := range max(pc.sinks, 1) {
 		p.sinks = append(p.sinks, p.node.PID(cfg.Nodes[1].Name, sinkName(i)))
 	}
@@ -395,17 +428,19 @@ func (p *actorPair) close() error {
 	if p.node != nil {
 		errs = append(errs, p.node.Stop())
 	}
-	if p.child != nil {
-		p.stdin.Close()
+	for _, c := range p.children {
+		c.stdin.Close()
+	}
+	for _, c := range p.children {
 		done := make(chan error, 1)
-		go func() { done <- p.child.Wait() }()
+		go func() { done <- c.cmd.Wait() }()
 		select {
 		case err := <-done:
 			if err != nil {
 				errs = append(errs, fmt.Errorf("gpu: receiver: %w", err))
 			}
 		case <-time.After(30 * time.Second):
-			_ = p.child.Process.Kill()
+			_ = c.cmd.Process.Kill()
 			errs = append(errs, fmt.Errorf("gpu: receiver did not stop; killed: %w", <-done))
 		}
 	}

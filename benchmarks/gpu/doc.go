@@ -13,6 +13,7 @@
 //	gpu --mode reuse --min 4MiB        # GPU0 → GPU1 into the receiver's own tensor vs a new one
 //	gpu --mode psexchange --gpus 2 --ps-sizes 256MiB,1GiB   # a PS step's exchange, one process per GPU
 //	gpu --mode fanout --receivers 3 --min 16MiB --max 1GiB  # one tensor to 3 actors on GPU1, relay on and off
+//	gpu --mode fanout --receiver-nodes 1,1,1 --min 16MiB    # the same to 3 nodes of their own on GPU1
 //
 // Modes and their paths (the "path" of each JSON line):
 //
@@ -90,6 +91,12 @@
 //     receivers (channel "relay" in the line); off: each receiver fetches
 //     from the owner. Each setting has its own pair of processes, relay on
 //     first. Compare with NCCL broadcast to one rank of the same size.
+//     With --receiver-nodes (e.g. 1,1,1 or 1,2,3): tensorferry-fanout-
+//     nodes-relay and -norelay, one receiving process (one node, one sink)
+//     per ordinal listed; with relay on, the owner names in each
+//     descriptor the receiver to fetch from (transfer.PlanRelay: one fetch
+//     into each GPU, the others copy from it). Compare with NCCL
+//     broadcast to one rank (same GPU) or to every GPU listed.
 //
 // Figures: gbps is bytes / median time in GB/s (10^9 bytes per second), us
 // the median time of one transfer; the actor paths also report fetch_gbps,

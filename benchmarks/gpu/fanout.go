@@ -15,10 +15,15 @@ import (
 // The fanout mode's paths: one tensor on --src lent at once to --receivers
 // actors of one node on --dst, with fan-out by relay on (the node fetches
 // the content once and copies it on --dst for the others) and off (each
-// receiver fetches from the owner).
+// receiver fetches from the owner). With --receiver-nodes, the receivers
+// are nodes of their own, one process each (the -nodes paths): with relay
+// on, the owner names in each descriptor the receiver to fetch from
+// (transfer.PlanRelay), so that one fetch crosses into each GPU.
 const (
-	pathFanoutRelay   = "tensorferry-fanout-relay"
-	pathFanoutNoRelay = "tensorferry-fanout-norelay"
+	pathFanoutRelay        = "tensorferry-fanout-relay"
+	pathFanoutNoRelay      = "tensorferry-fanout-norelay"
+	pathFanoutNodesRelay   = "tensorferry-fanout-nodes-relay"
+	pathFanoutNodesNoRelay = "tensorferry-fanout-nodes-norelay"
 )
 
 // runFanout measures the fanout mode: one receiving process per setting
@@ -26,12 +31,16 @@ const (
 func runFanout(o options) (rs []report.Result, err error) {
 	src, dst := cudaDev(o.src), cudaDev(o.dst)
 	for _, noRelay := range []bool{false, true} {
-		path := pathFanoutRelay
-		if noRelay {
-			path = pathFanoutNoRelay
+		path := map[bool]string{false: pathFanoutRelay, true: pathFanoutNoRelay}[noRelay]
+		var nodes []memory.Device
+		for _, g := range o.receiverNodes {
+			nodes = append(nodes, cudaDev(g))
+		}
+		if len(nodes) > 0 {
+			path = map[bool]string{false: pathFanoutNodesRelay, true: pathFanoutNodesNoRelay}[noRelay]
 		}
 		got, err := measureFanout(o, path, pairConfig{src: src, dst: dst, timeout: o.timeout, log: o.logs,
-			readSpin: o.readSpin, sinks: o.receivers, noRelay: noRelay, relayMin: o.relayMin})
+			readSpin: o.readSpin, sinks: o.receivers, noRelay: noRelay, relayMin: o.relayMin, nodes: nodes, fanout: o.relayFanout})
 		rs = append(rs, got...)
 		if err != nil {
 			return rs, err

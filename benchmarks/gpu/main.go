@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -47,6 +48,12 @@ type options struct {
 	psSizes  []int // psexchange: parameter bytes
 	// receivers is the fanout mode's receiving actors (all on --dst).
 	receivers int
+	// receiverNodes, when set, puts the fanout mode's receivers in nodes
+	// of their own, one process each, on these CUDA ordinals.
+	receiverNodes []int
+	// relayFanout is flow.relay_fanout of the fanout mode's nodes (0:
+	// the default).
+	relayFanout int
 	// relayMin is flow.relay_min_bytes of the ipc and fanout modes'
 	// nodes (0: the default).
 	relayMin int64
@@ -69,6 +76,8 @@ func main() {
 	gpusFlag := flag.Int("gpus", 0, "psexchange: GPUs (one process each; default: all the driver sees)")
 	psSizes := flag.String("ps-sizes", "256MiB,1GiB", "psexchange: parameter bytes P of the runs")
 	receivers := flag.Int("receivers", 3, "fanout mode: receiving actors of the node on --dst")
+	receiverNodes := flag.String("receiver-nodes", "", "fanout mode: CUDA ordinals of receiving nodes, one process each (e.g. 1,1,1 or 1,2,3), instead of --receivers actors of one node")
+	relayFanout := flag.Int("relay-fanout", 0, "fanout mode: the nodes' flow.relay_fanout (1: chains; 0: the config's default)")
 	relayMin := flag.String("relay-min", "", "ipc and fanout modes: the nodes' flow.relay_min_bytes (fanout default: the config's; ipc default: relay off, since its stream repeats one tensor)")
 	minSize := flag.String("min", "4KiB", "smallest message size")
 	maxSize := flag.String("max", "1GiB", "largest message size")
@@ -92,6 +101,21 @@ func main() {
 	o := options{reps: *reps, src: *src, dst: *dst, timeout: *timeout, progress: os.Stderr, stream: *stream, cpuProfile: *cpuProfile, trace: *traceFile, logs: *logs, readSpin: *readSpin, receivers: *receivers}
 	if *receivers < 1 || *receivers > 64 {
 		fatal(fmt.Errorf("--receivers %d: want 1 to 64", *receivers))
+	}
+	if o.relayFanout = *relayFanout; o.relayFanout < 0 || o.relayFanout > 64 {
+		fatal(fmt.Errorf("--relay-fanout %d: want 0 to 64", o.relayFanout))
+	}
+	if *receiverNodes != "" {
+		for _, f := range strings.Split(*receiverNodes, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 0 {
+				fatal(fmt.Errorf("--receiver-nodes %q: want CUDA ordinals separated by commas", *receiverNodes))
+			}
+			o.receiverNodes = append(o.receiverNodes, n)
+		}
+		if len(o.receiverNodes) > 64 {
+			fatal(fmt.Errorf("--receiver-nodes: %d nodes, want at most 64", len(o.receiverNodes)))
+		}
 	}
 	if *relayMin != "" {
 		n, err := size.Parse(*relayMin)
