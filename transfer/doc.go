@@ -44,10 +44,24 @@
 // is not delivered (its actor cannot write its copy) until its followers
 // have copied; a follower whose leader failed fetches from the owner; each
 // keeps and releases its own lease, so the owner writes again only once
-// every receiver has its copy. Flow.NoRelay turns it off. PlanRelay is the
-// pure plan for receivers on several nodes and hosts (one fetch across
-// hosts per host, one into each GPU, bounded fan-out per holder); nodes do
-// not yet ask the owner for their place in it.
+// every receiver has its copy. Flow.NoRelay turns it off.
+//
+// Across nodes, the owner plans: when it lends one content to several
+// nodes that serve relay requests (their advert says so), PlanRelay (pure:
+// one fetch across hosts per host, one into each GPU, at most
+// Flow.RelayFanout receivers per holder) over the receivers in the order
+// they were lent it gives each its parent, named in its descriptor
+// (Descriptor.Relay). That receiver asks its parent (a control request to
+// relayTarget, with the content's key and type, never the owner's lease);
+// the parent waits relayGrace at most for its own fetch of the content to
+// start, then until it ends, and lends its copy (an export of its
+// destination) whose flight is not delivered until that loan ends. The
+// asker fetches the copy through the channel between the two and releases
+// it, then releases the owner's lease as usual, so the owner writes again
+// only once every receiver has its copy. A parent that does not hold the
+// content, fails, or goes down costs the asker a fetch from the owner
+// (Stats.RelayFallbacks), never a hang. Copies are forwarded whole: a
+// parent serves once its fetch ended (no chunk pipelining).
 //
 // stats.go: Engine.Stats reports what the engine did for a node's metrics
 // (package metrics): per channel and owner the transfers, bytes and fetch
