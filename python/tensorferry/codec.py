@@ -33,7 +33,7 @@ class Struct(dict):
 class Fixed(int):
     """An integer encoded at a fixed width, as vmihailenco/msgpack writes
     a Go field of that type without compact integers (msgpack.Marshal):
-    U8 0xcc, U32 0xce, U64 0xcf, I64 0xd3 (a Go int or int64)."""
+    U8 0xcc, U32 0xce, U64 0xcf (a Go int is written compact: a plain int)."""
 
     code = 0
 
@@ -55,10 +55,6 @@ class U32(Fixed):
 
 class U64(Fixed):
     code, size, range = 0xCF, 8, (0, 0xFFFFFFFFFFFFFFFF)
-
-
-class I64(Fixed):
-    code, size, range = 0xD3, 8, (-(1 << 63), (1 << 63) - 1)
 
 
 class TensorRef:

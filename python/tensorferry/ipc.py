@@ -37,7 +37,7 @@ import struct
 import threading
 import time
 
-from .codec import BadBody, Struct, U8, U32, U64, I64, decode, encode
+from .codec import BadBody, Struct, U8, U32, U64, decode, encode
 
 OP_CHALLENGE, OP_PROVE, OP_BEGIN, OP_END, OP_REVOKE = 1, 2, 3, 4, 5
 
@@ -112,7 +112,7 @@ _REQUEST = (("o", "op", U8), ("i", "inc", U64), ("x", "export", U64), ("l", "lea
             ("w", "want_handle", bool), ("c", "challenge", U64), ("m", "mac", bytes),
             ("r", "revoked", list))
 _REPLY = (("c", "code", U32), ("m", "msg", str), ("h", "handle", bytes), ("n", "map_size", U64),
-          ("s", "shift", U64), ("b", "base", U64), ("d", "device", I64), ("p", "process", bytes),
+          ("s", "shift", U64), ("b", "base", U64), ("d", "device", int), ("p", "process", bytes),
           ("r", "revoked", list), ("k", "challenge", U64), ("f", "path", str))
 
 
@@ -129,6 +129,8 @@ def _encode(fields, always, kw):
             s[key] = [U64(x) for x in v]
         elif typ in (bool, bytes, str):
             s[key] = typ(v) if v is not None else typ()
+        elif typ is int:  # a Go int: vmihailenco writes it compact
+            s[key] = int(v or 0)
         else:
             s[key] = typ(v or 0)
     return bytes(encode(s))
@@ -172,7 +174,7 @@ def _decode(b, fields, what):
             if not isinstance(x, list) or not all(type(y) is int and 0 <= y < 1 << 64 for y in x):
                 raise _bad("%s field %s is not a list of uint64" % (what, key))
         else:
-            lo, hi = typ.range
+            lo, hi = typ.range if typ is not int else (-(1 << 63), (1 << 63) - 1)
             if type(x) is not int or not lo <= x <= hi:
                 raise _bad("%s field %s is %r" % (what, key, x))
         out[name] = x
@@ -564,6 +566,7 @@ class Fetcher:
         self.mappings = {}  # (owner, inc, alloc, device) -> _Mapping
         self.acq_ids = itertools.count(int.from_bytes(os.urandom(8), "little") >> 1)
         self.stats = {"opens": 0, "reuses": 0, "direct": 0, "closes": 0, "proofs": 0}
+        self.close_errors = []
 
     def fetch(self, d, dst, timeout):
         """Copy the export d (a descriptor from its owner, already checked)
@@ -713,9 +716,10 @@ class Fetcher:
     def _close(self, m):
         try:
             self.driver.ipc_close(m.device, m.ptr)
-        finally:
-            with self.mu:
-                self.stats["closes"] += 1
+        except Exception as e:  # the mapping is gone from the table either way
+            self.close_errors.append(str(e))
+        with self.mu:
+            self.stats["closes"] += 1
 
     def _evict(self):
         with self.mu:
