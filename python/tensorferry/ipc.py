@@ -312,14 +312,16 @@ class Owner:
     to Go fetchers' control requests.
 
     lookup(export id) returns (lease, tensor, holder, incarnation) of a
-    lent export, or None. max_acquisitions bounds the copies one peer may
+    lent export, or None; served(peer, bytes), when given, is called for
+    each copy begun. max_acquisitions bounds the copies one peer may
     have in flight (rdma/ipc's MaxAcquisitions); challenge_ttl (seconds)
     how long a challenge waits for its answer.
     """
 
     def __init__(self, driver, lookup, incarnation, shm_dir=SHM_DIR, challenge_ttl=10.0,
-                 max_acquisitions=1024, max_allocs=4096):
+                 max_acquisitions=1024, max_allocs=4096, served=None):
         self.driver, self.lookup, self.incarnation = driver, lookup, incarnation
+        self.served = served
         self.shm_dir, self.ttl = shm_dir, challenge_ttl
         self.max_acqs, self.max_allocs = max_acquisitions, max_allocs
         self.mu = threading.Lock()
@@ -513,6 +515,8 @@ class Owner:
                     self.revoked[peer] = rest
                 else:
                     del self.revoked[peer]
+        if self.served is not None:
+            self.served(peer, n)
         return encode_reply(**kw)
 
     def peer_down(self, peer):

@@ -300,6 +300,7 @@ class Node:
         self.inbox = queue.Queue(maxsize=inbox_messages)
         self.errors = []  # bad input seen, for tests and logs
         self.transfers = []  # (channel, peer, bytes) of every fetch
+        self.served = []  # (channel, peer, bytes) of every fetch of this node's exports
         self.threads = []
         self.sock = None
         self.warnings = []  # what was done another way than asked, and why
@@ -321,7 +322,8 @@ class Node:
                 drv, why = None, str(e)
         self.ipc_status = why
         if drv is not None:
-            self.ipc_owner = _ipc.Owner(drv, self._lookup_export, self.incarnation, shm_dir=shm)
+            self.ipc_owner = _ipc.Owner(drv, self._lookup_export, self.incarnation, shm_dir=shm,
+                                        served=lambda peer, n: self.served.append(("ipc", peer, n)))
             self.ipc_fetcher = _ipc.Fetcher(drv, self.name, self._ctl_call, self._ctl_send, shm_dir=shm)
 
     # -- lifecycle ---------------------------------------------------------
@@ -938,6 +940,7 @@ class Node:
             s.sendall(data[off:off + k])
             off += k
         s.sendall(staging.HEADER.pack(staging.FR_END, 0, 0, stream, 4) + bytes(4))
+        self.served.append(("staging", peer, n))
 
     def _export(self, peer, t):
         """Lend t's bytes to peer until it releases them: its descriptor."""
