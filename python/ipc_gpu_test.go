@@ -68,18 +68,16 @@ func gpuScaleProps() *pa.Props {
 	})
 }
 
-// TestPythonIPC runs a Go node on cuda:0 and a PyTorch process on the same
-// host: CUDA tensors go Go → Python and Python → Go over ipc (each side
-// opens the other's CUDA IPC handles), checked byte for byte, and both
-// sides report the channel "ipc".
-func TestPythonIPC(t *testing.T) {
+// gpuCluster runs a Go node on cuda:0 with the actor "gpuscale" and a
+// PyTorch process on the same host, with env added to the process's.
+func gpuCluster(t *testing.T, env ...string) (*actor.Node, *config.Config, *peer) {
 	gpuPython(t)
 	cfg, err := config.LocalConfig("pyipc", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.Nodes[0].Devices = []memory.Device{memory.CUDA(0)}
-	p := startPeer(t, cfg, 1, 0)
+	p := startPeer(t, cfg, 1, 0, env...)
 	node, err := actor.NewNode(cfg, cfg.Nodes[0].Name, actor.WithLogger(zap.NewNop()))
 	if err != nil {
 		t.Fatal(err)
@@ -91,13 +89,24 @@ func TestPythonIPC(t *testing.T) {
 	if _, err := node.Root().SpawnNamed(gpuScaleProps(), "gpuscale"); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := node.WaitPeer(ctx, cfg.Nodes[1].Name); err != nil {
 		t.Fatal(err)
 	}
 	p.do("wait", "ok wait")
 	t.Log(p.do("ipc", "ipc running"))
+	return node, cfg, p
+}
+
+// TestPythonIPC runs a Go node on cuda:0 and a PyTorch process on the same
+// host: CUDA tensors go Go → Python and Python → Go over ipc (each side
+// opens the other's CUDA IPC handles), checked byte for byte, and both
+// sides report the channel "ipc".
+func TestPythonIPC(t *testing.T) {
+	node, cfg, p := gpuCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
 
 	// Go → Python and back: Python's handler doubles on its GPU.
 	pid := node.PID(cfg.Nodes[1].Name, "gpudouble")
@@ -178,5 +187,23 @@ func TestPythonIPC(t *testing.T) {
 	}
 	if l := p.do("warnings", "warnings"); l != "warnings []" {
 		t.Fatalf("python node: %s", l)
+	}
+}
+
+// TestPythonIPCExpandableSegments runs the PyTorch process with the
+// caching allocator's expandable segments, whose memory has no legacy CUDA
+// IPC handle: its tensors are refused by its ipc channel with an error
+// that says why and served through staging instead, while the Go node's
+// tensors still reach it over ipc.
+func TestPythonIPCExpandableSegments(t *testing.T) {
+	node, _, p := gpuCluster(t, "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+	before := node.Stats().Channels
+	p.do("gpurequest 300000", "ok gpurequest")
+	after := node.Stats().Channels
+	if got := after["staging"].Bytes - before["staging"].Bytes; got != 4*300000 {
+		t.Fatalf("the go node fetched %d bytes over staging, want %d (channels %v)", got, 4*300000, after)
+	}
+	if l := p.do("warnings", "warnings"); !strings.Contains(l, "expandable segments") {
+		t.Fatalf("python node: %s (want the refusal that names expandable segments)", l)
 	}
 }

@@ -138,6 +138,8 @@ class Driver:
 
         def q():
             legacy = self._attr(_ATTR_LEGACY_IPC, ptr, ctypes.c_int)
+            if not legacy:  # cuMemMap'd memory: the rest does not matter
+                return Allocation(ordinal, ptr, ptr, 0, 0, False)
             base = self._attr(_ATTR_RANGE_START, ptr, ctypes.c_uint64)
             size = self._attr(_ATTR_RANGE_SIZE, ptr, ctypes.c_size_t)
             bid = self._attr(_ATTR_BUFFER_ID, ptr, ctypes.c_uint64)

@@ -1061,7 +1061,7 @@ class Node:
             if isinstance(t, _DeviceTensor):
                 try:
                     table[i] = (wid, self._export_device(node, t.t))
-                except _ipc.Refused as e:
+                except (_ipc.Refused, _cuda.CudaError) as e:
                     # Served through staging (or inline) from a host copy.
                     self.warnings.append(str(e))
                     table[i] = (wid, tensor_to_inline(t.t))
