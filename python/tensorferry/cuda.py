@@ -18,8 +18,6 @@ IPC_HANDLE_SIZE = 64
 # CUpointer_attribute values.
 _ATTR_BUFFER_ID = 7
 _ATTR_LEGACY_IPC = 10
-_ATTR_RANGE_START = 11
-_ATTR_RANGE_SIZE = 12
 
 _LAZY_ENABLE_PEER_ACCESS = 1
 
@@ -132,6 +130,12 @@ class Driver:
         self._call("cuPointerGetAttribute", ctypes.byref(v), ctypes.c_int(attr), ctypes.c_uint64(ptr))
         return v.value
 
+    def _range(self, ptr):
+        """The driver allocation holding ptr: (base, size)."""
+        base, size = ctypes.c_uint64(), ctypes.c_size_t()
+        self._call("cuMemGetAddressRange_v2", ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr))
+        return base.value, size.value
+
     def locate(self, t):
         """The Allocation of a CUDA tensor's memory."""
         ordinal, ptr = t.device.index, t.data_ptr()
@@ -140,8 +144,7 @@ class Driver:
             legacy = self._attr(_ATTR_LEGACY_IPC, ptr, ctypes.c_int)
             if not legacy:  # cuMemMap'd memory: the rest does not matter
                 return Allocation(ordinal, ptr, ptr, 0, 0, False)
-            base = self._attr(_ATTR_RANGE_START, ptr, ctypes.c_uint64)
-            size = self._attr(_ATTR_RANGE_SIZE, ptr, ctypes.c_size_t)
+            base, size = self._range(ptr)
             bid = self._attr(_ATTR_BUFFER_ID, ptr, ctypes.c_uint64)
             return Allocation(ordinal, ptr, base, size, bid, bool(legacy))
         return self._in(ordinal, q)
@@ -165,7 +168,7 @@ class Driver:
         def op():
             self._call(name, ctypes.byref(p), h, ctypes.c_uint(_LAZY_ENABLE_PEER_ACCESS))
             # The mapping must hold what the owner says it does.
-            mapped = self._attr(_ATTR_RANGE_SIZE, p.value, ctypes.c_size_t)
+            _, mapped = self._range(p.value)
             if mapped < size:
                 self._call("cuIpcCloseMemHandle", ctypes.c_uint64(p.value))
                 raise CudaError("tensorferry: cuda: the owner says its allocation holds %d bytes, "

@@ -642,7 +642,7 @@ class Node:
         caps = getattr(c, "parsed_caps", None)
         if caps is None:
             try:
-                adv = decode(c.caps or b"\x80")
+                adv = decode(c.caps if isinstance(c.caps, bytes) and c.caps else b"\x80")
                 caps = adv.get("c") if isinstance(adv, dict) else None
             except BadBody:
                 caps = None
