@@ -11,6 +11,7 @@ import (
 
 	"github.com/tensorferry/tensorferry/benchmarks/internal/report"
 	"github.com/tensorferry/tensorferry/memory"
+	"go.uber.org/goleak"
 )
 
 // TestMain runs the child Go node when the benchmark re-executes this
@@ -23,7 +24,10 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	goleak.VerifyTestMain(m,
+		// protoactor-go's dead-letter log throttle runs a timer goroutine
+		// that outlives ActorSystem.Shutdown by up to its interval.
+		goleak.IgnoreAnyFunction("github.com/asynkron/protoactor-go/actor.NewDeadLetter.NewThrottle.func4.1"))
 }
 
 // TestRunCPU runs the three paths on the CPU at small sizes: every figure
