@@ -10,8 +10,11 @@ and revoke. Both roles are here:
 
 - Owner (Go fetches a tensor this node lent): Owner.offer describes a CUDA
   tensor's place in its driver allocation; Owner.handle answers the Go
-  fetcher's control requests. The Python side never makes direct offers,
-  so every Go fetch begins and ends. A tensor in memory without a legacy
+  fetcher's control requests. Once a peer proved itself and got an
+  allocation's handle, later offers of tensors in that allocation to it
+  are direct, with no deadline: the node keeps an export (and so its
+  memory) until the holder releases it, so the holder copies under the
+  lease alone, without begin and end. A tensor in memory without a legacy
   IPC handle (PyTorch's expandable segments) gets no offer: Refused says
   why, and the node serves it through staging instead.
 - Fetcher (this node fetches a tensor a Go node lent): Fetcher.fetch
@@ -312,16 +315,17 @@ class Owner:
     to Go fetchers' control requests.
 
     lookup(export id) returns (lease, tensor, holder, incarnation) of a
-    lent export, or None; served(peer, bytes), when given, is called for
-    each copy begun. max_acquisitions bounds the copies one peer may
+    lent export, or None; served(peer, export, bytes), when given, is
+    called for each copy begun (export: what lookup returned second). max_acquisitions bounds the copies one peer may
     have in flight (rdma/ipc's MaxAcquisitions); challenge_ttl (seconds)
-    how long a challenge waits for its answer.
+    how long a challenge waits for its answer; direct=False never makes
+    direct offers (rdma/ipc's NoDirect).
     """
 
     def __init__(self, driver, lookup, incarnation, shm_dir=SHM_DIR, challenge_ttl=10.0,
-                 max_acquisitions=1024, max_allocs=4096, served=None):
+                 max_acquisitions=1024, max_allocs=4096, served=None, direct=True):
         self.driver, self.lookup, self.incarnation = driver, lookup, incarnation
-        self.served = served
+        self.served, self.direct = served, direct
         self.shm_dir, self.ttl = shm_dir, challenge_ttl
         self.max_acqs, self.max_allocs = max_acquisitions, max_allocs
         self.mu = threading.Lock()
@@ -337,11 +341,13 @@ class Owner:
         # reuse the ids a fetcher has mappings of (they are per
         # incarnation too).
         self.ids = itertools.count(int.from_bytes(os.urandom(4), "little") + 1)
-        self.stats = {"handles": 0, "begins": 0, "ends": 0, "proofs": 0}
+        self.stats = {"handles": 0, "begins": 0, "ends": 0, "proofs": 0, "direct_offers": 0}
 
-    def offer(self, t):
+    def offer(self, t, holder=None):
         """The ipc offer of t, a contiguous CUDA tensor whose kernels are
-        done. Raises Refused for memory without a legacy IPC handle."""
+        done, lent to holder: direct when holder proved it shares this
+        host and got the allocation's handle already (and direct offers
+        are on). Raises Refused for memory without a legacy IPC handle."""
         a = self.driver.locate(t)
         if not a.legacy_ipc:
             raise Refused("tensorferry: ipc: the tensor's memory (%#x on cuda:%d) has no legacy CUDA IPC "
@@ -356,7 +362,12 @@ class Owner:
             x = self.allocs.get((a.device, a.buffer_id))
             if x is None:
                 x = self._new_alloc_locked(a)
-        return encode_offer(x.id, a.ptr - x.base, n, x.size)
+            flags = 0
+            if self.direct and holder in self.proven and x.id in self.grants.get(holder, ()):
+                flags = FLAG_DIRECT
+                self.stats["direct_offers"] += 1
+        # No deadline: the export stays until its holder releases it.
+        return encode_offer(x.id, a.ptr - x.base, n, x.size, flags, 0)
 
     def _new_alloc_locked(self, a):
         old = self.by_base.pop((a.device, a.base), None)
@@ -516,7 +527,7 @@ class Owner:
                 else:
                     del self.revoked[peer]
         if self.served is not None:
-            self.served(peer, n)
+            self.served(peer, t, n)
         return encode_reply(**kw)
 
     def peer_down(self, peer):

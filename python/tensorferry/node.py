@@ -159,10 +159,10 @@ class _DeviceExport:
     """A CUDA tensor lent to a peer: its ipc offer, and its bytes in host
     memory, copied the first time a fetcher asks for them over staging."""
 
-    __slots__ = ("t", "ipc_offer", "nbytes", "_host")
+    __slots__ = ("t", "ipc_offer", "nbytes", "_host", "via")
 
     def __init__(self, t, offer):
-        self.t, self.ipc_offer, self._host = t, offer, None
+        self.t, self.ipc_offer, self._host, self.via = t, offer, None, None
         self.nbytes = t.numel() * t.element_size()
 
     def host(self):
@@ -301,6 +301,7 @@ class Node:
         self.errors = []  # bad input seen, for tests and logs
         self.transfers = []  # (channel, peer, bytes) of every fetch
         self.served = []  # (channel, peer, bytes) of every fetch of this node's exports
+        self.served_cv = threading.Condition(self.mu)
         self.threads = []
         self.sock = None
         self.warnings = []  # what was done another way than asked, and why
@@ -323,7 +324,7 @@ class Node:
         self.ipc_status = why
         if drv is not None:
             self.ipc_owner = _ipc.Owner(drv, self._lookup_export, self.incarnation, shm_dir=shm,
-                                        served=lambda peer, n: self.served.append(("ipc", peer, n)))
+                                        served=self._ipc_served)
             self.ipc_fetcher = _ipc.Fetcher(drv, self.name, self._ctl_call, self._ctl_send, shm_dir=shm)
 
     # -- lifecycle ---------------------------------------------------------
@@ -880,8 +881,34 @@ class Node:
             x = self.exports.get(e)
             if x is not None and x[0] == lease and x[2] == c.peer and inc == self.incarnation:
                 del self.exports[e]
+                if isinstance(x[1], _DeviceExport) and x[1].via is None:
+                    # Released without a begin or a staging request: its
+                    # holder copied it under a direct offer.
+                    self._served_locked("ipc", c.peer, x[1].nbytes)
                 return
         self.errors.append("%s: release of unknown export %r" % (c.peer, e))
+
+    def _served_locked(self, via, peer, n):
+        self.served.append((via, peer, n))
+        self.served_cv.notify_all()
+
+    def _ipc_served(self, peer, x, n):
+        with self.mu:
+            if isinstance(x, _DeviceExport) and x.via is None:
+                x.via = "ipc"
+                self._served_locked("ipc", peer, n)
+
+    def served_since(self, n, timeout=5.0):
+        """The entries of served after its first n, waiting up to timeout
+        seconds for one: a holder's release can arrive after its answer."""
+        end = time.monotonic() + timeout
+        with self.mu:
+            while len(self.served) <= n:
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                self.served_cv.wait(left)
+            return self.served[n:]
 
     def _data_accept_loop(self):
         while not self.stopped.is_set():
@@ -940,7 +967,12 @@ class Node:
             s.sendall(data[off:off + k])
             off += k
         s.sendall(staging.HEADER.pack(staging.FR_END, 0, 0, stream, 4) + bytes(4))
-        self.served.append(("staging", peer, n))
+        with self.mu:
+            if isinstance(x[1], _DeviceExport):
+                if x[1].via is not None:
+                    return
+                x[1].via = "staging"
+            self._served_locked("staging", peer, n)
 
     def _export(self, peer, t):
         """Lend t's bytes to peer until it releases them: its descriptor."""
@@ -962,7 +994,7 @@ class Node:
         # The fetcher copies on its own stream: what torch queued for t
         # must be done first.
         torch.cuda.current_stream(t.device).synchronize()
-        offer = self.ipc_owner.offer(t)
+        offer = self.ipc_owner.offer(t, peer)
         self._push_revocations()
         eid = next(self.export_ids)
         lease = int.from_bytes(os.urandom(8), "big") or 1

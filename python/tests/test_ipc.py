@@ -312,6 +312,29 @@ class ProtocolTest(unittest.TestCase):
         rep = ipc.decode_reply(self.fetcher.handle("go-1", ipc.encode_request(op=ipc.OP_BEGIN)))
         self.assertEqual(rep["code"], ipc.CODE_PROTOCOL)
 
+    def test_owner_direct_offers(self):
+        a = self.drv.alloc(256)
+        a.fill_(5)
+        self.assertEqual(ipc.decode_offer(self.owner.offer(a, "py-1"))[4], 0, "direct before any handle")
+        self.fetcher.fetch(self.lend(a, 1), torch.empty(256, dtype=torch.uint8), 5)
+        # The holder maps the allocation now: offers to it are direct, with
+        # no deadline (the export lives until released); to others not.
+        o = self.owner.offer(a[16:], "py-1")
+        self.assertEqual(ipc.decode_offer(o)[4:], (ipc.FLAG_DIRECT, 0))
+        self.assertEqual(ipc.decode_offer(self.owner.offer(a, "go-2"))[4], 0)
+        d = self.lend(a[16:], 2)
+        d["f"] = {"ipc": o}
+        begins = self.owner.stats["begins"]
+        dst = torch.empty(240, dtype=torch.uint8)
+        self.fetcher.fetch(d, dst, 5)
+        self.assertTrue(bool((dst == 5).all()))
+        self.assertEqual((self.fetcher.stats["direct"], self.owner.stats["begins"]), (1, begins))
+        off = ipc.Owner(self.drv, self.exports.get, 42, shm_dir=self.shm, direct=False)
+        off.proven.add("py-1")
+        off.offer(a)
+        off.grants["py-1"] = set(off.by_id)
+        self.assertEqual(ipc.decode_offer(off.offer(a, "py-1"))[4], 0)
+
     def test_direct_offer(self):
         a = self.drv.alloc(64)
         a.fill_(3)

@@ -62,8 +62,12 @@ def main():
             gs = grad[s * per:(s + 1) * per].contiguous()
             n0 = len(node.served)
             node.request((ps, "shard-%d" % s), tf.Message("torchps.Push", {"Step": step, "G": gs}))
+            # The shard fetched the gradient before its Ack; with ipc its
+            # release says so, and may come just after the Ack.
+            big = gs.is_cuda or gs.numel() * 4 > node.inline_threshold
+            via = node.served_since(n0, 5.0 if big else 0)
             print("%s step %d push shard-%d %d bytes via %s, from %s" % (
-                node.name, step, s, gs.numel() * 4, channel(node.served, n0), gs.device), flush=True)
+                node.name, step, s, gs.numel() * 4, via[-1][0] if via else "inline", gs.device), flush=True)
         print("%s step %d loss %.3g" % (node.name, step, loss.item()), flush=True)
 
     print("%s final loss %.3g" % (node.name, loss.item()), flush=True)
