@@ -623,9 +623,13 @@ class Fetcher:
         req["want_handle"] = m is None
         try:
             rep = self._begin(owner, req, timeout)
-        except BaseException:
+        except BaseException as e:
             if m is not None:
                 self._unuse(key, m)
+            if not isinstance(e, IPCError):
+                # No answer (timeout, connection lost): the begin may have
+                # reached the owner; end it, in case.
+                self._end(owner, req["acq"])
             raise
         try:
             self.revoke(owner, inc, rep["revoked"])
