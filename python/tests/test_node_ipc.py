@@ -125,5 +125,64 @@ class NodeControlTest(unittest.TestCase):
         self.assertEqual(decode(c.caps)["c"]["h"], self.node.host_id)
 
 
+class NodeFetchTest(unittest.TestCase):
+    """The node fetches a message's tensor over ipc (the owner here is an
+    ipc.Owner over the driver double) and delivers a torch tensor."""
+
+    def test_fetch_over_ipc(self):
+        import torch
+        from tensorferry.codec import Struct, TensorRef, encode
+        from tensorferry.message import encode_table
+        from tensorferry.node import F_RELEASE
+        shm = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, shm)
+        drv = FakeDriver()
+        exports = {}
+        owner = ipc.Owner(drv, exports.get, 5, shm_dir=shm)
+        node = Node("c", b"0123456789abcdef", "py", "127.0.0.1:0", {"go": "127.0.0.1:1"}, ipc=False)
+        node.ipc_owner = ipc.Owner(drv, node._lookup_export, node.incarnation, shm_dir=shm)
+        node.ipc_fetcher = ipc.Fetcher(drv, "py", lambda o, body, t: owner.handle("py", body),
+                                       lambda o, body: owner.handle("py", body), shm_dir=shm)
+        node.device, node.devices = torch.device("cpu", 0), [Struct(d="cuda:0", u="GPU-1", p="")]
+        conn = FakeConn("go")
+        conn.caps = bytes(encode({"c": {"h": node.host_id, "c": ["staging", "ipc"],
+                                        "g": [{"d": "cuda:3", "u": "GPU-9"}, {"d": "cuda:0", "u": "GPU-1"}]}}))
+        got = []
+        node.handle("h", lambda m: got.append(m))
+
+        a = drv.alloc(4096)
+        src = a[64:64 + 400].view(torch.float32)
+        src.copy_(torch.arange(100, dtype=torch.float32) - 3.5)
+
+        class X:
+            ipc_offer = owner.offer(src)
+        exports[11] = (77, X(), "py")
+        d = {"o": "go", "i": 5, "e": 11, "l": 77, "t": 1, "s": [10, 10], "b": 400, "d": "cuda:0", "h": "py",
+             "f": {"ipc": X.ipc_offer}}
+        self.assertTrue(node._ipc_from(conn, d))
+        self.assertFalse(node._ipc_from(conn, dict(d, d="cuda:3")), "a GPU without peer access")
+        body = bytes(encode(Struct(X=TensorRef(1, 4))))
+        env = decode_envelope(encode_envelope(target="h", sender_node="go", type_name="t.M", ser=1, body=body,
+                                              tensors=encode_table([(4, d)])))
+        from tensorferry.message import decode_table
+        table = decode_table(env["tensors"])
+        node._fetch(conn, env, table, [(4, table[4][1])])
+        self.assertEqual(node.errors, [])
+        self.assertEqual(len(got), 1)
+        x = got[0]["X"]
+        self.assertTrue(torch.equal(x, src.reshape(10, 10)))
+        self.assertEqual(node.transfers, [("ipc", "go", 400)])
+        rel = [b for f, b in conn.sent if f == F_RELEASE]
+        self.assertEqual([(r["e"], r["l"]) for r in rel], [(11, 77)])
+        self.assertEqual(owner.acquisitions(), 0)
+        # A lease the owner refuses: the message is dropped with a dead
+        # letter's reason in errors, its leases given back.
+        table = decode_table(env["tensors"])
+        table[4][1]["l"] = 78
+        node._fetch(conn, env, table, [(4, table[4][1])])
+        self.assertEqual(len(got), 1)
+        self.assertIn("lease not valid", node.errors[-1])
+
+
 if __name__ == "__main__":
     unittest.main()
