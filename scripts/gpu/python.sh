@@ -7,7 +7,7 @@
 #   scripts/gpu/python.sh build        # here (needs Go): .gpu/python.tar.xz
 #   device run, carry [.gpu]: scripts/gpu/python.sh [tests|sample|bench|all]   (default all)
 #
-# build adds its bundle beside scripts/gpu/build.sh's (it removes nothing
+# build adds its bundle (about 11 MiB) beside scripts/gpu/build.sh's (it removes nothing
 # else under .gpu/). Results go to $OUT (default .gpu/out): python.txt (the
 # summary), python-tests.log, torchps.log, pytorch.jsonl and pytorch.csv.
 # TF_PYTHON picks the interpreter with torch (default: python3 in PATH);
@@ -29,7 +29,7 @@ if [ "$WHAT" = build ]; then
 	"$GO" build $FLAGS -o "$STAGE/p/torchps" ./samples/torchps
 	(cd benchmarks && "$GO" build $FLAGS -o "$STAGE/p/pytorch" ./pytorch)
 	mkdir -p "$REPO/.gpu"
-	tar -C "$STAGE" -cf - p | xz -T2 -6 > "$REPO/.gpu/python.tar.xz"
+	tar -C "$STAGE" -cf - p | xz -T2 -9 > "$REPO/.gpu/python.tar.xz"
 	du -sh "$REPO/.gpu/python.tar.xz"
 	echo "on the GPU machine (carry .gpu): scripts/gpu/python.sh"
 	exit 0
