@@ -56,11 +56,11 @@ class Driver:
                 cls._one = cls()
             return cls._one
 
-    def __init__(self):
+    def __init__(self, path="libcuda.so.1"):
         try:
-            self.lib = ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_LOCAL)
+            self.lib = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
         except OSError as e:
-            raise CudaError("tensorferry: cuda: no driver (libcuda.so.1): %s" % e) from None
+            raise CudaError("tensorferry: cuda: no driver (%s): %s" % (path, e)) from None
         self._ctx = {}
         self._mu = threading.Lock()
         self._call("cuInit", ctypes.c_uint(0))
@@ -179,17 +179,19 @@ class Driver:
     def ipc_close(self, ordinal, ptr):
         self._in(ordinal, lambda: self._call("cuIpcCloseMemHandle", ctypes.c_uint64(ptr)))
 
-    def copy(self, dst, src_ptr, n):
+    def copy(self, dst, src_ptr, n, stream=None):
         """Copy n bytes from device address src_ptr into the CUDA tensor dst
-        on torch's current stream of its device, and wait for the copy."""
-        import torch
+        on stream (default: torch's current stream of dst's device), and
+        wait for the copy."""
         ordinal = dst.device.index
-        s = torch.cuda.current_stream(dst.device)
+        if stream is None:
+            import torch
+            stream = torch.cuda.current_stream(dst.device).cuda_stream
 
         def op():
             self._call("cuMemcpyDtoDAsync_v2", ctypes.c_uint64(dst.data_ptr()), ctypes.c_uint64(src_ptr),
-                       ctypes.c_size_t(n), ctypes.c_void_p(s.cuda_stream))
-            self._call("cuStreamSynchronize", ctypes.c_void_p(s.cuda_stream))
+                       ctypes.c_size_t(n), ctypes.c_void_p(stream))
+            self._call("cuStreamSynchronize", ctypes.c_void_p(stream))
         self._in(ordinal, op)
 
 
