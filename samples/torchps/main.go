@@ -209,7 +209,7 @@ func run(workers, shards, steps, dim int, py string, cuda bool, worker string) e
 			return err
 		}
 		cmd := exec.Command(py, script)
-		cmd.Env = append(os.Environ(), "TF_WORKER="+string(wc))
+		cmd.Env = append(os.Environ(), "TF_WORKER="+string(wc), "PYTHONDONTWRITEBYTECODE=1")
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 		if err := cmd.Start(); err != nil {
 			return fmt.Errorf("torchps: start worker: %w", err)
