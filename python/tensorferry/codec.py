@@ -30,6 +30,33 @@ class Struct(dict):
     """A Go struct: a map whose keys keep their (declared) order."""
 
 
+class Fixed(int):
+    """An integer encoded at a fixed width, as vmihailenco/msgpack writes
+    a Go field of that type without compact integers (msgpack.Marshal):
+    U8 0xcc, U32 0xce, U64 0xcf (a Go int is written compact: a plain int)."""
+
+    code = 0
+
+    def __new__(cls, v=0):
+        v = int(v)
+        lo, hi = cls.range
+        if not lo <= v <= hi:
+            raise OverflowError("tensorferry: %d does not fit in %s" % (v, cls.__name__))
+        return int.__new__(cls, v)
+
+
+class U8(Fixed):
+    code, size, range = 0xCC, 1, (0, 0xFF)
+
+
+class U32(Fixed):
+    code, size, range = 0xCE, 4, (0, 0xFFFFFFFF)
+
+
+class U64(Fixed):
+    code, size, range = 0xCF, 8, (0, 0xFFFFFFFFFFFFFFFF)
+
+
 class TensorRef:
     """A tensor field's reference [kind, id] to an entry of the tensor table."""
 
@@ -112,6 +139,9 @@ def _enc(out, v, depth):
         out.append(0xC3)
     elif v is False:
         out.append(0xC2)
+    elif isinstance(v, Fixed):
+        out.append(v.code)
+        out += int(v).to_bytes(v.size, "big", signed=v.range[0] < 0)
     elif isinstance(v, int):
         _int(out, v)
     elif isinstance(v, F32):

@@ -10,8 +10,10 @@ a value. Tensors ride inline in the tensor table (at most the inline
 threshold each); larger ones go through staging: this node fetches Go's
 exports (releasing each lease once fetched, within its receive budget and
 fetch deadline) and serves its own on its data address, lent until the
-fetcher releases them. ipc, lazy tensor.Ref fields, TLS and gossip
-membership are not spoken yet; the advert says ipc does not run.
+fetcher releases them. CUDA tensors move over ipc (ipc.py: CUDA IPC
+handles both ways, the Go channel's protocol) with Go nodes of this host
+when both ends run it; lazy tensor.Ref fields, TLS and gossip membership
+are not spoken yet.
 
 Every byte from a peer is hostile: frame lengths are bounded before
 anything is read for them, bodies are decoded by codec.decode, and a bad
@@ -27,10 +29,9 @@ import socket
 import struct
 import threading
 import time
-import uuid
 
 from .codec import BadBody, Struct, decode, encode
-from . import staging
+from . import cuda as _cuda, ipc as _ipc, staging
 from .message import (DTYPES, DTYPE_SIZE, MAX_DIMS, BadTable, InlineTensor, SER_MSGPACK,
                       decode_body, decode_envelope, decode_table, encode_body,
                       encode_envelope, encode_table)
@@ -48,6 +49,8 @@ F_HELLO, F_CHALLENGE, F_AUTH, F_WELCOME, F_MESSAGE, F_SYSTEM, F_PING, F_PONG, \
 F_RELEASE, F_CAPS, F_MESSAGES = 14, 15, 16
 SYS_DEADLETTER = 6
 CODE_PROTOCOL, CODE_AUTH, CODE_NOT_FOUND, CODE_SHUTDOWN = 1, 4, 7, 13  # wire.ErrCode
+
+CTL_REQUEST, CTL_REPLY = "$tensorferry.ctl", "$tensorferry.ctlreply"  # transfer's control messages
 
 REPLY_PREFIX = "future#"
 _DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
@@ -143,12 +146,43 @@ def inline_to_tensor(x):
     return torch.frombuffer(bytearray(x.data), dtype=torch.uint8).view(dt).reshape(x.shape)
 
 
-def _is_tensor(v):
-    try:
-        import torch
-    except ImportError:  # pragma: no cover
-        return None
-    return tensor_to_inline(v) if isinstance(v, torch.Tensor) else None
+class _DeviceTensor:
+    """A CUDA tensor of an outgoing message that goes over ipc."""
+
+    __slots__ = ("t",)
+
+    def __init__(self, t):
+        self.t = t
+
+
+class _DeviceExport:
+    """A CUDA tensor lent to a peer: its ipc offer, and its bytes in host
+    memory, copied the first time a fetcher asks for them over staging."""
+
+    __slots__ = ("t", "ipc_offer", "nbytes", "_host", "via")
+
+    def __init__(self, t, offer):
+        self.t, self.ipc_offer, self._host, self.via = t, offer, None, None
+        self.nbytes = t.numel() * t.element_size()
+
+    def host(self):
+        if self._host is None:
+            import torch
+            self._host = memoryview(self.t.reshape(-1).view(torch.uint8).cpu().numpy()).cast("B")
+        return self._host
+
+
+def _nbytes(x):
+    return x.nbytes if isinstance(x, _DeviceExport) else len(x)
+
+
+def _dev_to_tensor(buf, dtype, shape):
+    """A torch tensor of a message from the uint8 CUDA buffer fetched for it."""
+    import torch
+    if not _TORCH_OF:
+        for name, n in DTYPES.items():
+            _TORCH_OF[n] = getattr(torch, name)
+    return buf.view(_TORCH_OF[dtype]).reshape(shape)
 
 
 class _Conn:
@@ -221,12 +255,21 @@ class Node:
     peers maps the other nodes' names to addresses (only nodes in it are
     admitted). on_up(name, incarnation) and on_down(name, why) are called
     from the node's threads.
+
+    ipc (default True) runs the ipc channel when torch sees a GPU and the
+    CUDA driver loads: CUDA tensors then move to and from Go nodes of this
+    host through CUDA IPC (ipc_status says why not otherwise). device is
+    where tensors fetched over ipc land (default: torch's current CUDA
+    device). inline_device (default False), like Go's
+    transport.inline_device, sends CUDA tensors at most inline_threshold
+    bytes inline rather than over ipc.
     """
 
     def __init__(self, cluster, secret, name, address, peers, incarnation=None,
                  heartbeat_interval=1.0, failure_timeout=5.0, inline_threshold=64 << 10,
                  max_frame_size=16 << 20, receive_budget=1 << 30, fetch_timeout=60.0,
-                 data_address=None, inbox_messages=4096, on_up=None, on_down=None):
+                 data_address=None, inbox_messages=4096, on_up=None, on_down=None,
+                 ipc=True, device=None, inline_device=False, shm_dir=None):
         if isinstance(secret, str):
             secret = secret.encode()
         if len(secret) < 16:
@@ -257,8 +300,32 @@ class Node:
         self.inbox = queue.Queue(maxsize=inbox_messages)
         self.errors = []  # bad input seen, for tests and logs
         self.transfers = []  # (channel, peer, bytes) of every fetch
+        self.served = []  # (channel, peer, bytes) of every fetch of this node's exports
+        self.served_cv = threading.Condition(self.mu)
         self.threads = []
         self.sock = None
+        self.warnings = []  # what was done another way than asked, and why
+        self.ctl_ids = itertools.count(1)
+        self.ctl_pending = {}  # control request id → (peer, event, [reply bytes or error])
+        self.inline_device = inline_device
+        self.host_id = _ipc.host_id()
+        self.ipc_owner = self.ipc_fetcher = None
+        self.devices, self.p2p = [], []
+        self.device = None
+        drv, why = _cuda.available() if ipc else (None, "disabled by the Python node's ipc=False")
+        shm = shm_dir or _ipc.SHM_DIR
+        if drv is not None and not os.path.isdir(shm):
+            drv, why = None, "no shared memory directory %s for the same-host proof" % shm
+        if drv is not None:
+            try:
+                self._gpu_caps(drv, device)
+            except (_cuda.CudaError, RuntimeError) as e:
+                drv, why = None, str(e)
+        self.ipc_status = why
+        if drv is not None:
+            self.ipc_owner = _ipc.Owner(drv, self._lookup_export, self.incarnation, shm_dir=shm,
+                                        served=self._ipc_served)
+            self.ipc_fetcher = _ipc.Fetcher(drv, self.name, self._ctl_call, self._ctl_send, shm_dir=shm)
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -297,6 +364,9 @@ class Node:
             except Exception:
                 pass
             c.close("stopped")
+        for side in (self.ipc_owner, self.ipc_fetcher):
+            if side is not None:
+                side.close()
         try:
             self.inbox.put(None, timeout=1.0)
         except queue.Full:
@@ -368,9 +438,30 @@ class Node:
         b = bytes(encode(body))
         return HEADER.pack(len(b), ftype, 0, 0, stream) + b
 
+    def _gpu_caps(self, drv, device):
+        """The GPUs this node advertises (every one torch sees), the pairs
+        with peer access, and the device ipc fetches land on."""
+        import torch
+        n = torch.cuda.device_count()
+        for i in range(n):
+            u, bus = drv.identity(i)
+            self.devices.append(Struct(d="cuda:%d" % i, u=u, p=bus))
+        for i in range(n):
+            for j in range(n):
+                if i != j and drv.can_access_peer(i, j):
+                    self.p2p.append([self.devices[i]["u"], self.devices[j]["u"]])
+        dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+        if dev.type != "cuda" or dev.index is None or not 0 <= dev.index < n:
+            raise RuntimeError("tensorferry: device %s is not a CUDA device this process sees" % dev)
+        self.device = dev
+
     def _advert(self):
-        caps = Struct(n=self.name, i=self.incarnation, h="python:" + uuid.uuid4().hex,
-                      c=["staging"], x={"ipc": "not spoken by the Python node yet"})
+        if self.ipc_owner is not None:
+            caps = Struct(n=self.name, i=self.incarnation, h=self.host_id, g=self.devices, p=self.p2p,
+                          c=["staging", "ipc"], x={})
+        else:
+            caps = Struct(n=self.name, i=self.incarnation, h=self.host_id, c=["staging"],
+                          x={"ipc": self.ipc_status})
         return Struct(c=caps, w=0, wb=0)
 
     def _serve(self, s):
@@ -415,6 +506,8 @@ class Node:
                 self._released(c, v)
             if ftype == F_SYSTEM and isinstance(v, dict) and v.get("k") == SYS_DEADLETTER:
                 self._dead_letter(v)
+            if ftype == F_ERROR and isinstance(v, dict):
+                self._ctl_error(c, v)
         elif ftype == F_CAPS:
             caps = decode(body)
             if not isinstance(caps, dict):
@@ -422,6 +515,7 @@ class Node:
             with self.mu:
                 first = c.caps is None
                 c.caps = caps.get("b", b"")
+                c.parsed_caps = None
                 self.up_cv.notify_all()
             if first and self.on_up:
                 self.on_up(c.peer, c.inc)
@@ -443,6 +537,9 @@ class Node:
 
     def _message_in(self, c, body):
         env = decode_envelope(body)
+        if env["type_name"] in (CTL_REQUEST, CTL_REPLY):
+            self._control_in(c, env)
+            return
         if env["ser"] != SER_MSGPACK:
             raise BadBody("tensorferry: serializer %d not spoken (msgpack only)" % env["ser"])
         table = decode_table(env["tensors"])
@@ -474,6 +571,106 @@ class Node:
             return
         self._deliver(c, env, table)
 
+    # -- channel control (transfer's "$tensorferry.ctl" messages) ----------
+
+    def _control_in(self, c, env):
+        """A control request of a peer's channel (answered here, on the
+        connection's reader: the ipc owner never blocks on the peer), or
+        the reply to one of this node's."""
+        rid = env["request"]
+        if env["type_name"] == CTL_REPLY:
+            with self.mu:
+                w = self.ctl_pending.get(rid)
+            if w is not None and w[0] == c.peer and not w[1].is_set():
+                w[2].append(env["body"])
+                w[1].set()
+            return
+        if env["target"] != "ipc" or self.ipc_owner is None:
+            c.send(F_ERROR, Struct(c=CODE_NOT_FOUND, s=rid & 0xFFFFFFFF,
+                                   m="no channel %s takes control requests on %s" % (env["target"][:64], self.name)))
+            return
+        try:
+            op = _ipc.decode_request(env["body"])["op"]
+        except _ipc.IPCError as e:
+            op, rep = None, _ipc.error_reply(e)
+        if op == _ipc.OP_REVOKE:
+            rep = self.ipc_fetcher.handle(c.peer, env["body"])
+        elif op is not None:
+            rep = self.ipc_owner.handle(c.peer, env["body"])
+        c.send(F_MESSAGE, encode_envelope(type_name=CTL_REPLY, request=rid, body=rep))
+
+    def _ctl_error(self, c, v):
+        rid = v.get("s")
+        with self.mu:
+            w = self.ctl_pending.get(rid) if type(rid) is int else None
+        if w is not None and w[0] == c.peer and not w[1].is_set():
+            w[2].append(TensorferryError("tensorferry: control request refused by %s: code %r: %s"
+                                         % (c.peer, v.get("c"), str(v.get("m", ""))[:512])))
+            w[1].set()
+
+    def _ctl_call(self, peer, body, timeout):
+        """Send a control request to peer's ipc channel and wait for the reply."""
+        rid = next(self.ctl_ids) & 0xFFFFFFFF  # error frames carry the id in 32 bits
+        w = (peer, threading.Event(), [])
+        with self.mu:
+            self.ctl_pending[rid] = w
+        try:
+            self._conn(peer).send(F_MESSAGE, encode_envelope(target="ipc", type_name=CTL_REQUEST,
+                                                             request=rid, body=body))
+            if not w[1].wait(timeout):
+                raise TimeoutError("tensorferry: no control reply from %s in %.1fs" % (peer, timeout))
+        finally:
+            with self.mu:
+                self.ctl_pending.pop(rid, None)
+        r = w[2][0]
+        if isinstance(r, Exception):
+            raise r
+        return r
+
+    def _ctl_send(self, peer, body):
+        """Send a control request whose reply nobody waits for."""
+        rid = next(self.ctl_ids) & 0xFFFFFFFF
+        self._conn(peer).send(F_MESSAGE, encode_envelope(target="ipc", type_name=CTL_REQUEST,
+                                                         request=rid, body=body))
+
+    def _lookup_export(self, eid):
+        with self.mu:
+            x = self.exports.get(eid)
+        return None if x is None else (x[0], x[1], x[2])
+
+    def _peer_caps(self, c):
+        """The peer's capabilities (rdma.Caps as a dict), {} if unreadable."""
+        caps = getattr(c, "parsed_caps", None)
+        if caps is None:
+            try:
+                adv = decode(c.caps if isinstance(c.caps, bytes) and c.caps else b"\x80")
+                caps = adv.get("c") if isinstance(adv, dict) else None
+            except BadBody:
+                caps = None
+            caps = caps if isinstance(caps, dict) else {}
+            c.parsed_caps = caps
+        return caps
+
+    def _ipc_to(self, c):
+        """Whether CUDA tensors can go over ipc between this node and c's."""
+        if self.ipc_owner is None:
+            return False
+        caps = self._peer_caps(c)
+        return caps.get("h") == self.host_id and isinstance(caps.get("c"), list) and "ipc" in caps["c"]
+
+    def _ipc_from(self, c, d):
+        """Whether to fetch descriptor d from c's node over ipc: an ipc
+        offer of a tensor on a GPU whose UUID the owner advertised, that is
+        this node's device or one it has peer access to."""
+        if not self._ipc_to(c) or not isinstance(d.get("f"), dict) or "ipc" not in d["f"]:
+            return False
+        src = None
+        for g in self._peer_caps(c).get("g") or []:
+            if isinstance(g, dict) and g.get("d") == d.get("d"):
+                src = g.get("u")
+        mine = self.devices[self.device.index]["u"]
+        return bool(src) and (src == mine or [src, mine] in self.p2p or [mine, src] in self.p2p)
+
     def _check_descriptor(self, c, d):
         """Check a descriptor from c's peer; return its byte size."""
         def u64(k):
@@ -498,6 +695,12 @@ class Node:
                 break
         if size != n:
             raise BadTable("tensorferry: bad descriptor: %d bytes for shape %r of dtype %d" % (n, shape, dt))
+        offers, dev, holder = d.get("f"), d.get("d", ""), d.get("h", "")
+        if offers is not None and (not isinstance(offers, dict) or len(offers) > 16 or not all(
+                isinstance(k, str) and isinstance(v, bytes) for k, v in offers.items())):
+            raise BadTable("tensorferry: bad descriptor: offers %r" % (offers,))
+        if not isinstance(dev, str) or len(dev) > 32 or not isinstance(holder, str):
+            raise BadTable("tensorferry: bad descriptor: device %r, holder %r" % (dev, holder))
         return n
 
     def _release_all(self, c, descs):
@@ -508,17 +711,28 @@ class Node:
                 return
 
     def _fetch(self, c, env, table, fetches, own_conn=False):
-        """Fetch a message's exported tensors over staging (dispatch
-        thread), release their leases, and deliver it."""
-        done = []
+        """Fetch a message's exported tensors (dispatch thread) over ipc
+        when the owner offers it on this host, else over staging, release
+        their leases, and deliver it."""
+        done, moved = [], {}
         try:
             for k, d in fetches:
-                buf = bytearray(d["b"])
-                self._fetch_one(c, d, memoryview(buf), own_conn)
-                done.append(d)
-                table[k] = InlineTensor(d["t"], d["s"], bytes(buf) if d["b"] else b"")
+                if d["b"] and self._ipc_from(c, d):
+                    import torch
+                    buf = torch.empty(d["b"], dtype=torch.uint8, device=self.device)
+                    self.ipc_fetcher.fetch(d, buf, self.fetch_timeout)
+                    table[k] = _dev_to_tensor(buf, d["t"], d["s"])
+                    via = "ipc"
+                else:
+                    buf = bytearray(d["b"])
+                    self._fetch_one(c, d, memoryview(buf), own_conn)
+                    table[k] = InlineTensor(d["t"], d["s"], bytes(buf) if d["b"] else b"")
+                    via = "staging"
                 del buf
-        except (staging.StagingError, BadBody, OSError, TensorferryError, socket.timeout) as e:
+                done.append(d)
+                moved[via] = moved.get(via, 0) + d["b"]
+        except (staging.StagingError, BadBody, OSError, TensorferryError, socket.timeout,
+                _ipc.IPCError, _cuda.CudaError, RuntimeError) as e:
             if not own_conn:
                 self._drop_data(c.peer)
             self.errors.append("%s: fetch for %s: %s" % (c.peer, env["type_name"], e))
@@ -526,7 +740,8 @@ class Node:
             self._send_dead_letter(c, env, "fetch failed: %s" % e)
             return
         self._release_all(c, done)
-        self.transfers.append(("staging", c.peer, sum(d["b"] for d in done)))
+        for via, n in moved.items():
+            self.transfers.append((via, c.peer, n))
         try:
             self._deliver(c, env, table, now=True)
         except (BadBody, BadTable) as e:
@@ -650,6 +865,13 @@ class Node:
             for k in [k for k, x in self.exports.items() if x[2] == c.peer]:
                 del self.exports[k]
             was_up = c.caps is not None
+            waiting = [w for w in self.ctl_pending.values() if w[0] == c.peer]
+        for w in waiting:
+            w[2].append(TensorferryError("tensorferry: connection to %s closed: %s" % (c.peer, why)))
+            w[1].set()
+        for side in (self.ipc_owner, self.ipc_fetcher):
+            if side is not None:
+                side.peer_down(c.peer)
         if was_up and self.on_down:
             self.on_down(c.peer, why)
 
@@ -659,8 +881,34 @@ class Node:
             x = self.exports.get(e)
             if x is not None and x[0] == lease and x[2] == c.peer and inc == self.incarnation:
                 del self.exports[e]
+                if isinstance(x[1], _DeviceExport) and x[1].via is None:
+                    # Released without a begin or a staging request: its
+                    # holder copied it under a direct offer.
+                    self._served_locked("ipc", c.peer, x[1].nbytes)
                 return
         self.errors.append("%s: release of unknown export %r" % (c.peer, e))
+
+    def _served_locked(self, via, peer, n):
+        self.served.append((via, peer, n))
+        self.served_cv.notify_all()
+
+    def _ipc_served(self, peer, x, n):
+        with self.mu:
+            if isinstance(x, _DeviceExport) and x.via is None:
+                x.via = "ipc"
+                self._served_locked("ipc", peer, n)
+
+    def served_since(self, n, timeout=5.0):
+        """The entries of served after its first n, waiting up to timeout
+        seconds for one: a holder's release can arrive after its answer."""
+        end = time.monotonic() + timeout
+        with self.mu:
+            while len(self.served) <= n:
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                self.served_cv.wait(left)
+            return self.served[n:]
 
     def _data_accept_loop(self):
         while not self.stopped.is_set():
@@ -705,20 +953,26 @@ class Node:
             code, why = 7, "no export %d" % eid
         elif x[0] != lease:
             code, why = 8, "lease not valid for export %d" % eid
-        elif off > len(x[1]) or n > len(x[1]) - off:
-            code, why = 9, "[%d, +%d) outside export %d of %d bytes" % (off, n, eid, len(x[1]))
+        elif off > _nbytes(x[1]) or n > _nbytes(x[1]) - off:
+            code, why = 9, "[%d, +%d) outside export %d of %d bytes" % (off, n, eid, _nbytes(x[1]))
         if code:
             b = code.to_bytes(4, "big") + why.encode()[:staging.MAX_MESSAGE]
             s.sendall(staging.HEADER.pack(staging.FR_ERROR, 0, 0, stream, len(b)) + b)
             return
         chunk = min(chunk or staging.DEFAULT_CHUNK, staging.MAX_CHUNK)
-        data, end = x[1], off + n
+        data, end = x[1].host() if isinstance(x[1], _DeviceExport) else x[1], off + n
         while off < end:
             k = min(chunk, end - off)
             s.sendall(staging.HEADER.pack(staging.FR_DATA, 0, 0, stream, 8 + k) + off.to_bytes(8, "big"))
             s.sendall(data[off:off + k])
             off += k
         s.sendall(staging.HEADER.pack(staging.FR_END, 0, 0, stream, 4) + bytes(4))
+        with self.mu:
+            if isinstance(x[1], _DeviceExport):
+                if x[1].via is not None:
+                    return
+                x[1].via = "staging"
+            self._served_locked("staging", peer, n)
 
     def _export(self, peer, t):
         """Lend t's bytes to peer until it releases them: its descriptor."""
@@ -728,6 +982,40 @@ class Node:
             self.exports[eid] = [lease, memoryview(t.data), peer]
         return Struct((("o", self.name), ("i", self.incarnation), ("e", eid), ("l", lease),
                        ("t", t.dtype), ("s", list(t.shape)), ("b", len(t.data)), ("d", "cpu")))
+
+    def _export_device(self, peer, t):
+        """Lend the CUDA tensor t to peer over ipc: its descriptor. Raises
+        ipc.Refused for memory CUDA IPC cannot share."""
+        import torch
+        name = str(t.dtype).replace("torch.", "")
+        if name not in DTYPES:
+            raise TypeError("tensorferry: dtype %s has no tensorferry equivalent" % t.dtype)
+        t = t.detach().contiguous()
+        # The fetcher copies on its own stream: what torch queued for t
+        # must be done first.
+        torch.cuda.current_stream(t.device).synchronize()
+        offer = self.ipc_owner.offer(t, peer)
+        self._push_revocations()
+        eid = next(self.export_ids)
+        lease = int.from_bytes(os.urandom(8), "big") or 1
+        x = _DeviceExport(t, offer)
+        with self.mu:
+            self.exports[eid] = [lease, x, peer]
+        return Struct((("o", self.name), ("i", self.incarnation), ("e", eid), ("l", lease),
+                       ("t", DTYPES[name]), ("s", list(t.shape)), ("b", x.nbytes),
+                       ("d", "cuda:%d" % t.device.index), ("h", peer), ("f", {"ipc": offer})))
+
+    def _push_revocations(self):
+        """Tell peers to close their mappings of allocations this process's
+        allocator freed (found when a new one took their place)."""
+        for peer in list(self.ipc_owner.revoked):
+            ids = self.ipc_owner.take_revoked(peer)
+            if ids:
+                try:
+                    self._ctl_send(peer, _ipc.encode_request(op=_ipc.OP_REVOKE, inc=self.incarnation,
+                                                             revoked=ids))
+                except (TensorferryError, OSError):
+                    pass  # a peer that is down closed its mappings already
 
     def _heartbeat_loop(self):
         seq = itertools.count(1)
@@ -779,9 +1067,38 @@ class Node:
     def _envelope(self, target, msg, sender_id, request_key=0):
         if not isinstance(msg, Message):
             raise TypeError("tensorferry: send a tensorferry.Message, not %s" % type(msg).__name__)
-        body, table = encode_body(msg.fields, _is_tensor)
         node, ident = target
-        big = [i for i, (_, t) in enumerate(table) if len(t.data) > self.inline_threshold]
+        over_ipc = None
+
+        def tensor_of(v):
+            nonlocal over_ipc
+            try:
+                import torch
+            except ImportError:  # pragma: no cover
+                return None
+            if not isinstance(v, torch.Tensor):
+                return None
+            if v.is_cuda and v.numel():
+                if over_ipc is None:
+                    with self.mu:
+                        c = self.conns.get(node)
+                    over_ipc = c is not None and c.caps is not None and self._ipc_to(c)
+                if over_ipc and (not self.inline_device or
+                                 v.numel() * v.element_size() > self.inline_threshold):
+                    return _DeviceTensor(v)
+            return tensor_to_inline(v)
+
+        body, table = encode_body(msg.fields, tensor_of)
+        for i, (wid, t) in enumerate(table):
+            if isinstance(t, _DeviceTensor):
+                try:
+                    table[i] = (wid, self._export_device(node, t.t))
+                except (_ipc.Refused, _cuda.CudaError) as e:
+                    # Served through staging (or inline) from a host copy.
+                    self.warnings.append(str(e))
+                    table[i] = (wid, tensor_to_inline(t.t))
+        big = [i for i, (_, t) in enumerate(table)
+               if isinstance(t, InlineTensor) and len(t.data) > self.inline_threshold]
         if big and not self.data_address:
             raise TensorferryError(
                 "tensorferry: tensor of %d bytes above the inline threshold %d and this node "

@@ -7,7 +7,13 @@ on stdin, one a line, printing one result line each:
   request <size>   request the Go actor "scale" with a float32 tensor of size elements
   hostile          send Go a message whose tensor table lies about its bytes
   big              try to send a tensor above the inline threshold
+  ipc              say whether the ipc channel runs ("ipc running" or why not)
+  gpurequest <n>   request the Go actor "gpuscale" with a CUDA float32 tensor of n elements
+  warnings         print what the node did another way than asked
   quit             stop
+
+On a GPU, its actor "gpudouble" answers a CUDA tensor with the tensor
+times two, on its GPU.
 """
 
 import json
@@ -50,6 +56,13 @@ def main():
         return tf.Message("py.Vec", {"Scale": m["Scale"], "X": x * 2, "Note": "doubled by python"})
 
     node.handle("double", double)
+
+    def gpudouble(m):
+        x = m["X"]
+        where = str(x.device) if x.is_cuda else "host memory"
+        return tf.Message("py.Vec", {"Scale": m["Scale"], "X": x * 2, "Note": "doubled on " + where})
+
+    node.handle("gpudouble", gpudouble)
 
     def total(m):
         x = m["X"]
@@ -112,6 +125,20 @@ def main():
                     say("bad nodata: sent")
                 except tf.TensorferryError as e:
                     say("ok nodata:", e)
+            elif cmd[0] == "ipc":
+                say("ipc running on %s" % node.device if node.ipc_owner else "ipc not running: %s"
+                    % node.ipc_status)
+            elif cmd[0] == "gpurequest":
+                n = int(cmd[1])
+                x = (torch.arange(n, dtype=torch.float32, device=node.device) % 1000) - 7.25
+                r = node.request((gonode, "gpuscale"), tf.Message(
+                    "py.Vec", {"Scale": 3.0, "X": x, "Note": ""}), timeout=60)
+                y = r["X"]
+                ok = y.is_cuda and torch.equal(y, x * 3) and r["Note"] == "scaled on cuda:0"
+                say("ok gpurequest" if ok else "bad gpurequest: on %s, equal %s, note %r"
+                    % (y.device, torch.equal(y.cpu(), (x * 3).cpu()), r["Note"]))
+            elif cmd[0] == "warnings":
+                say("warnings", json.dumps(node.warnings))
             elif cmd[0] == "transfers":
                 say("transfers", json.dumps(node.transfers))
             elif cmd[0] == "errors":

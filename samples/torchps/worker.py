@@ -1,7 +1,11 @@
 """A PyTorch worker of samples/torchps: pulls the weights from the Go
 shards, computes the gradient of a linear regression with autograd on its
 own generated data (the solution w* is known), pushes it, and prints the
-channel of every transfer. Its node's config comes in TF_WORKER (JSON)."""
+channel of every transfer. Its node's config comes in TF_WORKER (JSON).
+
+With "cuda" in the config it computes on its GPU: the weights arrive on
+the GPU and the gradients leave from it, over ipc (device to device with
+the Go shards)."""
 
 import json
 import os
@@ -23,7 +27,12 @@ def main():
     node.start()
     ps, shards, dim, steps = cfg["ps"], cfg["shards"], cfg["dim"], cfg["steps"]
     node.wait_peer(ps, timeout=30)
-    device = "cuda" if torch.cuda.is_available() and cfg.get("cuda") else "cpu"
+    device = "cpu"
+    if cfg.get("cuda"):
+        if node.ipc_owner is None:
+            print("%s: no ipc: %s" % (node.name, node.ipc_status), flush=True)
+            return 2
+        device = node.device
     g = torch.Generator().manual_seed(1234)
     w_star = torch.randn(dim, generator=g)            # the known solution, shared
     g.manual_seed(cfg["seed"])
@@ -31,10 +40,10 @@ def main():
     y = x @ w_star.to(device)
     per = dim // shards
 
-    def channel(nbytes, fetched_before):
-        if len(node.transfers) > fetched_before:
-            return node.transfers[-1][0]
-        return "inline"
+    def channel(log, before):
+        # The channel that moved the tensor: the last fetch (pull) or the
+        # last fetch of this node's export (push); none: it went inline.
+        return log[-1][0] if len(log) > before else "inline"
 
     for step in range(steps):
         parts = []
@@ -42,19 +51,23 @@ def main():
             n0 = len(node.transfers)
             r = node.request((ps, "shard-%d" % s), tf.Message("torchps.Pull", {"Step": step}))
             w = r["W"]
-            print("%s step %d pull shard-%d %d bytes via %s" % (node.name, step, s, w.numel() * 4,
-                                                              channel(w.numel() * 4, n0)), flush=True)
+            print("%s step %d pull shard-%d %d bytes via %s, on %s" % (
+                node.name, step, s, w.numel() * 4, channel(node.transfers, n0), w.device), flush=True)
             parts.append(w)
         w = torch.cat(parts).to(device).requires_grad_(True)
         loss = 0.5 * ((x @ w - y) ** 2).mean()
         loss.backward()
-        grad = w.grad.detach().cpu()
+        grad = w.grad.detach()
         for s in range(shards):
             gs = grad[s * per:(s + 1) * per].contiguous()
-            via = "staging" if gs.numel() * 4 > node.inline_threshold else "inline"
+            n0 = len(node.served)
             node.request((ps, "shard-%d" % s), tf.Message("torchps.Push", {"Step": step, "G": gs}))
-            print("%s step %d push shard-%d %d bytes via %s" % (node.name, step, s, gs.numel() * 4, via),
-                  flush=True)
+            # The shard fetched the gradient before its Ack; with ipc its
+            # release says so, and may come just after the Ack.
+            big = gs.is_cuda or gs.numel() * 4 > node.inline_threshold
+            via = node.served_since(n0, 5.0 if big else 0)
+            print("%s step %d push shard-%d %d bytes via %s, from %s" % (
+                node.name, step, s, gs.numel() * 4, via[-1][0] if via else "inline", gs.device), flush=True)
         print("%s step %d loss %.3g" % (node.name, step, loss.item()), flush=True)
 
     print("%s final loss %.3g" % (node.name, loss.item()), flush=True)

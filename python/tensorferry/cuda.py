@@ -1,0 +1,213 @@
+"""The CUDA driver calls the ipc channel needs, through ctypes (libcuda.so.1).
+
+The driver library is the one every CUDA process of the host uses, torch
+included; each call runs with the device's primary context pushed (the
+context torch's runtime uses), so torch's own state is left as it was.
+Errors name the call: ``tensorferry: cuda: cuIpcOpenMemHandle:
+CUDA_ERROR_INVALID_VALUE``.
+
+Driver is the real driver; ipc.py also runs over a host-memory double of
+the same methods (tests/fakecuda.py) where there is no GPU.
+"""
+
+import ctypes
+import threading
+
+IPC_HANDLE_SIZE = 64
+
+# CUpointer_attribute values.
+_ATTR_BUFFER_ID = 7
+_ATTR_LEGACY_IPC = 10
+
+_LAZY_ENABLE_PEER_ACCESS = 1
+
+
+class CudaError(Exception):
+    """A CUDA driver call failed, or there is no driver."""
+
+
+class _IpcHandle(ctypes.Structure):
+    _fields_ = [("reserved", ctypes.c_ubyte * IPC_HANDLE_SIZE)]
+
+
+class Allocation:
+    """Where a tensor's memory lies: its device, the driver allocation that
+    holds it (base, size, the driver's unique buffer id) and whether that
+    allocation has a legacy CUDA IPC handle (not PyTorch's expandable
+    segments, which map memory with cuMemMap)."""
+
+    __slots__ = ("device", "ptr", "base", "size", "buffer_id", "legacy_ipc")
+
+    def __init__(self, device, ptr, base, size, buffer_id, legacy_ipc):
+        self.device, self.ptr, self.base, self.size = device, ptr, base, size
+        self.buffer_id, self.legacy_ipc = buffer_id, legacy_ipc
+
+
+class Driver:
+    """libcuda.so.1 through ctypes; load() returns the process's one."""
+
+    _one = None
+    _once = threading.Lock()
+
+    @classmethod
+    def load(cls):
+        with cls._once:
+            if cls._one is None:
+                cls._one = cls()
+            return cls._one
+
+    def __init__(self, path="libcuda.so.1"):
+        try:
+            self.lib = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
+        except OSError as e:
+            raise CudaError("tensorferry: cuda: no driver (%s): %s" % (path, e)) from None
+        self._ctx = {}
+        self._mu = threading.Lock()
+        self._call("cuInit", ctypes.c_uint(0))
+
+    def _fn(self, name):
+        try:
+            return getattr(self.lib, name)
+        except AttributeError:
+            raise CudaError("tensorferry: cuda: the driver has no %s" % name) from None
+
+    def _call(self, name, *args):
+        rc = self._fn(name)(*args)
+        if rc != 0:
+            s = ctypes.c_char_p()
+            self.lib.cuGetErrorName(rc, ctypes.byref(s))
+            raise CudaError("tensorferry: cuda: %s: %s" % (name.split("_v")[0],
+                            s.value.decode() if s.value else "error %d" % rc))
+
+    def device_count(self):
+        n = ctypes.c_int()
+        self._call("cuDeviceGetCount", ctypes.byref(n))
+        return n.value
+
+    def _dev(self, ordinal):
+        d = ctypes.c_int()
+        self._call("cuDeviceGet", ctypes.byref(d), ctypes.c_int(ordinal))
+        return d
+
+    def identity(self, ordinal):
+        """The device's UUID ("GPU-…", as Go's caps write it) and PCI bus id."""
+        d = self._dev(ordinal)
+        u = (ctypes.c_ubyte * 16)()
+        self._call("cuDeviceGetUuid", u, d)
+        h = bytes(u).hex()
+        uuid = "GPU-%s-%s-%s-%s-%s" % (h[:8], h[8:12], h[12:16], h[16:20], h[20:])
+        bus = ctypes.create_string_buffer(64)
+        self._call("cuDeviceGetPCIBusId", bus, ctypes.c_int(64), d)
+        return uuid, bus.value.decode()
+
+    def can_access_peer(self, a, b):
+        ok = ctypes.c_int()
+        self._call("cuDeviceCanAccessPeer", ctypes.byref(ok), self._dev(a), self._dev(b))
+        return bool(ok.value)
+
+    def _push(self, ordinal):
+        with self._mu:
+            ctx = self._ctx.get(ordinal)
+            if ctx is None:
+                ctx = ctypes.c_void_p()
+                self._call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), self._dev(ordinal))
+                self._ctx[ordinal] = ctx
+        self._call("cuCtxPushCurrent_v2", ctx)
+
+    def _pop(self):
+        old = ctypes.c_void_p()
+        self._call("cuCtxPopCurrent_v2", ctypes.byref(old))
+
+    def _in(self, ordinal, fn):
+        self._push(ordinal)
+        try:
+            return fn()
+        finally:
+            self._pop()
+
+    def _attr(self, attr, ptr, ctype):
+        v = ctype()
+        self._call("cuPointerGetAttribute", ctypes.byref(v), ctypes.c_int(attr), ctypes.c_uint64(ptr))
+        return v.value
+
+    def _range(self, ptr):
+        """The driver allocation holding ptr: (base, size)."""
+        base, size = ctypes.c_uint64(), ctypes.c_size_t()
+        self._call("cuMemGetAddressRange_v2", ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr))
+        return base.value, size.value
+
+    def locate(self, t):
+        """The Allocation of a CUDA tensor's memory."""
+        ordinal, ptr = t.device.index, t.data_ptr()
+
+        def q():
+            legacy = self._attr(_ATTR_LEGACY_IPC, ptr, ctypes.c_int)
+            if not legacy:  # cuMemMap'd memory: the rest does not matter
+                return Allocation(ordinal, ptr, ptr, 0, 0, False)
+            base, size = self._range(ptr)
+            bid = self._attr(_ATTR_BUFFER_ID, ptr, ctypes.c_uint64)
+            return Allocation(ordinal, ptr, base, size, bid, bool(legacy))
+        return self._in(ordinal, q)
+
+    def ipc_handle(self, ordinal, base):
+        """The cuIpcMemHandle (64 bytes) of the allocation at base."""
+        h = _IpcHandle()
+        self._in(ordinal, lambda: self._call("cuIpcGetMemHandle", ctypes.byref(h), ctypes.c_uint64(base)))
+        return bytes(h.reserved)
+
+    def ipc_open(self, ordinal, handle, size):
+        """Map another process's allocation (handle) into device ordinal; its
+        device pointer. size is what the owner says the allocation holds."""
+        if len(handle) != IPC_HANDLE_SIZE:
+            raise CudaError("tensorferry: cuda: IPC handle of %d bytes" % len(handle))
+        h = _IpcHandle()
+        ctypes.memmove(h.reserved, handle, IPC_HANDLE_SIZE)
+        p = ctypes.c_uint64()
+        name = "cuIpcOpenMemHandle_v2" if hasattr(self.lib, "cuIpcOpenMemHandle_v2") else "cuIpcOpenMemHandle"
+
+        def op():
+            self._call(name, ctypes.byref(p), h, ctypes.c_uint(_LAZY_ENABLE_PEER_ACCESS))
+            # The mapping must hold what the owner says it does.
+            _, mapped = self._range(p.value)
+            if mapped < size:
+                self._call("cuIpcCloseMemHandle", ctypes.c_uint64(p.value))
+                raise CudaError("tensorferry: cuda: the owner says its allocation holds %d bytes, "
+                                "the mapping holds %d" % (size, mapped))
+        self._in(ordinal, op)
+        return p.value
+
+    def ipc_close(self, ordinal, ptr):
+        self._in(ordinal, lambda: self._call("cuIpcCloseMemHandle", ctypes.c_uint64(ptr)))
+
+    def copy(self, dst, src_ptr, n, stream=None):
+        """Copy n bytes from device address src_ptr into the CUDA tensor dst
+        on stream (default: torch's current stream of dst's device), and
+        wait for the copy."""
+        ordinal = dst.device.index
+        if stream is None:
+            import torch
+            stream = torch.cuda.current_stream(dst.device).cuda_stream
+
+        def op():
+            self._call("cuMemcpyDtoDAsync_v2", ctypes.c_uint64(dst.data_ptr()), ctypes.c_uint64(src_ptr),
+                       ctypes.c_size_t(n), ctypes.c_void_p(stream))
+            self._call("cuStreamSynchronize", ctypes.c_void_p(stream))
+        self._in(ordinal, op)
+
+
+def available():
+    """The driver and its device count, or (None, why) without CUDA: torch
+    must see a GPU and the driver must load."""
+    try:
+        import torch
+    except ImportError as e:
+        return None, "no torch: %s" % e
+    if not torch.cuda.is_available():
+        return None, "torch sees no CUDA device"
+    try:
+        d = Driver.load()
+        if d.device_count() == 0:
+            return None, "no CUDA device"
+        return d, ""
+    except CudaError as e:
+        return None, str(e)

@@ -1,0 +1,188 @@
+"""The node's control messages ("$tensorferry.ctl") and its ipc plumbing,
+over the host-memory driver double: requests answered or refused, replies
+matched to their waiter and peer, hostile descriptors refused."""
+
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+from tensorferry import ipc  # noqa: E402
+from tensorferry.codec import decode  # noqa: E402
+from tensorferry.message import BadTable, decode_envelope, encode_envelope  # noqa: E402
+from tensorferry.node import (CTL_REPLY, CTL_REQUEST, F_ERROR, F_MESSAGE, Node,  # noqa: E402
+                              TensorferryError)
+from fakecuda import FakeDriver  # noqa: E402
+
+
+class FakeConn:
+    def __init__(self, peer):
+        self.peer, self.inc, self.sent, self.caps = peer, 5, [], b"\x80"
+        self.sent_event = threading.Event()
+
+    def send(self, ftype, body, stream=0):
+        self.sent.append((ftype, body))
+        self.sent_event.set()
+
+
+class NodeControlTest(unittest.TestCase):
+    def setUp(self):
+        self.shm = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.shm)
+        self.node = Node("c", b"0123456789abcdef", "py", "127.0.0.1:0", {"go": "127.0.0.1:1"}, ipc=False)
+        self.assertIn("disabled", self.node.ipc_status)
+        drv = FakeDriver()
+        self.node.ipc_owner = ipc.Owner(drv, self.node._lookup_export, self.node.incarnation, shm_dir=self.shm)
+        self.node.ipc_fetcher = ipc.Fetcher(drv, "py", self.node._ctl_call, self.node._ctl_send, shm_dir=self.shm)
+        self.conn = FakeConn("go")
+
+    def request(self, target, body, rid=7):
+        env = decode_envelope(encode_envelope(target=target, type_name=CTL_REQUEST, request=rid, body=body))
+        self.node._control_in(self.conn, env)
+        ftype, out = self.conn.sent.pop()
+        return ftype, out
+
+    def test_requests(self):
+        ftype, out = self.request("ipc", ipc.encode_request(op=ipc.OP_CHALLENGE))
+        self.assertEqual(ftype, F_MESSAGE)
+        env = decode_envelope(out)
+        self.assertEqual((env["type_name"], env["request"]), (CTL_REPLY, 7))
+        rep = ipc.decode_reply(env["body"])
+        self.assertEqual(rep["code"], 0)
+        self.assertTrue(rep["path"].startswith(os.path.join(self.shm, ipc.CHALLENGE_PREFIX)))
+        # Garbage and unknown ops: error replies, the connection stays.
+        for body in (b"\xc1", b"", bytes(5000)):
+            ftype, out = self.request("ipc", body)
+            self.assertEqual(ipc.decode_reply(decode_envelope(out)["body"])["code"], ipc.CODE_PROTOCOL)
+        # A revoke goes to the fetcher side.
+        ftype, out = self.request("ipc", ipc.encode_request(op=ipc.OP_REVOKE, inc=1, revoked=[3]))
+        self.assertEqual(ipc.decode_reply(decode_envelope(out)["body"])["code"], 0)
+        # Another channel: an error frame carrying the request's id.
+        ftype, out = self.request("verbs", b"", rid=(1 << 40) + 9)
+        self.assertEqual(ftype, F_ERROR)
+        self.assertEqual(dict(out)["s"], 9)
+
+    def test_replies_matched(self):
+        conns = {"go": self.conn}
+        self.node.conns = conns
+        self.conn.caps = b"\x80"
+        got = []
+
+        def call():
+            try:
+                got.append(self.node._ctl_call("go", b"req", 5))
+            except TensorferryError as e:
+                got.append(e)
+
+        th = threading.Thread(target=call)
+        th.start()
+        self.assertTrue(self.conn.sent_event.wait(5))
+        rid = decode_envelope(self.conn.sent[0][1])["request"]
+        # A reply from another peer, or to another id, is not this one's.
+        other = FakeConn("intruder")
+        self.node._control_in(other, decode_envelope(encode_envelope(type_name=CTL_REPLY, request=rid, body=b"x")))
+        self.node._control_in(self.conn, decode_envelope(encode_envelope(type_name=CTL_REPLY, request=rid + 1,
+                                                                         body=b"y")))
+        self.node._control_in(self.conn, decode_envelope(encode_envelope(type_name=CTL_REPLY, request=rid,
+                                                                         body=b"ok")))
+        th.join(5)
+        self.assertEqual(got, [b"ok"])
+        # An error frame answers a waiting request with an error.
+        th = threading.Thread(target=call)
+        self.conn.sent.clear()
+        self.conn.sent_event.clear()
+        th.start()
+        self.assertTrue(self.conn.sent_event.wait(5))
+        rid = decode_envelope(self.conn.sent[0][1])["request"]
+        self.node._ctl_error(self.conn, {"c": 7, "s": rid, "m": "no channel"})
+        th.join(5)
+        self.assertIsInstance(got[-1], TensorferryError)
+        self.assertIn("no channel", str(got[-1]))
+
+    def test_descriptor_checked(self):
+        base = {"o": "go", "i": 5, "e": 1, "l": 2, "t": 9, "s": [4], "b": 4, "d": "cuda:0"}
+        self.assertEqual(self.node._check_descriptor(self.conn, dict(base, f={"ipc": b"x"})), 4)
+        for bad in ({"f": {"ipc": 3}}, {"f": [1]}, {"f": {str(i): b"" for i in range(17)}},
+                    {"d": 7}, {"h": 1}, {"d": "x" * 33}):
+            with self.assertRaises(BadTable):
+                self.node._check_descriptor(self.conn, dict(base, **bad))
+
+    def test_peer_caps(self):
+        c = FakeConn("go")
+        for caps in (None, 3, b"\xc1", b"\x90"):
+            c.caps, c.parsed_caps = caps, None
+            self.assertEqual(self.node._peer_caps(c), {})
+            self.assertFalse(self.node._ipc_to(c))
+        adv = {"c": {"h": self.node.host_id, "c": ["ipc"]}}
+        from tensorferry.codec import encode
+        c.caps, c.parsed_caps = bytes(encode(adv)), None
+        self.assertTrue(self.node._ipc_to(c))
+        self.assertEqual(decode(c.caps)["c"]["h"], self.node.host_id)
+
+
+class NodeFetchTest(unittest.TestCase):
+    """The node fetches a message's tensor over ipc (the owner here is an
+    ipc.Owner over the driver double) and delivers a torch tensor."""
+
+    def test_fetch_over_ipc(self):
+        import torch
+        from tensorferry.codec import Struct, TensorRef, encode
+        from tensorferry.message import encode_table
+        from tensorferry.node import F_RELEASE
+        shm = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, shm)
+        drv = FakeDriver()
+        exports = {}
+        owner = ipc.Owner(drv, exports.get, 5, shm_dir=shm)
+        node = Node("c", b"0123456789abcdef", "py", "127.0.0.1:0", {"go": "127.0.0.1:1"}, ipc=False)
+        node.ipc_owner = ipc.Owner(drv, node._lookup_export, node.incarnation, shm_dir=shm)
+        node.ipc_fetcher = ipc.Fetcher(drv, "py", lambda o, body, t: owner.handle("py", body),
+                                       lambda o, body: owner.handle("py", body), shm_dir=shm)
+        node.device, node.devices = torch.device("cpu", 0), [Struct(d="cuda:0", u="GPU-1", p="")]
+        conn = FakeConn("go")
+        conn.caps = bytes(encode({"c": {"h": node.host_id, "c": ["staging", "ipc"],
+                                        "g": [{"d": "cuda:3", "u": "GPU-9"}, {"d": "cuda:0", "u": "GPU-1"}]}}))
+        got = []
+        node.handle("h", lambda m: got.append(m))
+
+        a = drv.alloc(4096)
+        src = a[64:64 + 400].view(torch.float32)
+        src.copy_(torch.arange(100, dtype=torch.float32) - 3.5)
+
+        class X:
+            ipc_offer = owner.offer(src)
+        exports[11] = (77, X(), "py")
+        d = {"o": "go", "i": 5, "e": 11, "l": 77, "t": 1, "s": [10, 10], "b": 400, "d": "cuda:0", "h": "py",
+             "f": {"ipc": X.ipc_offer}}
+        self.assertTrue(node._ipc_from(conn, d))
+        self.assertFalse(node._ipc_from(conn, dict(d, d="cuda:3")), "a GPU without peer access")
+        body = bytes(encode(Struct(X=TensorRef(1, 4))))
+        env = decode_envelope(encode_envelope(target="h", sender_node="go", type_name="t.M", ser=1, body=body,
+                                              tensors=encode_table([(4, d)])))
+        from tensorferry.message import decode_table
+        table = decode_table(env["tensors"])
+        node._fetch(conn, env, table, [(4, table[4][1])])
+        self.assertEqual(node.errors, [])
+        self.assertEqual(len(got), 1)
+        x = got[0]["X"]
+        self.assertTrue(torch.equal(x, src.reshape(10, 10)))
+        self.assertEqual(node.transfers, [("ipc", "go", 400)])
+        rel = [b for f, b in conn.sent if f == F_RELEASE]
+        self.assertEqual([(r["e"], r["l"]) for r in rel], [(11, 77)])
+        self.assertEqual(owner.acquisitions(), 0)
+        # A lease the owner refuses: the message is dropped with a dead
+        # letter's reason in errors, its leases given back.
+        table = decode_table(env["tensors"])
+        table[4][1]["l"] = 78
+        node._fetch(conn, env, table, [(4, table[4][1])])
+        self.assertEqual(len(got), 1)
+        self.assertIn("lease not valid", node.errors[-1])
+
+
+if __name__ == "__main__":
+    unittest.main()
