@@ -223,6 +223,7 @@ func (c *Config) decode(root *yaml.Node) error {
 				"relay":                   notBoolOf(&f.NoRelay),
 				"relay_min_bytes":         sizeOf(&f.RelayMinBytes),
 				"relay_fanout":            countOf(&f.RelayFanout),
+				"relay_chunk_bytes":       sizeOf(&f.RelayChunkBytes),
 			})
 		case "staging":
 			s := &c.Staging
@@ -639,6 +640,7 @@ type fileFlow struct {
 	Relay                *bool  `yaml:"relay,omitempty"` // written only when off
 	RelayMinBytes        string `yaml:"relay_min_bytes,omitempty"`
 	RelayFanout          int    `yaml:"relay_fanout,omitempty"`
+	RelayChunkBytes      string `yaml:"relay_chunk_bytes,omitempty"`
 }
 
 type fileStaging struct {
@@ -765,7 +767,7 @@ func (c *Config) Marshal() ([]byte, error) {
 			MaxInFlight: fl.MaxInFlight, MaxInFlightBytes: sz(fl.MaxInFlightBytes),
 			ReceiveBudget: sz(fl.ReceiveBudget), ReceiveBudgetPerPeer: sz(fl.ReceiveBudgetPerPeer),
 			ReceiveWindow: fl.ReceiveWindow, InboxMessages: fl.InboxMessages, InboxBytes: sz(fl.InboxBytes),
-			Relay: relayOff(fl.NoRelay), RelayMinBytes: sz(fl.RelayMinBytes), RelayFanout: fl.RelayFanout,
+			Relay: relayOff(fl.NoRelay), RelayMinBytes: sz(fl.RelayMinBytes), RelayFanout: fl.RelayFanout, RelayChunkBytes: sz(fl.RelayChunkBytes),
 		}),
 		Staging: nonZero(&fileStaging{
 			ChunkSize: sz(int64(st.ChunkSize)), ChunksInFlight: st.ChunksInFlight,

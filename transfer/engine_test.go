@@ -78,6 +78,9 @@ func (m *memtest) downCh(owner string) chan struct{} {
 	return ch
 }
 
+// memtestWaiting counts the memtest fetches held by the gate.
+var memtestWaiting atomic.Int64
+
 // memtestDirect turns memtest's FetchDirect on: it then fetches at once,
 // whatever gate holds Fetch (holdFetches).
 var memtestDirect atomic.Bool
@@ -94,6 +97,8 @@ func (m *memtest) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 	gate := memtestGate.ch
 	memtestGate.Unlock()
 	if gate != nil {
+		memtestWaiting.Add(1)
+		defer memtestWaiting.Add(-1)
 		select {
 		case <-gate:
 		case <-m.downCh(d.Owner):
@@ -124,7 +129,15 @@ func (m *memtest) copy(ctx context.Context, d *tensor.Descriptor, dst memory.Buf
 // holdFetches holds every memtest fetch until open is called (at the
 // latest when the test ends).
 func holdFetches(t *testing.T) (open func()) {
+	open, _ = holdFetchesOneByOne(t)
+	return open
+}
+
+// holdFetchesOneByOne is holdFetches, and pass lets one held fetch go on
+// (it waits for one to be held).
+func holdFetchesOneByOne(t *testing.T) (open, pass func()) {
 	gate := make(chan struct{})
+	pass = func() { gate <- struct{}{} }
 	memtestGate.Lock()
 	memtestGate.ch = gate
 	memtestGate.Unlock()
@@ -136,7 +149,7 @@ func holdFetches(t *testing.T) (open func()) {
 		memtestGate.ch = nil
 		memtestGate.Unlock()
 	})
-	return open
+	return open, pass
 }
 
 // link is one engine's fake connection to another.

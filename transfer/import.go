@@ -311,7 +311,7 @@ func (in *Incoming) releaseFetched(ctx context.Context) {
 
 func (in *Incoming) fetchOne(ctx context.Context, j job) error {
 	if j.dst != nil {
-		return in.placeInto(j, j.dst.Write(func(memory.Buffer) error { return in.e.fetchRelayed(ctx, j.d, j.dst) }))
+		return in.placeInto(j, j.dst.Write(func(memory.Buffer) error { return in.e.fetchRelayed(ctx, j.d, j.dst, nil) }))
 	}
 	dst, err := tensor.NewUninit(in.device, j.d.DType, j.d.Shape)
 	if err != nil {
@@ -453,7 +453,7 @@ func (f *refFetcher) FetchDescriptorInto(ctx context.Context, d *tensor.Descript
 		return fmt.Errorf("transfer: fetch %v: %w", d, err)
 	}
 	e := (*Engine)(f)
-	return dst.Write(func(memory.Buffer) error { return e.fetchRelayed(ctx, d, dst) })
+	return dst.Write(func(memory.Buffer) error { return e.fetchRelayed(ctx, d, dst, nil) })
 }
 
 func (f *refFetcher) ReleaseDescriptor(ctx context.Context, d *tensor.Descriptor) error {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/tensor"
+	"github.com/tinylib/msgp/msgp"
 	"go.uber.org/zap"
 )
 
@@ -32,11 +33,20 @@ type relayKey struct {
 type relayFlight struct {
 	d     *tensor.Descriptor // the leader's: followers must match its type
 	ready chan struct{}      // closed when the leader's fetch ended
-	src   *tensor.Tensor     // the leader's destination; read only after ready, if err is nil
+	src   *tensor.Tensor     // the leader's destination; read only after ready (if err is nil) or up to landed
 	err   error
-	// copies counts the followers that joined: the leader's destination
+	// landed counts the bytes of src fetched from its start, when the
+	// leader fetches in chunks (Flow.RelayChunkBytes); grew is closed
+	// (and replaced) when it grows. Under mu.
+	mu     sync.Mutex
+	landed int64
+	grew   chan struct{}
+	// copies counts the followers that joined and the loans of the
+	// destination (or its chunks) to other nodes, under relays.mu; idle
+	// is closed when it drops to 0. The leader's destination
 	// stays unchanged (neither delivered nor freed) until they copied it.
-	copies sync.WaitGroup
+	copies int
+	idle   chan struct{}
 	joined int // followers that joined, under relays.mu (for tests)
 }
 
@@ -64,8 +74,9 @@ type relays struct {
 
 // lentContent is one content this node lends to several receivers.
 type lentContent struct {
-	members []RelayMember // in the order of their first export
-	live    int           // exports of it not ended
+	t       *tensor.Tensor // the tensor lent
+	members []RelayMember  // in the order of their first export
+	live    int            // exports of it not ended
 }
 
 // relayTarget is the Target of a relay request: a control request to a
@@ -125,17 +136,17 @@ func (e *Engine) fetchShared(ctx context.Context, d *tensor.Descriptor, dst *ten
 	k := relayKey{d.Owner, d.Incarnation, d.Content}
 	e.relays.mu.Lock()
 	if f := e.relays.m[k]; f != nil && sameContent(f.d, d) {
-		f.copies.Add(1)
+		f.copies++
 		f.joined++
 		e.relays.mu.Unlock()
 		err := e.follow(ctx, f, d, dst)
-		f.copies.Done()
+		e.relays.copied(f)
 		if err == nil {
 			return nil
 		}
 		return e.fetchInto(ctx, d, dst) // the leader failed: from the owner
 	}
-	f := &relayFlight{d: d, ready: make(chan struct{})}
+	f := &relayFlight{d: d, ready: make(chan struct{}), src: dst}
 	if e.relays.m == nil {
 		e.relays.m = map[relayKey]*relayFlight{}
 		e.relays.lending = map[*tensor.Tensor]*relayFlight{}
@@ -147,24 +158,60 @@ func (e *Engine) fetchShared(ctx context.Context, d *tensor.Descriptor, dst *ten
 		e.relays.started = nil
 	}
 	e.relays.mu.Unlock()
-	err := e.fetchRelayed(ctx, d, dst)
-	f.src, f.err = dst, err
+	err := e.fetchRelayed(ctx, d, dst, f)
+	f.err = err
 	close(f.ready)
+	// Others may still join a flight that succeeded (a loan of its next
+	// chunk, a late message of the same content) until every copy ended;
+	// then it leaves the map under the same lock, and nothing joins it.
+	// A failed one leaves at once: fetches from now on lead again.
 	e.relays.mu.Lock()
+	if err != nil && e.relays.m[k] == f {
+		delete(e.relays.m, k)
+	}
+	for f.copies > 0 {
+		if f.idle == nil {
+			f.idle = make(chan struct{})
+		}
+		idle := f.idle
+		e.relays.mu.Unlock()
+		<-idle
+		e.relays.mu.Lock()
+	}
 	if e.relays.m[k] == f {
 		delete(e.relays.m, k)
 	}
-	e.relays.mu.Unlock()
-	f.copies.Wait() // no follower joins f any more; every copy lent ended
-	e.relays.mu.Lock()
 	delete(e.relays.lending, dst)
 	e.relays.mu.Unlock()
 	return err
 }
 
+// copied ends one copy of f (a follower's, or a loan to another node).
+func (r *relays) copied(f *relayFlight) {
+	r.mu.Lock()
+	r.copiedLocked(f)
+	r.mu.Unlock()
+}
+
+// copiedLocked is copied with r.mu held.
+func (r *relays) copiedLocked(f *relayFlight) {
+	if f.copies--; f.copies == 0 && f.idle != nil {
+		close(f.idle)
+		f.idle = nil
+	}
+}
+
 // fetchRelayed fetches d into dst from the receiver the owner named
-// (d.Relay), or from the owner when there is none or it cannot serve.
-func (e *Engine) fetchRelayed(ctx context.Context, d *tensor.Descriptor, dst *tensor.Tensor) error {
+// (d.Relay), or from the owner when there is none or it cannot serve;
+// chunk by chunk when Flow.RelayChunkBytes says so, telling f (the
+// flight dst belongs to; nil: none) as each chunk lands.
+func (e *Engine) fetchRelayed(ctx context.Context, d *tensor.Descriptor, dst *tensor.Tensor, f *relayFlight) error {
+	if c := e.cfg.Flow.RelayChunkBytes; c > 0 && d.Bytes > c && e.relayEligible(d) {
+		if err := e.fetchChunked(ctx, d, dst, f); err == nil || ctx.Err() != nil {
+			return err
+		}
+		return e.fetchInto(ctx, d, dst)
+	}
 	if d.Relay != "" && d.Relay != e.cfg.Node && d.Relay != d.Owner && e.relayEligible(d) {
 		err := e.fetchFromHolder(ctx, d, dst)
 		if err == nil {
@@ -180,21 +227,146 @@ func (e *Engine) fetchRelayed(ctx context.Context, d *tensor.Descriptor, dst *te
 	return e.fetchInto(ctx, d, dst)
 }
 
-// fetchFromHolder asks d.Relay for its copy of d's content and fetches it
-// into dst, then gives that copy's lease back.
-func (e *Engine) fetchFromHolder(ctx context.Context, d *tensor.Descriptor, dst *tensor.Tensor) error {
-	if p := e.peer(d.Relay); p == nil || !p.relay {
-		return fmt.Errorf("%w: relay %s", ErrPeerDown, d.Relay)
+// fetchChunked fetches d into dst in chunks of Flow.RelayChunkBytes from
+// the receiver the owner named, or from the owner (which serves chunks of
+// what it lends), the next chunk asked for while one is fetched. A
+// failure from a named receiver counts as a fallback; the caller then
+// fetches the whole from the owner.
+func (e *Engine) fetchChunked(ctx context.Context, d *tensor.Descriptor, dst *tensor.Tensor, f *relayFlight) error {
+	from := d.Owner
+	if d.Relay != "" && d.Relay != e.cfg.Node && d.Relay != d.Owner {
+		from = d.Relay
 	}
-	ask := tensor.Descriptor{Owner: d.Owner, Incarnation: d.Incarnation, DType: d.DType, Shape: d.Shape,
+	if p := e.peer(from); p == nil || !p.relay {
+		return fmt.Errorf("%w: relay %s", ErrPeerDown, from)
+	}
+	size := e.cfg.Flow.RelayChunkBytes
+	n := (d.Bytes + size - 1) / size
+	ask := func(i int64) chan chunkAnswer {
+		ch := make(chan chunkAnswer, 1)
+		go func() {
+			hd, err := e.askHolder(ctx, from, d, uint64(i+1), size)
+			ch <- chunkAnswer{hd, err}
+		}()
+		return ch
+	}
+	// A chunk's loan is given back once the next chunk's is made, so
+	// that the holder's flight never sees every loan ended before the
+	// last chunk (it would end, and the next ask find nothing).
+	var err error
+	var prev *tensor.Descriptor
+	next := ask(0)
+	for i := int64(0); i < n; i++ {
+		a := <-next
+		next = nil
+		if prev != nil {
+			_ = e.release(ctx, prev)
+			prev = nil
+		}
+		if err = a.err; err != nil {
+			break
+		}
+		prev = a.hd
+		if i+1 < n {
+			next = ask(i + 1)
+		}
+		off, m := i*size, min(size, d.Bytes-i*size)
+		var view *tensor.Tensor
+		if view, err = viewOf(dst, off, m); err == nil {
+			err = e.fetchInto(ctx, a.hd, view)
+		}
+		if err != nil {
+			break
+		}
+		f.land(off + m)
+	}
+	if prev != nil {
+		_ = e.release(ctx, prev)
+	}
+	if next != nil { // asked already: give its copy back
+		go func() {
+			if a := <-next; a.err == nil {
+				_ = e.release(context.WithoutCancel(ctx), a.hd)
+			}
+		}()
+	}
+	if from != d.Owner {
+		if err == nil {
+			e.stats.relayFetched.Add(1)
+		} else {
+			e.stats.relayFallbacks.Add(1)
+			e.log.Debug("relay: fetching from the owner", zap.String("relay", from), zap.Stringer("descriptor", d), zap.Error(err))
+		}
+	}
+	return err
+}
+
+type chunkAnswer struct {
+	hd  *tensor.Descriptor
+	err error
+}
+
+// viewOf returns the n bytes of t from off as a tensor of bytes sharing
+// t's memory.
+func viewOf(t *tensor.Tensor, off, n int64) (*tensor.Tensor, error) {
+	b, err := t.Buffer().Slice(int(off), int(n))
+	if err != nil {
+		return nil, err
+	}
+	return tensor.FromBuffer(b, tensor.Uint8, tensor.Shape{n})
+}
+
+// land records that f's source holds its first n bytes (f may be nil).
+func (f *relayFlight) land(n int64) {
+	if f == nil {
+		return
+	}
+	f.mu.Lock()
+	f.landed = n
+	if f.grew != nil {
+		close(f.grew)
+		f.grew = nil
+	}
+	f.mu.Unlock()
+}
+
+// waitLanded waits until f's source holds its first n bytes or f's fetch
+// ended; it returns f's error, if its fetch failed.
+func (f *relayFlight) waitLanded(ctx context.Context, n int64) error {
+	for {
+		f.mu.Lock()
+		if f.landed >= n {
+			f.mu.Unlock()
+			return nil
+		}
+		if f.grew == nil {
+			f.grew = make(chan struct{})
+		}
+		grew := f.grew
+		f.mu.Unlock()
+		select {
+		case <-grew:
+		case <-f.ready:
+			return f.err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// askHolder asks node from for its copy of d's content: chunk (1-based)
+// of size bytes, or all of it when chunk is 0. It returns the descriptor
+// of that copy, lent to this node.
+func (e *Engine) askHolder(ctx context.Context, from string, d *tensor.Descriptor, chunk uint64, size int64) (*tensor.Descriptor, error) {
+	q := tensor.Descriptor{Owner: d.Owner, Incarnation: d.Incarnation, DType: d.DType, Shape: d.Shape,
 		Bytes: d.Bytes, Device: d.Device, Content: d.Content}
-	body, err := ask.MarshalMsg(nil)
+	body, err := encodeRelayAsk(relayAsk{chunk: chunk, size: size, d: &q})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	resp, err := e.control(ctx, d.Relay, relayTarget, body)
+	resp, err := e.control(ctx, from, relayTarget, body)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var hd tensor.Descriptor
 	rest, err := hd.UnmarshalMsg(resp)
@@ -205,14 +377,79 @@ func (e *Engine) fetchFromHolder(ctx context.Context, d *tensor.Descriptor, dst 
 		err = hd.Validate()
 	}
 	if err != nil {
-		return fmt.Errorf("transfer: relay %s answered: %w", d.Relay, err)
+		return nil, fmt.Errorf("transfer: relay %s answered: %w", from, err)
 	}
-	if hd.Owner != d.Relay || !sameContent(d, &hd) {
+	want := &q
+	if chunk > 0 {
+		off := int64(chunk-1) * size
+		want = &tensor.Descriptor{DType: tensor.Uint8, Shape: tensor.Shape{min(size, d.Bytes-off)}, Bytes: min(size, d.Bytes-off)}
+	}
+	if hd.Owner != from || !sameContent(want, &hd) {
 		_ = e.release(ctx, &hd)
-		return fmt.Errorf("transfer: relay %s answered %v for %v", d.Relay, &hd, d)
+		return nil, fmt.Errorf("transfer: relay %s answered %v for %v", from, &hd, d)
 	}
-	err = e.fetchInto(ctx, &hd, dst)
-	_ = e.release(ctx, &hd)
+	return &hd, nil
+}
+
+// relayAsk is a relay request: the content's descriptor (no lease, export
+// or offers) and which part of it: chunk (1-based) of size bytes, or all
+// of it (chunk 0).
+type relayAsk struct {
+	chunk uint64
+	size  int64
+	d     *tensor.Descriptor
+}
+
+// encodeRelayAsk writes a relay request: chunk and size as msgpack
+// integers, then the descriptor.
+func encodeRelayAsk(a relayAsk) ([]byte, error) {
+	b := msgp.AppendInt64(msgp.AppendUint64(nil, a.chunk), a.size)
+	return a.d.MarshalMsg(b)
+}
+
+// decodeRelayAsk reads a relay request from a peer, checking it: a valid
+// descriptor with a content, and a chunk within it.
+func decodeRelayAsk(b []byte) (relayAsk, error) {
+	var a relayAsk
+	var err error
+	if a.chunk, b, err = msgp.ReadUint64Bytes(b); err == nil {
+		a.size, b, err = msgp.ReadInt64Bytes(b)
+	}
+	var d tensor.Descriptor
+	if err == nil {
+		var rest []byte
+		if rest, err = d.UnmarshalMsg(b); err == nil && len(rest) != 0 {
+			err = fmt.Errorf("%w: %d bytes after it", tensor.ErrBadDescriptor, len(rest))
+		}
+	}
+	if err == nil {
+		err = d.Validate()
+	}
+	if err == nil && d.Content == 0 {
+		err = errors.New("no content")
+	}
+	if err == nil && a.chunk > 0 && (a.size <= 0 || a.size > d.Bytes || a.chunk > uint64((d.Bytes+a.size-1)/a.size)) {
+		err = fmt.Errorf("chunk %d of %d bytes in %d", a.chunk, a.size, d.Bytes)
+	}
+	if err != nil {
+		return relayAsk{}, fmt.Errorf("transfer: bad relay request: %w", err)
+	}
+	a.d = &d
+	return a, nil
+}
+
+// fetchFromHolder asks d.Relay for its copy of d's content and fetches it
+// into dst, then gives that copy's lease back.
+func (e *Engine) fetchFromHolder(ctx context.Context, d *tensor.Descriptor, dst *tensor.Tensor) error {
+	if p := e.peer(d.Relay); p == nil || !p.relay {
+		return fmt.Errorf("%w: relay %s", ErrPeerDown, d.Relay)
+	}
+	hd, err := e.askHolder(ctx, d.Relay, d, 0, 0)
+	if err != nil {
+		return err
+	}
+	err = e.fetchInto(ctx, hd, dst)
+	_ = e.release(ctx, hd)
 	return err
 }
 
@@ -220,38 +457,76 @@ func (e *Engine) fetchFromHolder(ctx context.Context, d *tensor.Descriptor, dst 
 // node's fetch of the content ended, it lends its copy to peer. The
 // copy's flight does not deliver it (nor free it) until that lease ends.
 func (e *Engine) serveRelay(ctx context.Context, peer string, req []byte) ([]byte, error) {
-	var d tensor.Descriptor
-	rest, err := d.UnmarshalMsg(req)
-	if err == nil && len(rest) != 0 {
-		err = fmt.Errorf("%w: %d bytes after it", tensor.ErrBadDescriptor, len(rest))
-	}
-	if err == nil {
-		err = d.Validate()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("transfer: bad relay request: %w", err)
-	}
-	f, err := e.joinFlight(ctx, &d)
+	a, err := decodeRelayAsk(req)
 	if err != nil {
 		return nil, err
 	}
-	select {
-	case <-f.ready:
-	case <-ctx.Done():
-		f.copies.Done()
-		return nil, ctx.Err()
+	d := a.d
+	off, n := int64(0), d.Bytes
+	if a.chunk > 0 {
+		off = int64(a.chunk-1) * a.size
+		n = min(a.size, d.Bytes-off)
 	}
-	if f.err != nil {
-		f.copies.Done()
-		return nil, fmt.Errorf("transfer: relay: this node's fetch failed: %w", f.err)
+	if d.Owner == e.cfg.Node {
+		return e.serveOwnChunk(peer, a, off, n)
 	}
-	x, hd, err := e.store.Export(f.src, peer, e.cfg.Flow.TransferTimeout)
+	f, err := e.joinFlight(ctx, d)
 	if err != nil {
-		f.copies.Done()
+		return nil, err
+	}
+	// One copy joined f: done when the loan below ends, or now if none
+	// is made.
+	if err := f.waitLanded(ctx, off+n); err != nil {
+		e.relays.copied(f)
+		return nil, fmt.Errorf("transfer: relay: this node's fetch failed: %w", err)
+	}
+	src := f.src
+	if a.chunk > 0 {
+		if src, err = viewOf(f.src, off, n); err != nil {
+			e.relays.copied(f)
+			return nil, err
+		}
+		e.relays.mu.Lock()
+		e.relays.lending[src] = f
+		e.relays.mu.Unlock()
+	}
+	x, hd, err := e.store.Export(src, peer, e.cfg.Flow.TransferTimeout)
+	if err != nil {
+		e.relays.mu.Lock()
+		if src != f.src {
+			delete(e.relays.lending, src)
+		}
+		e.relays.mu.Unlock()
+		e.relays.copied(f)
 		return nil, err
 	}
 	e.offer(x, peer, hd)
 	e.stats.relayServed.Add(1)
+	return hd.MarshalMsg(nil)
+}
+
+// serveOwnChunk answers a request for a chunk of a content this node owns
+// and lends now: it lends that chunk of the tensor (a view) to peer.
+func (e *Engine) serveOwnChunk(peer string, a relayAsk, off, n int64) ([]byte, error) {
+	d := a.d
+	e.relays.mu.Lock()
+	var t *tensor.Tensor
+	if c := e.relays.lent[d.Content]; c != nil && d.Incarnation == e.cfg.Incarnation {
+		t = c.t
+	}
+	e.relays.mu.Unlock()
+	if t == nil || a.chunk == 0 || t.DType() != d.DType || !slices.Equal(t.Shape(), d.Shape) {
+		return nil, fmt.Errorf("%w: %v content %d (the owner serves chunks of what it lends)", ErrNotHeld, d, d.Content)
+	}
+	v, err := viewOf(t, off, n)
+	if err != nil {
+		return nil, err
+	}
+	x, hd, err := e.store.Export(v, peer, e.cfg.Flow.TransferTimeout)
+	if err != nil {
+		return nil, err
+	}
+	e.offer(x, peer, hd)
 	return hd.MarshalMsg(nil)
 }
 
@@ -265,7 +540,7 @@ func (e *Engine) joinFlight(ctx context.Context, d *tensor.Descriptor) (*relayFl
 		e.relays.mu.Lock()
 		f := e.relays.m[k]
 		if f != nil && d.Content != 0 && sameContent(f.d, d) {
-			f.copies.Add(1)
+			f.copies++
 			f.joined++
 			e.relays.mu.Unlock()
 			return f, nil
@@ -314,7 +589,7 @@ func (e *Engine) planRelay(peer string, x *tensor.Export, d *tensor.Descriptor) 
 	}
 	c := r.lent[d.Content]
 	if c == nil {
-		c = &lentContent{}
+		c = &lentContent{t: x.Tensor}
 		r.lent[d.Content] = c
 	}
 	c.live++
@@ -355,7 +630,10 @@ func (e *Engine) relayExportEnded(x *tensor.Export) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if f := r.lending[x.Tensor]; f != nil {
-		f.copies.Done()
+		r.copiedLocked(f)
+		if x.Tensor != f.src { // a chunk's view
+			delete(r.lending, x.Tensor)
+		}
 	}
 	c, ok := r.byExport[x.ID]
 	if !ok {
@@ -371,6 +649,29 @@ func (e *Engine) relayExportEnded(x *tensor.Export) {
 
 // follow copies f's content into dst once f's leader has it.
 func (e *Engine) follow(ctx context.Context, f *relayFlight, d *tensor.Descriptor, dst *tensor.Tensor) error {
+	start := time.Now()
+	if c := e.cfg.Flow.RelayChunkBytes; c > 0 && d.Bytes > c {
+		// Chunk by chunk, as the leader's land.
+		for off := int64(0); off < d.Bytes; off += c {
+			n := min(c, d.Bytes-off)
+			if err := f.waitLanded(ctx, off+n); err != nil {
+				return err
+			}
+			s, err := viewOf(f.src, off, n)
+			var t *tensor.Tensor
+			if err == nil {
+				t, err = viewOf(dst, off, n)
+			}
+			if err == nil {
+				err = memory.Copy(ctx, t.Buffer(), s.Buffer())
+			}
+			if err != nil {
+				return err
+			}
+		}
+		e.stats.addBytes(d.Owner, RelayChannel, d.Bytes, time.Since(start))
+		return nil
+	}
 	select {
 	case <-f.ready:
 	case <-ctx.Done():
@@ -379,7 +680,6 @@ func (e *Engine) follow(ctx context.Context, f *relayFlight, d *tensor.Descripto
 	if f.err != nil {
 		return f.err
 	}
-	start := time.Now()
 	if err := memory.Copy(ctx, dst.Buffer(), f.src.Buffer()); err != nil {
 		return err
 	}

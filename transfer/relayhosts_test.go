@@ -2,6 +2,7 @@ package transfer_test
 
 import (
 	"context"
+	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
 	"testing"
@@ -41,12 +42,19 @@ func hashOf(b []byte) uint64 {
 // receiver gets the tensor's bytes.
 func TestRelayTwoHosts(t *testing.T) {
 	t.Cleanup(transfer.SetRelayGrace(time.Minute)) // the plan, not the order of reads, is under test
+	for _, chunk := range []int64{0, 1 << 20} {
+		t.Run(fmt.Sprintf("chunk=%d", chunk), func(t *testing.T) { testRelayTwoHosts(t, chunk) })
+	}
+}
+
+// testRelayTwoHosts is TestRelayTwoHosts with flow.relay_chunk_bytes chunk.
+func testRelayTwoHosts(t *testing.T, chunk int64) {
 	const size = 8 << 20
 	cfg, err := config.LocalConfig("relayhosts", 4)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Flow.RelayMinBytes = 1 << 20
+	cfg.Flow.RelayMinBytes, cfg.Flow.RelayChunkBytes = 1<<20, chunk
 	cfg.DisableChannels = []string{"memtest"} // this package's test double
 	hosts := []string{"host-a", "host-b", "host-b", "host-b"}
 	nodes := make([]*actor.Node, len(hosts))
@@ -110,6 +118,10 @@ func TestRelayTwoHosts(t *testing.T) {
 	if got := owner.Stats().Served[rdma.Staging].Bytes; got != size {
 		t.Fatalf("the owner served %d bytes across the hosts, want one copy (%d)", got, size)
 	}
+	loans := int64(2)
+	if chunk > 0 {
+		loans = 2 * size / chunk
+	}
 	served, fetched := 0, 0
 	for _, n := range recv {
 		s := n.Stats()
@@ -117,7 +129,7 @@ func TestRelayTwoHosts(t *testing.T) {
 			t.Fatalf("%s fell back to the owner %d times", n.Name(), s.RelayFallbacks)
 		}
 		switch {
-		case s.RelayServed == 2 && s.Served[rdma.Staging].Bytes == 2*size:
+		case s.RelayServed == loans && s.Served[rdma.Staging].Bytes == 2*size:
 			served++
 		case s.RelayFetched == 1 && s.ByPeer[owner.Name()][rdma.Staging].Bytes == 0:
 			fetched++

@@ -226,19 +226,26 @@ func TestRelayBadRequests(t *testing.T) {
 	ch := fetchOn(refs, context.Background())
 	d := refs[0].Descriptor()
 	waitFor(t, func() bool { return head.relayJoined(owner.cfg.Node, 1, d.Content) == 0 })
-	ask := func(mod func(*tensor.Descriptor)) []byte {
+	askChunk := func(chunk uint64, size int64, mod func(*tensor.Descriptor)) []byte {
 		q := tensor.Descriptor{Owner: d.Owner, Incarnation: d.Incarnation, DType: d.DType, Shape: d.Shape, Bytes: d.Bytes, Device: d.Device, Content: d.Content}
 		mod(&q)
-		b, _ := q.MarshalMsg(nil)
+		b, _ := encodeRelayAsk(relayAsk{chunk: chunk, size: size, d: &q})
 		return b
 	}
+	ask := func(mod func(*tensor.Descriptor)) []byte { return askChunk(0, 0, mod) }
+	same := func(*tensor.Descriptor) {}
 	for name, req := range map[string][]byte{
-		"garbage":       {0xc1, 0x00},
-		"trailing":      append(ask(func(*tensor.Descriptor) {}), 0),
-		"other content": ask(func(q *tensor.Descriptor) { q.Content++ }),
-		"other shape":   ask(func(q *tensor.Descriptor) { q.Shape, q.Bytes = tensor.Shape{relayTestBytes / 2, 2}, relayTestBytes }),
-		"no content":    ask(func(q *tensor.Descriptor) { q.Content = 0 }),
-		"bad bytes":     ask(func(q *tensor.Descriptor) { q.Bytes++ }),
+		"garbage":         {0xc1, 0x00},
+		"descriptor only": ask(same)[2:],
+		"trailing":        append(ask(same), 0),
+		"other content":   ask(func(q *tensor.Descriptor) { q.Content++ }),
+		"other shape":     ask(func(q *tensor.Descriptor) { q.Shape, q.Bytes = tensor.Shape{relayTestBytes / 2, 2}, relayTestBytes }),
+		"no content":      ask(func(q *tensor.Descriptor) { q.Content = 0 }),
+		"bad bytes":       ask(func(q *tensor.Descriptor) { q.Bytes++ }),
+		"chunk past end":  askChunk(5, relayTestBytes/4, same),
+		"chunk size 0":    askChunk(1, 0, same),
+		"chunk size < 0":  askChunk(1, -1, same),
+		"chunk too large": askChunk(1, relayTestBytes+1, same),
 	} {
 		if b, err := head.serveRelay(context.Background(), owner.cfg.Node, req); err == nil {
 			t.Fatalf("%s: answered %x", name, b)
@@ -254,4 +261,122 @@ func TestRelayBadRequests(t *testing.T) {
 	}
 	_ = f.t.Free()
 	waitFor(t, func() bool { return owner.Store().Len() == 0 && head.Store().Len() == 0 })
+}
+
+// relayLanded returns the bytes landed in the flight of content c of
+// owner now in flight on e (-1: none in flight).
+func (e *Engine) relayLanded(owner string, incarnation, c uint64) int64 {
+	e.relays.mu.Lock()
+	f := e.relays.m[relayKey{owner, incarnation, c}]
+	e.relays.mu.Unlock()
+	if f == nil {
+		return -1
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.landed
+}
+
+// TestRelayChunksPipelined: with Flow.RelayChunkBytes, the head of a host
+// fetches the content from the owner chunk by chunk (the owner lends
+// views of what it lends), and another receiver gets each chunk from the
+// head as soon as it landed there: it fetches its first chunk while the
+// head has only that one. Everything arrives whole; every loan ends.
+func TestRelayChunksPipelined(t *testing.T) {
+	const chunks = 4
+	cfg := relayConfig(false)
+	cfg.Flow.RelayChunkBytes = relayTestBytes / chunks
+	es := engineMesh(t, cfg, "h1", "h2", "h2")
+	owner, head, other := es[0], es[1], es[2]
+	x := newTensor(t, relayTestBytes, 0)
+	for i := range x.Host() {
+		x.Host()[i] = byte(i * 7)
+	}
+	refs := lendRefs(t, owner, []*Engine{head, other}, x)
+	content := refs[0].Descriptor().Content
+	open, pass := holdFetchesOneByOne(t)
+	hch := fetchOn(refs[:1], context.Background())
+	waitFor(t, func() bool { return head.relayJoined(owner.cfg.Node, 1, content) == 0 })
+	och := fetchOn(refs[1:], context.Background())
+	waitFor(t, func() bool { return memtestWaiting.Load() == 1 }) // the head's first chunk
+	pass()
+	// The head holds one chunk: it fetches its second, and the other
+	// receiver its first, from the head.
+	waitFor(t, func() bool {
+		return head.relayLanded(owner.cfg.Node, 1, content) == relayTestBytes/chunks && memtestWaiting.Load() == 2
+	})
+	open()
+	for _, ch := range []chan fetched{hch, och} {
+		f := <-ch
+		if f.err != nil {
+			t.Fatal(f.err)
+		}
+		for i, b := range f.t.Host() {
+			if b != byte(i*7) {
+				t.Fatalf("byte %d is %d", i, b)
+			}
+		}
+		_ = f.t.Free()
+	}
+	waitFor(t, func() bool {
+		return owner.Store().Len() == 0 && x.Leases() == 0 && head.Store().Len() == 0 && other.Store().Len() == 0
+	})
+	if s := other.Stats(); s.RelayFetched != 1 || s.RelayFallbacks != 0 || s.ByPeer[head.cfg.Node]["memtest"].Transfers != chunks || s.ByPeer[owner.cfg.Node]["memtest"].Transfers != 0 {
+		t.Fatalf("other: relayed %d, fell back %d, %+v", s.RelayFetched, s.RelayFallbacks, s.ByPeer)
+	}
+	if s := head.Stats(); s.RelayServed != chunks || s.ByPeer[owner.cfg.Node]["memtest"].Transfers != chunks {
+		t.Fatalf("head: served %d, %+v", s.RelayServed, s.ByPeer)
+	}
+}
+
+// TestRelayChunksFollowers: with Flow.RelayChunkBytes, receivers of one
+// node copy each chunk of the first fetch as it lands; each gets the
+// whole tensor, the owner lends chunks of it (one fetch in all), and
+// every lease ends.
+func TestRelayChunksFollowers(t *testing.T) {
+	const n, chunks = 3, 4
+	cfg := relayConfig(false)
+	cfg.Flow.RelayChunkBytes = relayTestBytes / chunks
+	a, b, _, _ := enginePair(t, cfg)
+	x := newTensor(t, relayTestBytes, 6)
+	refs := fanOut(t, a, b, x, n)
+	open := holdFetches(t)
+	got, errs, wg := fetchAll(refs, nil)
+	waitFor(t, func() bool { return b.relayJoined(a.cfg.Node, 1, refs[0].Descriptor().Content) == n-1 })
+	open()
+	wg.Wait()
+	for i := range got {
+		if errs[i] != nil || got[i].Host()[relayTestBytes-1] != 6 || got[i].Host()[0] != 6 {
+			t.Fatalf("receiver %d: %v, %v", i, got[i], errs[i])
+		}
+		_ = got[i].Free()
+	}
+	waitFor(t, func() bool { return a.Store().Len() == 0 && x.Leases() == 0 })
+	if s := b.Stats(); s.Channels["memtest"].Bytes != relayTestBytes {
+		t.Fatalf("%d bytes from the owner, want one copy: %+v", s.Channels["memtest"].Bytes, s.Channels)
+	}
+}
+
+// FuzzRelayAsk: the relay request decoder never panics, and what it
+// accepts encodes back to a request that decodes the same.
+func FuzzRelayAsk(f *testing.F) {
+	d := &tensor.Descriptor{Owner: "a", Incarnation: 1, DType: tensor.Uint8, Shape: tensor.Shape{1 << 20}, Bytes: 1 << 20, Device: "cpu", Content: 3}
+	for _, a := range []relayAsk{{d: d}, {chunk: 2, size: 1 << 18, d: d}} {
+		b, _ := encodeRelayAsk(a)
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		a, err := decodeRelayAsk(in)
+		if err != nil {
+			return
+		}
+		b, err := encodeRelayAsk(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := decodeRelayAsk(b)
+		if err != nil || again.chunk != a.chunk || again.size != a.size || again.d.String() != a.d.String() || again.d.Content != a.d.Content {
+			t.Fatalf("%x: %+v, then %+v, %v", in, a, again, err)
+		}
+	})
 }
