@@ -14,6 +14,7 @@
 //	gpu --mode psexchange --gpus 2 --ps-sizes 256MiB,1GiB   # a PS step's exchange, one process per GPU
 //	gpu --mode fanout --receivers 3 --min 16MiB --max 1GiB  # one tensor to 3 actors on GPU1, relay on and off
 //	gpu --mode fanout --receiver-nodes 1,1,1 --min 16MiB    # the same to 3 nodes of their own on GPU1
+//	gpu --mode fanout --receiver-nodes 1,2,3 --relay-fanout 1 --relay-chunk 32MiB  # a chain, pipelined
 //
 // Modes and their paths (the "path" of each JSON line):
 //

@@ -40,7 +40,7 @@ func runFanout(o options) (rs []report.Result, err error) {
 			path = map[bool]string{false: pathFanoutNodesRelay, true: pathFanoutNodesNoRelay}[noRelay]
 		}
 		got, err := measureFanout(o, path, pairConfig{src: src, dst: dst, timeout: o.timeout, log: o.logs,
-			readSpin: o.readSpin, sinks: o.receivers, noRelay: noRelay, relayMin: o.relayMin, nodes: nodes, fanout: o.relayFanout})
+			readSpin: o.readSpin, sinks: o.receivers, noRelay: noRelay, relayMin: o.relayMin, nodes: nodes, fanout: o.relayFanout, chunk: o.relayChunk})
 		rs = append(rs, got...)
 		if err != nil {
 			return rs, err
