@@ -268,7 +268,11 @@ func openPair(pc pairConfig) (p *actorPair, err error) {
 		if len(pc.nodes) > 0 {
 			sinks = 1
 		}
-		spec, err := json.Marshal(receiverSpec{Config: path, Node: cfg.Nodes[1+i].Name, Device: d, Profile: pc.profile, Trace: pc.trace, Log: pc.log, Sinks: sinks})
+		prof, trace := pc.profile, pc.trace
+		if len(pc.nodes) > 0 { // one file per receiving process
+			prof, trace = suffix(prof, i), suffix(trace, i)
+		}
+		spec, err := json.Marshal(receiverSpec{Config: path, Node: cfg.Nodes[1+i].Name, Device: d, Profile: prof, Trace: trace, Log: pc.log, Sinks: sinks})
 		if err != nil {
 			return p, err
 		}
@@ -332,6 +336,14 @@ func openPair(pc pairConfig) (p *actorPair, err error) {
 		p.sinks = append(p.sinks, p.node.PID(cfg.Nodes[1].Name, sinkName(i)))
 	}
 	return p, nil
+}
+
+// suffix appends the receiving process's number to a file name ("": none).
+func suffix(name string, i int) string {
+	if name == "" {
+		return ""
+	}
+	return fmt.Sprintf("%s%d", name, i)
 }
 
 // sinkName names the receiver's i-th sink actor.

@@ -40,7 +40,8 @@ func runFanout(o options) (rs []report.Result, err error) {
 			path = map[bool]string{false: pathFanoutNodesRelay, true: pathFanoutNodesNoRelay}[noRelay]
 		}
 		got, err := measureFanout(o, path, pairConfig{src: src, dst: dst, timeout: o.timeout, log: o.logs,
-			readSpin: o.readSpin, sinks: o.receivers, noRelay: noRelay, relayMin: o.relayMin, nodes: nodes, fanout: o.relayFanout, chunk: o.relayChunk})
+			readSpin: o.readSpin, sinks: o.receivers, noRelay: noRelay, relayMin: o.relayMin, nodes: nodes, fanout: o.relayFanout, chunk: o.relayChunk,
+			profile: receiverFile(o.cpuProfile, path), trace: receiverFile(o.trace, path)})
 		rs = append(rs, got...)
 		if err != nil {
 			return rs, err
@@ -136,3 +137,12 @@ func (s *fanoutStepper) results(size int, ds []time.Duration) []report.Result {
 }
 
 func (s *fanoutStepper) close() { _ = s.x.Free() }
+
+// receiverFile is where a receiving process of path writes what the
+// sending one writes to name ("": nothing).
+func receiverFile(name, path string) string {
+	if name == "" {
+		return ""
+	}
+	return name + "." + path + ".receiver"
+}
