@@ -131,8 +131,8 @@ func (s *fanoutStepper) results(size int, ds []time.Duration) []report.Result {
 	med := report.Median(ds)
 	n := int64(len(s.p.sinks))
 	return []report.Result{
-		{Bench: "gpu", Path: s.path, Size: int64(size), Metric: report.GBps, Value: report.Bandwidth(n*int64(size), med), N: len(ds), Channel: ch},
-		{Bench: "gpu", Path: s.path, Size: int64(size), Metric: report.LatencyUs, Value: report.Us(med), N: len(ds), Channel: ch},
+		{Bench: "gpu", Path: s.path, Size: int64(size), Metric: report.GBps, Value: report.Bandwidth(n*int64(size), med), N: len(ds), Channel: ch, Receivers: int(n)},
+		{Bench: "gpu", Path: s.path, Size: int64(size), Metric: report.LatencyUs, Value: report.Us(med), N: len(ds), Channel: ch, Receivers: int(n)},
 	}
 }
 

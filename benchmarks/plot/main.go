@@ -33,6 +33,10 @@ type settings struct {
 	title  string
 	logY   bool
 	paths  []string // paths to draw; nil draws all
+	// atSize, when set, draws the metric against the number of receivers
+	// (Result.Receivers) at this size instead of against the size;
+	// results without receivers at that size (NCCL's) become flat lines.
+	atSize int64
 }
 
 func main() {
@@ -45,8 +49,17 @@ func main() {
 	flag.StringVar(&s.title, "title", "", "the plot's title (default: from --bench)")
 	flag.BoolVar(&s.logY, "logy", false, "logarithmic y axis")
 	paths := flag.String("paths", "", "comma-separated paths to draw (default: all)")
+	receivers := flag.String("receivers-at", "", "draw the metric against the number of receivers at this size (fan-out), e.g. 1GiB")
 	flag.Parse()
 	s.in = in
+	if *receivers != "" {
+		n, err := size.Parse(*receivers)
+		if err != nil || n <= 0 {
+			fmt.Fprintf(os.Stderr, "plot: --receivers-at %q: want a size\n", *receivers)
+			os.Exit(2)
+		}
+		s.atSize = int64(n)
+	}
 	if *paths != "" {
 		s.paths = strings.Split(*paths, ",")
 	}
@@ -75,6 +88,9 @@ func draw1(s settings) error {
 		all = append(all, rs...)
 	}
 	lines := series(all, s.bench, s.metric)
+	if s.atSize > 0 {
+		lines = byReceivers(all, s.bench, s.metric, s.atSize)
+	}
 	if s.paths != nil {
 		lines = slices.DeleteFunc(lines, func(l line) bool { return !slices.Contains(s.paths, l.path) })
 	}
@@ -137,6 +153,58 @@ func series(rs []report.Result, bench, metric string) []line {
 	return out
 }
 
+// byReceivers is series against the number of receivers at one size: a
+// line per path of the results with receivers, and for each path without
+// (a baseline such as NCCL's) a flat line across their range.
+func byReceivers(rs []report.Result, bench, metric string, at int64) []line {
+	var order []string
+	byPath := map[string]map[int]float64{}
+	flat := map[string]float64{}
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, r := range rs {
+		keep := bench == "" || r.Bench == bench || (bench == "gpu" && r.Bench == "nccl")
+		if !keep || r.Metric != metric || r.Size != at || r.Value <= 0 || math.IsInf(r.Value, 0) || math.IsNaN(r.Value) {
+			continue
+		}
+		if _, ok := byPath[r.Path]; !ok {
+			if _, ok := flat[r.Path]; !ok {
+				order = append(order, r.Path)
+			}
+		}
+		if r.Receivers <= 0 {
+			flat[r.Path] = r.Value
+			continue
+		}
+		m, ok := byPath[r.Path]
+		if !ok {
+			m = map[int]float64{}
+			byPath[r.Path] = m
+		}
+		m[r.Receivers] = r.Value
+		lo, hi = min(lo, float64(r.Receivers)), max(hi, float64(r.Receivers))
+	}
+	var out []line
+	for _, path := range order {
+		l := line{path: path}
+		if m, ok := byPath[path]; ok {
+			ns := make([]int, 0, len(m))
+			for n := range m {
+				ns = append(ns, n)
+			}
+			slices.Sort(ns)
+			for _, n := range ns {
+				l.pts = append(l.pts, plotter.XY{X: float64(n), Y: m[n]})
+			}
+		} else if hi >= lo {
+			l.pts = plotter.XYs{{X: lo, Y: flat[path]}, {X: hi, Y: flat[path]}}
+		}
+		if len(l.pts) > 0 {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
 // build makes the plot of lines.
 func build(lines []line, s settings) (*plot.Plot, error) {
 	p := plot.New()
@@ -150,6 +218,11 @@ func build(lines []line, s settings) (*plot.Plot, error) {
 	p.X.Label.Text = "message size (bytes)"
 	p.X.Scale = plot.LogScale{}
 	p.X.Tick.Marker = sizeTicks{}
+	if s.atSize > 0 {
+		p.X.Label.Text = "receivers, " + size.Format(int(s.atSize)) + " each"
+		p.X.Scale = plot.LinearScale{}
+		p.X.Tick.Marker = plot.DefaultTicks{}
+	}
 	p.Y.Label.Text = "bandwidth (GB/s)"
 	if s.metric != report.GBps {
 		p.Y.Label.Text = s.metric

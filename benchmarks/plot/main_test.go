@@ -126,3 +126,43 @@ func TestSeries(t *testing.T) {
 		t.Fatalf("points %+v", p)
 	}
 }
+
+// TestByReceivers: at one size, a line per path against its receivers,
+// and a baseline without receivers flat across their range; other sizes
+// and metrics are left out.
+func TestByReceivers(t *testing.T) {
+	rs := []report.Result{
+		{Bench: "gpu", Path: "relay", Size: 8, Metric: report.LatencyUs, Value: 30, Receivers: 3},
+		{Bench: "gpu", Path: "relay", Size: 8, Metric: report.LatencyUs, Value: 10, Receivers: 1},
+		{Bench: "gpu", Path: "relay", Size: 4, Metric: report.LatencyUs, Value: 99, Receivers: 2},
+		{Bench: "gpu", Path: "relay", Size: 8, Metric: report.GBps, Value: 99, Receivers: 2},
+		{Bench: "nccl", Path: "nccl-broadcast", Size: 8, Metric: report.LatencyUs, Value: 7},
+	}
+	ls := byReceivers(rs, "gpu", report.LatencyUs, 8)
+	if len(ls) != 2 || ls[0].path != "relay" || ls[1].path != "nccl-broadcast" {
+		t.Fatalf("lines %+v", ls)
+	}
+	if p := ls[0].pts; len(p) != 2 || p[0].X != 1 || p[0].Y != 10 || p[1].X != 3 || p[1].Y != 30 {
+		t.Fatalf("relay %+v", p)
+	}
+	if p := ls[1].pts; len(p) != 2 || p[0].X != 1 || p[1].X != 3 || p[0].Y != 7 || p[1].Y != 7 {
+		t.Fatalf("baseline %+v", p)
+	}
+	dir := t.TempDir()
+	in := filepath.Join(dir, "r.jsonl")
+	f, err := os.Create(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := report.WriteJSON(f, rs); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	out := filepath.Join(dir, "n.svg")
+	if err := draw1(settings{in: []string{in}, out: out, bench: "gpu", metric: report.LatencyUs, atSize: 8}); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(out); err != nil || st.Size() == 0 {
+		t.Fatalf("plot: %v, %v", st, err)
+	}
+}

@@ -42,6 +42,9 @@ type Result struct {
 	// Channel is the data channel that carried the bytes, when known
 	// ("staging", "ipc", "inline" for bytes copied into the control frame).
 	Channel string `json:"channel,omitempty"`
+	// Receivers is how many receivers got the bytes at once (fan-out);
+	// 0 when the figure is of one receiver.
+	Receivers int `json:"receivers,omitempty"`
 }
 
 // WriteTable writes rs as an aligned table.
