@@ -206,7 +206,7 @@ func (r *relays) copiedLocked(f *relayFlight) {
 // chunk by chunk when Flow.RelayChunkBytes says so, telling f (the
 // flight dst belongs to; nil: none) as each chunk lands.
 func (e *Engine) fetchRelayed(ctx context.Context, d *tensor.Descriptor, dst *tensor.Tensor, f *relayFlight) error {
-	if c := e.cfg.Flow.RelayChunkBytes; c > 0 && d.Bytes > c && e.relayEligible(d) {
+	if c := e.cfg.Flow.RelayChunkBytes; c > 0 && d.Bytes > c && e.relayEligible(d) && !e.relayOnMyGPU(d, dst) {
 		if err := e.fetchChunked(ctx, d, dst, f); err == nil || ctx.Err() != nil {
 			return err
 		}
@@ -225,6 +225,20 @@ func (e *Engine) fetchRelayed(ctx context.Context, d *tensor.Descriptor, dst *te
 		}
 	}
 	return e.fetchInto(ctx, d, dst)
+}
+
+// relayOnMyGPU reports whether the receiver the owner named for d is
+// another node whose GPU is dst's: chunks from it would make that GPU
+// switch between the two processes' contexts at every chunk (2xH200, 3
+// nodes on one GPU: 1 GiB in 64 MiB chunks 6.2 ms, whole 4.6 ms), so it
+// is copied whole.
+func (e *Engine) relayOnMyGPU(d *tensor.Descriptor, dst *tensor.Tensor) bool {
+	if d.Relay == "" || d.Relay == e.cfg.Node || d.Relay == d.Owner {
+		return false
+	}
+	p := e.peer(d.Relay)
+	mine := e.caps.DeviceUUID(dst.Device())
+	return p != nil && mine != "" && len(p.caps.Devices) > 0 && p.caps.Devices[0].UUID == mine
 }
 
 // fetchChunked fetches d into dst in chunks of Flow.RelayChunkBytes from

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
 )
 
@@ -379,4 +380,22 @@ func FuzzRelayAsk(f *testing.F) {
 			t.Fatalf("%x: %+v, then %+v, %v", in, a, again, err)
 		}
 	})
+}
+
+// TestRelayOnMyGPU: chunks are not pulled from a named receiver whose GPU
+// is the destination's (another process on the same GPU), only from one
+// on another GPU or from the owner.
+func TestRelayOnMyGPU(t *testing.T) {
+	es := engineMesh(t, relayConfig(false), "h", "h", "h")
+	me, same, other := es[0], es[1], es[2]
+	dst := newTensor(t, 8, 0)
+	me.caps.Devices = []rdma.DeviceInfo{{Device: dst.Device().String(), UUID: "GPU-1"}}
+	me.peer(same.cfg.Node).caps.Devices = []rdma.DeviceInfo{{Device: "cuda:0", UUID: "GPU-1"}}
+	me.peer(other.cfg.Node).caps.Devices = []rdma.DeviceInfo{{Device: "cuda:0", UUID: "GPU-2"}}
+	for relay, want := range map[string]bool{same.cfg.Node: true, other.cfg.Node: false, "": false, me.cfg.Node: false} {
+		d := &tensor.Descriptor{Owner: "owner", Relay: relay}
+		if got := me.relayOnMyGPU(d, dst); got != want {
+			t.Fatalf("relay %q: %v, want %v", relay, got, want)
+		}
+	}
 }
