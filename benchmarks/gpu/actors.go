@@ -9,8 +9,10 @@ import (
 	"hash/crc32"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 
@@ -137,10 +139,15 @@ func sinkProps(node *tfactor.Node, dev memory.Device, inline int, opts ...pa.Pro
 		}
 		now := node.Stats().Channels
 		ack := &Ack{Bytes: m.T.ByteSize(), Channel: "inline", Device: m.T.Device().String()}
-		for name, st := range now {
+		most := int64(0)
+		for _, name := range slices.Sorted(maps.Keys(now)) {
 			// Several fetches may have ended since the last message (a
-			// node fetches up to four at once): the average of them.
-			if k := st.Transfers - last[name].Transfers; k > 0 {
+			// node fetches up to four at once; relay copies end before
+			// the first fetch is delivered): the channel with the most of
+			// them (the first by name of equals), and their average.
+			st := now[name]
+			if k := st.Transfers - last[name].Transfers; k > most {
+				most = k
 				ack.Channel, ack.Fetch = name, (st.Time-last[name].Time)/time.Duration(k)
 				lastCh = name
 			}
