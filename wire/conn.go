@@ -14,6 +14,7 @@ import (
 
 	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/internal/mono"
+	"github.com/tensorferry/tensorferry/internal/park"
 	"go.uber.org/zap"
 )
 
@@ -667,7 +668,7 @@ func (c *Conn) handleFrame(f Frame) int {
 		// Only the holder of the read role moves rstate out of
 		// phaseReading.
 		s := (c.rstate.Load()&^phaseMask + phaseMask + 1) | phaseHandling
-		c.rstate.Store(s)
+		park.Publish(&c.rstate, s) // then wake the watchdog: see package park
 		takeoverWatch.poke()
 		c.opts.Handler(f)
 		if !c.endGuarded(s) {

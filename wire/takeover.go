@@ -2,8 +2,9 @@ package wire
 
 import (
 	"sync"
-	"sync/atomic"
 	"time"
+
+	"github.com/tensorferry/tensorferry/internal/park"
 
 	"go.uber.org/zap"
 )
@@ -56,15 +57,14 @@ func (c *Conn) MayBlock() {
 func (c *Conn) ExpectReply() { c.takeOverBlocked() }
 
 // takeoverWatch is the process's watchdog.
-var takeoverWatch = &watchdog{wake: make(chan struct{}, 1)}
+var takeoverWatch = &watchdog{park: park.NewParker()}
 
 type watchdog struct {
 	mu      sync.Mutex
 	conns   map[*Conn]uint64 // rstate seen at the last tick
 	running bool
 	stop    chan struct{} // closed when the last Conn leaves
-	wake    chan struct{}
-	parked  atomic.Bool
+	park    *park.Parker  // where it waits for a guarded call
 }
 
 // register adds c; the watchdog starts with the first Conn.
@@ -98,14 +98,7 @@ func (w *watchdog) unregister(c *Conn) {
 
 // poke wakes a parked watchdog; readers call it after entering a guarded
 // Handler call.
-func (w *watchdog) poke() {
-	if w.parked.Load() && w.parked.CompareAndSwap(true, false) {
-		select {
-		case w.wake <- struct{}{}:
-		default:
-		}
-	}
-}
+func (w *watchdog) poke() { w.park.Unpark() }
 
 func (w *watchdog) loop(stop chan struct{}) {
 	t := time.NewTimer(w.period())
@@ -116,20 +109,10 @@ func (w *watchdog) loop(stop chan struct{}) {
 			return
 		case <-t.C:
 		}
-		if !w.scan() {
-			// Nothing was handled during the tick: park until a reader
-			// enters a guarded call. The rescan after parked is set
-			// closes the race with a reader that entered just before.
-			w.parked.Store(true)
-			if w.busy() {
-				w.parked.Store(false)
-			} else {
-				select {
-				case <-stop:
-					return
-				case <-w.wake:
-				}
-			}
+		// Nothing was handled during the tick: park until a reader
+		// enters a guarded call (Conn.handleFrame publishes it).
+		if !w.scan() && !w.park.Park(w.busy, stop) {
+			return
 		}
 		t.Reset(w.period())
 	}

@@ -193,7 +193,7 @@ func TestTakeoverWatchdogParksWhenIdle(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Nothing reports the parking but the flag.
-	poll.Until(t, "the watchdog parked while idle", takeoverWatch.parked.Load)
+	poll.Until(t, "the watchdog parked while idle", takeoverWatch.park.Parked)
 	if err := ca.Send(ctx, FrameMessage, 0, 0, &Message{Target: "x", Request: 2}); err != nil {
 		t.Fatal(err)
 	}

@@ -81,6 +81,10 @@ func (p *Parker) Park(ready func() bool, stop <-chan struct{}) bool {
 	return !stopped
 }
 
+// Parked reports whether a goroutine sleeps in Park, or is about to:
+// for tests, which have no other way to see it.
+func (p *Parker) Parked() bool { return p.flag.Load() != 0 }
+
 // Unpark wakes the goroutine in Park, if it sleeps or is about to; the
 // caller has published first what it waits for.
 func (p *Parker) Unpark() {
