@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/tensorferry/tensorferry/internal/park"
 )
 
 // The caller reads its own reply (Conn.Await).
@@ -407,10 +409,9 @@ func (c *Conn) releaseRole() {
 		c.offerRole()
 		return
 	}
-	// Swap, not Store: the followers' load must not pass it (a caller
-	// counts itself, then tries to take the role), which a Store allows
-	// under the race detector (golang/go#58020).
-	l.state.Swap(roleFree)
+	// Published: the followers' load must not pass it (a caller counts
+	// itself, then tries to take the role; see package park).
+	park.Publish32(&l.state, roleFree)
 	if l.followers.Load() > 0 && l.state.CompareAndSwap(roleFree, roleCaller) {
 		c.offerRole() // a caller became a follower meanwhile
 		return
@@ -520,7 +521,7 @@ func (c *Conn) keepRole() {
 	if l.followers.Load() > 0 {
 		c.offerRole()
 	} else {
-		l.state.Swap(roleFree) // see releaseRole
+		park.Publish32(&l.state, roleFree) // see releaseRole
 		if l.followers.Load() > 0 && l.state.CompareAndSwap(roleFree, roleReader) {
 			c.offerRole() // a caller became a follower meanwhile
 		}
