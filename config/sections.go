@@ -86,7 +86,7 @@ type TransportConfig struct {
 	// processor the handlers need. ReadSpinOff (YAML: read_spin: off)
 	// never spins. On Linux a spinning TCP control connection is taken
 	// out of the Go runtime's network poller (up to
-	// wire.MaxDetachedConns per process), which spares the peer's writes
+	// 128 per process), which spares the peer's writes
 	// the poller's wake-ups; an idle one then holds a thread in poll(2).
 	ReadSpin time.Duration
 	// IdleTimeout is how long (a duration) a control connection may carry

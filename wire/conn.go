@@ -71,7 +71,7 @@ type ConnOptions struct {
 	// a thread wake-up, at the price of a processor kept busy meanwhile.
 	// Only for connections that expose their socket (TCP, Unix; not TLS).
 	// On Linux, Start takes a TCP connection with a read spin out of the
-	// runtime's network poller (up to MaxDetachedConns per process): the
+	// runtime's network poller (up to 128 per process): the
 	// Conn then reads and writes the socket with its own system calls, and
 	// the caller must no longer use nc.
 	ReadSpin time.Duration

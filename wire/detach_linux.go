@@ -15,14 +15,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// MaxDetachedConns is the most control connections of a process that a
-// read spin takes out of the Go runtime's network poller (detachedConn).
-// Each one, while idle, holds a thread blocked in poll(2); the
-// connections beyond spin through the poller (spinReader).
-const MaxDetachedConns = 128
-
-// maxDetached is MaxDetachedConns, lowered by tests.
-var maxDetached = MaxDetachedConns
+// maxDetached is the most control connections of a process that a read
+// spin takes out of the Go runtime's network poller (detachedConn), 128;
+// tests lower it. Each one, while idle, holds a thread blocked in poll(2);
+// the connections beyond spin through the poller (spinReader).
+var maxDetached = 128
 
 // detachedConns counts the detached connections of the process.
 var detachedConns atomic.Int32
@@ -40,7 +37,7 @@ var detachedConns atomic.Int32
 // 1.6 µs less out of the poller than in it (BENCHMARKS.md, "The read spin
 // out of the runtime's poller").
 //
-// Before Start, and when the process already has MaxDetachedConns, it is
+// Before Start, and when the process already has maxDetached, it is
 // the TCP connection with a spinReader.
 type detachedConn struct {
 	tc       *net.TCPConn
@@ -87,7 +84,7 @@ func detachOnStart(nc net.Conn) {
 // detach takes the socket out of the runtime's poller: it duplicates the
 // descriptor and closes tc (whose close removes it from the epoll set).
 // It is called once, before the Conn's goroutines start and before any
-// Close. When it cannot (MaxDetachedConns, or a system call failed), the
+// Close. When it cannot (maxDetached, or a system call failed), the
 // connection stays in the poller.
 func (d *detachedConn) detach() {
 	if detachedConns.Add(1) > int32(maxDetached) {

@@ -183,7 +183,7 @@ func TestDetachedConnCloseEndsWaits(t *testing.T) {
 	}
 }
 
-// Past MaxDetachedConns a connection stays in the runtime's poller and
+// Past maxDetached a connection stays in the runtime's poller and
 // still works (its reader spins there).
 func TestDetachedConnsAreBounded(t *testing.T) {
 	defer func(n int) { maxDetached = n }(maxDetached)

@@ -7,9 +7,8 @@ import (
 	"time"
 )
 
-// MaxDetachedConns is 0 where control connections are never taken out of
-// the runtime's network poller (Linux only).
-const MaxDetachedConns = 0
+// Control connections are taken out of the runtime's network poller on
+// Linux only.
 
 func detachOnStart(net.Conn) {}
 
