@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tensorferry/tensorferry/internal/park"
 	"github.com/tensorferry/tensorferry/wire"
 	"golang.org/x/sys/unix"
 )
@@ -124,7 +125,7 @@ func (c *Conn) Read(p []byte) (n int, err error) {
 		}
 		if avail > 0 {
 			n = c.in.read(p, avail)
-			if c.in.prodWait.Load() != 0 && c.in.prodWait.CompareAndSwap(1, 0) {
+			if park.Wake(c.in.prodWait) {
 				c.inSpace.ring()
 			}
 			return n, nil
@@ -173,7 +174,7 @@ func (c *Conn) Write(p []byte) (n int, err error) {
 		}
 		if free > 0 {
 			n += c.out.write(p[n:], free)
-			if c.out.consWait.Load() != 0 && c.out.consWait.CompareAndSwap(1, 0) {
+			if park.Wake(c.out.consWait) {
 				c.outData.ring()
 			}
 			continue
@@ -219,8 +220,9 @@ func (c *Conn) pastDeadline(dl *atomic.Int64) error {
 }
 
 // wait waits until ready (or spuriously): it spins, then sets flag and
-// sleeps on b until the other end, which clears flag, rings it. The caller
-// checks again what it waits for.
+// sleeps on b until the other end, which clears flag, rings it (park.Wait
+// and park.Wake, the flag in the shared region). The caller checks again
+// what it waits for.
 func (c *Conn) wait(sp *spinner, flag *atomic.Uint32, b *bell, ready func() bool) error {
 	if c.closed.Load() {
 		return net.ErrClosed
@@ -229,13 +231,14 @@ func (c *Conn) wait(sp *spinner, flag *atomic.Uint32, b *bell, ready func() bool
 	if sp.spin(start, ready) {
 		return nil
 	}
-	flag.Swap(1) // a read-modify-write, so that ready's load cannot pass it (see ring.read)
-	if ready() {
-		flag.CompareAndSwap(1, 0)
+	slept := false
+	err := park.Wait(flag, ready, func() error {
+		slept = true
+		return b.wait()
+	})
+	if !slept {
 		return nil
 	}
-	err := b.wait()
-	flag.Store(0)
 	sp.slept()
 	switch {
 	case c.closed.Load():

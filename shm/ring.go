@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/tensorferry/tensorferry/internal/park"
 )
 
 // ErrCorrupt is wrapped by the error a Conn returns when the peer left
@@ -79,12 +81,9 @@ func (r *ring) read(p []byte, n uint64) int {
 	copy(p[:first], r.data[off:off+first])
 	copy(p[first:n], r.data[:n-first])
 	r.pos += n
-	// Swap, not Store: a read-modify-write, so that the load of the
-	// producer's waiting flag that follows cannot pass it (see
-	// Conn.wait). A Store is one already, except under the race
-	// detector, whose atomics are only release and acquire
-	// (golang/go#58020) and let the two cross: a lost wake-up.
-	r.head.Swap(r.pos)
+	// Published before the producer's waiting flag is looked at
+	// (Conn.Read): package park says why it is not a plain Store.
+	park.Publish(r.head, r.pos)
 	return int(n)
 }
 
@@ -108,6 +107,6 @@ func (r *ring) write(p []byte, n uint64) int {
 	copy(r.data[off:off+first], p[:first])
 	copy(r.data[:n-first], p[first:n])
 	r.pos += n
-	r.tail.Swap(r.pos) // a read-modify-write: see read
+	park.Publish(r.tail, r.pos) // before the consumer's flag: see read
 	return int(n)
 }
