@@ -1,11 +1,13 @@
 package actor
 
 import (
+	"errors"
 	"runtime"
 	"sync"
 	"sync/atomic"
 
 	pa "github.com/asynkron/protoactor-go/actor"
+	"github.com/tensorferry/tensorferry/internal/park"
 )
 
 // WithInlineDelivery is a props option for actors spawned on n: a message
@@ -102,7 +104,7 @@ type inlineMailbox struct {
 	// peer cannot grow the mailbox without bound, and one that sends
 	// without reading the replies stalls its own connection (then loses
 	// it to the failure detector), not the node's memory.
-	roomWaiting atomic.Bool
+	roomWaiting atomic.Uint32 // park's flag: a reader waits for room
 	room        chan struct{} // one token: the backlog fell below half
 	gone        chan struct{} // closed by unregister: nobody waits for room
 	goneOnce    sync.Once
@@ -121,27 +123,35 @@ func (m *inlineMailbox) waitRoom() bool {
 	}
 	m.n.stats.InlineBackpressure.Add(1)
 	for m.userMessages.Load() >= maxInlineBacklog {
-		m.roomWaiting.Store(true)
-		// Published before the re-check: a run that takes the backlog
-		// below half after it sees the flag and hands a token.
-		if m.userMessages.Load() < maxInlineBacklog {
-			break
-		}
-		select {
-		case <-m.room:
-		case <-m.gone:
-			return true
-		case <-m.n.ctx.Done():
+		// A run that takes the backlog below half hands a token
+		// (roomFreed), unless the re-check sees it first.
+		if park.Wait(&m.roomWaiting, m.hasRoom, m.sleepForRoom) != nil {
 			return true
 		}
 	}
-	m.roomWaiting.Store(false)
 	return true
 }
 
-// roomFreed hands a waiting reader its token once the backlog is below half.
+func (m *inlineMailbox) hasRoom() bool { return m.userMessages.Load() < maxInlineBacklog }
+
+// errRoomGone ends waitRoom's sleep: the actor or the node stopped.
+var errRoomGone = errors.New("actor: the mailbox is gone")
+
+func (m *inlineMailbox) sleepForRoom() error {
+	select {
+	case <-m.room:
+		return nil
+	case <-m.gone:
+	case <-m.n.ctx.Done():
+	}
+	return errRoomGone
+}
+
+// roomFreed hands a waiting reader its token once the backlog is below
+// half; the run took the message off the count first (a read-modify-write,
+// as package park asks).
 func (m *inlineMailbox) roomFreed() {
-	if m.roomWaiting.Load() && m.userMessages.Load() < maxInlineBacklog/2 {
+	if m.roomWaiting.Load() != 0 && m.userMessages.Load() < maxInlineBacklog/2 && park.Wake(&m.roomWaiting) {
 		select {
 		case m.room <- struct{}{}:
 		default:
@@ -295,10 +305,9 @@ func (m *inlineMailbox) process(inline bool) {
 			m.dispatcher.Schedule(m.processScheduled)
 			return
 		}
-		// Swap, not Store: the loads below must not pass it (a poster
-		// counts, then tries to schedule), which a Store allows under
-		// the race detector (golang/go#58020; see shm's ring.read).
-		m.status.Swap(mailboxIdle)
+		// Published before the counts are read again: a poster counts,
+		// then tries to schedule (package park says why not a Store).
+		park.Publish32(&m.status, mailboxIdle)
 		sys, user := m.sysMessages.Load(), m.userMessages.Load()
 		// Messages posted after run found the queues empty.
 		if sys > 0 || (!m.suspended.Load() && user > 0) {
