@@ -1,7 +1,7 @@
 package actor
 
 // SetLazyDecode turns the decode of bursts by the actor's goroutine on or
-// off for n (by default on with wire.SpinMinProcs processors or more).
+// off for n (by default as transport.burst_decode says).
 func SetLazyDecode(n *Node, on bool) { n.lazyDecode.Store(on) }
 
 // InlineActors returns how many actors of n have inline delivery.

@@ -36,16 +36,21 @@ import (
 // another goroutine. Either way the tensors' leases go back before the
 // handler runs, so a handler that waits for a reply with tensors from the
 // same node does not deadlock.
-// Batched messages (a burst) are run by the props' dispatcher; on a host
-// with wire.SpinMinProcs processors or more, those without tensors are
-// also decoded there, off the connection's reader, which a burst keeps
-// busy. Local senders and system messages go through the dispatcher as
+// Batched messages (a burst) are run by the props' dispatcher; with
+// config transport.burst_decode (by default on a host with 8 processors
+// or more), those without tensors are also decoded there, off the
+// connection's reader, which a burst keeps busy. With
+// transport.inline_delivery off, the actor gets protoactor's default
+// mailbox instead. Local senders and system messages go through the dispatcher as
 // usual; the actor still handles one message at a time, in order. At most
 // the dispatcher's throughput of messages run inline at a time; the rest
 // go to the dispatcher.
 //
 //	props := pa.PropsFromFunc(echo, node.WithInlineDelivery()) // pa: protoactor-go/actor
 func (n *Node) WithInlineDelivery() pa.PropsOption {
+	if !n.cfg.Transport.InlineDelivery.On(true) {
+		return pa.WithMailbox(pa.Unbounded())
+	}
 	return pa.WithMailbox(func() pa.Mailbox {
 		return &inlineMailbox{n: n, room: make(chan struct{}, 1), gone: make(chan struct{})}
 	})

@@ -454,3 +454,36 @@ func TestInlineMailboxBounded(t *testing.T) {
 	}
 	once.Do(func() { close(release) })
 }
+
+// TestInlineDeliverySwitchedOff: with transport.inline_delivery off, an
+// actor spawned with WithInlineDelivery gets protoactor's mailbox (no
+// inline mailbox is registered, the built-in ping actor's neither) and
+// still answers requests from another node.
+func TestInlineDeliverySwitchedOff(t *testing.T) {
+	cfg, err := config.LocalConfig("test", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Transport.InlineDelivery = config.SwitchOff
+	nodes := startNodes(t, cfg)
+	a, b := nodes[0], nodes[1]
+	props := pa.PropsFromFunc(func(c pa.Context) {
+		if p, ok := c.Message().(*Ping); ok {
+			c.Respond(&Pong{N: p.N, From: b.Name()})
+		}
+	}, b.WithInlineDelivery())
+	if _, err := b.Root().SpawnNamed(props, "echo"); err != nil {
+		t.Fatal(err)
+	}
+	if n := actor.InlineActors(b); n != 0 {
+		t.Fatalf("InlineActors = %d with inline_delivery off, want 0", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := range 10 {
+		res, err := a.Request(ctx, a.PID(b.Name(), "echo"), &Ping{N: i})
+		if pong, ok := res.(*Pong); err != nil || !ok || pong.N != i {
+			t.Fatalf("request %d: %#v, %v", i, res, err)
+		}
+	}
+}

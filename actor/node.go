@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,13 +15,13 @@ import (
 	"github.com/asynkron/protoactor-go/extensions"
 	"github.com/tensorferry/tensorferry/cluster"
 	"github.com/tensorferry/tensorferry/config"
+	"github.com/tensorferry/tensorferry/internal/fastpath"
 	"github.com/tensorferry/tensorferry/internal/tracehook"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/shm"
 	"github.com/tensorferry/tensorferry/tensor"
 	"github.com/tensorferry/tensorferry/transfer"
-	"github.com/tensorferry/tensorferry/wire"
 	"go.uber.org/zap"
 )
 
@@ -144,10 +143,11 @@ type Node struct {
 	ownSystem   bool // made by NewNode: Stop shuts it down
 
 	// lazyDecode: a burst's messages to an actor with inline delivery are
-	// decoded by the actor's goroutine (lazyMessage). Only with processors
-	// to spare: on fewer than wire.SpinMinProcs, the reader and the actor
-	// share them, and moving the decode costs more than it frees (one-way
-	// throughput fell from 3.0–3.35 to 1.8 M msg/s on 2 cores).
+	// decoded by the actor's goroutine (lazyMessage); transport.burst_decode.
+	// By default only with processors to spare (fastpath.Spare): on fewer,
+	// the reader and the actor share them, and moving the decode costs
+	// more than it frees (one-way throughput fell from 3.0–3.35 to
+	// 1.8 M msg/s on 2 cores).
 	lazyDecode atomic.Bool
 
 	system  *pa.ActorSystem
@@ -251,7 +251,7 @@ func newNode(cfg *config.Config, name string, opts []Option) (*Node, error) {
 		devices:     map[string]memory.Device{},
 		remotes:     map[string]*remoteProcess{},
 	}
-	n.lazyDecode.Store(min(runtime.GOMAXPROCS(0), runtime.NumCPU()) >= wire.SpinMinProcs)
+	n.lazyDecode.Store(cfg.Transport.BurstDecode.On(fastpath.Spare()))
 	for _, nc := range cfg.Nodes {
 		if nc.Name != name {
 			n.remotes[nc.Name] = &remoteProcess{n: n, node: nc.Name}

@@ -1053,6 +1053,7 @@ func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
 		// Handler.HandleFrame's frame is valid only during the call.
 		TransientMessages: true,
 		ReadSpin:          m.readSpin,
+		ReadSpinInPoller:  !m.transport.ReadSpinDetach.On(true),
 		Logger:            m.log,
 		Handler:           func(f wire.Frame) { m.frame(p, l, f) },
 		OnClose:           func(err error) { m.connClosed(p, l, err) },

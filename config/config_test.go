@@ -70,6 +70,9 @@ transport:
   send_queue: 16
   handler_takeover: 1ms
   read_spin: 20us
+  read_spin_detach: off
+  burst_decode: on
+  inline_delivery: false
   max_data_conns_per_peer: 2
   max_data_conns: 3
   data_idle_timeout: 4s
@@ -159,6 +162,7 @@ func TestParseValid(t *testing.T) {
 				M MemoryConfig
 			}{
 				TransportConfig{MaxFrameSize: 1 << 30, InlineThreshold: 1024, InlineDevice: true, SendQueue: 16, HandlerTakeover: time.Millisecond, ReadSpin: 20 * time.Microsecond,
+					ReadSpinDetach: SwitchOff, BurstDecode: SwitchOn, InlineDelivery: SwitchOff,
 					MaxDataConnsPerPeer: 2, MaxDataConns: 3, DataIdleTimeout: 4 * time.Second, IdleTimeout: 40 * time.Second, SharedMemory: false},
 				FlowConfig{TransferTimeout: 2 * time.Hour, RefTTL: time.Hour, MaxInFlight: 5, MaxInFlightBytes: 6 << 20,
 					ReceiveBudget: 7 << 30, ReceiveBudgetPerPeer: 1 << 30, ReceiveWindow: 8, InboxMessages: 9, InboxBytes: 10 << 10, NoRelay: true, RelayMinBytes: 1 << 20, RelayFanout: 2, RelayChunkBytes: 4 << 20},
@@ -332,6 +336,8 @@ func TestParseInvalid(t *testing.T) {
 			`config: line 4: transport.read_spin: 2ms is above the maximum of 1ms`, ""},
 		{"read spin not a duration", strings.Replace(base, "nodes:", "transport:\n  read_spin: fast\nnodes:", 1),
 			`config: line 4: transport.read_spin: bad duration "fast"`, ""},
+		{"fast path switch not a switch", strings.Replace(base, "nodes:", "transport:\n  burst_decode: sometimes\nnodes:", 1),
+			`config: line 4: transport.burst_decode: want auto, on or off, got "sometimes"`, ""},
 		{"handler takeover below minimum", strings.Replace(base, "nodes:", "transport:\n  handler_takeover: 10us\nnodes:", 1),
 			`config: line 4: transport.handler_takeover: 10µs is below the minimum of 1ms`, ""},
 		{"per-peer budget above budget", strings.Replace(base, "nodes:", "flow:\n  receive_budget: 1GiB\n  receive_budget_per_peer: 2GiB\nnodes:", 1),
@@ -593,6 +599,7 @@ func TestMarshalRoundTrip(t *testing.T) {
 		c.Staging.ChunkSize = 3000 // not a multiple of KiB
 		c.Transport.SharedMemory = false
 		c.Transport.ReadSpin = ReadSpinOff
+		c.Transport.ReadSpinDetach, c.Transport.BurstDecode, c.Transport.InlineDelivery = SwitchOff, SwitchOn, SwitchOff
 		b, err := c.Marshal()
 		if err != nil {
 			t.Fatal(err)

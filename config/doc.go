@@ -45,7 +45,10 @@
 //	  inline_device: false         # true: small GPU tensors inline even to a peer of the same host
 //	  send_queue: 4096             # frames
 //	  handler_takeover: 10ms       # ≥ 1ms
-//	  read_spin: 50us              # ≤ 1ms, or off; default by the machine (50us with ≥ 8 processors)
+//	  read_spin: 50us              # ≤ 1ms, or off; default by the machine (50us with ≥ 8 processors or TENSORFERRY_FASTPATHS=on)
+//	  read_spin_detach: auto       # auto (on), on, off: a spinning TCP reader out of Go's poller (Linux)
+//	  burst_decode: auto           # auto (on with ≥ 8 processors or TENSORFERRY_FASTPATHS=on), on, off
+//	  inline_delivery: auto        # auto (on), on, off: off gives WithInlineDelivery's actors protoactor's mailbox
 //	  max_data_conns_per_peer: 64
 //	  max_data_conns: 1024
 //	  data_idle_timeout: 0s        # 0: dial_timeout

@@ -1,7 +1,10 @@
 package config
 
 import (
+	"fmt"
 	"time"
+
+	"github.com/tensorferry/tensorferry/internal/fastpath"
 )
 
 // Limits of the transport and staging protocols: Validate refuses values
@@ -78,17 +81,34 @@ type TransportConfig struct {
 	DataIdleTimeout time.Duration
 	// ReadSpin is how long (a duration, at most 1ms) the reader of a
 	// control connection polls its socket, or its shared-memory ring, for
-	// the next frame before it parks: a reply within it is read without a
-	// thread wake-up (10–30 µs on virtual machines), at the price of a
-	// processor kept busy. Default
-	// 0: chosen by the machine, 50µs in a process with 8 or more
-	// processors (GOMAXPROCS) and none below, where the spin would take a
-	// processor the handlers need. ReadSpinOff (YAML: read_spin: off)
-	// never spins. On Linux a spinning TCP control connection is taken
-	// out of the Go runtime's network poller (up to
-	// 128 per process), which spares the peer's writes
-	// the poller's wake-ups; an idle one then holds a thread in poll(2).
+	// the next frame before it parks, and a Request spins on its reply
+	// before it sleeps: a reply within it is taken without a thread
+	// wake-up (10–30 µs on virtual machines), at the price of a processor
+	// kept busy. Default 0: chosen by the machine, 50µs in a process with
+	// 8 or more processors (GOMAXPROCS) and CPUs, or with
+	// TENSORFERRY_FASTPATHS=on, and none below, where the spin would take
+	// a processor the handlers need. ReadSpinOff (YAML: read_spin: off)
+	// never spins.
 	ReadSpin time.Duration
+	// ReadSpinDetach (YAML: read_spin_detach) takes a TCP control
+	// connection whose reader spins out of the Go runtime's network poller
+	// on Linux (up to 128 per process), which spares the peer's writes the
+	// poller's wake-ups; an idle one then holds a thread in poll(2).
+	// Default SwitchAuto: on (wherever ReadSpin spins); SwitchOff spins
+	// through the poller.
+	ReadSpinDetach Switch
+	// BurstDecode (YAML: burst_decode) decodes the messages of a burst
+	// (a batched frame) to an actor with inline delivery on the actor's
+	// goroutine rather than the connection's reader. Default SwitchAuto:
+	// on with 8 or more processors and CPUs, or TENSORFERRY_FASTPATHS=on;
+	// off below, where the reader and the actor share the processors and
+	// moving the decode costs more than it frees.
+	BurstDecode Switch
+	// InlineDelivery (YAML: inline_delivery) gives actors spawned with
+	// actor.Node.WithInlineDelivery their inline mailbox, which may run a
+	// message on the connection's reader. Default SwitchAuto: on;
+	// SwitchOff gives them protoactor's default mailbox.
+	InlineDelivery Switch
 	// IdleTimeout is how long (a duration) a control connection may carry
 	// no frame before it is closed, with gossip membership (with the full
 	// mesh, control connections stay open, carrying heartbeats): both ends
@@ -150,6 +170,17 @@ func (t TransportConfig) validate(c *Config) error {
 	}
 	if t.ReadSpin > MaxReadSpin {
 		return c.errf(p+"read_spin", "%v is above the maximum of %v", t.ReadSpin, MaxReadSpin)
+	}
+	for _, s := range []struct {
+		field string
+		s     Switch
+	}{{"read_spin_detach", t.ReadSpinDetach}, {"burst_decode", t.BurstDecode}, {"inline_delivery", t.InlineDelivery}} {
+		if !s.s.valid() {
+			return c.errf(p+s.field, "%v is not auto, on or off", s.s)
+		}
+	}
+	if err := fastpath.CheckEnv(); err != nil {
+		return fmt.Errorf("config: %w", err)
 	}
 	if t.InlineThreshold < 0 || t.InlineThreshold >= t.MaxFrameSize {
 		return c.errf(p+"inline_threshold", "%d bytes must be below max_frame_size (%d)", t.InlineThreshold, t.MaxFrameSize)

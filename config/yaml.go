@@ -206,6 +206,9 @@ func (c *Config) decode(root *yaml.Node) error {
 				"data_idle_timeout":       durationOf(&t.DataIdleTimeout),
 				"idle_timeout":            durationOf(&t.IdleTimeout),
 				"read_spin":               readSpinOf(&t.ReadSpin),
+				"read_spin_detach":        switchOf(&t.ReadSpinDetach),
+				"burst_decode":            switchOf(&t.BurstDecode),
+				"inline_delivery":         switchOf(&t.InlineDelivery),
 				"shared_memory":           boolOf(&t.SharedMemory),
 			})
 		case "flow":
@@ -334,6 +337,21 @@ func readSpinOf(p *time.Duration) setter {
 		}
 		*p, err = duration(v, field)
 		return err
+	}
+}
+
+// switchOf decodes a Switch: auto, on or off (true, false).
+func switchOf(p *Switch) setter {
+	return func(v *yaml.Node, field string) error {
+		s, err := scalar(v, field)
+		if err != nil {
+			return err
+		}
+		var ok bool
+		if *p, ok = parseSwitch(s); !ok {
+			return at(v, field, "want auto, on or off, got %q", s)
+		}
+		return nil
 	}
 }
 
@@ -624,6 +642,9 @@ type fileTransport struct {
 	DataIdleTimeout     string `yaml:"data_idle_timeout,omitempty"`
 	IdleTimeout         string `yaml:"idle_timeout,omitempty"`
 	ReadSpin            string `yaml:"read_spin,omitempty"`
+	ReadSpinDetach      string `yaml:"read_spin_detach,omitempty"`
+	BurstDecode         string `yaml:"burst_decode,omitempty"`
+	InlineDelivery      string `yaml:"inline_delivery,omitempty"`
 	SharedMemory        *bool  `yaml:"shared_memory,omitempty"` // written only when off
 }
 
@@ -748,6 +769,14 @@ func (c *Config) Marshal() ([]byte, error) {
 	if !t.SharedMemory {
 		off := false
 		ft.SharedMemory = &off
+	}
+	for _, s := range []struct {
+		to *string
+		s  Switch
+	}{{&ft.ReadSpinDetach, t.ReadSpinDetach}, {&ft.BurstDecode, t.BurstDecode}, {&ft.InlineDelivery, t.InlineDelivery}} {
+		if s.s != SwitchAuto {
+			*s.to = s.s.String()
+		}
 	}
 	f := fileConfig{
 		Cluster:           c.Cluster,

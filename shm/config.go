@@ -43,7 +43,8 @@ type Config struct {
 	RingSize int
 	// Spin is the longest a Read or Write spins waiting for the peer before
 	// it sleeps (a duration; 0: DefaultSpin, 50 µs, when Go runs with at
-	// least wire.SpinMinProcs processors, none with fewer, where a spin
+	// least 8 processors (internal/fastpath) or with
+	// TENSORFERRY_FASTPATHS=on, none with fewer, where a spin
 	// takes the CPU the peer needs; negative: never). The spin turns itself
 	// off while it rarely ends a wait (an idle or slow peer, busy CPUs).
 	Spin time.Duration

@@ -347,9 +347,10 @@ func (b *bell) wait() error {
 }
 
 // DefaultSpin is the longest a Read or Write spins before it sleeps when
-// Config.Spin is 0 and Go runs with at least wire.SpinMinProcs processors
-// (GOMAXPROCS) and as many CPUs: the same as a TCP control connection's read spin
-// (wire.DefaultReadSpin). With fewer, a spinning end would take a
+// Config.Spin is 0 and the fast paths are on (fastpath.Spare: Go runs with
+// at least fastpath.MinProcs processors and as many CPUs, or
+// TENSORFERRY_FASTPATHS=on): the same as a TCP control connection's read
+// spin (wire.DefaultReadSpin). With fewer, a spinning end would take a
 // processor that its peer or the goroutines it serves need, and the
 // default is not to spin.
 const DefaultSpin = wire.DefaultReadSpin
@@ -361,7 +362,7 @@ func spinLimit(spin time.Duration) time.Duration {
 	case spin > 0:
 		return spin
 	default:
-		// As a TCP reader's: no spin when GOMAXPROCS exceeds the CPUs.
+		// As a TCP reader's (fastpath.Spare).
 		return wire.DefaultReadSpinFor()
 	}
 }

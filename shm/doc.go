@@ -23,8 +23,8 @@
 //
 // Wake-ups: an end with nothing to read (or no room to write) spins for a
 // while, adaptively and bounded (Config.Spin; no spin by default with
-// fewer than wire.SpinMinProcs processors, where it would take the CPU the
-// peer needs), then sets a
+// fewer than fastpath.MinProcs processors, where it would take the CPU the
+// peer needs, unless TENSORFERRY_FASTPATHS=on), then sets a
 // flag in the region and sleeps in Go's poller on a FIFO, to which the
 // other end writes one byte when it finds the flag set.
 //

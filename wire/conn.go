@@ -70,11 +70,15 @@ type ConnOptions struct {
 	// DefaultReadSpinFor): a reply that arrives within it is read without
 	// a thread wake-up, at the price of a processor kept busy meanwhile.
 	// Only for connections that expose their socket (TCP, Unix; not TLS).
-	// On Linux, Start takes a TCP connection with a read spin out of the
-	// runtime's network poller (up to 128 per process): the
-	// Conn then reads and writes the socket with its own system calls, and
-	// the caller must no longer use nc.
+	// On Linux, unless ReadSpinInPoller, Start takes a TCP connection with
+	// a read spin out of the runtime's network poller (up to 128 per
+	// process): the Conn then reads and writes the socket with its own
+	// system calls, and the caller must no longer use nc.
 	ReadSpin time.Duration
+	// ReadSpinInPoller keeps a TCP connection with a read spin in the
+	// runtime's network poller: its reader spins through it
+	// (config transport.read_spin_detach: off).
+	ReadSpinInPoller bool
 	// OnClose is called once, with the cause, after the Conn's goroutines
 	// have exited. It must not call Close.
 	OnClose func(error)
@@ -222,7 +226,7 @@ func NewConn(nc net.Conn, peer Peer, opts ConnOptions) *Conn {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	if dc := newDetachable(nc, opts.ReadSpin); dc != nil {
+	if dc := newDetachable(nc, opts.ReadSpin); dc != nil && !opts.ReadSpinInPoller {
 		nc = dc // it spins itself: no spinReader below
 	}
 	c := &Conn{

@@ -208,43 +208,50 @@ func TestDetachedConnsAreBounded(t *testing.T) {
 	}
 }
 
-// A started Conn with a read spin runs detached, and requests and replies
-// flow through it, with the caller reading its reply (Await).
+// A started Conn with a read spin runs detached, unless ReadSpinInPoller
+// keeps it in the runtime's poller, and requests and replies flow through
+// it either way.
 func TestConnDetachedRoundTrips(t *testing.T) {
-	a, b := tcpPair(t)
-	var server *Conn
-	server = NewConn(b, Peer{}, ConnOptions{ReadSpin: time.Millisecond, DirectWrite: true, Handler: func(f Frame) {
-		m := f.(*MessageFrame).Message
-		m.Target = "reply"
-		if err := server.SendMessage(context.Background(), &m); err != nil {
-			server.Fail(err)
-		}
-	}})
-	got := make(chan string, 1)
-	client := NewConn(a, Peer{}, ConnOptions{ReadSpin: time.Millisecond, DirectWrite: true, Handler: func(f Frame) {
-		got <- string(f.(*MessageFrame).Message.Body)
-	}})
-	server.Start()
-	client.Start()
-	defer server.Close(nil)
-	defer client.Close(nil)
-	for _, c := range []*Conn{client, server} {
-		if dc, ok := c.nc.(*detachedConn); !ok || !dc.on.Load() {
-			t.Fatalf("a started Conn with a read spin is not detached: %T", c.nc)
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for i := range 100 {
-		body := []byte{byte(i), 'x'}
-		if err := client.SendMessage(ctx, &Message{Target: "echo", Type: "t", Body: body}); err != nil {
-			t.Fatal(err)
-		}
-		var w Waiter
-		client.Await(ctx, &w, func() bool { return len(got) > 0 })
-		if g := <-got; g != string(body) {
-			t.Fatalf("reply %d: %q", i, g)
-		}
+	for _, inPoller := range []bool{false, true} {
+		t.Run(fmt.Sprint("in poller ", inPoller), func(t *testing.T) {
+			a, b := tcpPair(t)
+			var server *Conn
+			server = NewConn(b, Peer{}, ConnOptions{ReadSpin: time.Millisecond, ReadSpinInPoller: inPoller, DirectWrite: true, Handler: func(f Frame) {
+				m := f.(*MessageFrame).Message
+				m.Target = "reply"
+				if err := server.SendMessage(context.Background(), &m); err != nil {
+					server.Fail(err)
+				}
+			}})
+			got := make(chan string, 1)
+			client := NewConn(a, Peer{}, ConnOptions{ReadSpin: time.Millisecond, ReadSpinInPoller: inPoller, DirectWrite: true, Handler: func(f Frame) {
+				got <- string(f.(*MessageFrame).Message.Body)
+			}})
+			server.Start()
+			client.Start()
+			defer server.Close(nil)
+			defer client.Close(nil)
+			for _, c := range []*Conn{client, server} {
+				dc, ok := c.nc.(*detachedConn)
+				if is := ok && dc.on.Load(); is == inPoller {
+					t.Fatalf("a started Conn with a read spin (in poller %v) detached %v: %T", inPoller, is, c.nc)
+				}
+				if _, tcp := c.nc.(*net.TCPConn); inPoller && !tcp {
+					t.Fatalf("kept in the poller, the Conn reads a %T", c.nc)
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			for i := range 100 {
+				body := []byte{byte(i), 'x'}
+				if err := client.SendMessage(ctx, &Message{Target: "echo", Type: "t", Body: body}); err != nil {
+					t.Fatal(err)
+				}
+				if g := <-got; g != string(body) {
+					t.Fatalf("reply %d: %q", i, g)
+				}
+			}
+		})
 	}
 }
 

@@ -3,32 +3,27 @@ package wire
 import (
 	"io"
 	"net"
-	"runtime"
 	"syscall"
 	"time"
+
+	"github.com/tensorferry/tensorferry/internal/fastpath"
 )
 
 // DefaultReadSpin is the read spin (ConnOptions.ReadSpin) a node uses on
-// its control connections when it runs with at least SpinMinProcs
-// processors (GOMAXPROCS): long enough to catch the reply of a loopback or
-// same-rack round trip that follows a frame, short enough to cost little
-// when none comes.
+// its control connections where the fast paths are on (fastpath.Spare: at
+// least fastpath.MinProcs processors, or TENSORFERRY_FASTPATHS=on): long
+// enough to catch the reply of a loopback or same-rack round trip that
+// follows a frame, short enough to cost little when none comes.
 const DefaultReadSpin = 50 * time.Microsecond
 
-// SpinMinProcs is the fewest processors (GOMAXPROCS) at which
-// DefaultReadSpinFor spins: below it a spinning reader would take a
-// processor the goroutines it serves need (on a 2-core machine the
-// handler, the writer and the actors share two).
-const SpinMinProcs = 8
-
-// DefaultReadSpinFor returns DefaultReadSpin when the process runs with
-// at least SpinMinProcs processors and has at least as many CPUs to run
-// them on, and 0 (no spin) otherwise: GOMAXPROCS set above the CPUs the
-// process may use (8 on a 2-core machine) would otherwise spin readers on
-// CPUs the rest of the process needs (a 64-byte round trip took 5× longer
-// there with the spin than without).
+// DefaultReadSpinFor returns DefaultReadSpin where the fast paths are on
+// by default (fastpath.Spare), and 0 (no spin) otherwise: with fewer
+// processors, or GOMAXPROCS set above the CPUs the process may use (8 on
+// a 2-core machine), a spinning reader takes a CPU the rest of the
+// process needs (a 64-byte round trip took 5× longer there with the spin
+// than without).
 func DefaultReadSpinFor() time.Duration {
-	if min(runtime.GOMAXPROCS(0), runtime.NumCPU()) >= SpinMinProcs {
+	if fastpath.Spare() {
 		return DefaultReadSpin
 	}
 	return 0
@@ -44,8 +39,8 @@ func DefaultReadSpinFor() time.Duration {
 // (wakep), which cost about 6 µs of a 25 µs round trip on a 16-core GPU
 // host (BENCHMARKS.md, "Spinning without yielding"). A goroutine the last
 // frame made runnable on this processor is taken by one of the idle
-// processors the runtime wakes for it: a spin needs at least SpinMinProcs
-// processors, so there are some.
+// processors the runtime wakes for it: by default a spin needs at least
+// fastpath.MinProcs processors, so there are some.
 type spinReader struct {
 	raw  syscall.RawConn
 	spin time.Duration

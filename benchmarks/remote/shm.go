@@ -18,7 +18,7 @@ import (
 // beyond the size), tensorferry-shm is the tensorferry path with its control
 // connection moved to shared memory, as two nodes of one host do by default.
 // Both run beside raw-tcp in the same run.
-var shmSpin = flag.Duration("shm-spin", 0, "longest spin of the shared-memory paths before sleeping (0: package shm's default, shm.DefaultSpin with GOMAXPROCS ≥ wire.SpinMinProcs and none below; negative: never)")
+var shmSpin = flag.Duration("shm-spin", 0, "longest spin of the shared-memory paths before sleeping (0: package shm's default, shm.DefaultSpin with GOMAXPROCS ≥ 8 or TENSORFERRY_FASTPATHS=on, none below; negative: never)")
 
 func init() {
 	extraPaths = append(extraPaths,

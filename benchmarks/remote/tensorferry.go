@@ -39,7 +39,7 @@ type tensorferryPath struct {
 
 // readSpin is --read-spin: the read spin of the tensorferry paths' control
 // connections, over TCP and shared memory (config transport.read_spin).
-var readSpin = flag.Duration("read-spin", 0, "read spin of the tensorferry paths' control connections, TCP and shared memory (0: the node's default, wire.DefaultReadSpin with at least wire.SpinMinProcs processors and CPUs, none below; negative: never)")
+var readSpin = flag.Duration("read-spin", 0, "read spin of the tensorferry paths' control connections, TCP and shared memory (0: the node's default, wire.DefaultReadSpin with at least 8 processors and CPUs or TENSORFERRY_FASTPATHS=on, none below; negative: never)")
 
 // withReadSpin applies --read-spin to cfg.
 func withReadSpin(cfg *config.Config) {
