@@ -21,3 +21,6 @@ func RemoteWatches(n *Node, peer string) int { return n.remoteWatches(peer) }
 // WatchCount returns how many watches n's actors hold on other nodes'
 // actors.
 func WatchCount(n *Node) int { return n.watchCount() }
+
+// LazyDecode reports whether n decodes bursts on the actor's goroutine.
+func LazyDecode(n *Node) bool { return n.lazyDecode.Load() }

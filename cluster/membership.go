@@ -1046,7 +1046,7 @@ func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
 	l.conn = wire.NewConn(nc, wp, wire.ConnOptions{
 		MaxFrameSize: uint32(m.transport.MaxFrameSize),
 		SendQueue:    m.transport.SendQueue,
-		DirectWrite:  true,
+		DirectWrite:  m.transport.DirectWrite.On(true),
 		// Handlers may run actor code inline (actor.WithInlineDelivery):
 		// one that blocks hands the reading to a new goroutine.
 		HandlerTakeover: m.transport.HandlerTakeover,

@@ -73,6 +73,7 @@ transport:
   read_spin_detach: off
   burst_decode: on
   inline_delivery: false
+  direct_write: off
   max_data_conns_per_peer: 2
   max_data_conns: 3
   data_idle_timeout: 4s
@@ -162,7 +163,7 @@ func TestParseValid(t *testing.T) {
 				M MemoryConfig
 			}{
 				TransportConfig{MaxFrameSize: 1 << 30, InlineThreshold: 1024, InlineDevice: true, SendQueue: 16, HandlerTakeover: time.Millisecond, ReadSpin: 20 * time.Microsecond,
-					ReadSpinDetach: SwitchOff, BurstDecode: SwitchOn, InlineDelivery: SwitchOff,
+					ReadSpinDetach: SwitchOff, BurstDecode: SwitchOn, InlineDelivery: SwitchOff, DirectWrite: SwitchOff,
 					MaxDataConnsPerPeer: 2, MaxDataConns: 3, DataIdleTimeout: 4 * time.Second, IdleTimeout: 40 * time.Second, SharedMemory: false},
 				FlowConfig{TransferTimeout: 2 * time.Hour, RefTTL: time.Hour, MaxInFlight: 5, MaxInFlightBytes: 6 << 20,
 					ReceiveBudget: 7 << 30, ReceiveBudgetPerPeer: 1 << 30, ReceiveWindow: 8, InboxMessages: 9, InboxBytes: 10 << 10, NoRelay: true, RelayMinBytes: 1 << 20, RelayFanout: 2, RelayChunkBytes: 4 << 20},

@@ -49,6 +49,7 @@
 //	  read_spin_detach: auto       # auto (on), on, off: a spinning TCP reader out of Go's poller (Linux)
 //	  burst_decode: auto           # auto (on with ≥ 8 processors or TENSORFERRY_FASTPATHS=on), on, off
 //	  inline_delivery: auto        # auto (on), on, off: off gives WithInlineDelivery's actors protoactor's mailbox
+//	  direct_write: auto           # auto (on), on, off: off queues every frame for the connection's writer
 //	  max_data_conns_per_peer: 64
 //	  max_data_conns: 1024
 //	  data_idle_timeout: 0s        # 0: dial_timeout

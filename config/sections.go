@@ -109,6 +109,12 @@ type TransportConfig struct {
 	// message on the connection's reader. Default SwitchAuto: on;
 	// SwitchOff gives them protoactor's default mailbox.
 	InlineDelivery Switch
+	// DirectWrite (YAML: direct_write) lets a send on a control
+	// connection write on the sender's goroutine when nothing is queued
+	// or being written, saving the hand-off to the writer goroutine
+	// (wire.ConnOptions.DirectWrite). Default SwitchAuto: on; SwitchOff
+	// queues every frame for the writer.
+	DirectWrite Switch
 	// IdleTimeout is how long (a duration) a control connection may carry
 	// no frame before it is closed, with gossip membership (with the full
 	// mesh, control connections stay open, carrying heartbeats): both ends
@@ -174,7 +180,7 @@ func (t TransportConfig) validate(c *Config) error {
 	for _, s := range []struct {
 		field string
 		s     Switch
-	}{{"read_spin_detach", t.ReadSpinDetach}, {"burst_decode", t.BurstDecode}, {"inline_delivery", t.InlineDelivery}} {
+	}{{"read_spin_detach", t.ReadSpinDetach}, {"burst_decode", t.BurstDecode}, {"inline_delivery", t.InlineDelivery}, {"direct_write", t.DirectWrite}} {
 		if !s.s.valid() {
 			return c.errf(p+s.field, "%v is not auto, on or off", s.s)
 		}

@@ -209,6 +209,7 @@ func (c *Config) decode(root *yaml.Node) error {
 				"read_spin_detach":        switchOf(&t.ReadSpinDetach),
 				"burst_decode":            switchOf(&t.BurstDecode),
 				"inline_delivery":         switchOf(&t.InlineDelivery),
+				"direct_write":            switchOf(&t.DirectWrite),
 				"shared_memory":           boolOf(&t.SharedMemory),
 			})
 		case "flow":
@@ -645,6 +646,7 @@ type fileTransport struct {
 	ReadSpinDetach      string `yaml:"read_spin_detach,omitempty"`
 	BurstDecode         string `yaml:"burst_decode,omitempty"`
 	InlineDelivery      string `yaml:"inline_delivery,omitempty"`
+	DirectWrite         string `yaml:"direct_write,omitempty"`
 	SharedMemory        *bool  `yaml:"shared_memory,omitempty"` // written only when off
 }
 
@@ -773,7 +775,7 @@ func (c *Config) Marshal() ([]byte, error) {
 	for _, s := range []struct {
 		to *string
 		s  Switch
-	}{{&ft.ReadSpinDetach, t.ReadSpinDetach}, {&ft.BurstDecode, t.BurstDecode}, {&ft.InlineDelivery, t.InlineDelivery}} {
+	}{{&ft.ReadSpinDetach, t.ReadSpinDetach}, {&ft.BurstDecode, t.BurstDecode}, {&ft.InlineDelivery, t.InlineDelivery}, {&ft.DirectWrite, t.DirectWrite}} {
 		if s.s != SwitchAuto {
 			*s.to = s.s.String()
 		}
