@@ -23,7 +23,9 @@
 // client waits with Node.Request (which reads its reply from the
 // connection itself: wire.Conn.Await). tensorferry-future is protoactor-go's
 // API unchanged over tensorferry's transport (default mailboxes,
-// RequestFuture). --read-spin sets the tensorferry paths' read spin on TCP
+// RequestFuture). tensorferry-poller is tensorferry with its spinning TCP
+// readers left in the runtime's network poller (transport.read_spin_detach:
+// off), to time what detaching them buys. --read-spin sets the tensorferry paths' read spin on TCP
 // and shared memory (transport.read_spin; negative: off), to compare it on
 // and off on one host. raw-tcp-spin and raw-tcp-spin-detached are raw-tcp's
 // round trip with both ends reading with a 50 µs spin, their sockets in

@@ -18,7 +18,10 @@ func init() {
 	tfactor.MustRegisterMessage("bench.remote.Msg", &tfMsg{})
 	extraPaths = append(extraPaths,
 		path{name: "tensorferry", open: func() (*endpoints, error) { return openTensorferry(true, false) }},
-		path{name: "tensorferry-future", open: func() (*endpoints, error) { return openTensorferry(false, false) }})
+		path{name: "tensorferry-future", open: func() (*endpoints, error) { return openTensorferry(false, false) }},
+		path{name: "tensorferry-poller", open: func() (*endpoints, error) {
+			return openTensorferryWith(true, false, func(cfg *config.Config) { cfg.Transport.ReadSpinDetach = config.SwitchOff })
+		}})
 }
 
 // tensorferryPath is two tensorferry nodes of one loopback cluster in this
@@ -28,6 +31,10 @@ func init() {
 // (Node.WithInlineDelivery) and the client waits with Node.Request. The
 // "tensorferry-future" path is protoactor-go's API unchanged over
 // tensorferry's transport: default mailboxes, RequestFuture.
+// "tensorferry-poller" is "tensorferry" with its spinning TCP readers left
+// in the Go runtime's network poller (transport.read_spin_detach: off):
+// interleaved with "tensorferry", what taking them out buys (nothing where
+// the read spin is off, below 8 processors).
 type tensorferryPath struct {
 	native         bool
 	shm            bool // control connection over shared memory (shm.go)
@@ -52,11 +59,20 @@ func withReadSpin(cfg *config.Config) {
 }
 
 func openTensorferry(native, sharedMemory bool) (*endpoints, error) {
+	return openTensorferryWith(native, sharedMemory, nil)
+}
+
+// openTensorferryWith is openTensorferry with tune, when not nil, applied
+// to the cluster's config last.
+func openTensorferryWith(native, sharedMemory bool, tune func(*config.Config)) (*endpoints, error) {
 	cfg, err := config.LocalConfig("bench", 2)
 	if err != nil {
 		return nil, err
 	}
 	withReadSpin(cfg)
+	if tune != nil {
+		tune(cfg)
+	}
 	p := &tensorferryPath{native: native, shm: sharedMemory, msg: &tfMsg{Payload: bytes.Repeat([]byte{0xab}, payloadSize)}}
 	quiet := tfactor.WithSystemConfig(pa.WithLoggerFactory(quietLogger), pa.WithDeadLetterThrottleInterval(10*time.Millisecond))
 	transport := tfactor.WithSharedMemory(shmConfig(sharedMemory))
