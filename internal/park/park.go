@@ -16,11 +16,15 @@
 // the waiter, Wake for the waker.
 //
 // The flag is an *atomic.Uint32 so that it may live in memory shared with
-// another process (shm's rings); Parker pairs one with a channel for
-// goroutines of one process.
+// another process (shm's rings); Parker pairs one with a channel for one
+// goroutine of a process, Gate a count of waiters with a channel for any
+// number of them.
 package park
 
-import "sync/atomic"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // Publish stores v in x as a read-modify-write, so that the caller's
 // following load of a waiter's flag (Wake) cannot pass it.
@@ -94,4 +98,53 @@ func (p *Parker) Unpark() {
 		default:
 		}
 	}
+}
+
+// Gate is where any number of goroutines sleep until a waker opens it:
+// Wait and Wake's handshake with a count of waiters in place of the flag,
+// and a channel that Open closes. Its zero value is ready to use.
+type Gate struct {
+	waiting atomic.Int32 // goroutines in Wait, counted before their check
+	mu      sync.Mutex
+	ch      chan struct{} // closed by Open; nil until a waiter needs one
+}
+
+// Wait sleeps until Open, unless ready reports true once the caller has
+// announced itself; it returns early, with false, when stop or stop2 is
+// closed (nil: never), and otherwise true: the caller checks again what it
+// waits for.
+func (g *Gate) Wait(ready func() bool, stop, stop2 <-chan struct{}) bool {
+	g.waiting.Add(1) // a read-modify-write: ready's loads cannot pass it
+	defer g.waiting.Add(-1)
+	g.mu.Lock()
+	if g.ch == nil {
+		g.ch = make(chan struct{})
+	}
+	ch := g.ch
+	g.mu.Unlock()
+	if ready() {
+		return true
+	}
+	select {
+	case <-ch:
+		return true
+	case <-stop:
+	case <-stop2:
+	}
+	return false
+}
+
+// Open wakes every goroutine in Wait; the caller has published first, with
+// a read-modify-write, what they wait for. With none waiting it costs one
+// load.
+func (g *Gate) Open() {
+	if g.waiting.Load() == 0 {
+		return
+	}
+	g.mu.Lock()
+	if g.ch != nil {
+		close(g.ch)
+		g.ch = nil
+	}
+	g.mu.Unlock()
 }

@@ -1,6 +1,7 @@
 package park
 
 import (
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -85,5 +86,66 @@ func TestWaitAndWake(t *testing.T) {
 	})
 	if err != nil || !slept || flag.Load() != 0 {
 		t.Errorf("not ready: err %v, slept %v, flag %d", err, slept, flag.Load())
+	}
+}
+
+// The model for Gate: waiters each wait for the count to pass their own
+// mark, which a producer raises one at a time, opening the gate after
+// each step; every waiter must finish. A lost wake-up leaves one asleep,
+// which the test reports instead of hanging.
+func TestGateWakesEveryWaiter(t *testing.T) {
+	const waiters, steps = 8, 20000
+	var g Gate
+	var count atomic.Uint64
+	var finished atomic.Int32
+	done := make(chan struct{})
+	for w := range waiters {
+		go func() {
+			defer func() {
+				if finished.Add(1) == waiters {
+					close(done)
+				}
+			}()
+			for mark := uint64(w); mark < steps; mark += waiters {
+				for count.Load() <= mark {
+					g.Wait(func() bool { return count.Load() > mark }, nil, nil)
+				}
+			}
+		}()
+	}
+	for i := uint64(1); i <= steps; i++ {
+		Publish(&count, i)
+		g.Open()
+	}
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatalf("%d of %d waiters finished: a wake-up was lost", finished.Load(), waiters)
+	}
+}
+
+// Gate.Wait returns false once a stop channel is closed, true when ready or
+// opened; Open with nobody waiting leaves nothing behind.
+func TestGateStop(t *testing.T) {
+	var g Gate
+	g.Open()
+	stop := make(chan struct{})
+	close(stop)
+	if g.Wait(func() bool { return false }, nil, stop) {
+		t.Error("Wait with stop2 closed returned true")
+	}
+	if !g.Wait(func() bool { return true }, nil, nil) {
+		t.Error("Wait with ready true returned false")
+	}
+	var opened atomic.Uint64
+	woken := make(chan bool)
+	go func() { woken <- g.Wait(func() bool { return opened.Load() != 0 }, nil, nil) }()
+	for g.waiting.Load() == 0 {
+		runtime.Gosched()
+	}
+	Publish(&opened, 1)
+	g.Open()
+	if !<-woken {
+		t.Error("Wait after Open returned false")
 	}
 }
