@@ -1,7 +1,6 @@
 package actor
 
 import (
-	"errors"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -52,7 +51,7 @@ func (n *Node) WithInlineDelivery() pa.PropsOption {
 		return pa.WithMailbox(pa.Unbounded())
 	}
 	return pa.WithMailbox(func() pa.Mailbox {
-		return &inlineMailbox{n: n, room: make(chan struct{}, 1), gone: make(chan struct{})}
+		return &inlineMailbox{n: n, gone: make(chan struct{})}
 	})
 }
 
@@ -109,10 +108,9 @@ type inlineMailbox struct {
 	// peer cannot grow the mailbox without bound, and one that sends
 	// without reading the replies stalls its own connection (then loses
 	// it to the failure detector), not the node's memory.
-	roomWaiting atomic.Uint32 // park's flag: a reader waits for room
-	room        chan struct{} // one token: the backlog fell below half
-	gone        chan struct{} // closed by unregister: nobody waits for room
-	goneOnce    sync.Once
+	room     park.Gate     // opened when the backlog falls below half
+	gone     chan struct{} // closed by unregister: nobody waits for room
+	goneOnce sync.Once
 }
 
 // maxInlineBacklog bounds the user messages a connection's reader queues
@@ -127,10 +125,10 @@ func (m *inlineMailbox) waitRoom() bool {
 		return false
 	}
 	m.n.stats.InlineBackpressure.Add(1)
+	// Several readers (one per peer) may wait at once: a run that takes
+	// the backlog below half opens the gate to all of them (roomFreed).
 	for m.userMessages.Load() >= maxInlineBacklog {
-		// A run that takes the backlog below half hands a token
-		// (roomFreed), unless the re-check sees it first.
-		if park.Wait(&m.roomWaiting, m.hasRoom, m.sleepForRoom) != nil {
+		if !m.room.Wait(m.hasRoom, m.gone, m.n.ctx.Done()) {
 			return true
 		}
 	}
@@ -139,28 +137,12 @@ func (m *inlineMailbox) waitRoom() bool {
 
 func (m *inlineMailbox) hasRoom() bool { return m.userMessages.Load() < maxInlineBacklog }
 
-// errRoomGone ends waitRoom's sleep: the actor or the node stopped.
-var errRoomGone = errors.New("actor: the mailbox is gone")
-
-func (m *inlineMailbox) sleepForRoom() error {
-	select {
-	case <-m.room:
-		return nil
-	case <-m.gone:
-	case <-m.n.ctx.Done():
-	}
-	return errRoomGone
-}
-
-// roomFreed hands a waiting reader its token once the backlog is below
+// roomFreed wakes the readers waiting for room once the backlog is below
 // half; the run took the message off the count first (a read-modify-write,
 // as package park asks).
 func (m *inlineMailbox) roomFreed() {
-	if m.roomWaiting.Load() != 0 && m.userMessages.Load() < maxInlineBacklog/2 && park.Wake(&m.roomWaiting) {
-		select {
-		case m.room <- struct{}{}:
-		default:
-		}
+	if m.userMessages.Load() < maxInlineBacklog/2 {
+		m.room.Open()
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -485,5 +486,47 @@ func TestInlineDeliverySwitchedOff(t *testing.T) {
 		if pong, ok := res.(*Pong); err != nil || !ok || pong.N != i {
 			t.Fatalf("request %d: %#v, %v", i, res, err)
 		}
+	}
+}
+
+// TestInlineMailboxBoundedTwoReaders: when the readers of two peers'
+// connections both wait for room in one inline mailbox, both go on once
+// the actor has run the backlog down: every message of both arrives.
+func TestInlineMailboxBoundedTwoReaders(t *testing.T) {
+	_, nodes := startCluster(t, 3)
+	a, b, c := nodes[0], nodes[1], nodes[2]
+	const n = 1 << 16 // from each sender: together past the bound
+	release := make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	var got atomic.Int64
+	all := make(chan struct{})
+	props := pa.PropsFromFunc(func(ctx pa.Context) {
+		if _, ok := ctx.Message().(*Ping); ok {
+			<-release
+			if got.Add(1) == 2*n {
+				close(all)
+			}
+		}
+	}, c.WithInlineDelivery())
+	if _, err := c.Root().SpawnNamed(props, "slow"); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*actor.Node{a, b} {
+		pid := s.PID(c.Name(), "slow")
+		go func() {
+			for i := range n {
+				s.Root().Send(pid, &Ping{N: i})
+			}
+		}()
+	}
+	poll.Until(t, "both readers wait for the inline mailbox", func() bool {
+		return c.Stats().InlineBackpressure >= 2
+	})
+	once.Do(func() { close(release) })
+	select {
+	case <-all:
+	case <-time.After(time.Minute):
+		t.Fatalf("%d of %d messages arrived: a reader waits for room for ever", got.Load(), 2*n)
 	}
 }
