@@ -38,12 +38,12 @@ import (
 // Batched messages (a burst) are run by the props' dispatcher; with
 // config transport.burst_decode (by default on a host with 8 processors
 // or more), those without tensors are also decoded there, off the
-// connection's reader, which a burst keeps busy. With
-// transport.inline_delivery off, the actor gets protoactor's default
-// mailbox instead. Local senders and system messages go through the dispatcher as
-// usual; the actor still handles one message at a time, in order. At most
-// the dispatcher's throughput of messages run inline at a time; the rest
-// go to the dispatcher.
+// connection's reader, which a burst keeps busy. Local senders and system
+// messages go through the dispatcher as usual; the actor still handles
+// one message at a time, in order. At most the dispatcher's throughput of
+// messages run inline at a time; the rest go to the dispatcher. With
+// config transport.inline_delivery off, the actor gets protoactor's
+// default mailbox instead.
 //
 //	props := pa.PropsFromFunc(echo, node.WithInlineDelivery()) // pa: protoactor-go/actor
 func (n *Node) WithInlineDelivery() pa.PropsOption {
