@@ -1054,6 +1054,7 @@ func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
 		TransientMessages: true,
 		ReadSpin:          m.readSpin,
 		ReadSpinInPoller:  !m.transport.ReadSpinDetach.On(true),
+		CallerReads:       callerReads(m.transport.CallerReads),
 		Logger:            m.log,
 		Handler:           func(f wire.Frame) { m.frame(p, l, f) },
 		OnClose:           func(err error) { m.connClosed(p, l, err) },
@@ -1501,4 +1502,13 @@ func (m *Membership) String() string {
 		up = append(up, p.Name)
 	}
 	return fmt.Sprintf("%s@%s up=[%s]", m.self.Name, m.self.Address, strings.Join(up, ","))
+}
+
+// callerReads is wire.ConnOptions.CallerReads for the config's switch:
+// the default linger, or -1 (callers never read) when it is off.
+func callerReads(s config.Switch) time.Duration {
+	if s.On(true) {
+		return 0
+	}
+	return -1
 }

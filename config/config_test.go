@@ -71,6 +71,7 @@ transport:
   handler_takeover: 1ms
   read_spin: 20us
   read_spin_detach: off
+  caller_reads: off
   burst_decode: on
   inline_delivery: false
   direct_write: off
@@ -163,7 +164,7 @@ func TestParseValid(t *testing.T) {
 				M MemoryConfig
 			}{
 				TransportConfig{MaxFrameSize: 1 << 30, InlineThreshold: 1024, InlineDevice: true, SendQueue: 16, HandlerTakeover: time.Millisecond, ReadSpin: 20 * time.Microsecond,
-					ReadSpinDetach: SwitchOff, BurstDecode: SwitchOn, InlineDelivery: SwitchOff, DirectWrite: SwitchOff,
+					ReadSpinDetach: SwitchOff, CallerReads: SwitchOff, BurstDecode: SwitchOn, InlineDelivery: SwitchOff, DirectWrite: SwitchOff,
 					MaxDataConnsPerPeer: 2, MaxDataConns: 3, DataIdleTimeout: 4 * time.Second, IdleTimeout: 40 * time.Second, SharedMemory: false},
 				FlowConfig{TransferTimeout: 2 * time.Hour, RefTTL: time.Hour, MaxInFlight: 5, MaxInFlightBytes: 6 << 20,
 					ReceiveBudget: 7 << 30, ReceiveBudgetPerPeer: 1 << 30, ReceiveWindow: 8, InboxMessages: 9, InboxBytes: 10 << 10, NoRelay: true, RelayMinBytes: 1 << 20, RelayFanout: 2, RelayChunkBytes: 4 << 20},
