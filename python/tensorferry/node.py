@@ -120,14 +120,22 @@ def _mac(secret, label, version, cluster, purpose, nonce_i, nonce_a, node_i, inc
     return m.digest()
 
 
-def tensor_to_inline(t):
-    """The InlineTensor of a torch.Tensor (copied to host memory)."""
+def tensor_to_inline(t, copy=True):
+    """The InlineTensor of a torch.Tensor (copied to host memory). With
+    copy=False the bytes of a contiguous CPU tensor are a view of its
+    memory, not a copy: the node lends them that way, as it lends a CUDA
+    tensor over ipc."""
     import torch
     name = str(t.dtype).replace("torch.", "")
     if name not in DTYPES:
         raise TypeError("tensorferry: dtype %s has no tensorferry equivalent" % t.dtype)
     flat = t.detach().contiguous().cpu().reshape(-1)
-    data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+    if not flat.numel():
+        data = b""
+    elif copy:
+        data = flat.view(torch.uint8).numpy().tobytes()
+    else:
+        data = memoryview(flat.view(torch.uint8).numpy()).cast("B")
     return InlineTensor(DTYPES[name], tuple(t.shape), data)
 
 
@@ -724,9 +732,11 @@ class Node:
                     table[k] = _dev_to_tensor(buf, d["t"], d["s"])
                     via = "ipc"
                 else:
-                    buf = bytearray(d["b"])
-                    self._fetch_one(c, d, memoryview(buf), own_conn)
-                    table[k] = InlineTensor(d["t"], d["s"], bytes(buf) if d["b"] else b"")
+                    # Fetched straight into the tensor the handler gets.
+                    import torch
+                    buf = torch.empty(d["b"], dtype=torch.uint8)
+                    self._fetch_one(c, d, memoryview(buf.numpy()).cast("B"), own_conn)
+                    table[k] = _dev_to_tensor(buf, d["t"], d["s"])
                     via = "staging"
                 del buf
                 done.append(d)
@@ -1086,7 +1096,7 @@ class Node:
                 if over_ipc and (not self.inline_device or
                                  v.numel() * v.element_size() > self.inline_threshold):
                     return _DeviceTensor(v)
-            return tensor_to_inline(v)
+            return tensor_to_inline(v, copy=False)
 
         body, table = encode_body(msg.fields, tensor_of)
         for i, (wid, t) in enumerate(table):
