@@ -193,6 +193,50 @@ def _dev_to_tensor(buf, dtype, shape):
     return buf.view(_TORCH_OF[dtype]).reshape(shape)
 
 
+class _Inbox:
+    """A bounded FIFO between the connections' readers and the dispatch
+    thread. A queue.SimpleQueue (its put and get are C, the get waits
+    without the GIL) and a semaphore counting free places: a handoff costs
+    a lock release and acquire, not queue.Queue's Python conditions."""
+
+    def __init__(self, maxsize):
+        self.q = queue.SimpleQueue()
+        self.free = threading.BoundedSemaphore(maxsize)
+
+    def put(self, item, timeout=None):
+        """Append item, waiting for a free place (raise queue.Full after
+        timeout seconds when given)."""
+        if not self.free.acquire(timeout=timeout):
+            raise queue.Full
+        self.q.put(item)
+
+    def get(self):
+        item = self.q.get()
+        self.free.release()
+        return item
+
+
+class _Reply:
+    """Where a request's answer lands: a lock held until it does (a C
+    lock's release wakes the requester without Python conditions)."""
+
+    __slots__ = ("lock", "value")
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.value = None
+
+    def set(self, v):
+        """Hand v to the waiter; called once, by whoever popped it from
+        Node.pending."""
+        self.value = v
+        self.lock.release()
+
+    def wait(self, timeout):
+        return self.lock.acquire(timeout=timeout)
+
+
 class _Conn:
     """One authenticated control connection to a Go node."""
 
@@ -305,7 +349,7 @@ class Node:
         # Bounded: a peer that sends faster than the handlers run is held
         # back by its connection (the reader waits), not by this
         # process's memory.
-        self.inbox = queue.Queue(maxsize=inbox_messages)
+        self.inbox = _Inbox(inbox_messages)
         self.errors = []  # bad input seen, for tests and logs
         self.transfers = []  # (channel, peer, bytes) of every fetch
         self.served = []  # (channel, peer, bytes) of every fetch of this node's exports
@@ -837,8 +881,7 @@ class Node:
             with self.mu:
                 w = self.pending.pop(key, None)
             if w is not None:
-                w[1].append(msg)
-                w[0].set()
+                w.set(msg)
             return
         if env["target"] not in self.handlers:
             self._send_dead_letter(c, env, "no handler %r on %s" % (env["target"], self.name))
@@ -863,8 +906,7 @@ class Node:
         with self.mu:
             w = self.pending.pop(key, None)
         if w is not None:
-            w[1].append(DeadLetter("tensorferry: dead letter: %s" % v.get("d", "")))
-            w[0].set()
+            w.set(DeadLetter("tensorferry: dead letter: %s" % v.get("d", "")))
 
     def _conn_closed(self, c, why):
         with self.mu:
@@ -1141,17 +1183,17 @@ class Node:
     def request(self, pid, msg, timeout=10.0):
         """Send msg to pid and wait for the reply (a Message)."""
         key = next(self.keys)
-        w = (threading.Event(), [])
+        w = _Reply()
         with self.mu:
             self.pending[key] = w
         try:
             self.send(pid, msg, sender_id=reply_id(key))
-            if not w[0].wait(timeout):
+            if not w.wait(timeout):
                 raise TimeoutError("tensorferry: no reply from %s/%s in %.1fs" % (pid[0], pid[1], timeout))
         finally:
             with self.mu:
                 self.pending.pop(key, None)
-        r = w[1][0]
+        r = w.value
         if isinstance(r, Exception):
             raise r
         return r
