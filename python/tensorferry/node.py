@@ -793,13 +793,22 @@ class Node:
             self._release_all(c, [d for _, d in fetches])
             self._send_dead_letter(c, env, "fetch failed: %s" % e)
             return
-        self._release_all(c, done)
         for via, n in moved.items():
             self.transfers.append((via, c.peer, n))
+        # The leases go back once the message is delivered, as Go's
+        # engine gives them back: after the handler's reply, off its path.
+        released = []
+
+        def release():
+            if not released:
+                released.append(True)
+                self._release_all(c, done)
         try:
-            self._deliver(c, env, table, now=True)
+            self._deliver(c, env, table, now=True, after=release)
         except (BadBody, BadTable) as e:
             self.errors.append("%s: %s" % (c.peer, e))
+        finally:
+            release()
 
     def _fetch_one(self, c, d, dst, own_conn=False):
         if own_conn:  # off the dispatch thread: a data connection of its own
@@ -868,9 +877,11 @@ class Node:
         if node != expect:
             raise TensorferryError("tensorferry: handshake: reached %r, expected %r" % (node, expect))
 
-    def _deliver(self, c, env, table, now=False):
+    def _deliver(self, c, env, table, now=False, after=None):
         """Complete a request or run a handler (now: on this thread, the
-        dispatch thread, so that it keeps its place among the messages)."""
+        dispatch thread, so that it keeps its place among the messages;
+        after, when given, is called once the handler ran and its reply
+        went out)."""
         fields = decode_body(env["body"], table)
         if not isinstance(fields, dict):
             raise BadBody("tensorferry: message body is not a map")
@@ -887,7 +898,7 @@ class Node:
             self._send_dead_letter(c, env, "no handler %r on %s" % (env["target"], self.name))
             return
         if now:
-            self._run(env["target"], msg)
+            self._run(env["target"], msg, after)
         else:
             self.inbox.put((env["target"], msg))
 
@@ -1095,17 +1106,21 @@ class Node:
                 continue
             self._run(target, msg)
 
-    def _run(self, target, msg):
+    def _run(self, target, msg, after=None):
         try:
-            out = self.handlers[target](msg)
-        except Exception as e:  # a handler's failure is its own
-            self.errors.append("handler %s: %r" % (target, e))
-            return
-        if out is not None and msg.sender[1]:
             try:
-                self.send(msg.sender, out, sender_id=target)
-            except TensorferryError as e:
-                self.errors.append("reply from %s: %s" % (target, e))
+                out = self.handlers[target](msg)
+            except Exception as e:  # a handler's failure is its own
+                self.errors.append("handler %s: %r" % (target, e))
+                return
+            if out is not None and msg.sender[1]:
+                try:
+                    self.send(msg.sender, out, sender_id=target)
+                except TensorferryError as e:
+                    self.errors.append("reply from %s: %s" % (target, e))
+        finally:
+            if after is not None:
+                after()
 
     # -- sending -----------------------------------------------------------
 

@@ -125,6 +125,49 @@ class NodeControlTest(unittest.TestCase):
         self.assertEqual(decode(c.caps)["c"]["h"], self.node.host_id)
 
 
+class ReleaseOrderTest(unittest.TestCase):
+    """A fetched message's leases go back after the handler's reply (off
+    its path, as Go's engine releases once delivered), and also when the
+    handler fails or the body is bad."""
+
+    def setUp(self):
+        from tensorferry.codec import Struct, TensorRef, encode
+        self.node = Node("c", b"0123456789abcdef", "py", "127.0.0.1:0", {"go": "127.0.0.1:1"}, ipc=False)
+        self.conn = FakeConn("go")
+        self.node.conns["go"] = self.conn
+        self.node._fetch_one = lambda c, d, dst, own_conn=False: dst.__setitem__(slice(None), b"\x01" * len(dst))
+        self.d = {"o": "go", "i": 5, "e": 3, "l": 9, "t": 9, "s": [4], "b": 4}
+        self.body = bytes(encode(Struct(T=TensorRef(1, 7))))
+
+    def fetch(self, body):
+        env = decode_envelope(encode_envelope(target="sink", sender_node="go", sender_id="asker",
+                                              type_name="t.M", ser=1, body=body))
+        self.node._fetch(self.conn, env, {7: ("fetch", self.d)}, [(7, self.d)])
+        return [f for f, _ in self.conn.sent]
+
+    def test_after_reply(self):
+        from tensorferry.node import F_RELEASE, Message
+        got = []
+        self.node.handle("sink", lambda m: got.append(bytes(m["T"].numpy())) or Message("t.Ack", {}))
+        self.assertEqual(self.fetch(self.body), [F_MESSAGE, F_RELEASE])
+        self.assertEqual(got, [b"\x01" * 4])
+        self.assertEqual(dict(self.conn.sent[1][1]), {"e": 3, "l": 9, "i": 5})
+
+    def test_handler_fails(self):
+        from tensorferry.node import F_RELEASE
+
+        def fail(m):
+            raise RuntimeError("boom")
+        self.node.handle("sink", fail)
+        self.assertEqual(self.fetch(self.body), [F_RELEASE])
+        self.assertIn("boom", self.node.errors[-1])
+
+    def test_bad_body(self):
+        from tensorferry.node import F_RELEASE
+        self.node.handle("sink", lambda m: None)
+        self.assertEqual(self.fetch(b"\xc1"), [F_RELEASE])
+
+
 class NodeFetchTest(unittest.TestCase):
     """The node fetches a message's tensor over ipc (the owner here is an
     ipc.Owner over the driver double) and delivers a torch tensor."""
