@@ -28,10 +28,11 @@ import torch  # noqa: E402
 import tensorferry as tf  # noqa: E402
 
 
-def time_stages(path):
+def time_stages(path, nodes):
     """Wrap the node's per-message methods with timers; their medians go
-    to path at exit. Messages go one at a time here, so the last frame's
-    arrival on the reader dates the handoffs that follow it."""
+    to path at exit, with the ipc owner's and fetcher's counters of the
+    nodes (a list main fills). Messages go one at a time here, so the last
+    frame's arrival on the reader dates the handoffs that follow it."""
     from tensorferry import cuda, ipc, node
     times = collections.defaultdict(list)
     clock = time.perf_counter
@@ -51,7 +52,7 @@ def time_stages(path):
         setattr(cls, name, timed)
 
     for cls, names in ((node.Node, ("_message_in", "_deliver", "_release_all", "_envelope",
-                                    "_export_device", "request")),
+                                    "_export_device", "request", "_ctl_call", "_control_in")),
                        (node._Conn, ("send",)), (ipc.Owner, ("offer",)),
                        (ipc.Fetcher, ("fetch",)), (cuda.Driver, ("locate", "copy"))):
         for name in names:
@@ -79,17 +80,23 @@ def time_stages(path):
                 v = sorted(times[k])
                 f.write("%-42s %6d %9.1f %9.1f %9.1f\n" % (k, len(v), v[len(v) // 2] * 1e6,
                                                          v[len(v) // 10] * 1e6, v[len(v) * 9 // 10] * 1e6))
+            for n in nodes:
+                for side in ("ipc_owner", "ipc_fetcher"):
+                    if getattr(n, side, None) is not None:
+                        f.write("%s stats: %s\n" % (side, getattr(n, side).stats))
     atexit.register(dump)
 
 
 def main():
+    nodes = []
     if os.environ.get("TF_BENCH_STAGES"):
-        time_stages(os.environ["TF_BENCH_STAGES"])
+        time_stages(os.environ["TF_BENCH_STAGES"], nodes)
     cfg = json.loads(os.environ["TF_BENCH_PEER"])
     node = tf.Node(cfg["cluster"], cfg["secret"], cfg["name"], cfg["address"], cfg["peers"],
                    data_address=cfg["data_address"], inline_threshold=cfg["inline_threshold"],
                    heartbeat_interval=cfg["heartbeat"], failure_timeout=cfg["failure_timeout"],
                    receive_budget=2 << 30)
+    nodes.append(node)
     seen = [0]
 
     def via():
