@@ -237,6 +237,16 @@ class _Reply:
         return self.lock.acquire(timeout=timeout)
 
 
+class _FetchReply:
+    """A reply whose tensors its requester fetches: (conn, envelope,
+    table, fetches), handed over by the reader."""
+
+    __slots__ = ("args",)
+
+    def __init__(self, args):
+        self.args = args
+
+
 class _Conn:
     """One authenticated control connection to a Go node."""
 
@@ -613,11 +623,17 @@ class Node:
                 self._release_all(c, [d for _, d in fetches])
                 self._send_dead_letter(c, env, why)
                 return
-            if (env["request"] and not env["target"]) or reply_key(env["target"]) is not None:
-                # A reply: fetched on a thread of its own, as its requester
-                # may be a handler holding the dispatch thread.
-                threading.Thread(target=self._fetch, args=(c, env, table, fetches, True),
-                                 daemon=True).start()
+            key = env["request"] if env["request"] and not env["target"] else reply_key(env["target"])
+            if key is not None:
+                # A reply: its requester fetches it, on its own thread
+                # (which waits for it anyway; it may be a handler holding
+                # the dispatch thread), with no thread started for it.
+                with self.mu:
+                    w = self.pending.pop(key, None)
+                if w is None:  # nobody waits for it (any more)
+                    self._release_all(c, [d for _, d in fetches])
+                else:
+                    w.set(_FetchReply((c, env, table, fetches)))
             else:
                 self.inbox.put(("fetch", (c, env, table, fetches)))
             return
@@ -762,10 +778,11 @@ class Node:
             except (TensorferryError, OSError):
                 return
 
-    def _fetch(self, c, env, table, fetches, own_conn=False):
+    def _fetch(self, c, env, table, fetches, own_conn=False, waiter=None):
         """Fetch a message's exported tensors (dispatch thread) over ipc
         when the owner offers it on this host, else over staging, release
-        their leases, and deliver it."""
+        their leases, and deliver it (a reply: to waiter, with the Message
+        or the error)."""
         done, moved = [], {}
         try:
             for k, d in fetches:
@@ -792,6 +809,8 @@ class Node:
             self.errors.append("%s: fetch for %s: %s" % (c.peer, env["type_name"], e))
             self._release_all(c, [d for _, d in fetches])
             self._send_dead_letter(c, env, "fetch failed: %s" % e)
+            if waiter is not None:
+                waiter.set(TensorferryError("tensorferry: fetch of the reply from %s failed: %s" % (c.peer, e)))
             return
         for via, n in moved.items():
             self.transfers.append((via, c.peer, n))
@@ -804,9 +823,11 @@ class Node:
                 released.append(True)
                 self._release_all(c, done)
         try:
-            self._deliver(c, env, table, now=True, after=release)
+            self._deliver(c, env, table, now=True, after=release, waiter=waiter)
         except (BadBody, BadTable) as e:
             self.errors.append("%s: %s" % (c.peer, e))
+            if waiter is not None and waiter.value is None:
+                waiter.set(e)
         finally:
             release()
 
@@ -877,7 +898,7 @@ class Node:
         if node != expect:
             raise TensorferryError("tensorferry: handshake: reached %r, expected %r" % (node, expect))
 
-    def _deliver(self, c, env, table, now=False, after=None):
+    def _deliver(self, c, env, table, now=False, after=None, waiter=None):
         """Complete a request or run a handler (now: on this thread, the
         dispatch thread, so that it keeps its place among the messages;
         after, when given, is called once the handler ran and its reply
@@ -889,6 +910,9 @@ class Node:
         key = env["request"] if env["request"] and not env["target"] else reply_key(env["target"])
         msg = Message(env["type_name"], fields, (env["sender_node"] or c.peer, env["sender_id"]))
         if key is not None:
+            if waiter is not None:  # a reply its requester fetched
+                waiter.set(msg)
+                return
             with self.mu:
                 w = self.pending.pop(key, None)
             if w is not None:
@@ -1203,12 +1227,24 @@ class Node:
             self.pending[key] = w
         try:
             self.send(pid, msg, sender_id=reply_id(key))
-            if not w.wait(timeout):
-                raise TimeoutError("tensorferry: no reply from %s/%s in %.1fs" % (pid[0], pid[1], timeout))
-        finally:
+            got = w.wait(timeout)
+        except BaseException:
             with self.mu:
                 self.pending.pop(key, None)
+            raise
+        if not got:
+            with self.mu:
+                mine = self.pending.pop(key, None)
+            if mine is not None:
+                raise TimeoutError("tensorferry: no reply from %s/%s in %.1fs" % (pid[0], pid[1], timeout))
+            w.wait(None)  # taken by the reader just now: its answer follows
         r = w.value
+        if isinstance(r, _FetchReply):
+            w = _Reply()
+            self._fetch(*r.args, own_conn=True, waiter=w)
+            r = w.value
+            if r is None:  # not a case _fetch leaves; never an answer of None
+                raise TensorferryError("tensorferry: the reply from %s/%s was not delivered" % pid)
         if isinstance(r, Exception):
             raise r
         return r

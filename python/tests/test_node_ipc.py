@@ -168,6 +168,71 @@ class ReleaseOrderTest(unittest.TestCase):
         self.assertEqual(self.fetch(b"\xc1"), [F_RELEASE])
 
 
+class ReplyFetchTest(unittest.TestCase):
+    """A reply carrying exported tensors is fetched by its requester's own
+    thread (no thread started per reply); one nobody waits for any more
+    is released unfetched."""
+
+    def setUp(self):
+        self.node = Node("c", b"0123456789abcdef", "py", "127.0.0.1:0", {"go": "127.0.0.1:1"}, ipc=False)
+        self.conn = FakeConn("go")
+        self.node.conns["go"] = self.conn
+        self.fetched_on = []
+
+        def fetch_one(c, d, dst, own_conn=False):
+            self.fetched_on.append(threading.current_thread())
+            dst[:] = b"\x02" * len(dst)
+        self.node._fetch_one = fetch_one
+
+    def reply(self, target):
+        from tensorferry.codec import Struct, TensorRef, encode
+        from tensorferry.message import encode_table
+        d = Struct((("o", "go"), ("i", 5), ("e", 3), ("l", 9), ("t", 9), ("s", [4]), ("b", 4)))
+        return encode_envelope(target=target, sender_node="go", sender_id="sink", type_name="t.A", ser=1,
+                               body=bytes(encode(Struct(T=TensorRef(1, 7)))), tensors=encode_table([(7, d)]))
+
+    def test_requester_fetches(self):
+        from tensorferry.node import F_RELEASE, Message
+        out = []
+        t = threading.Thread(target=lambda: out.append(self.node.request(("go", "sink"), Message("t.Q"), 10)))
+        t.start()
+        self.assertTrue(self.conn.sent_event.wait(10))
+        sid = decode_envelope(self.conn.sent[0][1])["sender_id"]
+        self.node._message_in(self.conn, self.reply(sid))
+        t.join(10)
+        self.assertEqual(self.fetched_on, [t])
+        self.assertEqual(bytes(out[0]["T"].numpy()), b"\x02" * 4)
+        self.assertEqual([f for f, _ in self.conn.sent], [F_MESSAGE, F_RELEASE])
+
+    def test_nobody_waits(self):
+        from tensorferry.node import F_RELEASE
+        self.node._message_in(self.conn, self.reply("future#77"))
+        self.assertEqual(self.fetched_on, [])
+        self.assertEqual([f for f, _ in self.conn.sent], [F_RELEASE])
+
+    def test_fetch_fails(self):
+        from tensorferry.node import Message
+
+        def fail(c, d, dst, own_conn=False):
+            raise TensorferryError("tensorferry: no data connection")
+        self.node._fetch_one = fail
+        errs = []
+
+        def ask():
+            try:
+                self.node.request(("go", "sink"), Message("t.Q"), 10)
+            except TensorferryError as e:
+                errs.append(e)
+        t = threading.Thread(target=ask)
+        t.start()
+        self.assertTrue(self.conn.sent_event.wait(10))
+        sid = decode_envelope(self.conn.sent[0][1])["sender_id"]
+        self.node._message_in(self.conn, self.reply(sid))
+        t.join(10)
+        self.assertEqual(len(errs), 1)
+        self.assertIn("no data connection", str(errs[0]))
+
+
 class NodeFetchTest(unittest.TestCase):
     """The node fetches a message's tensor over ipc (the owner here is an
     ipc.Owner over the driver double) and delivers a torch tensor."""
