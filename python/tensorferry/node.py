@@ -41,6 +41,7 @@ NONCE_SIZE = 32
 HEADER = struct.Struct(">IBBHI")
 HANDSHAKE_MAX_FRAME = 4 << 10
 MAX_NAME = 255
+MAX_IDLE_DATA = 4  # idle data connections kept per peer for requesters' fetches
 LABEL_I = b"tensorferry initiator v1"
 LABEL_A = b"tensorferry acceptor v1"
 
@@ -345,6 +346,9 @@ class Node:
         self.exports = {}  # export id → [lease, bytes, peer]: lent until released
         self.export_ids = itertools.count(1)
         self.data_conns = {}  # peer → (socket, stream counter): used by the dispatch thread only
+        # peer → idle [socket, stream counter] of requesters' fetches
+        # (at most MAX_IDLE_DATA each), under mu.
+        self.idle_data = {}
         self.incarnation = incarnation or time.time_ns()
         self.heartbeat, self.failure_timeout = heartbeat_interval, failure_timeout
         self.inline_threshold, self.max_frame = inline_threshold, max_frame_size
@@ -832,13 +836,29 @@ class Node:
             release()
 
     def _fetch_one(self, c, d, dst, own_conn=False):
-        if own_conn:  # off the dispatch thread: a data connection of its own
-            s = self._dial_data(c.peer)
+        if own_conn:
+            # Off the dispatch thread (a requester's): a data connection
+            # of its own, taken from the idle ones or dialed, and kept for
+            # the next fetch when this one went well.
+            with self.mu:
+                idle = self.idle_data.get(c.peer)
+                dc = idle.pop() if idle else None
+            if dc is None:
+                dc = [self._dial_data(c.peer), 0]
             try:
-                s.settimeout(self.fetch_timeout)
-                staging.fetch(s, 1, d, dst)
-            finally:
-                s.close()
+                dc[1] += 1
+                dc[0].settimeout(self.fetch_timeout)
+                staging.fetch(dc[0], dc[1], d, dst)
+            except BaseException:
+                dc[0].close()
+                raise
+            with self.mu:
+                idle = self.idle_data.setdefault(c.peer, [])
+                if len(idle) < MAX_IDLE_DATA and not self.stopped.is_set() and c.peer in self.conns:
+                    idle.append(dc)
+                    dc = None
+            if dc is not None:
+                dc[0].close()
             return
         dc = self.data_conns.get(c.peer)
         if dc is None:
@@ -953,6 +973,9 @@ class Node:
                 del self.exports[k]
             was_up = c.caps is not None
             waiting = [w for w in self.ctl_pending.values() if w[0] == c.peer]
+            idle = self.idle_data.pop(c.peer, [])
+        for dc in idle:
+            dc[0].close()
         for w in waiting:
             w[2].append(TensorferryError("tensorferry: connection to %s closed: %s" % (c.peer, why)))
             w[1].set()

@@ -233,6 +233,58 @@ class ReplyFetchTest(unittest.TestCase):
         self.assertIn("no data connection", str(errs[0]))
 
 
+class RequesterDataConnTest(unittest.TestCase):
+    """Requesters' staging fetches reuse an idle data connection instead
+    of dialing (and shaking hands) for each; a failed one is closed, and
+    the idle ones close with their peer's connection."""
+
+    def setUp(self):
+        from tensorferry import node as node_mod
+        self.node = Node("c", b"0123456789abcdef", "py", "127.0.0.1:0", {"go": "127.0.0.1:1"}, ipc=False)
+        self.node.conns["go"] = FakeConn("go")
+        self.socks = []
+        self.streams = []
+        self.fail = False
+
+        class Sock:
+            closed = False
+
+            def settimeout(self, t):
+                pass
+
+            def close(self):
+                self.closed = True
+
+        def dial(peer):
+            self.socks.append(Sock())
+            return self.socks[-1]
+
+        def fetch(sock, stream, d, dst):
+            self.streams.append((self.socks.index(sock), stream))
+            if self.fail:
+                raise OSError("reset")
+        self.node._dial_data = dial
+        orig = node_mod.staging.fetch
+        node_mod.staging.fetch = fetch
+        self.addCleanup(setattr, node_mod.staging, "fetch", orig)
+
+    def test_reused(self):
+        c, d = self.node.conns["go"], {"b": 0}
+        for _ in range(3):
+            self.node._fetch_one(c, d, memoryview(bytearray()), own_conn=True)
+        self.assertEqual(self.streams, [(0, 1), (0, 2), (0, 3)])
+        self.fail = True
+        with self.assertRaises(OSError):
+            self.node._fetch_one(c, d, memoryview(bytearray()), own_conn=True)
+        self.assertTrue(self.socks[0].closed)
+        self.fail = False
+        self.node._fetch_one(c, d, memoryview(bytearray()), own_conn=True)
+        self.assertEqual(len(self.socks), 2)
+        self.assertFalse(self.socks[1].closed)
+        self.node._conn_closed(c, "gone")
+        self.assertTrue(self.socks[1].closed)
+
+
 class NodeFetchTest(unittest.TestCase):
     """The node fetches a message's tensor over ipc (the owner here is an
     ipc.Owner over the driver double) and delivers a torch tensor."""
