@@ -1230,7 +1230,12 @@ class Node:
         return node, encode_envelope(**kw)
 
     def send(self, pid, msg, sender_id=""):
-        """Send msg (a Message) to pid, a (node, actor id) pair."""
+        """Send msg (a Message) to pid, a (node, actor id) pair.
+
+        Tensors above the inline threshold are lent, not copied: a CPU
+        tensor's memory over staging as a CUDA tensor's over ipc, until
+        the receiver fetched it; change them only after that (a request's
+        reply comes after it)."""
         before = next(self.export_ids)
         try:
             node, env = self._envelope(pid, msg, sender_id)
