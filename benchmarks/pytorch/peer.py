@@ -7,8 +7,15 @@ Commands on stdin, one answer line each ("ok ..." or "bad ..."):
   wait             wait for the Go node
   send <n> <k>     send the Go node's sink k messages of an n-byte tensor,
                    one at a time; answers "ok <seconds of the last> <channel>"
+
+With TF_BENCH_STAGES=FILE in its environment it also times the node's
+per-message stages (decoding on the reader, the handoffs between
+threads, the ipc fetch and export, encoding, sends) and appends their
+medians to FILE when it exits: where the Python side's time goes.
 """
 
+import atexit
+import collections
 import json
 import os
 import sys
@@ -21,12 +28,75 @@ import torch  # noqa: E402
 import tensorferry as tf  # noqa: E402
 
 
+def time_stages(path, nodes):
+    """Wrap the node's per-message methods with timers; their medians go
+    to path at exit, with the ipc owner's and fetcher's counters of the
+    nodes (a list main fills). Messages go one at a time here, so the last
+    frame's arrival on the reader dates the handoffs that follow it."""
+    from tensorferry import cuda, ipc, node
+    times = collections.defaultdict(list)
+    clock = time.perf_counter
+    last = [0.0]
+
+    def wrap(cls, name, since_frame=None):
+        fn = getattr(cls, name)
+
+        def timed(*a, **k):
+            start = clock()
+            if since_frame:
+                times[since_frame].append(start - last[0])
+            try:
+                return fn(*a, **k)
+            finally:
+                times["%s.%s" % (cls.__name__, name)].append(clock() - start)
+        setattr(cls, name, timed)
+
+    for cls, names in ((node.Node, ("_message_in", "_deliver", "_release_all", "_envelope",
+                                    "_export_device", "request", "_ctl_call", "_control_in")),
+                       (node._Conn, ("send",)), (ipc.Owner, ("offer",)),
+                       (ipc.Fetcher, ("fetch",)), (cuda.Driver, ("locate", "copy"))):
+        for name in names:
+            wrap(cls, name)
+    wrap(node.Node, "_fetch", "reader frame -> _fetch starts (handoff)")
+    wrap(node.Node, "_run", "reader frame -> handler starts")
+    frame_in = node.Node._frame_in
+
+    def arrival(self, c, ftype, stream, body):
+        last[0] = clock()
+        return frame_in(self, c, ftype, stream, body)
+    node.Node._frame_in = arrival
+    request = node.Node.request
+
+    def timed_request(self, *a, **k):
+        r = request(self, *a, **k)
+        times["reply frame -> request returns"].append(clock() - last[0])
+        return r
+    node.Node.request = timed_request
+
+    def dump():
+        with open(path, "a") as f:
+            f.write("%-42s %6s %9s %9s %9s\n" % ("stage (us)", "n", "median", "p10", "p90"))
+            for k in sorted(times):
+                v = sorted(times[k])
+                f.write("%-42s %6d %9.1f %9.1f %9.1f\n" % (k, len(v), v[len(v) // 2] * 1e6,
+                                                         v[len(v) // 10] * 1e6, v[len(v) * 9 // 10] * 1e6))
+            for n in nodes:
+                for side in ("ipc_owner", "ipc_fetcher"):
+                    if getattr(n, side, None) is not None:
+                        f.write("%s stats: %s\n" % (side, getattr(n, side).stats))
+    atexit.register(dump)
+
+
 def main():
+    nodes = []
+    if os.environ.get("TF_BENCH_STAGES"):
+        time_stages(os.environ["TF_BENCH_STAGES"], nodes)
     cfg = json.loads(os.environ["TF_BENCH_PEER"])
     node = tf.Node(cfg["cluster"], cfg["secret"], cfg["name"], cfg["address"], cfg["peers"],
                    data_address=cfg["data_address"], inline_threshold=cfg["inline_threshold"],
                    heartbeat_interval=cfg["heartbeat"], failure_timeout=cfg["failure_timeout"],
                    receive_budget=2 << 30)
+    nodes.append(node)
     seen = [0]
 
     def via():

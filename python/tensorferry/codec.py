@@ -184,75 +184,84 @@ def encode(v, out=None):
     return out
 
 
-class _Reader:
-    __slots__ = ("b", "i", "n")
-
-    def __init__(self, b):
-        self.b = memoryview(b).cast("B")
-        self.i = 0
-        self.n = len(self.b)
-
-    def take(self, k, what):
-        if k > self.n - self.i:
-            raise BadBody("tensorferry: %s of %d bytes, %d left" % (what, k, self.n - self.i))
-        s = self.b[self.i:self.i + k]
-        self.i += k
-        return s
-
-    def byte(self, what):
-        if self.i >= self.n:
-            raise BadBody("tensorferry: truncated before %s" % what)
-        c = self.b[self.i]
-        self.i += 1
-        return c
-
-    def uint(self, size, what):
-        return int.from_bytes(self.take(size, what), "big")
-
-    def count(self, n, what):
-        # Each item takes at least one byte: a count beyond the bytes left
-        # is refused before anything is read or allocated for it.
-        if n > self.n - self.i:
-            raise BadBody("tensorferry: %s of %d items, %d bytes left" % (what, n, self.n - self.i))
-        return n
+_unpack_f32 = struct.Struct(">f").unpack_from
+_unpack_f64 = struct.Struct(">d").unpack_from
+_from_bytes = int.from_bytes
 
 
-def _dec(r, depth, refs):
-    if depth > MAX_DEPTH:
-        raise BadBody("tensorferry: msgpack nested deeper than %d" % MAX_DEPTH)
-    c = r.byte("a value")
+def _short(what, k, left):
+    return BadBody("tensorferry: %s of %d bytes, %d left" % (what, k, left))
+
+
+def _dec(b, i, n, depth, refs):
+    """Decode the value at b[i:] (b: bytes of length n); (value, next i).
+
+    One function with the common forms first and every length checked
+    against what is left before it is used: the per-message path decodes
+    envelopes, tables and bodies through here.
+    """
+    if i >= n:
+        raise BadBody("tensorferry: truncated before a value")
+    c = b[i]
+    i += 1
     if c <= 0x7F:
-        return c
+        return c, i
     if c >= 0xE0:
-        return c - 0x100
-    if 0xA0 <= c <= 0xBF:
-        return _utf8(r.take(c & 0x1F, "str"))
-    if 0x90 <= c <= 0x9F:
-        return _array(r, c & 0x0F, depth, refs)
-    if 0x80 <= c <= 0x8F:
-        return _map(r, c & 0x0F, depth, refs)
+        return c - 0x100, i
+    if c >= 0xA0:
+        if c <= 0xBF:
+            k = c & 0x1F
+            if k > n - i:
+                raise _short("str", k, n - i)
+            return _utf8(b[i:i + k]), i + k
+    elif c >= 0x90:
+        return _array(b, i, n, c & 0x0F, depth, refs)
+    elif c >= 0x80:
+        return _map(b, i, n, c & 0x0F, depth, refs)
     if c == 0xC0:
-        return None
+        return None, i
     if c == 0xC2:
-        return False
+        return False, i
     if c == 0xC3:
-        return True
-    if c in (0xCC, 0xCD, 0xCE, 0xCF):
-        return r.uint(1 << (c - 0xCC), "uint")
-    if c in (0xD0, 0xD1, 0xD2, 0xD3):
-        return int.from_bytes(r.take(1 << (c - 0xD0), "int"), "big", signed=True)
+        return True, i
+    if 0xCC <= c <= 0xCF:
+        k = 1 << (c - 0xCC)
+        if k > n - i:
+            raise _short("uint", k, n - i)
+        return _from_bytes(b[i:i + k], "big"), i + k
+    if 0xD0 <= c <= 0xD3:
+        k = 1 << (c - 0xD0)
+        if k > n - i:
+            raise _short("int", k, n - i)
+        return _from_bytes(b[i:i + k], "big", signed=True), i + k
     if c == 0xCA:
-        return struct.unpack(">f", r.take(4, "float32"))[0]
+        if 4 > n - i:
+            raise _short("float32", 4, n - i)
+        return _unpack_f32(b, i)[0], i + 4
     if c == 0xCB:
-        return struct.unpack(">d", r.take(8, "float64"))[0]
-    if c in (0xD9, 0xDA, 0xDB):
-        return _utf8(r.take(r.uint(1 << (c - 0xD9), "str length"), "str"))
-    if c in (0xC4, 0xC5, 0xC6):
-        return bytes(r.take(r.uint(1 << (c - 0xC4), "bin length"), "bin"))
-    if c in (0xDC, 0xDD):
-        return _array(r, r.uint(2 if c == 0xDC else 4, "array length"), depth, refs)
-    if c in (0xDE, 0xDF):
-        return _map(r, r.uint(2 if c == 0xDE else 4, "map length"), depth, refs)
+        if 8 > n - i:
+            raise _short("float64", 8, n - i)
+        return _unpack_f64(b, i)[0], i + 8
+    if c in (0xD9, 0xDA, 0xDB, 0xC4, 0xC5, 0xC6):
+        is_str = c >= 0xD9
+        what = "str" if is_str else "bin"
+        w = 1 << (c - (0xD9 if is_str else 0xC4))
+        if w > n - i:
+            raise _short(what + " length", w, n - i)
+        k = _from_bytes(b[i:i + w], "big")
+        i += w
+        if k > n - i:
+            raise _short(what, k, n - i)
+        return (_utf8(b[i:i + k]) if is_str else b[i:i + k]), i + k
+    if c in (0xDC, 0xDD, 0xDE, 0xDF):
+        w = 2 if c in (0xDC, 0xDE) else 4
+        what = "array length" if c <= 0xDD else "map length"
+        if w > n - i:
+            raise _short(what, w, n - i)
+        k = _from_bytes(b[i:i + w], "big")
+        if c <= 0xDD:
+            return _array(b, i + w, n, k, depth, refs)
+        return _map(b, i + w, n, k, depth, refs)
     if c in (0xD4, 0xD5, 0xD6, 0xD7, 0xD8, 0xC7, 0xC8, 0xC9):
         raise BadBody("tensorferry: msgpack ext type 0x%02x not accepted" % c)
     raise BadBody("tensorferry: invalid msgpack byte 0x%02x" % c)
@@ -265,30 +274,44 @@ def _utf8(m):
         raise BadBody("tensorferry: str is not UTF-8: %s" % e) from None
 
 
-def _array(r, n, depth, refs):
-    r.count(n, "array")
+def _array(b, i, n, k, depth, refs):
+    # Each item takes at least one byte: a count beyond the bytes left
+    # is refused before anything is read or allocated for it.
+    if k > n - i:
+        raise BadBody("tensorferry: array of %d items, %d bytes left" % (k, n - i))
+    depth += 1
+    if k and depth > MAX_DEPTH:
+        raise BadBody("tensorferry: msgpack nested deeper than %d" % MAX_DEPTH)
     out = []
-    for _ in range(n):
-        out.append(_dec(r, depth + 1, refs))
-    if refs is not None and n == 2 and type(out[0]) is int and out[0] in (1, 3) \
+    for _ in range(k):
+        v, i = _dec(b, i, n, depth, refs)
+        out.append(v)
+    if refs is not None and k == 2 and type(out[0]) is int and out[0] in (1, 3) \
             and type(out[1]) is int and out[1] >= 0:
         t = TensorRef(out[0], out[1])
         refs.append(t)
-        return t
-    return out
+        return t, i
+    return out, i
 
 
-def _map(r, n, depth, refs):
-    r.count(n * 2, "map")
+_KEY_TYPES = (str, int, bool, float, bytes)
+
+
+def _map(b, i, n, k, depth, refs):
+    if 2 * k > n - i:
+        raise BadBody("tensorferry: map of %d items, %d bytes left" % (2 * k, n - i))
+    depth += 1
+    if k and depth > MAX_DEPTH:
+        raise BadBody("tensorferry: msgpack nested deeper than %d" % MAX_DEPTH)
     out = {}
-    for _ in range(n):
-        k = _dec(r, depth + 1, refs)
-        if not isinstance(k, (str, int, bool, float, bytes)) and k is not None:
-            raise BadBody("tensorferry: map key of type %s" % type(k).__name__)
-        if k in out:
-            raise BadBody("tensorferry: duplicate map key %r" % (k,))
-        out[k] = _dec(r, depth + 1, refs)
-    return out
+    for _ in range(k):
+        key, i = _dec(b, i, n, depth, refs)
+        if key is not None and not isinstance(key, _KEY_TYPES):
+            raise BadBody("tensorferry: map key of type %s" % type(key).__name__)
+        if key in out:
+            raise BadBody("tensorferry: duplicate map key %r" % (key,))
+        out[key], i = _dec(b, i, n, depth, refs)
+    return out, i
 
 
 def decode(b, refs=None):
@@ -297,8 +320,10 @@ def decode(b, refs=None):
     With refs (a list), arrays [1, id] and [3, id] decode as TensorRef and
     are appended to refs: the body of a message with a tensor table.
     """
-    r = _Reader(b)
-    v = _dec(r, 0, refs)
-    if r.i != r.n:
-        raise BadBody("tensorferry: %d bytes after the msgpack value" % (r.n - r.i))
+    if type(b) is not bytes:
+        b = bytes(b)
+    n = len(b)
+    v, i = _dec(b, 0, n, 0, refs)
+    if i != n:
+        raise BadBody("tensorferry: %d bytes after the msgpack value" % (n - i))
     return v

@@ -1,8 +1,10 @@
 """The CUDA driver calls the ipc channel needs, through ctypes (libcuda.so.1).
 
 The driver library is the one every CUDA process of the host uses, torch
-included; each call runs with the device's primary context pushed (the
-context torch's runtime uses), so torch's own state is left as it was.
+included; each call runs with the device's primary context current (the
+context torch's runtime uses): when it already is (a thread where torch
+ran CUDA work), the call runs as is, else the context is pushed for the
+call and popped after it, so torch's own state is left as it was.
 Errors name the call: ``tensorferry: cuda: cuIpcOpenMemHandle:
 CUDA_ERROR_INVALID_VALUE``.
 
@@ -20,6 +22,8 @@ _ATTR_BUFFER_ID = 7
 _ATTR_LEGACY_IPC = 10
 
 _LAZY_ENABLE_PEER_ACCESS = 1
+
+MAX_CACHED_ALLOCS = 4096
 
 
 class CudaError(Exception):
@@ -63,6 +67,10 @@ class Driver:
             raise CudaError("tensorferry: cuda: no driver (%s): %s" % (path, e)) from None
         self._ctx = {}
         self._mu = threading.Lock()
+        # (device, buffer id) -> Allocation of a driver allocation seen
+        # before: the driver's buffer ids are unique for the process's
+        # lifetime, so a tensor in it is located with one query.
+        self._allocs = {}
         self._call("cuInit", ctypes.c_uint(0))
 
     def _fn(self, name):
@@ -105,25 +113,29 @@ class Driver:
         self._call("cuDeviceCanAccessPeer", ctypes.byref(ok), self._dev(a), self._dev(b))
         return bool(ok.value)
 
-    def _push(self, ordinal):
-        with self._mu:
-            ctx = self._ctx.get(ordinal)
-            if ctx is None:
-                ctx = ctypes.c_void_p()
-                self._call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), self._dev(ordinal))
-                self._ctx[ordinal] = ctx
-        self._call("cuCtxPushCurrent_v2", ctx)
-
-    def _pop(self):
-        old = ctypes.c_void_p()
-        self._call("cuCtxPopCurrent_v2", ctypes.byref(old))
+    def _primary(self, ordinal):
+        ctx = self._ctx.get(ordinal)
+        if ctx is None:
+            with self._mu:
+                ctx = self._ctx.get(ordinal)
+                if ctx is None:
+                    ctx = ctypes.c_void_p()
+                    self._call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), self._dev(ordinal))
+                    self._ctx[ordinal] = ctx
+        return ctx
 
     def _in(self, ordinal, fn):
-        self._push(ordinal)
+        """fn() with the device's primary context current on this thread."""
+        ctx = self._primary(ordinal)
+        cur = ctypes.c_void_p()
+        self._call("cuCtxGetCurrent", ctypes.byref(cur))
+        if cur.value == ctx.value:
+            return fn()
+        self._call("cuCtxPushCurrent_v2", ctx)
         try:
             return fn()
         finally:
-            self._pop()
+            self._call("cuCtxPopCurrent_v2", ctypes.byref(cur))
 
     def _attr(self, attr, ptr, ctype):
         v = ctype()
@@ -141,12 +153,21 @@ class Driver:
         ordinal, ptr = t.device.index, t.data_ptr()
 
         def q():
-            legacy = self._attr(_ATTR_LEGACY_IPC, ptr, ctypes.c_int)
-            if not legacy:  # cuMemMap'd memory: the rest does not matter
-                return Allocation(ordinal, ptr, ptr, 0, 0, False)
-            base, size = self._range(ptr)
             bid = self._attr(_ATTR_BUFFER_ID, ptr, ctypes.c_uint64)
-            return Allocation(ordinal, ptr, base, size, bid, bool(legacy))
+            a = self._allocs.get((ordinal, bid))
+            if a is None:
+                legacy = self._attr(_ATTR_LEGACY_IPC, ptr, ctypes.c_int)
+                if not legacy:  # cuMemMap'd memory: the rest does not matter
+                    a = Allocation(ordinal, 0, 0, 0, bid, False)
+                else:
+                    base, size = self._range(ptr)
+                    a = Allocation(ordinal, 0, base, size, bid, True)
+                if len(self._allocs) >= MAX_CACHED_ALLOCS:
+                    self._allocs.clear()
+                self._allocs[(ordinal, bid)] = a
+            if not a.legacy_ipc:
+                return Allocation(ordinal, ptr, ptr, 0, 0, False)
+            return Allocation(ordinal, ptr, a.base, a.size, bid, True)
         return self._in(ordinal, q)
 
     def ipc_handle(self, ordinal, base):

@@ -41,6 +41,7 @@ NONCE_SIZE = 32
 HEADER = struct.Struct(">IBBHI")
 HANDSHAKE_MAX_FRAME = 4 << 10
 MAX_NAME = 255
+MAX_IDLE_DATA = 4  # idle data connections kept per peer for requesters' fetches
 LABEL_I = b"tensorferry initiator v1"
 LABEL_A = b"tensorferry acceptor v1"
 
@@ -120,14 +121,22 @@ def _mac(secret, label, version, cluster, purpose, nonce_i, nonce_a, node_i, inc
     return m.digest()
 
 
-def tensor_to_inline(t):
-    """The InlineTensor of a torch.Tensor (copied to host memory)."""
+def tensor_to_inline(t, copy=True):
+    """The InlineTensor of a torch.Tensor (copied to host memory). With
+    copy=False the bytes of a contiguous CPU tensor are a view of its
+    memory, not a copy: the node lends them that way, as it lends a CUDA
+    tensor over ipc."""
     import torch
     name = str(t.dtype).replace("torch.", "")
     if name not in DTYPES:
         raise TypeError("tensorferry: dtype %s has no tensorferry equivalent" % t.dtype)
     flat = t.detach().contiguous().cpu().reshape(-1)
-    data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+    if not flat.numel():
+        data = b""
+    elif copy:
+        data = flat.view(torch.uint8).numpy().tobytes()
+    else:
+        data = memoryview(flat.view(torch.uint8).numpy()).cast("B")
     return InlineTensor(DTYPES[name], tuple(t.shape), data)
 
 
@@ -183,6 +192,60 @@ def _dev_to_tensor(buf, dtype, shape):
         for name, n in DTYPES.items():
             _TORCH_OF[n] = getattr(torch, name)
     return buf.view(_TORCH_OF[dtype]).reshape(shape)
+
+
+class _Inbox:
+    """A bounded FIFO between the connections' readers and the dispatch
+    thread. A queue.SimpleQueue (its put and get are C, the get waits
+    without the GIL) and a semaphore counting free places: a handoff costs
+    a lock release and acquire, not queue.Queue's Python conditions."""
+
+    def __init__(self, maxsize):
+        self.q = queue.SimpleQueue()
+        self.free = threading.BoundedSemaphore(maxsize)
+
+    def put(self, item, timeout=None):
+        """Append item, waiting for a free place (raise queue.Full after
+        timeout seconds when given)."""
+        if not self.free.acquire(timeout=timeout):
+            raise queue.Full
+        self.q.put(item)
+
+    def get(self):
+        item = self.q.get()
+        self.free.release()
+        return item
+
+
+class _Reply:
+    """Where a request's answer lands: a lock held until it does (a C
+    lock's release wakes the requester without Python conditions)."""
+
+    __slots__ = ("lock", "value")
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.value = None
+
+    def set(self, v):
+        """Hand v to the waiter; called once, by whoever popped it from
+        Node.pending."""
+        self.value = v
+        self.lock.release()
+
+    def wait(self, timeout):
+        return self.lock.acquire(timeout=timeout)
+
+
+class _FetchReply:
+    """A reply whose tensors its requester fetches: (conn, envelope,
+    table, fetches), handed over by the reader."""
+
+    __slots__ = ("args",)
+
+    def __init__(self, args):
+        self.args = args
 
 
 class _Conn:
@@ -283,6 +346,9 @@ class Node:
         self.exports = {}  # export id → [lease, bytes, peer]: lent until released
         self.export_ids = itertools.count(1)
         self.data_conns = {}  # peer → (socket, stream counter): used by the dispatch thread only
+        # peer → idle [socket, stream counter] of requesters' fetches
+        # (at most MAX_IDLE_DATA each), under mu.
+        self.idle_data = {}
         self.incarnation = incarnation or time.time_ns()
         self.heartbeat, self.failure_timeout = heartbeat_interval, failure_timeout
         self.inline_threshold, self.max_frame = inline_threshold, max_frame_size
@@ -297,7 +363,7 @@ class Node:
         # Bounded: a peer that sends faster than the handlers run is held
         # back by its connection (the reader waits), not by this
         # process's memory.
-        self.inbox = queue.Queue(maxsize=inbox_messages)
+        self.inbox = _Inbox(inbox_messages)
         self.errors = []  # bad input seen, for tests and logs
         self.transfers = []  # (channel, peer, bytes) of every fetch
         self.served = []  # (channel, peer, bytes) of every fetch of this node's exports
@@ -561,11 +627,17 @@ class Node:
                 self._release_all(c, [d for _, d in fetches])
                 self._send_dead_letter(c, env, why)
                 return
-            if (env["request"] and not env["target"]) or reply_key(env["target"]) is not None:
-                # A reply: fetched on a thread of its own, as its requester
-                # may be a handler holding the dispatch thread.
-                threading.Thread(target=self._fetch, args=(c, env, table, fetches, True),
-                                 daemon=True).start()
+            key = env["request"] if env["request"] and not env["target"] else reply_key(env["target"])
+            if key is not None:
+                # A reply: its requester fetches it, on its own thread
+                # (which waits for it anyway; it may be a handler holding
+                # the dispatch thread), with no thread started for it.
+                with self.mu:
+                    w = self.pending.pop(key, None)
+                if w is None:  # nobody waits for it (any more)
+                    self._release_all(c, [d for _, d in fetches])
+                else:
+                    w.set(_FetchReply((c, env, table, fetches)))
             else:
                 self.inbox.put(("fetch", (c, env, table, fetches)))
             return
@@ -710,10 +782,11 @@ class Node:
             except (TensorferryError, OSError):
                 return
 
-    def _fetch(self, c, env, table, fetches, own_conn=False):
+    def _fetch(self, c, env, table, fetches, own_conn=False, waiter=None):
         """Fetch a message's exported tensors (dispatch thread) over ipc
         when the owner offers it on this host, else over staging, release
-        their leases, and deliver it."""
+        their leases, and deliver it (a reply: to waiter, with the Message
+        or the error)."""
         done, moved = [], {}
         try:
             for k, d in fetches:
@@ -724,9 +797,11 @@ class Node:
                     table[k] = _dev_to_tensor(buf, d["t"], d["s"])
                     via = "ipc"
                 else:
-                    buf = bytearray(d["b"])
-                    self._fetch_one(c, d, memoryview(buf), own_conn)
-                    table[k] = InlineTensor(d["t"], d["s"], bytes(buf) if d["b"] else b"")
+                    # Fetched straight into the tensor the handler gets.
+                    import torch
+                    buf = torch.empty(d["b"], dtype=torch.uint8)
+                    self._fetch_one(c, d, memoryview(buf.numpy()).cast("B"), own_conn)
+                    table[k] = _dev_to_tensor(buf, d["t"], d["s"])
                     via = "staging"
                 del buf
                 done.append(d)
@@ -738,23 +813,52 @@ class Node:
             self.errors.append("%s: fetch for %s: %s" % (c.peer, env["type_name"], e))
             self._release_all(c, [d for _, d in fetches])
             self._send_dead_letter(c, env, "fetch failed: %s" % e)
+            if waiter is not None:
+                waiter.set(TensorferryError("tensorferry: fetch of the reply from %s failed: %s" % (c.peer, e)))
             return
-        self._release_all(c, done)
         for via, n in moved.items():
             self.transfers.append((via, c.peer, n))
+        # The leases go back once the message is delivered, as Go's
+        # engine gives them back: after the handler's reply, off its path.
+        released = []
+
+        def release():
+            if not released:
+                released.append(True)
+                self._release_all(c, done)
         try:
-            self._deliver(c, env, table, now=True)
+            self._deliver(c, env, table, now=True, after=release, waiter=waiter)
         except (BadBody, BadTable) as e:
             self.errors.append("%s: %s" % (c.peer, e))
+            if waiter is not None and waiter.value is None:
+                waiter.set(e)
+        finally:
+            release()
 
     def _fetch_one(self, c, d, dst, own_conn=False):
-        if own_conn:  # off the dispatch thread: a data connection of its own
-            s = self._dial_data(c.peer)
+        if own_conn:
+            # Off the dispatch thread (a requester's): a data connection
+            # of its own, taken from the idle ones or dialed, and kept for
+            # the next fetch when this one went well.
+            with self.mu:
+                idle = self.idle_data.get(c.peer)
+                dc = idle.pop() if idle else None
+            if dc is None:
+                dc = [self._dial_data(c.peer), 0]
             try:
-                s.settimeout(self.fetch_timeout)
-                staging.fetch(s, 1, d, dst)
-            finally:
-                s.close()
+                dc[1] += 1
+                dc[0].settimeout(self.fetch_timeout)
+                staging.fetch(dc[0], dc[1], d, dst)
+            except BaseException:
+                dc[0].close()
+                raise
+            with self.mu:
+                idle = self.idle_data.setdefault(c.peer, [])
+                if len(idle) < MAX_IDLE_DATA and not self.stopped.is_set() and c.peer in self.conns:
+                    idle.append(dc)
+                    dc = None
+            if dc is not None:
+                dc[0].close()
             return
         dc = self.data_conns.get(c.peer)
         if dc is None:
@@ -814,9 +918,11 @@ class Node:
         if node != expect:
             raise TensorferryError("tensorferry: handshake: reached %r, expected %r" % (node, expect))
 
-    def _deliver(self, c, env, table, now=False):
+    def _deliver(self, c, env, table, now=False, after=None, waiter=None):
         """Complete a request or run a handler (now: on this thread, the
-        dispatch thread, so that it keeps its place among the messages)."""
+        dispatch thread, so that it keeps its place among the messages;
+        after, when given, is called once the handler ran and its reply
+        went out)."""
         fields = decode_body(env["body"], table)
         if not isinstance(fields, dict):
             raise BadBody("tensorferry: message body is not a map")
@@ -824,17 +930,19 @@ class Node:
         key = env["request"] if env["request"] and not env["target"] else reply_key(env["target"])
         msg = Message(env["type_name"], fields, (env["sender_node"] or c.peer, env["sender_id"]))
         if key is not None:
+            if waiter is not None:  # a reply its requester fetched
+                waiter.set(msg)
+                return
             with self.mu:
                 w = self.pending.pop(key, None)
             if w is not None:
-                w[1].append(msg)
-                w[0].set()
+                w.set(msg)
             return
         if env["target"] not in self.handlers:
             self._send_dead_letter(c, env, "no handler %r on %s" % (env["target"], self.name))
             return
         if now:
-            self._run(env["target"], msg)
+            self._run(env["target"], msg, after)
         else:
             self.inbox.put((env["target"], msg))
 
@@ -853,8 +961,7 @@ class Node:
         with self.mu:
             w = self.pending.pop(key, None)
         if w is not None:
-            w[1].append(DeadLetter("tensorferry: dead letter: %s" % v.get("d", "")))
-            w[0].set()
+            w.set(DeadLetter("tensorferry: dead letter: %s" % v.get("d", "")))
 
     def _conn_closed(self, c, why):
         with self.mu:
@@ -866,6 +973,9 @@ class Node:
                 del self.exports[k]
             was_up = c.caps is not None
             waiting = [w for w in self.ctl_pending.values() if w[0] == c.peer]
+            idle = self.idle_data.pop(c.peer, [])
+        for dc in idle:
+            dc[0].close()
         for w in waiting:
             w[2].append(TensorferryError("tensorferry: connection to %s closed: %s" % (c.peer, why)))
             w[1].set()
@@ -1043,17 +1153,21 @@ class Node:
                 continue
             self._run(target, msg)
 
-    def _run(self, target, msg):
+    def _run(self, target, msg, after=None):
         try:
-            out = self.handlers[target](msg)
-        except Exception as e:  # a handler's failure is its own
-            self.errors.append("handler %s: %r" % (target, e))
-            return
-        if out is not None and msg.sender[1]:
             try:
-                self.send(msg.sender, out, sender_id=target)
-            except TensorferryError as e:
-                self.errors.append("reply from %s: %s" % (target, e))
+                out = self.handlers[target](msg)
+            except Exception as e:  # a handler's failure is its own
+                self.errors.append("handler %s: %r" % (target, e))
+                return
+            if out is not None and msg.sender[1]:
+                try:
+                    self.send(msg.sender, out, sender_id=target)
+                except TensorferryError as e:
+                    self.errors.append("reply from %s: %s" % (target, e))
+        finally:
+            if after is not None:
+                after()
 
     # -- sending -----------------------------------------------------------
 
@@ -1086,7 +1200,7 @@ class Node:
                 if over_ipc and (not self.inline_device or
                                  v.numel() * v.element_size() > self.inline_threshold):
                     return _DeviceTensor(v)
-            return tensor_to_inline(v)
+            return tensor_to_inline(v, copy=False)
 
         body, table = encode_body(msg.fields, tensor_of)
         for i, (wid, t) in enumerate(table):
@@ -1116,7 +1230,12 @@ class Node:
         return node, encode_envelope(**kw)
 
     def send(self, pid, msg, sender_id=""):
-        """Send msg (a Message) to pid, a (node, actor id) pair."""
+        """Send msg (a Message) to pid, a (node, actor id) pair.
+
+        Tensors above the inline threshold are lent, not copied: a CPU
+        tensor's memory over staging as a CUDA tensor's over ipc, until
+        the receiver fetched it; change them only after that (a request's
+        reply comes after it)."""
         before = next(self.export_ids)
         try:
             node, env = self._envelope(pid, msg, sender_id)
@@ -1131,17 +1250,29 @@ class Node:
     def request(self, pid, msg, timeout=10.0):
         """Send msg to pid and wait for the reply (a Message)."""
         key = next(self.keys)
-        w = (threading.Event(), [])
+        w = _Reply()
         with self.mu:
             self.pending[key] = w
         try:
             self.send(pid, msg, sender_id=reply_id(key))
-            if not w[0].wait(timeout):
-                raise TimeoutError("tensorferry: no reply from %s/%s in %.1fs" % (pid[0], pid[1], timeout))
-        finally:
+            got = w.wait(timeout)
+        except BaseException:
             with self.mu:
                 self.pending.pop(key, None)
-        r = w[1][0]
+            raise
+        if not got:
+            with self.mu:
+                mine = self.pending.pop(key, None)
+            if mine is not None:
+                raise TimeoutError("tensorferry: no reply from %s/%s in %.1fs" % (pid[0], pid[1], timeout))
+            w.wait(None)  # taken by the reader just now: its answer follows
+        r = w.value
+        if isinstance(r, _FetchReply):
+            w = _Reply()
+            self._fetch(*r.args, own_conn=True, waiter=w)
+            r = w.value
+            if r is None:  # not a case _fetch leaves; never an answer of None
+                raise TensorferryError("tensorferry: the reply from %s/%s was not delivered" % pid)
         if isinstance(r, Exception):
             raise r
         return r

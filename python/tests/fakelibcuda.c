@@ -36,6 +36,7 @@ void fake_register(CUdeviceptr base, size_t size, int legacy) {
 }
 
 int fake_depth(void) { return depth; }
+uint64_t fake_attr_queries;
 
 static int find(CUdeviceptr p) {
 	for (int i = 0; i < nallocs; i++)
@@ -56,11 +57,14 @@ CUresult cuDeviceGetUuid(unsigned char *u, CUdevice d) { for (int i = 0; i < 16;
 CUresult cuDeviceGetPCIBusId(char *s, int len, CUdevice d) { snprintf(s, len, "0000:%02x:00.0", d - 40 + 0x18); return OK; }
 CUresult cuDeviceCanAccessPeer(int *ok, CUdevice a, CUdevice b) { *ok = a != b; return OK; }
 CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) { *c = &ctxs[d - 40]; return OK; }
-CUresult cuCtxPushCurrent_v2(CUcontext c) { if (c != &ctxs[0] && c != &ctxs[1]) return INVALID_CONTEXT; stack[depth++] = c; return OK; }
+int fake_pushes;
+CUresult cuCtxPushCurrent_v2(CUcontext c) { if (c != &ctxs[0] && c != &ctxs[1]) return INVALID_CONTEXT; stack[depth++] = c; fake_pushes++; return OK; }
+CUresult cuCtxGetCurrent(CUcontext *c) { *c = depth ? stack[depth - 1] : NULL; return OK; }
 CUresult cuCtxPopCurrent_v2(CUcontext *c) { if (!depth) return INVALID_CONTEXT; *c = stack[--depth]; return OK; }
 
 CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p) {
 	int i = find(p);
+	fake_attr_queries++;
 	if (i < 0) return INVALID_VALUE;
 	if (attr == 7) *(uint64_t *)data = allocs[i].id;
 	else if (attr == 10) *(int *)data = allocs[i].legacy;

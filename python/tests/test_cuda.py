@@ -108,6 +108,51 @@ class DriverTest(unittest.TestCase):
         self.assertIn("cuIpcGetMemHandle: CUDA_ERROR_INVALID_VALUE", str(cm.exception))
         self.assertEqual(self.fake.fake_depth(), 0)
 
+    def test_current_context_kept(self):
+        # On a thread where the device's primary context is current (as
+        # torch leaves it), calls run in it: nothing pushed or popped.
+        a = Buf(256)
+        self.fake.fake_register(a.data_ptr(), 256, 1)
+        pushes = ctypes.c_int.in_dll(self.fake, "fake_pushes")
+        ctx = self.d._primary(0)
+        self.assertEqual(self.fake.cuCtxPushCurrent_v2(ctx), 0)
+        try:
+            before = pushes.value
+            self.d.locate(a)
+            dst = Buf(16)
+            self.d.copy(dst, a.data_ptr(), 16, stream=0x5eed)
+            self.assertEqual(pushes.value, before)
+            self.assertEqual(self.fake.fake_depth(), 1)
+            # Another device's context is pushed for the call and popped.
+            self.d.copy(Buf(16, device=1), a.data_ptr(), 16, stream=0x5eed)
+            self.assertEqual(pushes.value, before + 1)
+            self.assertEqual(self.fake.fake_depth(), 1)
+        finally:
+            self.fake.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+        self.assertEqual(self.fake.fake_depth(), 0)
+
+    def test_locate_cached(self):
+        # A tensor of an allocation located before costs one query (its
+        # buffer id); the answer is the same.
+        a = Buf(512)
+        self.fake.fake_register(a.data_ptr(), 512, 1)
+        queries = ctypes.c_uint64.in_dll(self.fake, "fake_attr_queries")
+        first = self.d.locate(a)
+        view = Buf(0)
+        view.data_ptr = lambda: a.data_ptr() + 64
+        before = queries.value
+        loc = self.d.locate(view)
+        self.assertEqual(queries.value, before + 1)
+        self.assertEqual((loc.ptr, loc.base, loc.size, loc.buffer_id, loc.legacy_ipc),
+                         (a.data_ptr() + 64, first.base, first.size, first.buffer_id, True))
+        b = Buf(64)
+        self.fake.fake_register(b.data_ptr(), 64, 0)
+        self.d.locate(b)
+        before = queries.value
+        loc = self.d.locate(b)
+        self.assertEqual(queries.value, before + 1)
+        self.assertEqual((loc.ptr, loc.base, loc.size, loc.legacy_ipc), (b.data_ptr(), b.data_ptr(), 0, False))
+
     def test_no_driver(self):
         with self.assertRaises(CudaError) as cm:
             Driver("/nonexistent/libcuda.so.1")

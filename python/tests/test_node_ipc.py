@@ -125,6 +125,166 @@ class NodeControlTest(unittest.TestCase):
         self.assertEqual(decode(c.caps)["c"]["h"], self.node.host_id)
 
 
+class ReleaseOrderTest(unittest.TestCase):
+    """A fetched message's leases go back after the handler's reply (off
+    its path, as Go's engine releases once delivered), and also when the
+    handler fails or the body is bad."""
+
+    def setUp(self):
+        from tensorferry.codec import Struct, TensorRef, encode
+        self.node = Node("c", b"0123456789abcdef", "py", "127.0.0.1:0", {"go": "127.0.0.1:1"}, ipc=False)
+        self.conn = FakeConn("go")
+        self.node.conns["go"] = self.conn
+        self.node._fetch_one = lambda c, d, dst, own_conn=False: dst.__setitem__(slice(None), b"\x01" * len(dst))
+        self.d = {"o": "go", "i": 5, "e": 3, "l": 9, "t": 9, "s": [4], "b": 4}
+        self.body = bytes(encode(Struct(T=TensorRef(1, 7))))
+
+    def fetch(self, body):
+        env = decode_envelope(encode_envelope(target="sink", sender_node="go", sender_id="asker",
+                                              type_name="t.M", ser=1, body=body))
+        self.node._fetch(self.conn, env, {7: ("fetch", self.d)}, [(7, self.d)])
+        return [f for f, _ in self.conn.sent]
+
+    def test_after_reply(self):
+        from tensorferry.node import F_RELEASE, Message
+        got = []
+        self.node.handle("sink", lambda m: got.append(bytes(m["T"].numpy())) or Message("t.Ack", {}))
+        self.assertEqual(self.fetch(self.body), [F_MESSAGE, F_RELEASE])
+        self.assertEqual(got, [b"\x01" * 4])
+        self.assertEqual(dict(self.conn.sent[1][1]), {"e": 3, "l": 9, "i": 5})
+
+    def test_handler_fails(self):
+        from tensorferry.node import F_RELEASE
+
+        def fail(m):
+            raise RuntimeError("boom")
+        self.node.handle("sink", fail)
+        self.assertEqual(self.fetch(self.body), [F_RELEASE])
+        self.assertIn("boom", self.node.errors[-1])
+
+    def test_bad_body(self):
+        from tensorferry.node import F_RELEASE
+        self.node.handle("sink", lambda m: None)
+        self.assertEqual(self.fetch(b"\xc1"), [F_RELEASE])
+
+
+class ReplyFetchTest(unittest.TestCase):
+    """A reply carrying exported tensors is fetched by its requester's own
+    thread (no thread started per reply); one nobody waits for any more
+    is released unfetched."""
+
+    def setUp(self):
+        self.node = Node("c", b"0123456789abcdef", "py", "127.0.0.1:0", {"go": "127.0.0.1:1"}, ipc=False)
+        self.conn = FakeConn("go")
+        self.node.conns["go"] = self.conn
+        self.fetched_on = []
+
+        def fetch_one(c, d, dst, own_conn=False):
+            self.fetched_on.append(threading.current_thread())
+            dst[:] = b"\x02" * len(dst)
+        self.node._fetch_one = fetch_one
+
+    def reply(self, target):
+        from tensorferry.codec import Struct, TensorRef, encode
+        from tensorferry.message import encode_table
+        d = Struct((("o", "go"), ("i", 5), ("e", 3), ("l", 9), ("t", 9), ("s", [4]), ("b", 4)))
+        return encode_envelope(target=target, sender_node="go", sender_id="sink", type_name="t.A", ser=1,
+                               body=bytes(encode(Struct(T=TensorRef(1, 7)))), tensors=encode_table([(7, d)]))
+
+    def test_requester_fetches(self):
+        from tensorferry.node import F_RELEASE, Message
+        out = []
+        t = threading.Thread(target=lambda: out.append(self.node.request(("go", "sink"), Message("t.Q"), 10)))
+        t.start()
+        self.assertTrue(self.conn.sent_event.wait(10))
+        sid = decode_envelope(self.conn.sent[0][1])["sender_id"]
+        self.node._message_in(self.conn, self.reply(sid))
+        t.join(10)
+        self.assertEqual(self.fetched_on, [t])
+        self.assertEqual(bytes(out[0]["T"].numpy()), b"\x02" * 4)
+        self.assertEqual([f for f, _ in self.conn.sent], [F_MESSAGE, F_RELEASE])
+
+    def test_nobody_waits(self):
+        from tensorferry.node import F_RELEASE
+        self.node._message_in(self.conn, self.reply("future#77"))
+        self.assertEqual(self.fetched_on, [])
+        self.assertEqual([f for f, _ in self.conn.sent], [F_RELEASE])
+
+    def test_fetch_fails(self):
+        from tensorferry.node import Message
+
+        def fail(c, d, dst, own_conn=False):
+            raise TensorferryError("tensorferry: no data connection")
+        self.node._fetch_one = fail
+        errs = []
+
+        def ask():
+            try:
+                self.node.request(("go", "sink"), Message("t.Q"), 10)
+            except TensorferryError as e:
+                errs.append(e)
+        t = threading.Thread(target=ask)
+        t.start()
+        self.assertTrue(self.conn.sent_event.wait(10))
+        sid = decode_envelope(self.conn.sent[0][1])["sender_id"]
+        self.node._message_in(self.conn, self.reply(sid))
+        t.join(10)
+        self.assertEqual(len(errs), 1)
+        self.assertIn("no data connection", str(errs[0]))
+
+
+class RequesterDataConnTest(unittest.TestCase):
+    """Requesters' staging fetches reuse an idle data connection instead
+    of dialing (and shaking hands) for each; a failed one is closed, and
+    the idle ones close with their peer's connection."""
+
+    def setUp(self):
+        from tensorferry import node as node_mod
+        self.node = Node("c", b"0123456789abcdef", "py", "127.0.0.1:0", {"go": "127.0.0.1:1"}, ipc=False)
+        self.node.conns["go"] = FakeConn("go")
+        self.socks = []
+        self.streams = []
+        self.fail = False
+
+        class Sock:
+            closed = False
+
+            def settimeout(self, t):
+                pass
+
+            def close(self):
+                self.closed = True
+
+        def dial(peer):
+            self.socks.append(Sock())
+            return self.socks[-1]
+
+        def fetch(sock, stream, d, dst):
+            self.streams.append((self.socks.index(sock), stream))
+            if self.fail:
+                raise OSError("reset")
+        self.node._dial_data = dial
+        orig = node_mod.staging.fetch
+        node_mod.staging.fetch = fetch
+        self.addCleanup(setattr, node_mod.staging, "fetch", orig)
+
+    def test_reused(self):
+        c, d = self.node.conns["go"], {"b": 0}
+        for _ in range(3):
+            self.node._fetch_one(c, d, memoryview(bytearray()), own_conn=True)
+        self.assertEqual(self.streams, [(0, 1), (0, 2), (0, 3)])
+        self.fail = True
+        with self.assertRaises(OSError):
+            self.node._fetch_one(c, d, memoryview(bytearray()), own_conn=True)
+        self.assertTrue(self.socks[0].closed)
+        self.fail = False
+        self.node._fetch_one(c, d, memoryview(bytearray()), own_conn=True)
+        self.assertEqual(len(self.socks), 2)
+        self.assertFalse(self.socks[1].closed)
+        self.node._conn_closed(c, "gone")
+        self.assertTrue(self.socks[1].closed)
+
+
 class NodeFetchTest(unittest.TestCase):
     """The node fetches a message's tensor over ipc (the owner here is an
     ipc.Owner over the driver double) and delivers a torch tensor."""

@@ -5,13 +5,15 @@
 # Go <-> Python benchmark beside Go <-> Go.
 #
 #   scripts/gpu/python.sh build        # here (needs Go): .gpu/python.tar.xz
-#   device run, carry [.gpu]: scripts/gpu/python.sh [tests|sample|bench|all]   (default all)
+#   device run, carry [.gpu]: scripts/gpu/python.sh [tests|sample|bench|all|stages]   (default all)
 #
 # build adds its bundle (about 11 MiB) beside scripts/gpu/build.sh's (it removes nothing
 # else under .gpu/). Results go to $OUT (default .gpu/out): python.txt (the
 # summary), python-tests.log, torchps.log, pytorch.jsonl and pytorch.csv.
 # TF_PYTHON picks the interpreter with torch (default: python3 in PATH);
 # BENCH_ARGS adds arguments to the benchmark (e.g. "--max 256MiB").
+# stages (not in all) runs the benchmark at 4-64 KiB with the Python
+# peer's stage timers on (peer.py's TF_BENCH_STAGES): stages.txt.
 set -u
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
@@ -86,6 +88,14 @@ if [ "$WHAT" = all ] || [ "$WHAT" = bench ]; then
 	if ! timeout 500 "$P/pytorch" --python "$PY" --peer benchmarks/pytorch/peer.py --out "$OUT" ${BENCH_ARGS:-} >> "$S" 2>&1; then
 		echo "FAIL benchmark pytorch" >> "$S"; status=1
 	fi
+fi
+if [ "$WHAT" = stages ]; then
+	rm -f "$OUT/stages.txt"
+	if ! TF_BENCH_STAGES="$OUT/stages.txt" timeout 200 "$P/pytorch" --python "$PY" --peer benchmarks/pytorch/peer.py \
+		--min 4KiB --max 64KiB --reps 300 >> "$S" 2>&1; then
+		echo "FAIL benchmark pytorch with stage timers" >> "$S"; status=1
+	fi
+	cat "$OUT/stages.txt" >> "$S" 2>/dev/null
 fi
 cat "$S"
 exit $status
