@@ -311,6 +311,36 @@ def read_frame(sock, max_frame):
     return ftype, flags, stream, _read_exact(sock, n) if n else b""
 
 
+
+class Recent(list):
+    """An append-only record that keeps only its last KEEP entries, so that
+    a node that runs for days (or a peer that sends bad input forever) does
+    not grow it without bound. len() counts every entry ever appended and
+    a slice [n:] starts at entry n of that whole count, so that "len
+    before, the entries since" keeps working; everything else (indexing
+    from the end, iteration, equality, json) sees the entries kept."""
+
+    KEEP = 4096
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.dropped = 0
+
+    def append(self, x):
+        super().append(x)
+        if super().__len__() > 2 * self.KEEP:
+            n = super().__len__() - self.KEEP
+            del self[:n]
+            self.dropped += n
+
+    def __len__(self):
+        return self.dropped + super().__len__()
+
+    def __getitem__(self, k):
+        if isinstance(k, slice) and k.step is None and k.stop is None and (k.start or 0) >= 0:
+            return list.__getitem__(self, slice(max((k.start or 0) - self.dropped, 0), None))
+        return list.__getitem__(self, k)
+
 class Node:
     """A Python node of a cluster's config.
 
@@ -364,13 +394,13 @@ class Node:
         # back by its connection (the reader waits), not by this
         # process's memory.
         self.inbox = _Inbox(inbox_messages)
-        self.errors = []  # bad input seen, for tests and logs
-        self.transfers = []  # (channel, peer, bytes) of every fetch
-        self.served = []  # (channel, peer, bytes) of every fetch of this node's exports
+        self.errors = Recent()  # bad input seen, for tests and logs
+        self.transfers = Recent()  # (channel, peer, bytes) of every fetch
+        self.served = Recent()  # (channel, peer, bytes) of every fetch of this node's exports
         self.served_cv = threading.Condition(self.mu)
         self.threads = []
         self.sock = None
-        self.warnings = []  # what was done another way than asked, and why
+        self.warnings = Recent()  # what was done another way than asked, and why
         self.ctl_ids = itertools.count(1)
         self.ctl_pending = {}  # control request id → (peer, event, [reply bytes or error])
         self.inline_device = inline_device
