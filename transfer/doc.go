@@ -60,8 +60,16 @@
 // it, then releases the owner's lease as usual, so the owner writes again
 // only once every receiver has its copy. A parent that does not hold the
 // content, fails, or goes down costs the asker a fetch from the owner
-// (Stats.RelayFallbacks), never a hang. Copies are forwarded whole: a
-// parent serves once its fetch ended (no chunk pipelining).
+// (Stats.RelayFallbacks), never a hang. By default copies are forwarded
+// whole: a parent serves once its fetch ended. With Flow.RelayChunkBytes
+// they move in chunks, pipelined: the owner lends views of what it lends,
+// a holder answers a chunk as soon as it landed, receivers of one node
+// copy each chunk as it lands, and a chunk's loan is given back only
+// once the next one's is made (so the holder's flight, which stays
+// joinable until its last copy ended, never ends between two chunks).
+// Chunks are never pulled from a named receiver on the destination's own
+// GPU (relayOnMyGPU): the GPU would switch between the two processes'
+// contexts at every chunk.
 //
 // stats.go: Engine.Stats reports what the engine did for a node's metrics
 // (package metrics): per channel and owner the transfers, bytes and fetch
