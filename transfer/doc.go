@@ -53,8 +53,9 @@
 // they were lent it gives each its parent, named in its descriptor
 // (Descriptor.Relay). That receiver asks its parent (a control request to
 // relayTarget, with the content's key and type, never the owner's lease);
-// the parent waits relayGrace at most for its own fetch of the content to
-// start, then until it ends, and lends its copy (an export of its
+// the parent waits for its own fetch of the content to start (as long as
+// a message of it that will fetch the content is received and not yet
+// fetching, else relayGrace at most), then until it ends, and lends its copy (an export of its
 // destination) whose flight is not delivered until that loan ends. The
 // asker fetches the copy through the channel between the two and releases
 // it, then releases the owner's lease as usual, so the owner writes again

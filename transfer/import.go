@@ -30,7 +30,10 @@ type Incoming struct {
 	parent  tracehook.Parent // of the fetches' spans
 	msg     any              // the message, for dests
 	dests   Destinations     // nil: every destination is allocated
-	w       walker
+	// expecting: this message's fetches that will lead a relay flight
+	// are announced (Engine.expectRelay) until its fetch starts them.
+	expecting bool
+	w         walker
 	// Room for the common message's few tensors, without allocating.
 	jobsBuf [2]job
 	madeBuf [2]*tensor.Tensor
@@ -170,6 +173,10 @@ func (in *Incoming) visitTensor(t *tensor.Tensor) error {
 		in.made = append(in.made, t)
 	case entryFetch:
 		in.jobs = append(in.jobs, job{d: x.Desc, t: t, dst: dst})
+		if dst == nil && in.e.relayEligible(x.Desc) {
+			in.e.expectRelay(x.Desc, 1)
+			in.expecting = true
+		}
 		in.bytes += x.Desc.Bytes
 	default:
 		return fmt.Errorf("%w: tensor field refers to entry %d of kind %d", ErrBadTable, id, x.Kind)
@@ -291,6 +298,7 @@ func (in *Incoming) fetch(ctx context.Context, fetched func()) error {
 			break
 		}
 	}
+	in.unexpect()
 	fetched()
 	if first != nil {
 		in.abort(ctx)
@@ -408,6 +416,7 @@ func (in *Incoming) Abort() {
 }
 
 func (in *Incoming) abort(ctx context.Context) {
+	in.unexpect()
 	for _, j := range in.jobs {
 		_ = in.e.release(ctx, j.d)
 	}
@@ -417,6 +426,19 @@ func (in *Incoming) abort(ctx context.Context) {
 	}
 	in.refs = nil
 	in.free()
+}
+
+// unexpect withdraws what visitTensor announced of in's relay flights.
+func (in *Incoming) unexpect() {
+	if !in.expecting {
+		return
+	}
+	in.expecting = false
+	for _, j := range in.jobs {
+		if j.dst == nil && in.e.relayEligible(j.d) {
+			in.e.expectRelay(j.d, -1)
+		}
+	}
 }
 
 // free frees the tensors filled for the message.

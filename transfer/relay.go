@@ -61,9 +61,14 @@ type relays struct {
 	// lends it to other receivers: each export of it that ends is one
 	// copy done (every export of a destination is a relay's).
 	lending map[*tensor.Tensor]*relayFlight
-	// started is closed (and replaced) when a flight starts, for relay
-	// requests waiting for theirs (relayGrace).
+	// started is closed (and replaced) when a flight starts or an
+	// expected one is withdrawn, for relay requests waiting for theirs.
 	started chan struct{}
+	// expected counts, by content, the messages this node received whose
+	// fetch will lead a flight of it and has not started: a relay request
+	// for such a content waits for the flight instead of giving up after
+	// relayGrace.
+	expected map[relayKey]int
 
 	// The owner's side: the receivers of each content lent now, and which
 	// content each export lends.
@@ -544,9 +549,29 @@ func (e *Engine) serveOwnChunk(peer string, a relayAsk, off, n int64) ([]byte, e
 	return hd.MarshalMsg(nil)
 }
 
+// expectRelay counts (delta 1) or withdraws (-1) a message whose fetch
+// of d will lead a flight of d's content (relays.expected).
+func (e *Engine) expectRelay(d *tensor.Descriptor, delta int) {
+	k := relayKey{d.Owner, d.Incarnation, d.Content}
+	r := &e.relays
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.expected == nil {
+		r.expected = map[relayKey]int{}
+	}
+	if r.expected[k] += delta; r.expected[k] <= 0 {
+		delete(r.expected, k)
+		if r.started != nil {
+			close(r.started)
+			r.started = nil
+		}
+	}
+}
+
 // joinFlight returns the flight of d's content on this node, joined as
-// one more copy (done when the lease of that copy ends), waiting
-// relayGrace at most for it to start.
+// one more copy (done when the lease of that copy ends), waiting for it
+// to start while a message of this node is about to fetch it, else
+// relayGrace at most.
 func (e *Engine) joinFlight(ctx context.Context, d *tensor.Descriptor) (*relayFlight, error) {
 	k := relayKey{d.Owner, d.Incarnation, d.Content}
 	var grace <-chan time.Time
@@ -563,19 +588,24 @@ func (e *Engine) joinFlight(ctx context.Context, d *tensor.Descriptor) (*relayFl
 			e.relays.mu.Unlock()
 			return nil, fmt.Errorf("%w: %v content %d", ErrNotHeld, d, d.Content)
 		}
+		expected := e.relays.expected[k] > 0
 		if e.relays.started == nil {
 			e.relays.started = make(chan struct{})
 		}
 		started := e.relays.started
 		e.relays.mu.Unlock()
-		if grace == nil {
-			t := time.NewTimer(time.Duration(relayGrace.Load()))
-			defer t.Stop()
-			grace = t.C
+		var g <-chan time.Time // nil while expected: no grace
+		if !expected {
+			if grace == nil {
+				t := time.NewTimer(time.Duration(relayGrace.Load()))
+				defer t.Stop()
+				grace = t.C
+			}
+			g = grace
 		}
 		select {
 		case <-started:
-		case <-grace:
+		case <-g:
 			return nil, fmt.Errorf("%w: %v content %d", ErrNotHeld, d, d.Content)
 		case <-ctx.Done():
 			return nil, ctx.Err()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
@@ -397,5 +398,62 @@ func TestRelayOnMyGPU(t *testing.T) {
 		if got := me.relayOnMyGPU(d, dst); got != want {
 			t.Fatalf("relay %q: %v, want %v", relay, got, want)
 		}
+	}
+}
+
+// TestRelayExpected: a relay request that reaches the named receiver
+// after it received its message but before that message's fetch started
+// waits for the fetch, however short relayGrace is, instead of sending
+// the asker back to the owner.
+func TestRelayExpected(t *testing.T) {
+	t.Cleanup(SetRelayGrace(time.Nanosecond))
+	es := engineMesh(t, relayConfig(false), "h1", "h2", "h2")
+	owner, head, other := es[0], es[1], es[2]
+	x := newTensor(t, relayTestBytes, 8)
+	open := holdFetches(t)
+	_, hmsg, hin, err := carry(t, owner, head, &grad{W: x})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, omsg, oin, err := carry(t, owner, other, &grad{W: x})
+	if err != nil || oin.jobs[0].d.Relay != head.cfg.Node {
+		t.Fatalf("%v, relay %q", err, oin.jobs[0].d.Relay)
+	}
+	content := oin.jobs[0].d.Content
+	od := &delivery{ch: make(chan error, 1)}
+	if err := other.Enqueue(owner.cfg.Node, oin, 100, od); err != nil {
+		t.Fatal(err)
+	}
+	// The other's ask waits on the head, which has its message but has
+	// not started fetching it.
+	waitFor(t, func() bool {
+		head.relays.mu.Lock()
+		defer head.relays.mu.Unlock()
+		return head.relays.started != nil
+	})
+	hd := &delivery{ch: make(chan error, 1)}
+	if err := head.Enqueue(owner.cfg.Node, hin, 100, hd); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return head.relayJoined(owner.cfg.Node, 1, content) == 1 })
+	open()
+	for _, c := range []struct {
+		d *delivery
+		m *grad
+	}{{hd, hmsg}, {od, omsg}} {
+		if err := <-c.d.ch; err != nil || c.m.W.Host()[relayTestBytes-1] != 8 {
+			t.Fatalf("%v, %v", c.m.W, err)
+		}
+		_ = c.m.W.Free()
+	}
+	waitFor(t, func() bool { return owner.Store().Len() == 0 && x.Leases() == 0 && head.Store().Len() == 0 })
+	if s := other.Stats(); s.RelayFetched != 1 || s.RelayFallbacks != 0 {
+		t.Fatalf("relayed %d, fell back %d", s.RelayFetched, s.RelayFallbacks)
+	}
+	head.relays.mu.Lock()
+	left := len(head.relays.expected)
+	head.relays.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d contents still expected", left)
 	}
 }
