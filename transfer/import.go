@@ -126,6 +126,7 @@ func (e *Engine) ImportInto(ctx context.Context, peer string, table []byte, msg 
 	}
 	in.entries = nil
 	if err != nil {
+		in.unexpect()
 		in.free()
 		e.releaseEntries(entries)
 		return nil, err

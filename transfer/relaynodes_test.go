@@ -10,6 +10,7 @@ import (
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 // engineMesh starts one engine per host in hosts (named after the test
@@ -456,4 +457,32 @@ func TestRelayExpected(t *testing.T) {
 	if left != 0 {
 		t.Fatalf("%d contents still expected", left)
 	}
+}
+
+// TestRelayExpectedRefused: a message refused at import (over the budget
+// here) announces no flight afterwards, whatever it lent.
+func TestRelayExpectedRefused(t *testing.T) {
+	cfg := relayConfig(false)
+	cfg.Flow.ReceiveBudget, cfg.Flow.ReceiveBudgetPerPeer = 1<<30, relayTestBytes
+	es := engineMesh(t, cfg, "h1", "h2")
+	owner, head := es[0], es[1]
+	x, y := newTensor(t, relayTestBytes, 1), newTensor(t, relayTestBytes, 2)
+	type two struct{ A, B *tensor.Tensor }
+	out, err := owner.Export(head.cfg.Node, &two{x, y})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got two
+	body, _ := msgpack.Marshal(&two{x, y})
+	_ = msgpack.Unmarshal(body, &got)
+	if in, err := head.Import(owner.cfg.Node, out.Table, &got, memory.CPU); !errors.Is(err, ErrOverBudget) {
+		t.Fatalf("%v, %v", in, err)
+	}
+	head.relays.mu.Lock()
+	left := len(head.relays.expected)
+	head.relays.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d contents still expected after the refusal", left)
+	}
+	out.Abort()
 }
