@@ -217,19 +217,34 @@ func (e *Engine) fetchRelayed(ctx context.Context, d *tensor.Descriptor, dst *te
 		}
 		return e.fetchInto(ctx, d, dst)
 	}
-	if d.Relay != "" && d.Relay != e.cfg.Node && d.Relay != d.Owner && e.relayEligible(d) {
-		err := e.fetchFromHolder(ctx, d, dst)
-		if err == nil {
-			e.stats.relayFetched.Add(1)
-			return nil
-		}
-		e.stats.relayFallbacks.Add(1)
-		e.log.Debug("relay: fetching from the owner", zap.String("relay", d.Relay), zap.Stringer("descriptor", d), zap.Error(err))
-		if ctx.Err() != nil {
+	if from := e.namedRelay(d); from != "" && e.relayEligible(d) {
+		err := e.relayed(from, d, e.fetchFromHolder(ctx, d, dst))
+		if err == nil || ctx.Err() != nil {
 			return err
 		}
 	}
 	return e.fetchInto(ctx, d, dst)
+}
+
+// namedRelay returns the receiver the owner named in d to fetch from, if
+// that is another node than this one and the owner; "" otherwise.
+func (e *Engine) namedRelay(d *tensor.Descriptor) string {
+	if d.Relay == e.cfg.Node || d.Relay == d.Owner {
+		return ""
+	}
+	return d.Relay
+}
+
+// relayed counts how a fetch of d from the receiver from ended (err),
+// and returns err.
+func (e *Engine) relayed(from string, d *tensor.Descriptor, err error) error {
+	if err == nil {
+		e.stats.relayFetched.Add(1)
+		return nil
+	}
+	e.stats.relayFallbacks.Add(1)
+	e.log.Debug("relay: fetching from the owner", zap.String("relay", from), zap.Stringer("descriptor", d), zap.Error(err))
+	return err
 }
 
 // relayOnMyGPU reports whether the receiver the owner named for d is
@@ -238,10 +253,11 @@ func (e *Engine) fetchRelayed(ctx context.Context, d *tensor.Descriptor, dst *te
 // nodes on one GPU: 1 GiB in 64 MiB chunks 6.2 ms, whole 4.6 ms), so it
 // is copied whole.
 func (e *Engine) relayOnMyGPU(d *tensor.Descriptor, dst *tensor.Tensor) bool {
-	if d.Relay == "" || d.Relay == e.cfg.Node || d.Relay == d.Owner {
+	from := e.namedRelay(d)
+	if from == "" {
 		return false
 	}
-	p := e.peer(d.Relay)
+	p := e.peer(from)
 	mine := e.caps.DeviceUUID(dst.Device())
 	return p != nil && mine != "" && len(p.caps.Devices) > 0 && p.caps.Devices[0].UUID == mine
 }
@@ -253,8 +269,8 @@ func (e *Engine) relayOnMyGPU(d *tensor.Descriptor, dst *tensor.Tensor) bool {
 // fetches the whole from the owner.
 func (e *Engine) fetchChunked(ctx context.Context, d *tensor.Descriptor, dst *tensor.Tensor, f *relayFlight) error {
 	from := d.Owner
-	if d.Relay != "" && d.Relay != e.cfg.Node && d.Relay != d.Owner {
-		from = d.Relay
+	if r := e.namedRelay(d); r != "" {
+		from = r
 	}
 	if p := e.peer(from); p == nil || !p.relay {
 		return fmt.Errorf("%w: relay %s", ErrPeerDown, from)
@@ -310,12 +326,7 @@ func (e *Engine) fetchChunked(ctx context.Context, d *tensor.Descriptor, dst *te
 		}()
 	}
 	if from != d.Owner {
-		if err == nil {
-			e.stats.relayFetched.Add(1)
-		} else {
-			e.stats.relayFallbacks.Add(1)
-			e.log.Debug("relay: fetching from the owner", zap.String("relay", from), zap.Stringer("descriptor", d), zap.Error(err))
-		}
+		return e.relayed(from, d, err)
 	}
 	return err
 }
