@@ -68,7 +68,7 @@
 //	  relay: true                  # a node fetches content lent to several of its actors once (transfer/relay.go)
 //	  relay_min_bytes: 64MiB       # smaller tensors are fetched per message, on the reader
 //	  relay_fanout: 4              # receivers one holder serves per kind of link (1: chains); ≤ 64
-//	  relay_chunk_bytes: 0         # relayed copies in chunks of this size, pipelined (0: whole); 64KiB..1GiB
+//	  relay_stream: true           # relayed copies follow their holder's copy as it fills
 //	staging:
 //	  chunk_size: 4MiB             # ≤ 64MiB
 //	  chunks_in_flight: 4          # ≤ 64

@@ -273,14 +273,15 @@ type FlowConfig struct {
 	// one per GPU, then copies from those), so that most bytes do not
 	// leave the owner again. 1 makes chains. Default 4.
 	RelayFanout int
-	// RelayChunkBytes, when set, moves relayed copies in chunks of this
-	// many bytes (YAML: relay_chunk_bytes): a receiver fetches each chunk
-	// from its holder (the owner, or the receiver the owner named) as
-	// soon as that holder has it, so that the copies down a relay tree
-	// overlap instead of following one another. Default 0: whole copies
-	// (chunking has not yet paid for itself in an A/B on a GPU host).
-	// Set: 64 KiB to 1 GiB.
-	RelayChunkBytes int64
+	// NoRelayStream makes relayed copies wait until their holder's copy
+	// is whole (YAML: relay_stream: false). With streaming on (the
+	// default), a receiver borrows its holder's copy as soon as the
+	// holder's fetch started and copies each piece once it landed there
+	// (ipc: each ipc.copy_chunk), asking the holder how far it got, so
+	// that the copies down a relay tree overlap instead of following one
+	// another; an actor of the holder's own node copies each piece as it
+	// lands too.
+	NoRelayStream bool
 }
 
 // DefaultFlowConfig returns the flow defaults described in FlowConfig.
@@ -336,12 +337,8 @@ func (f FlowConfig) validate(c *Config) error {
 		{p + "inbox_bytes", f.InboxBytes, 1, 1 << 40, "bytes"},
 		{p + "relay_min_bytes", f.RelayMinBytes, 1, 1 << 50, "bytes"},
 		{p + "relay_fanout", int64(f.RelayFanout), 1, 64, ""},
-		{p + "relay_chunk_bytes", f.RelayChunkBytes, 0, 1 << 30, "bytes"},
 	}); err != nil {
 		return err
-	}
-	if f.RelayChunkBytes > 0 && f.RelayChunkBytes < 64<<10 {
-		return c.errf(p+"relay_chunk_bytes", "%s is below 64KiB (0: whole copies)", FormatSize(int(f.RelayChunkBytes)))
 	}
 	if f.ReceiveBudget > 0 && f.ReceiveBudget < MinReceiveBudget {
 		return c.errf(p+"receive_budget", "%s is below %s (0 derives it from the node's memory)",

@@ -228,7 +228,7 @@ func (c *Config) decode(root *yaml.Node) error {
 				"relay":                   notBoolOf(&f.NoRelay),
 				"relay_min_bytes":         sizeOf(&f.RelayMinBytes),
 				"relay_fanout":            countOf(&f.RelayFanout),
-				"relay_chunk_bytes":       sizeOf(&f.RelayChunkBytes),
+				"relay_stream":            notBoolOf(&f.NoRelayStream),
 			})
 		case "staging":
 			s := &c.Staging
@@ -357,7 +357,8 @@ func switchOf(p *Switch) setter {
 	}
 }
 
-// relayOff is what the file says of relay: only false, when off.
+// relayOff is what the file says of an on-by-default switch (relay,
+// relay_stream): only false, when off.
 func relayOff(no bool) *bool {
 	if !no {
 		return nil
@@ -665,7 +666,7 @@ type fileFlow struct {
 	Relay                *bool  `yaml:"relay,omitempty"` // written only when off
 	RelayMinBytes        string `yaml:"relay_min_bytes,omitempty"`
 	RelayFanout          int    `yaml:"relay_fanout,omitempty"`
-	RelayChunkBytes      string `yaml:"relay_chunk_bytes,omitempty"`
+	RelayStream          *bool  `yaml:"relay_stream,omitempty"` // written only when off
 }
 
 type fileStaging struct {
@@ -800,7 +801,7 @@ func (c *Config) Marshal() ([]byte, error) {
 			MaxInFlight: fl.MaxInFlight, MaxInFlightBytes: sz(fl.MaxInFlightBytes),
 			ReceiveBudget: sz(fl.ReceiveBudget), ReceiveBudgetPerPeer: sz(fl.ReceiveBudgetPerPeer),
 			ReceiveWindow: fl.ReceiveWindow, InboxMessages: fl.InboxMessages, InboxBytes: sz(fl.InboxBytes),
-			Relay: relayOff(fl.NoRelay), RelayMinBytes: sz(fl.RelayMinBytes), RelayFanout: fl.RelayFanout, RelayChunkBytes: sz(fl.RelayChunkBytes),
+			Relay: relayOff(fl.NoRelay), RelayMinBytes: sz(fl.RelayMinBytes), RelayFanout: fl.RelayFanout, RelayStream: relayOff(fl.NoRelayStream),
 		}),
 		Staging: nonZero(&fileStaging{
 			ChunkSize: sz(int64(st.ChunkSize)), ChunksInFlight: st.ChunksInFlight,

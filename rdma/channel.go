@@ -76,6 +76,29 @@ type DirectFetcher interface {
 	FetchDirect(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer) (done bool, err error)
 }
 
+// Progress lets a fetch follow a source that is still being written, and
+// tell how far its own copy got. Both fields may be nil.
+type Progress struct {
+	// Ready returns once the source holds at least its first n bytes,
+	// with how many it holds (n or more), or the error that ended the
+	// source's own fetch. nil: the source is whole.
+	Ready func(ctx context.Context, n int64) (int64, error)
+	// Landed is told, with n growing, each time the first n bytes of the
+	// destination hold their copy.
+	Landed func(n int64)
+}
+
+// StreamFetcher is implemented by channels that copy in pieces and can
+// pipeline behind a source that is still being written (fan-out by relay:
+// a receiver copies what its holder already has while the rest crosses
+// the link to the holder).
+type StreamFetcher interface {
+	// FetchStream fetches as Fetch does, copying no byte before p.Ready
+	// says the source holds it, and telling p.Landed as the destination
+	// fills.
+	FetchStream(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer, p Progress) error
+}
+
 // ConnServer is implemented by channels that receive data connections (the
 // staging channel). The node accepts and authenticates the connection, then
 // hands it over; the channel owns it from then on.

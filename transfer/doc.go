@@ -55,22 +55,25 @@
 // relayTarget, with the content's key and type, never the owner's lease);
 // the parent waits for its own fetch of the content to start (as long as
 // a message of it that will fetch the content is received and not yet
-// fetching, else relayGrace at most), then until it ends, and lends its copy (an export of its
-// destination) whose flight is not delivered until that loan ends. The
+// fetching, else relayGrace at most) and lends its copy (an export of its
+// destination), whose flight is not delivered until that loan ends. The
 // asker fetches the copy through the channel between the two and releases
 // it, then releases the owner's lease as usual, so the owner writes again
 // only once every receiver has its copy. A parent that does not hold the
 // content, fails, or goes down costs the asker a fetch from the owner
-// (Stats.RelayFallbacks), never a hang. By default copies are forwarded
-// whole: a parent serves once its fetch ended. With Flow.RelayChunkBytes
-// they move in chunks, pipelined: the owner lends views of what it lends,
-// a holder answers a chunk as soon as it landed, receivers of one node
-// copy each chunk as it lands, and a chunk's loan is given back only
-// once the next one's is made (so the holder's flight, which stays
-// joinable until its last copy ended, never ends between two chunks).
-// Chunks are never pulled from a named receiver on the destination's own
-// GPU (relayOnMyGPU): the GPU would switch between the two processes'
-// contexts at every chunk.
+// (Stats.RelayFallbacks), never a hang.
+//
+// Copies are streamed (Flow.NoRelayStream turns it off): the parent lends
+// its copy as soon as its own fetch started, and the asker copies each
+// piece once it landed there (rdma.Progress: before each piece the
+// channel asks how far the parent got, a relayProgress request answered
+// once the parent holds that piece; channels without rdma.StreamFetcher
+// wait for the whole). Each fetch tells its flight as pieces land
+// (relayFlight.land), so that receivers of the same node copy them at
+// once and a parent answers its children's progress requests: the copies
+// down a relay tree overlap instead of following one another, over one
+// loan per copy. With streaming off, a parent lends its copy once its
+// fetch ended and followers wait for the whole.
 //
 // stats.go: Engine.Stats reports what the engine did for a node's metrics
 // (package metrics): per channel and owner the transfers, bytes and fetch

@@ -93,6 +93,14 @@ func (m *memtest) FetchDirect(ctx context.Context, d *tensor.Descriptor, dst mem
 }
 
 func (m *memtest) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer) error {
+	if err := m.gate(ctx, d); err != nil {
+		return err
+	}
+	return m.copy(ctx, d, dst)
+}
+
+// gate waits while holdFetches holds memtest's fetches.
+func (m *memtest) gate(ctx context.Context, d *tensor.Descriptor) error {
 	memtestGate.Lock()
 	gate := memtestGate.ch
 	memtestGate.Unlock()
@@ -107,7 +115,35 @@ func (m *memtest) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 			return ctx.Err()
 		}
 	}
-	return m.copy(ctx, d, dst)
+	return nil
+}
+
+// memtestPieces is how many pieces memtest's FetchStream copies in, each
+// waiting for the gate (holdFetches) and for the source to hold it.
+var memtestPieces atomic.Int64
+
+func init() { memtestPieces.Store(1) }
+
+func (m *memtest) FetchStream(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer, p rdma.Progress) error {
+	n := memtestPieces.Load()
+	for i := int64(1); i <= n; i++ {
+		end := d.Bytes * i / n
+		if p.Ready != nil {
+			if _, err := p.Ready(ctx, end); err != nil {
+				return err
+			}
+		}
+		if err := m.gate(ctx, d); err != nil {
+			return err
+		}
+		if err := m.copyRange(ctx, d, dst, d.Bytes*(i-1)/n, end); err != nil {
+			return err
+		}
+		if p.Landed != nil {
+			p.Landed(end)
+		}
+	}
+	return nil
 }
 
 // copy copies d from its owner's store.
@@ -124,6 +160,30 @@ func (m *memtest) copy(ctx context.Context, d *tensor.Descriptor, dst memory.Buf
 	}
 	defer done()
 	return memory.Copy(ctx, dst, x.Tensor.Buffer())
+}
+
+// copyRange copies bytes [from, to) of d from its owner's store.
+func (m *memtest) copyRange(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer, from, to int64) error {
+	testEnginesMu.Lock()
+	owner := testEngines[d.Owner]
+	testEnginesMu.Unlock()
+	if owner == nil {
+		return fmt.Errorf("memtest: no engine %s", d.Owner)
+	}
+	x, done, err := owner.store.Acquire(d.Incarnation, d.ExportID, d.Lease)
+	if err != nil {
+		return err
+	}
+	defer done()
+	s, err := x.Tensor.Buffer().Slice(int(from), int(to-from))
+	if err != nil {
+		return err
+	}
+	t, err := dst.Slice(int(from), int(to-from))
+	if err != nil {
+		return err
+	}
+	return memory.Copy(ctx, t, s)
 }
 
 // holdFetches holds every memtest fetch until open is called (at the

@@ -538,6 +538,13 @@ func fetchAttrs(name string, d *tensor.Descriptor, dst memory.Device) []tracehoo
 }
 
 func (e *Engine) fetchInto(ctx context.Context, d *tensor.Descriptor, dst *tensor.Tensor) error {
+	return e.fetchStream(ctx, d, dst, rdma.Progress{})
+}
+
+// fetchStream is fetchInto following p: through the channel's
+// FetchStream where it has one, else waiting for the whole source first
+// and telling p.Landed once at the end.
+func (e *Engine) fetchStream(ctx context.Context, d *tensor.Descriptor, dst *tensor.Tensor, p rdma.Progress) error {
 	name, ch, err := e.route(d, dst.Device())
 	if err != nil {
 		return err
@@ -547,7 +554,19 @@ func (e *Engine) fetchInto(ctx context.Context, d *tensor.Descriptor, dst *tenso
 		ctx, sp = e.tr.Start(ctx, "tensorferry.fetch", tracehook.KindClient, fetchAttrs(name, d, dst.Device())...)
 	}
 	start := time.Now()
-	err = ch.Fetch(ctx, d, dst.Buffer())
+	if sf, ok := ch.(rdma.StreamFetcher); ok && (p.Ready != nil || p.Landed != nil) {
+		err = sf.FetchStream(ctx, d, dst.Buffer(), p)
+	} else {
+		if p.Ready != nil {
+			_, err = p.Ready(ctx, d.Bytes)
+		}
+		if err == nil {
+			err = ch.Fetch(ctx, d, dst.Buffer())
+		}
+		if err == nil && p.Landed != nil {
+			p.Landed(d.Bytes)
+		}
+	}
 	sp.End(e.fetchEnded(name, d, start, err))
 	return err
 }

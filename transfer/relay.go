@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/memory"
+	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
 	"github.com/tinylib/msgp/msgp"
 	"go.uber.org/zap"
@@ -35,9 +36,9 @@ type relayFlight struct {
 	ready chan struct{}      // closed when the leader's fetch ended
 	src   *tensor.Tensor     // the leader's destination; read only after ready (if err is nil) or up to landed
 	err   error
-	// landed counts the bytes of src fetched from its start, when the
-	// leader fetches in chunks (Flow.RelayChunkBytes); grew is closed
-	// (and replaced) when it grows. Under mu.
+	// landed counts the bytes of src that hold their copy, from its
+	// start, as the leader's fetch reports them (rdma.Progress.Landed);
+	// grew is closed (and replaced) when it grows. Under mu.
 	mu     sync.Mutex
 	landed int64
 	grew   chan struct{}
@@ -79,9 +80,8 @@ type relays struct {
 
 // lentContent is one content this node lends to several receivers.
 type lentContent struct {
-	t       *tensor.Tensor // the tensor lent
-	members []RelayMember  // in the order of their first export
-	live    int            // exports of it not ended
+	members []RelayMember // in the order of their first export
+	live    int           // exports of it not ended
 }
 
 // relayTarget is the Target of a relay request: a control request to a
@@ -207,23 +207,20 @@ func (r *relays) copiedLocked(f *relayFlight) {
 }
 
 // fetchRelayed fetches d into dst from the receiver the owner named
-// (d.Relay), or from the owner when there is none or it cannot serve;
-// chunk by chunk when Flow.RelayChunkBytes says so, telling f (the
-// flight dst belongs to; nil: none) as each chunk lands.
+// (d.Relay), or from the owner when there is none or it cannot serve,
+// telling f (the flight dst belongs to; nil: none) as dst fills.
 func (e *Engine) fetchRelayed(ctx context.Context, d *tensor.Descriptor, dst *tensor.Tensor, f *relayFlight) error {
-	if c := e.cfg.Flow.RelayChunkBytes; c > 0 && d.Bytes > c && e.relayEligible(d) && !e.relayOnMyGPU(d, dst) {
-		if err := e.fetchChunked(ctx, d, dst, f); err == nil || ctx.Err() != nil {
-			return err
-		}
-		return e.fetchInto(ctx, d, dst)
+	var p rdma.Progress
+	if f != nil && !e.cfg.Flow.NoRelayStream {
+		p.Landed = f.land
 	}
 	if from := e.namedRelay(d); from != "" && e.relayEligible(d) {
-		err := e.relayed(from, d, e.fetchFromHolder(ctx, d, dst))
+		err := e.relayed(from, d, e.fetchFromHolder(ctx, d, dst, p))
 		if err == nil || ctx.Err() != nil {
 			return err
 		}
 	}
-	return e.fetchInto(ctx, d, dst)
+	return e.fetchStream(ctx, d, dst, p)
 }
 
 // namedRelay returns the receiver the owner named in d to fetch from, if
@@ -247,127 +244,33 @@ func (e *Engine) relayed(from string, d *tensor.Descriptor, err error) error {
 	return err
 }
 
-// relayOnMyGPU reports whether the receiver the owner named for d is
-// another node whose GPU is dst's: chunks from it would make that GPU
-// switch between the two processes' contexts at every chunk (2xH200, 3
-// nodes on one GPU: 1 GiB in 64 MiB chunks 6.2 ms, whole 4.6 ms), so it
-// is copied whole.
-func (e *Engine) relayOnMyGPU(d *tensor.Descriptor, dst *tensor.Tensor) bool {
-	from := e.namedRelay(d)
-	if from == "" {
-		return false
-	}
-	p := e.peer(from)
-	mine := e.caps.DeviceUUID(dst.Device())
-	return p != nil && mine != "" && len(p.caps.Devices) > 0 && p.caps.Devices[0].UUID == mine
-}
-
-// fetchChunked fetches d into dst in chunks of Flow.RelayChunkBytes from
-// the receiver the owner named, or from the owner (which serves chunks of
-// what it lends), the next chunk asked for while one is fetched. A
-// failure from a named receiver counts as a fallback; the caller then
-// fetches the whole from the owner.
-func (e *Engine) fetchChunked(ctx context.Context, d *tensor.Descriptor, dst *tensor.Tensor, f *relayFlight) error {
-	from := d.Owner
-	if r := e.namedRelay(d); r != "" {
-		from = r
-	}
-	if p := e.peer(from); p == nil || !p.relay {
-		return fmt.Errorf("%w: relay %s", ErrPeerDown, from)
-	}
-	size := e.cfg.Flow.RelayChunkBytes
-	n := (d.Bytes + size - 1) / size
-	ask := func(i int64) chan chunkAnswer {
-		ch := make(chan chunkAnswer, 1)
-		go func() {
-			hd, err := e.askHolder(ctx, from, d, uint64(i+1), size)
-			ch <- chunkAnswer{hd, err}
-		}()
-		return ch
-	}
-	// A chunk's loan is given back once the next chunk's is made, so
-	// that the holder's flight never sees every loan ended before the
-	// last chunk (it would end, and the next ask find nothing).
-	var err error
-	var prev *tensor.Descriptor
-	next := ask(0)
-	for i := int64(0); i < n; i++ {
-		a := <-next
-		next = nil
-		if prev != nil {
-			_ = e.release(ctx, prev)
-			prev = nil
-		}
-		if err = a.err; err != nil {
-			break
-		}
-		prev = a.hd
-		if i+1 < n {
-			next = ask(i + 1)
-		}
-		off, m := i*size, min(size, d.Bytes-i*size)
-		var view *tensor.Tensor
-		if view, err = viewOf(dst, off, m); err == nil {
-			err = e.fetchInto(ctx, a.hd, view)
-		}
-		if err != nil {
-			break
-		}
-		f.land(off + m)
-	}
-	if prev != nil {
-		_ = e.release(ctx, prev)
-	}
-	if next != nil { // asked already: give its copy back
-		go func() {
-			if a := <-next; a.err == nil {
-				_ = e.release(context.WithoutCancel(ctx), a.hd)
-			}
-		}()
-	}
-	if from != d.Owner {
-		return e.relayed(from, d, err)
-	}
-	return err
-}
-
-type chunkAnswer struct {
-	hd  *tensor.Descriptor
-	err error
-}
-
-// viewOf returns the n bytes of t from off as a tensor of bytes sharing
-// t's memory.
-func viewOf(t *tensor.Tensor, off, n int64) (*tensor.Tensor, error) {
-	b, err := t.Buffer().Slice(int(off), int(n))
-	if err != nil {
-		return nil, err
-	}
-	return tensor.FromBuffer(b, tensor.Uint8, tensor.Shape{n})
-}
-
-// land records that f's source holds its first n bytes (f may be nil).
+// land records that f's destination holds its first n bytes (f may be
+// nil; n never shrinks it).
 func (f *relayFlight) land(n int64) {
 	if f == nil {
 		return
 	}
 	f.mu.Lock()
-	f.landed = n
-	if f.grew != nil {
-		close(f.grew)
-		f.grew = nil
+	if n > f.landed {
+		f.landed = n
+		if f.grew != nil {
+			close(f.grew)
+			f.grew = nil
+		}
 	}
 	f.mu.Unlock()
 }
 
-// waitLanded waits until f's source holds its first n bytes or f's fetch
-// ended; it returns f's error, if its fetch failed.
-func (f *relayFlight) waitLanded(ctx context.Context, n int64) error {
+// waitLanded waits until f's destination holds at least its first n
+// bytes, and returns how many it holds: all of them once f's fetch ended
+// well, else f's error.
+func (f *relayFlight) waitLanded(ctx context.Context, n int64) (int64, error) {
 	for {
 		f.mu.Lock()
 		if f.landed >= n {
+			l := f.landed
 			f.mu.Unlock()
-			return nil
+			return l, nil
 		}
 		if f.grew == nil {
 			f.grew = make(chan struct{})
@@ -377,24 +280,28 @@ func (f *relayFlight) waitLanded(ctx context.Context, n int64) error {
 		select {
 		case <-grew:
 		case <-f.ready:
-			return f.err
+			if f.err != nil {
+				return 0, f.err
+			}
+			return f.d.Bytes, nil
 		case <-ctx.Done():
-			return ctx.Err()
+			return 0, ctx.Err()
 		}
 	}
 }
 
-// askHolder asks node from for its copy of d's content: chunk (1-based)
-// of size bytes, or all of it when chunk is 0. It returns the descriptor
-// of that copy, lent to this node.
-func (e *Engine) askHolder(ctx context.Context, from string, d *tensor.Descriptor, chunk uint64, size int64) (*tensor.Descriptor, error) {
-	q := tensor.Descriptor{Owner: d.Owner, Incarnation: d.Incarnation, DType: d.DType, Shape: d.Shape,
-		Bytes: d.Bytes, Device: d.Device, Content: d.Content}
-	body, err := encodeRelayAsk(relayAsk{chunk: chunk, size: size, d: &q})
-	if err != nil {
-		return nil, err
-	}
-	resp, err := e.control(ctx, from, relayTarget, body)
+// Relay request operations (relayAsk.op).
+const (
+	relayWhole    = 0 // lend your copy once it is whole
+	relayStream   = 1 // lend your copy now; the asker follows its progress
+	relayProgress = 2 // answer, once your copy holds its first n bytes, how many it holds
+)
+
+// askHolder asks node from to lend its copy of d's content (op
+// relayWhole or relayStream), and returns the descriptor of that copy,
+// lent to this node.
+func (e *Engine) askHolder(ctx context.Context, from string, d *tensor.Descriptor, op uint64) (*tensor.Descriptor, error) {
+	resp, err := e.control(ctx, from, relayTarget, encodeRelayAsk(relayAsk{op: op, d: contentOf(d)}))
 	if err != nil {
 		return nil, err
 	}
@@ -409,41 +316,60 @@ func (e *Engine) askHolder(ctx context.Context, from string, d *tensor.Descripto
 	if err != nil {
 		return nil, fmt.Errorf("transfer: relay %s answered: %w", from, err)
 	}
-	want := &q
-	if chunk > 0 {
-		off := int64(chunk-1) * size
-		want = &tensor.Descriptor{DType: tensor.Uint8, Shape: tensor.Shape{min(size, d.Bytes-off)}, Bytes: min(size, d.Bytes-off)}
-	}
-	if hd.Owner != from || !sameContent(want, &hd) {
+	if hd.Owner != from || !sameContent(d, &hd) {
 		_ = e.release(ctx, &hd)
 		return nil, fmt.Errorf("transfer: relay %s answered %v for %v", from, &hd, d)
 	}
 	return &hd, nil
 }
 
-// relayAsk is a relay request: the content's descriptor (no lease, export
-// or offers) and which part of it: chunk (1-based) of size bytes, or all
-// of it (chunk 0).
+// askProgress asks node from how much of its copy of d's content it
+// holds, once it holds at least n bytes.
+func (e *Engine) askProgress(ctx context.Context, from string, d *tensor.Descriptor, n int64) (int64, error) {
+	resp, err := e.control(ctx, from, relayTarget, encodeRelayAsk(relayAsk{op: relayProgress, n: n, d: contentOf(d)}))
+	if err != nil {
+		return 0, err
+	}
+	l, rest, err := msgp.ReadInt64Bytes(resp)
+	if err == nil && (len(rest) != 0 || l < n || l > d.Bytes) {
+		err = fmt.Errorf("%d bytes held of %d, asked for %d", l, d.Bytes, n)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("transfer: relay %s answered: %w", from, err)
+	}
+	return l, nil
+}
+
+// contentOf returns what a relay request says of d: its content, without
+// lease, export or offers.
+func contentOf(d *tensor.Descriptor) *tensor.Descriptor {
+	return &tensor.Descriptor{Owner: d.Owner, Incarnation: d.Incarnation, DType: d.DType, Shape: d.Shape,
+		Bytes: d.Bytes, Device: d.Device, Content: d.Content}
+}
+
+// relayAsk is a relay request: an operation, its count of bytes (n,
+// relayProgress only) and the content's descriptor (contentOf).
 type relayAsk struct {
-	chunk uint64
-	size  int64
-	d     *tensor.Descriptor
+	op uint64
+	n  int64
+	d  *tensor.Descriptor
 }
 
-// encodeRelayAsk writes a relay request: chunk and size as msgpack
-// integers, then the descriptor.
-func encodeRelayAsk(a relayAsk) ([]byte, error) {
-	b := msgp.AppendInt64(msgp.AppendUint64(nil, a.chunk), a.size)
-	return a.d.MarshalMsg(b)
+// encodeRelayAsk writes a relay request: op and n as msgpack integers,
+// then the descriptor.
+func encodeRelayAsk(a relayAsk) []byte {
+	b, _ := a.d.MarshalMsg(msgp.AppendInt64(msgp.AppendUint64(nil, a.op), a.n)) // appending never fails
+	return b
 }
 
-// decodeRelayAsk reads a relay request from a peer, checking it: a valid
-// descriptor with a content, and a chunk within it.
+// decodeRelayAsk reads a relay request from a peer, checking it: a known
+// operation, a valid descriptor with a content, and for relayProgress a
+// count within it.
 func decodeRelayAsk(b []byte) (relayAsk, error) {
 	var a relayAsk
 	var err error
-	if a.chunk, b, err = msgp.ReadUint64Bytes(b); err == nil {
-		a.size, b, err = msgp.ReadInt64Bytes(b)
+	if a.op, b, err = msgp.ReadUint64Bytes(b); err == nil {
+		a.n, b, err = msgp.ReadInt64Bytes(b)
 	}
 	var d tensor.Descriptor
 	if err == nil {
@@ -455,11 +381,16 @@ func decodeRelayAsk(b []byte) (relayAsk, error) {
 	if err == nil {
 		err = d.Validate()
 	}
-	if err == nil && d.Content == 0 {
+	switch {
+	case err != nil:
+	case d.Content == 0:
 		err = errors.New("no content")
-	}
-	if err == nil && a.chunk > 0 && (a.size <= 0 || a.size > d.Bytes || a.chunk > uint64((d.Bytes+a.size-1)/a.size)) {
-		err = fmt.Errorf("chunk %d of %d bytes in %d", a.chunk, a.size, d.Bytes)
+	case a.op > relayProgress:
+		err = fmt.Errorf("operation %d", a.op)
+	case a.op == relayProgress && (a.n <= 0 || a.n > d.Bytes):
+		err = fmt.Errorf("progress to %d bytes of %d", a.n, d.Bytes)
+	case a.op != relayProgress && a.n != 0:
+		err = fmt.Errorf("operation %d with a count (%d)", a.op, a.n)
 	}
 	if err != nil {
 		return relayAsk{}, fmt.Errorf("transfer: bad relay request: %w", err)
@@ -469,64 +400,61 @@ func decodeRelayAsk(b []byte) (relayAsk, error) {
 }
 
 // fetchFromHolder asks d.Relay for its copy of d's content and fetches it
-// into dst, then gives that copy's lease back.
-func (e *Engine) fetchFromHolder(ctx context.Context, d *tensor.Descriptor, dst *tensor.Tensor) error {
+// into dst, following that copy as it fills unless Flow.NoRelayStream,
+// then gives that copy's lease back.
+func (e *Engine) fetchFromHolder(ctx context.Context, d *tensor.Descriptor, dst *tensor.Tensor, p rdma.Progress) error {
 	if p := e.peer(d.Relay); p == nil || !p.relay {
 		return fmt.Errorf("%w: relay %s", ErrPeerDown, d.Relay)
 	}
-	hd, err := e.askHolder(ctx, d.Relay, d, 0, 0)
+	op := uint64(relayWhole)
+	if !e.cfg.Flow.NoRelayStream {
+		op = relayStream
+		p.Ready = func(ctx context.Context, n int64) (int64, error) { return e.askProgress(ctx, d.Relay, d, n) }
+	}
+	hd, err := e.askHolder(ctx, d.Relay, d, op)
 	if err != nil {
 		return err
 	}
-	err = e.fetchInto(ctx, hd, dst)
+	err = e.fetchStream(ctx, hd, dst, p)
 	_ = e.release(ctx, hd)
 	return err
 }
 
-// serveRelay answers a relay request of peer (relayTarget): once this
-// node's fetch of the content ended, it lends its copy to peer. The
-// copy's flight does not deliver it (nor free it) until that lease ends.
+// serveRelay answers a relay request of peer (relayTarget): it lends
+// this node's copy of the content to peer once it is whole (relayWhole)
+// or at once (relayStream), or tells how much of it landed
+// (relayProgress). The copy's flight does not deliver it (nor free it)
+// until every such loan ended.
 func (e *Engine) serveRelay(ctx context.Context, peer string, req []byte) ([]byte, error) {
 	a, err := decodeRelayAsk(req)
 	if err != nil {
 		return nil, err
 	}
-	d := a.d
-	off, n := int64(0), d.Bytes
-	if a.chunk > 0 {
-		off = int64(a.chunk-1) * a.size
-		n = min(a.size, d.Bytes-off)
+	if a.op == relayProgress {
+		f := e.relays.flight(a.d)
+		if f == nil {
+			return nil, fmt.Errorf("%w: %v content %d", ErrNotHeld, a.d, a.d.Content)
+		}
+		l, err := f.waitLanded(ctx, a.n)
+		if err != nil {
+			return nil, fmt.Errorf("transfer: relay: this node's fetch failed: %w", err)
+		}
+		return msgp.AppendInt64(nil, l), nil
 	}
-	if d.Owner == e.cfg.Node {
-		return e.serveOwnChunk(peer, a, off, n)
-	}
-	f, err := e.joinFlight(ctx, d)
+	f, err := e.joinFlight(ctx, a.d)
 	if err != nil {
 		return nil, err
 	}
 	// One copy joined f: done when the loan below ends, or now if none
 	// is made.
-	if err := f.waitLanded(ctx, off+n); err != nil {
-		e.relays.copied(f)
-		return nil, fmt.Errorf("transfer: relay: this node's fetch failed: %w", err)
-	}
-	src := f.src
-	if a.chunk > 0 {
-		if src, err = viewOf(f.src, off, n); err != nil {
+	if a.op == relayWhole {
+		if _, err := f.waitLanded(ctx, a.d.Bytes); err != nil {
 			e.relays.copied(f)
-			return nil, err
+			return nil, fmt.Errorf("transfer: relay: this node's fetch failed: %w", err)
 		}
-		e.relays.mu.Lock()
-		e.relays.lending[src] = f
-		e.relays.mu.Unlock()
 	}
-	x, hd, err := e.store.Export(src, peer, e.cfg.Flow.TransferTimeout)
+	x, hd, err := e.store.Export(f.src, peer, e.cfg.Flow.TransferTimeout)
 	if err != nil {
-		e.relays.mu.Lock()
-		if src != f.src {
-			delete(e.relays.lending, src)
-		}
-		e.relays.mu.Unlock()
 		e.relays.copied(f)
 		return nil, err
 	}
@@ -544,32 +472,6 @@ func (r *relays) publish() {
 	r.mu.Lock()
 	//lint:ignore SA2001 an empty critical section: its ordering is the point
 	r.mu.Unlock()
-}
-
-// serveOwnChunk answers a request for a chunk of a content this node owns
-// and lends now: it lends that chunk of the tensor (a view) to peer.
-func (e *Engine) serveOwnChunk(peer string, a relayAsk, off, n int64) ([]byte, error) {
-	d := a.d
-	e.relays.mu.Lock()
-	var t *tensor.Tensor
-	if c := e.relays.lent[d.Content]; c != nil && d.Incarnation == e.cfg.Incarnation {
-		t = c.t
-	}
-	e.relays.mu.Unlock()
-	if t == nil || a.chunk == 0 || t.DType() != d.DType || !slices.Equal(t.Shape(), d.Shape) {
-		return nil, fmt.Errorf("%w: %v content %d (the owner serves chunks of what it lends)", ErrNotHeld, d, d.Content)
-	}
-	v, err := viewOf(t, off, n)
-	if err != nil {
-		return nil, err
-	}
-	x, hd, err := e.store.Export(v, peer, e.cfg.Flow.TransferTimeout)
-	if err != nil {
-		return nil, err
-	}
-	e.offer(x, peer, hd)
-	e.relays.publish()
-	return hd.MarshalMsg(nil)
 }
 
 // expectRelay counts (delta 1) or withdraws (-1) a message whose fetch
@@ -636,6 +538,17 @@ func (e *Engine) joinFlight(ctx context.Context, d *tensor.Descriptor) (*relayFl
 	}
 }
 
+// flight returns the flight of d's content on this node, not joined;
+// nil when there is none.
+func (r *relays) flight(d *tensor.Descriptor) *relayFlight {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if f := r.m[relayKey{d.Owner, d.Incarnation, d.Content}]; f != nil && sameContent(f.d, d) {
+		return f
+	}
+	return nil
+}
+
 // planRelay is the owner's side: x lends its tensor to peer with
 // descriptor d; when other receivers hold or fetch the same content,
 // d.Relay names the one to fetch from (PlanRelay, the receivers in the
@@ -656,7 +569,7 @@ func (e *Engine) planRelay(peer string, x *tensor.Export, d *tensor.Descriptor) 
 	}
 	c := r.lent[d.Content]
 	if c == nil {
-		c = &lentContent{t: x.Tensor}
+		c = &lentContent{}
 		r.lent[d.Content] = c
 	}
 	c.live++
@@ -698,9 +611,6 @@ func (e *Engine) relayExportEnded(x *tensor.Export) {
 	defer r.mu.Unlock()
 	if f := r.lending[x.Tensor]; f != nil {
 		r.copiedLocked(f)
-		if x.Tensor != f.src { // a chunk's view
-			delete(r.lending, x.Tensor)
-		}
 	}
 	c, ok := r.byExport[x.ID]
 	if !ok {
@@ -714,41 +624,31 @@ func (e *Engine) relayExportEnded(x *tensor.Export) {
 	}
 }
 
-// follow copies f's content into dst once f's leader has it.
+// follow copies f's content into dst as f's leader's destination fills
+// (once it is whole when Flow.NoRelayStream).
 func (e *Engine) follow(ctx context.Context, f *relayFlight, d *tensor.Descriptor, dst *tensor.Tensor) error {
 	start := time.Now()
-	if c := e.cfg.Flow.RelayChunkBytes; c > 0 && d.Bytes > c {
-		// Chunk by chunk, as the leader's land.
-		for off := int64(0); off < d.Bytes; off += c {
-			n := min(c, d.Bytes-off)
-			if err := f.waitLanded(ctx, off+n); err != nil {
-				return err
-			}
-			s, err := viewOf(f.src, off, n)
-			var t *tensor.Tensor
-			if err == nil {
-				t, err = viewOf(dst, off, n)
-			}
-			if err == nil {
-				err = memory.Copy(ctx, t.Buffer(), s.Buffer())
-			}
-			if err != nil {
-				return err
-			}
+	step := int64(1)
+	if e.cfg.Flow.NoRelayStream {
+		step = d.Bytes
+	}
+	for off := int64(0); off < d.Bytes; {
+		end, err := f.waitLanded(ctx, min(off+step, d.Bytes))
+		if err != nil {
+			return err
 		}
-		e.stats.addBytes(d.Owner, RelayChannel, d.Bytes, time.Since(start))
-		return nil
-	}
-	select {
-	case <-f.ready:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	if f.err != nil {
-		return f.err
-	}
-	if err := memory.Copy(ctx, dst.Buffer(), f.src.Buffer()); err != nil {
-		return err
+		s, err := f.src.Buffer().Slice(int(off), int(end-off))
+		var t memory.Buffer
+		if err == nil {
+			t, err = dst.Buffer().Slice(int(off), int(end-off))
+		}
+		if err == nil {
+			err = memory.Copy(ctx, t, s)
+		}
+		if err != nil {
+			return err
+		}
+		off = end
 	}
 	e.stats.addBytes(d.Owner, RelayChannel, d.Bytes, time.Since(start))
 	return nil

@@ -42,19 +42,19 @@ func hashOf(b []byte) uint64 {
 // receiver gets the tensor's bytes.
 func TestRelayTwoHosts(t *testing.T) {
 	t.Cleanup(transfer.SetRelayGrace(time.Minute)) // the plan, not the order of reads, is under test
-	for _, chunk := range []int64{0, 1 << 20} {
-		t.Run(fmt.Sprintf("chunk=%d", chunk), func(t *testing.T) { testRelayTwoHosts(t, chunk) })
+	for _, stream := range []bool{true, false} {
+		t.Run(fmt.Sprint("stream=", stream), func(t *testing.T) { testRelayTwoHosts(t, stream) })
 	}
 }
 
-// testRelayTwoHosts is TestRelayTwoHosts with flow.relay_chunk_bytes chunk.
-func testRelayTwoHosts(t *testing.T, chunk int64) {
+// testRelayTwoHosts is TestRelayTwoHosts with flow.relay_stream stream.
+func testRelayTwoHosts(t *testing.T, stream bool) {
 	const size = 8 << 20
 	cfg, err := config.LocalConfig("relayhosts", 4)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Flow.RelayMinBytes, cfg.Flow.RelayChunkBytes = 1<<20, chunk
+	cfg.Flow.RelayMinBytes, cfg.Flow.NoRelayStream = 1<<20, !stream
 	cfg.DisableChannels = []string{"memtest"} // this package's test double
 	hosts := []string{"host-a", "host-b", "host-b", "host-b"}
 	nodes := make([]*actor.Node, len(hosts))
@@ -118,10 +118,7 @@ func testRelayTwoHosts(t *testing.T, chunk int64) {
 	if got := owner.Stats().Served[rdma.Staging].Bytes; got != size {
 		t.Fatalf("the owner served %d bytes across the hosts, want one copy (%d)", got, size)
 	}
-	loans := int64(2)
-	if chunk > 0 {
-		loans = 2 * size / chunk
-	}
+	const loans = 2 // one per receiver that borrows the first one's copy
 	served, fetched := 0, 0
 	for _, n := range recv {
 		s := n.Stats()

@@ -3,12 +3,12 @@ package transfer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"testing"
 	"time"
 
 	"github.com/tensorferry/tensorferry/memory"
-	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/tensor"
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -229,26 +229,29 @@ func TestRelayBadRequests(t *testing.T) {
 	ch := fetchOn(refs, context.Background())
 	d := refs[0].Descriptor()
 	waitFor(t, func() bool { return head.relayJoined(owner.cfg.Node, 1, d.Content) == 0 })
-	askChunk := func(chunk uint64, size int64, mod func(*tensor.Descriptor)) []byte {
-		q := tensor.Descriptor{Owner: d.Owner, Incarnation: d.Incarnation, DType: d.DType, Shape: d.Shape, Bytes: d.Bytes, Device: d.Device, Content: d.Content}
-		mod(&q)
-		b, _ := encodeRelayAsk(relayAsk{chunk: chunk, size: size, d: &q})
-		return b
+	askOp := func(op uint64, n int64, mod func(*tensor.Descriptor)) []byte {
+		q := contentOf(d)
+		mod(q)
+		return encodeRelayAsk(relayAsk{op: op, n: n, d: q})
 	}
-	ask := func(mod func(*tensor.Descriptor)) []byte { return askChunk(0, 0, mod) }
+	ask := func(mod func(*tensor.Descriptor)) []byte { return askOp(relayWhole, 0, mod) }
 	same := func(*tensor.Descriptor) {}
 	for name, req := range map[string][]byte{
-		"garbage":         {0xc1, 0x00},
-		"descriptor only": ask(same)[2:],
-		"trailing":        append(ask(same), 0),
-		"other content":   ask(func(q *tensor.Descriptor) { q.Content++ }),
-		"other shape":     ask(func(q *tensor.Descriptor) { q.Shape, q.Bytes = tensor.Shape{relayTestBytes / 2, 2}, relayTestBytes }),
-		"no content":      ask(func(q *tensor.Descriptor) { q.Content = 0 }),
-		"bad bytes":       ask(func(q *tensor.Descriptor) { q.Bytes++ }),
-		"chunk past end":  askChunk(5, relayTestBytes/4, same),
-		"chunk size 0":    askChunk(1, 0, same),
-		"chunk size < 0":  askChunk(1, -1, same),
-		"chunk too large": askChunk(1, relayTestBytes+1, same),
+		"garbage":             {0xc1, 0x00},
+		"descriptor only":     ask(same)[2:],
+		"trailing":            append(ask(same), 0),
+		"other content":       ask(func(q *tensor.Descriptor) { q.Content++ }),
+		"other shape":         ask(func(q *tensor.Descriptor) { q.Shape, q.Bytes = tensor.Shape{relayTestBytes / 2, 2}, relayTestBytes }),
+		"no content":          ask(func(q *tensor.Descriptor) { q.Content = 0 }),
+		"bad bytes":           ask(func(q *tensor.Descriptor) { q.Bytes++ }),
+		"unknown op":          askOp(relayProgress+1, 0, same),
+		"whole with a count":  askOp(relayWhole, 1, same),
+		"stream with a count": askOp(relayStream, 1, same),
+		"progress to 0":       askOp(relayProgress, 0, same),
+		"progress < 0":        askOp(relayProgress, -1, same),
+		"progress past end":   askOp(relayProgress, relayTestBytes+1, same),
+		"progress, other":     askOp(relayProgress, 1, func(q *tensor.Descriptor) { q.Content++ }),
+		"progress, shape":     askOp(relayProgress, 1, func(q *tensor.Descriptor) { q.Shape, q.Bytes = tensor.Shape{relayTestBytes / 2, 2}, relayTestBytes }),
 	} {
 		if b, err := head.serveRelay(context.Background(), owner.cfg.Node, req); err == nil {
 			t.Fatalf("%s: answered %x", name, b)
@@ -280,16 +283,16 @@ func (e *Engine) relayLanded(owner string, incarnation, c uint64) int64 {
 	return f.landed
 }
 
-// TestRelayChunksPipelined: with Flow.RelayChunkBytes, the head of a host
-// fetches the content from the owner chunk by chunk (the owner lends
-// views of what it lends), and another receiver gets each chunk from the
-// head as soon as it landed there: it fetches its first chunk while the
-// head has only that one. Everything arrives whole; every loan ends.
-func TestRelayChunksPipelined(t *testing.T) {
-	const chunks = 4
-	cfg := relayConfig(false)
-	cfg.Flow.RelayChunkBytes = relayTestBytes / chunks
-	es := engineMesh(t, cfg, "h1", "h2", "h2")
+// TestRelayStreamPipelined: the head of a host fetches the content from
+// the owner in pieces, and another receiver borrows the head's copy at
+// once and copies each piece as soon as it landed there: it copies its
+// first piece while the head has only that one. Everything arrives
+// whole, over one loan of each copy; every loan ends.
+func TestRelayStreamPipelined(t *testing.T) {
+	const pieces = 4
+	memtestPieces.Store(pieces)
+	t.Cleanup(func() { memtestPieces.Store(1) })
+	es := engineMesh(t, relayConfig(false), "h1", "h2", "h2")
 	owner, head, other := es[0], es[1], es[2]
 	x := newTensor(t, relayTestBytes, 0)
 	for i := range x.Host() {
@@ -301,12 +304,12 @@ func TestRelayChunksPipelined(t *testing.T) {
 	hch := fetchOn(refs[:1], context.Background())
 	waitFor(t, func() bool { return head.relayJoined(owner.cfg.Node, 1, content) == 0 })
 	och := fetchOn(refs[1:], context.Background())
-	waitFor(t, func() bool { return memtestWaiting.Load() == 1 }) // the head's first chunk
+	waitFor(t, func() bool { return memtestWaiting.Load() == 1 }) // the head's first piece
 	pass()
-	// The head holds one chunk: it fetches its second, and the other
+	// The head holds one piece: it fetches its second, and the other
 	// receiver its first, from the head.
 	waitFor(t, func() bool {
-		return head.relayLanded(owner.cfg.Node, 1, content) == relayTestBytes/chunks && memtestWaiting.Load() == 2
+		return head.relayLanded(owner.cfg.Node, 1, content) == relayTestBytes/pieces && memtestWaiting.Load() == 2
 	})
 	open()
 	for _, ch := range []chan fetched{hch, och} {
@@ -324,39 +327,94 @@ func TestRelayChunksPipelined(t *testing.T) {
 	waitFor(t, func() bool {
 		return owner.Store().Len() == 0 && x.Leases() == 0 && head.Store().Len() == 0 && other.Store().Len() == 0
 	})
-	if s := other.Stats(); s.RelayFetched != 1 || s.RelayFallbacks != 0 || s.ByPeer[head.cfg.Node]["memtest"].Transfers != chunks || s.ByPeer[owner.cfg.Node]["memtest"].Transfers != 0 {
+	if s := other.Stats(); s.RelayFetched != 1 || s.RelayFallbacks != 0 || s.ByPeer[head.cfg.Node]["memtest"].Transfers != 1 || s.ByPeer[owner.cfg.Node]["memtest"].Transfers != 0 {
 		t.Fatalf("other: relayed %d, fell back %d, %+v", s.RelayFetched, s.RelayFallbacks, s.ByPeer)
 	}
-	if s := head.Stats(); s.RelayServed != chunks || s.ByPeer[owner.cfg.Node]["memtest"].Transfers != chunks {
+	if s := head.Stats(); s.RelayServed != 1 || s.ByPeer[owner.cfg.Node]["memtest"].Transfers != 1 {
 		t.Fatalf("head: served %d, %+v", s.RelayServed, s.ByPeer)
 	}
 }
 
-// TestRelayChunksFollowers: with Flow.RelayChunkBytes, receivers of one
-// node copy each chunk of the first fetch as it lands; each gets the
-// whole tensor, the owner lends chunks of it (one fetch in all), and
-// every lease ends.
-func TestRelayChunksFollowers(t *testing.T) {
-	const n, chunks = 3, 4
-	cfg := relayConfig(false)
-	cfg.Flow.RelayChunkBytes = relayTestBytes / chunks
-	a, b, _, _ := enginePair(t, cfg)
-	x := newTensor(t, relayTestBytes, 6)
-	refs := fanOut(t, a, b, x, n)
-	open := holdFetches(t)
-	got, errs, wg := fetchAll(refs, nil)
-	waitFor(t, func() bool { return b.relayJoined(a.cfg.Node, 1, refs[0].Descriptor().Content) == n-1 })
+// TestRelayStreamHolderFails: a receiver following a holder whose own
+// fetch fails half-way gets the error from its progress request and
+// fetches from the owner; everything arrives whole and every loan ends.
+func TestRelayStreamHolderFails(t *testing.T) {
+	const pieces = 4
+	memtestPieces.Store(pieces)
+	t.Cleanup(func() { memtestPieces.Store(1) })
+	es := engineMesh(t, relayConfig(false), "h1", "h2", "h2")
+	owner, head, other := es[0], es[1], es[2]
+	x := newTensor(t, relayTestBytes, 5)
+	refs := lendRefs(t, owner, []*Engine{head, other}, x)
+	content := refs[0].Descriptor().Content
+	open, pass := holdFetchesOneByOne(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	hch := fetchOn(refs[:1], ctx)
+	waitFor(t, func() bool { return memtestWaiting.Load() == 1 })
+	pass()
+	waitFor(t, func() bool {
+		return head.relayLanded(owner.cfg.Node, 1, content) == relayTestBytes/pieces && memtestWaiting.Load() == 1
+	})
+	och := fetchOn(refs[1:], context.Background())
+	// The other borrowed the head's copy and waits to copy the piece the
+	// head holds; the head's fetch of its second piece fails.
+	waitFor(t, func() bool { return memtestWaiting.Load() == 2 })
+	cancel()
+	waitFor(t, func() bool { return memtestWaiting.Load() == 1 })
+	pass()
 	open()
-	wg.Wait()
-	for i := range got {
-		if errs[i] != nil || got[i].Host()[relayTestBytes-1] != 6 || got[i].Host()[0] != 6 {
-			t.Fatalf("receiver %d: %v, %v", i, got[i], errs[i])
-		}
-		_ = got[i].Free()
+	if f := <-hch; f.err == nil {
+		t.Fatal("the head's fetch did not fail")
 	}
-	waitFor(t, func() bool { return a.Store().Len() == 0 && x.Leases() == 0 })
-	if s := b.Stats(); s.Channels["memtest"].Bytes != relayTestBytes {
-		t.Fatalf("%d bytes from the owner, want one copy: %+v", s.Channels["memtest"].Bytes, s.Channels)
+	f := <-och
+	if f.err != nil {
+		t.Fatal(f.err)
+	}
+	for i, b := range f.t.Host() {
+		if b != 5 {
+			t.Fatalf("byte %d is %d", i, b)
+		}
+	}
+	_ = f.t.Free()
+	_ = refs[0].Release(context.Background())
+	waitFor(t, func() bool { return owner.Store().Len() == 0 && x.Leases() == 0 && head.Store().Len() == 0 })
+	if s := other.Stats(); s.RelayFetched != 0 || s.RelayFallbacks != 1 || s.ByPeer[owner.cfg.Node]["memtest"].Transfers != 1 {
+		t.Fatalf("other: relayed %d, fell back %d, %+v", s.RelayFetched, s.RelayFallbacks, s.ByPeer)
+	}
+}
+
+// TestRelayStreamFollowers: receivers of one node copy the first fetch's
+// pieces as they land; each gets the whole tensor, in one fetch from the
+// owner, and every lease ends. With relay_stream off they wait for the
+// whole, with the same result.
+func TestRelayStreamFollowers(t *testing.T) {
+	for _, stream := range []bool{true, false} {
+		t.Run(fmt.Sprint("stream=", stream), func(t *testing.T) {
+			const n = 3
+			memtestPieces.Store(4)
+			t.Cleanup(func() { memtestPieces.Store(1) })
+			cfg := relayConfig(false)
+			cfg.Flow.NoRelayStream = !stream
+			a, b, _, _ := enginePair(t, cfg)
+			x := newTensor(t, relayTestBytes, 6)
+			refs := fanOut(t, a, b, x, n)
+			open := holdFetches(t)
+			got, errs, wg := fetchAll(refs, nil)
+			waitFor(t, func() bool { return b.relayJoined(a.cfg.Node, 1, refs[0].Descriptor().Content) == n-1 })
+			open()
+			wg.Wait()
+			for i := range got {
+				if errs[i] != nil || got[i].Host()[relayTestBytes-1] != 6 || got[i].Host()[0] != 6 {
+					t.Fatalf("receiver %d: %v, %v", i, got[i], errs[i])
+				}
+				_ = got[i].Free()
+			}
+			waitFor(t, func() bool { return a.Store().Len() == 0 && x.Leases() == 0 })
+			if s := b.Stats(); s.Channels["memtest"].Bytes != relayTestBytes {
+				t.Fatalf("%d bytes from the owner, want one copy: %+v", s.Channels["memtest"].Bytes, s.Channels)
+			}
+		})
 	}
 }
 
@@ -364,42 +422,19 @@ func TestRelayChunksFollowers(t *testing.T) {
 // accepts encodes back to a request that decodes the same.
 func FuzzRelayAsk(f *testing.F) {
 	d := &tensor.Descriptor{Owner: "a", Incarnation: 1, DType: tensor.Uint8, Shape: tensor.Shape{1 << 20}, Bytes: 1 << 20, Device: "cpu", Content: 3}
-	for _, a := range []relayAsk{{d: d}, {chunk: 2, size: 1 << 18, d: d}} {
-		b, _ := encodeRelayAsk(a)
-		f.Add(b)
+	for _, a := range []relayAsk{{d: d}, {op: relayStream, d: d}, {op: relayProgress, n: 1 << 18, d: d}} {
+		f.Add(encodeRelayAsk(a))
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
 		a, err := decodeRelayAsk(in)
 		if err != nil {
 			return
 		}
-		b, err := encodeRelayAsk(a)
-		if err != nil {
-			t.Fatal(err)
-		}
-		again, err := decodeRelayAsk(b)
-		if err != nil || again.chunk != a.chunk || again.size != a.size || again.d.String() != a.d.String() || again.d.Content != a.d.Content {
+		again, err := decodeRelayAsk(encodeRelayAsk(a))
+		if err != nil || again.op != a.op || again.n != a.n || again.d.String() != a.d.String() || again.d.Content != a.d.Content {
 			t.Fatalf("%x: %+v, then %+v, %v", in, a, again, err)
 		}
 	})
-}
-
-// TestRelayOnMyGPU: chunks are not pulled from a named receiver whose GPU
-// is the destination's (another process on the same GPU), only from one
-// on another GPU or from the owner.
-func TestRelayOnMyGPU(t *testing.T) {
-	es := engineMesh(t, relayConfig(false), "h", "h", "h")
-	me, same, other := es[0], es[1], es[2]
-	dst := newTensor(t, 8, 0)
-	me.caps.Devices = []rdma.DeviceInfo{{Device: dst.Device().String(), UUID: "GPU-1"}}
-	me.peer(same.cfg.Node).caps.Devices = []rdma.DeviceInfo{{Device: "cuda:0", UUID: "GPU-1"}}
-	me.peer(other.cfg.Node).caps.Devices = []rdma.DeviceInfo{{Device: "cuda:0", UUID: "GPU-2"}}
-	for relay, want := range map[string]bool{same.cfg.Node: true, other.cfg.Node: false, "": false, me.cfg.Node: false} {
-		d := &tensor.Descriptor{Owner: "owner", Relay: relay}
-		if got := me.relayOnMyGPU(d, dst); got != want {
-			t.Fatalf("relay %q: %v, want %v", relay, got, want)
-		}
-	}
 }
 
 // TestRelayExpected: a relay request that reaches the named receiver

@@ -218,7 +218,7 @@ type pairConfig struct {
 	noRelay  bool  // flow.relay: false
 	relayMin int64 // flow.relay_min_bytes; 0: the default
 	fanout   int   // flow.relay_fanout; 0: the default
-	chunk    int64 // flow.relay_chunk_bytes; 0: whole copies
+	noStream bool  // flow.relay_stream: false
 	// nodes, when set, replaces the one receiving process on dst: one
 	// receiving process (one node, one sink) on each device listed.
 	nodes []memory.Device
@@ -244,7 +244,7 @@ func openPair(pc pairConfig) (p *actorPair, err error) {
 		cfg.Transport.ReadSpin = config.ReadSpinOff
 	}
 	cfg.DisableChannels = pc.disable
-	cfg.Flow.NoRelay, cfg.Flow.RelayMinBytes, cfg.Flow.RelayFanout, cfg.Flow.RelayChunkBytes = pc.noRelay, pc.relayMin, pc.fanout, pc.chunk
+	cfg.Flow.NoRelay, cfg.Flow.RelayMinBytes, cfg.Flow.RelayFanout, cfg.Flow.NoRelayStream = pc.noRelay, pc.relayMin, pc.fanout, pc.noStream
 	cfg.Nodes[0].Devices = []memory.Device{pc.src}
 	for i, d := range recvDevs {
 		cfg.Nodes[1+i].Devices = []memory.Device{d}

@@ -14,7 +14,7 @@
 //	gpu --mode psexchange --gpus 2 --ps-sizes 256MiB,1GiB   # a PS step's exchange, one process per GPU
 //	gpu --mode fanout --receivers 3 --min 16MiB --max 1GiB  # one tensor to 3 actors on GPU1, relay on and off
 //	gpu --mode fanout --receiver-nodes 1,1,1 --min 16MiB    # the same to 3 nodes of their own on GPU1
-//	gpu --mode fanout --receiver-nodes 1,2,3 --relay-fanout 1 --relay-chunk 32MiB  # a chain, pipelined
+//	gpu --mode fanout --receiver-nodes 1,2,3 --relay-fanout 1 --relay-whole=false  # a chain, streamed, and no relay
 //
 // Modes and their paths (the "path" of each JSON line):
 //
@@ -81,7 +81,7 @@
 //     traffic of an allreduce of P; no arithmetic). The first step checks
 //     every byte. Target: ≤ 1.25× NCCL allreduce of P on the same GPUs
 //     (nccl_collectives.py; scripts/gpu/multi.sh collectives runs both).
-//   - fanout: tensorferry-fanout-relay and tensorferry-fanout-norelay — two
+//   - fanout: tensorferry-fanout-relay, -relay-whole and -norelay — two
 //     processes as in ipc, the receiving node with --receivers sink actors
 //     (default 3) on --dst; node0 lends one tensor on --src to all of them
 //     at once (a RequestFuture each, every first message checked by
@@ -90,10 +90,13 @@
 //     receivers). Relay on (flow.relay, the default): the receiving node
 //     fetches the content once and copies it on --dst for the other
 //     receivers (channel "relay" in the line); off: each receiver fetches
-//     from the owner. Each setting has its own pair of processes, relay on
-//     first. Compare with NCCL broadcast to one rank of the same size.
+//     from the owner. -relay streams (flow.relay_stream, the default:
+//     copies follow their source as it fills); -relay-whole (unless
+//     --relay-whole=false) waits for whole copies. Each setting has its
+//     own pair of processes, in that order. Compare with NCCL broadcast
+//     to one rank of the same size.
 //     With --receiver-nodes (e.g. 1,1,1 or 1,2,3): tensorferry-fanout-
-//     nodes-relay and -norelay, one receiving process (one node, one sink)
+//     nodes-relay, -relay-whole and -norelay, one receiving process (one node, one sink)
 //     per ordinal listed; with relay on, the owner names in each
 //     descriptor the receiver to fetch from (transfer.PlanRelay: one fetch
 //     into each GPU, the others copy from it). Compare with NCCL

@@ -14,33 +14,45 @@ import (
 
 // The fanout mode's paths: one tensor on --src lent at once to --receivers
 // actors of one node on --dst, with fan-out by relay on (the node fetches
-// the content once and copies it on --dst for the others) and off (each
-// receiver fetches from the owner). With --receiver-nodes, the receivers
-// are nodes of their own, one process each (the -nodes paths): with relay
-// on, the owner names in each descriptor the receiver to fetch from
-// (transfer.PlanRelay), so that one fetch crosses into each GPU.
+// the content once and copies it on --dst for the others; streamed, and
+// with whole copies under --relay-whole) and off (each receiver fetches
+// from the owner). With --receiver-nodes, the receivers are nodes of their
+// own, one process each (the -nodes paths): with relay on, the owner names
+// in each descriptor the receiver to fetch from (transfer.PlanRelay), so
+// that one fetch crosses into each GPU.
 const (
-	pathFanoutRelay        = "tensorferry-fanout-relay"
-	pathFanoutNoRelay      = "tensorferry-fanout-norelay"
-	pathFanoutNodesRelay   = "tensorferry-fanout-nodes-relay"
-	pathFanoutNodesNoRelay = "tensorferry-fanout-nodes-norelay"
+	pathFanoutRelay           = "tensorferry-fanout-relay"
+	pathFanoutRelayWhole      = "tensorferry-fanout-relay-whole"
+	pathFanoutNoRelay         = "tensorferry-fanout-norelay"
+	pathFanoutNodesRelay      = "tensorferry-fanout-nodes-relay"
+	pathFanoutNodesRelayWhole = "tensorferry-fanout-nodes-relay-whole"
+	pathFanoutNodesNoRelay    = "tensorferry-fanout-nodes-norelay"
 )
 
 // runFanout measures the fanout mode: one receiving process per setting
-// of relay, the relay-on one first.
+// of relay: streamed, whole copies (--relay-whole), off.
 func runFanout(o options) (rs []report.Result, err error) {
 	src, dst := cudaDev(o.src), cudaDev(o.dst)
-	for _, noRelay := range []bool{false, true} {
-		path := map[bool]string{false: pathFanoutRelay, true: pathFanoutNoRelay}[noRelay]
-		var nodes []memory.Device
-		for _, g := range o.receiverNodes {
-			nodes = append(nodes, cudaDev(g))
-		}
+	var nodes []memory.Device
+	for _, g := range o.receiverNodes {
+		nodes = append(nodes, cudaDev(g))
+	}
+	type setting struct {
+		path, nodesPath   string
+		noRelay, noStream bool
+	}
+	settings := []setting{{path: pathFanoutRelay, nodesPath: pathFanoutNodesRelay}}
+	if o.relayWhole {
+		settings = append(settings, setting{path: pathFanoutRelayWhole, nodesPath: pathFanoutNodesRelayWhole, noStream: true})
+	}
+	settings = append(settings, setting{path: pathFanoutNoRelay, nodesPath: pathFanoutNodesNoRelay, noRelay: true})
+	for _, st := range settings {
+		path := st.path
 		if len(nodes) > 0 {
-			path = map[bool]string{false: pathFanoutNodesRelay, true: pathFanoutNodesNoRelay}[noRelay]
+			path = st.nodesPath
 		}
 		got, err := measureFanout(o, path, pairConfig{src: src, dst: dst, timeout: o.timeout, log: o.logs,
-			readSpin: o.readSpin, sinks: o.receivers, noRelay: noRelay, relayMin: o.relayMin, nodes: nodes, fanout: o.relayFanout, chunk: o.relayChunk,
+			readSpin: o.readSpin, sinks: o.receivers, noRelay: st.noRelay, noStream: st.noStream, relayMin: o.relayMin, nodes: nodes, fanout: o.relayFanout,
 			profile: receiverFile(o.cpuProfile, path), trace: receiverFile(o.trace, path)})
 		rs = append(rs, got...)
 		if err != nil {

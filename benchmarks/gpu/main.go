@@ -54,9 +54,10 @@ type options struct {
 	// relayFanout is flow.relay_fanout of the fanout mode's nodes (0:
 	// the default).
 	relayFanout int
-	// relayChunk is flow.relay_chunk_bytes of the fanout mode's nodes
-	// (0: whole copies).
-	relayChunk int64
+	// relayWhole adds to the fanout mode a run with relay and whole
+	// copies (flow.relay_stream: false) between the streamed one and the
+	// one without relay.
+	relayWhole bool
 	// relayMin is flow.relay_min_bytes of the ipc and fanout modes'
 	// nodes (0: the default).
 	relayMin int64
@@ -80,7 +81,7 @@ func main() {
 	psSizes := flag.String("ps-sizes", "256MiB,1GiB", "psexchange: parameter bytes P of the runs")
 	receivers := flag.Int("receivers", 3, "fanout mode: receiving actors of the node on --dst")
 	receiverNodes := flag.String("receiver-nodes", "", "fanout mode: CUDA ordinals of receiving nodes, one process each (e.g. 1,1,1 or 1,2,3), instead of --receivers actors of one node")
-	relayChunk := flag.String("relay-chunk", "", "fanout mode: the nodes' flow.relay_chunk_bytes (relayed copies in chunks, pipelined; default whole copies)")
+	relayWhole := flag.Bool("relay-whole", true, "fanout mode: also measure relay with whole copies (flow.relay_stream: false), between the streamed run and the run without relay")
 	relayFanout := flag.Int("relay-fanout", 0, "fanout mode: the nodes' flow.relay_fanout (1: chains; 0: the config's default)")
 	relayMin := flag.String("relay-min", "", "ipc and fanout modes: the nodes' flow.relay_min_bytes (fanout default: the config's; ipc default: relay off, since its stream repeats one tensor)")
 	minSize := flag.String("min", "4KiB", "smallest message size")
@@ -109,13 +110,7 @@ func main() {
 	if o.relayFanout = *relayFanout; o.relayFanout < 0 || o.relayFanout > 64 {
 		fatal(fmt.Errorf("--relay-fanout %d: want 0 to 64", o.relayFanout))
 	}
-	if *relayChunk != "" {
-		n, err := size.Parse(*relayChunk)
-		if err != nil || n < 64<<10 {
-			fatal(fmt.Errorf("--relay-chunk %q: want a size of at least 64KiB", *relayChunk))
-		}
-		o.relayChunk = int64(n)
-	}
+	o.relayWhole = *relayWhole
 	if *receiverNodes != "" {
 		for _, f := range strings.Split(*receiverNodes, ",") {
 			n, err := strconv.Atoi(strings.TrimSpace(f))

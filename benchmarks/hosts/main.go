@@ -13,7 +13,7 @@
 //
 //	go run ./hosts                       # 3 receivers, 32 MiB over a 1 GB/s link
 //	go run ./hosts --receivers 1,2,4,8 --size 64MiB --link 2GB
-//	go run ./hosts --receivers 8 --chunk 4MiB   # relayed copies in chunks, pipelined
+//	go run ./hosts --receivers 8 --whole   # relayed copies wait for their holder's whole copy
 //
 // Each line: receivers, relay on or off, median time in ms over --reps,
 // and that time over one receiver's (relay off); --json prints
@@ -66,7 +66,7 @@ type options struct {
 	link      float64 // bytes per second of the link between the hosts
 	reps      int
 	timeout   time.Duration
-	chunk     int64 // flow.relay_chunk_bytes (0: whole copies)
+	whole     bool // flow.relay_stream: false
 }
 
 func main() {
@@ -76,16 +76,10 @@ func main() {
 	reps := flag.Int("reps", 5, "timed repetitions per setting")
 	asJSON := flag.Bool("json", false, "print report.Result JSON lines")
 	timeout := flag.Duration("timeout", time.Minute, "deadline of one fan-out")
-	chunk := flag.String("chunk", "", "the nodes' flow.relay_chunk_bytes: relayed copies in chunks, pipelined (default: whole copies)")
+	whole := flag.Bool("whole", false, "the nodes' flow.relay_stream: false (relayed copies wait for their holder's whole copy)")
 	flag.Parse()
 	o, err := parse(*recv, *sz, *link, *reps, *timeout)
-	if err == nil && *chunk != "" {
-		var c int
-		if c, err = size.Parse(*chunk); err == nil && c < 64<<10 {
-			err = fmt.Errorf("--chunk %q: want at least 64KiB", *chunk)
-		}
-		o.chunk = int64(c)
-	}
+	o.whole = *whole
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "hosts:", err)
 		os.Exit(2)
@@ -202,7 +196,7 @@ func measure(o options, n int, relay bool) (time.Duration, error) {
 		return 0, err
 	}
 	cfg.HeartbeatInterval, cfg.FailureTimeout = 500*time.Millisecond, 20*time.Second
-	cfg.Flow.NoRelay, cfg.Flow.RelayMinBytes, cfg.Flow.RelayChunkBytes = !relay, 1<<20, o.chunk
+	cfg.Flow.NoRelay, cfg.Flow.RelayMinBytes, cfg.Flow.NoRelayStream = !relay, 1<<20, o.whole
 	cfg.Flow.TransferTimeout = o.timeout
 	link := &limiter{rate: o.link}
 	hostOf := map[string]string{cfg.Nodes[0].Name: "host-a"}

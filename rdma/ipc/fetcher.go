@@ -70,6 +70,13 @@ func (m *mapping) opening() bool {
 // the owner, rdma.ErrPeerDown when the owner cannot be reached or went down
 // during the copy, rdma.ErrClosed, and the context's error.
 func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer) error {
+	return c.FetchStream(ctx, d, dst, rdma.Progress{})
+}
+
+// FetchStream implements rdma.StreamFetcher: Fetch, queuing no chunk of
+// the copy before p.Ready says the owner holds it, and telling p.Landed
+// as each chunk lands (Config.CopyChunk bytes at a time).
+func (c *Channel) FetchStream(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer, p rdma.Progress) error {
 	o, err := c.checkFetch(ctx, d, dst)
 	if err != nil {
 		return err
@@ -85,7 +92,7 @@ func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 		return nil
 	}
 	key := mapKey{owner: d.Owner, inc: d.Incarnation, alloc: o.Alloc, dev: dst.Device()}
-	if done, err := c.tryDirect(ctx, d, key, o, dst); done {
+	if done, err := c.tryDirect(ctx, d, key, o, dst, p); done {
 		tracehook.CacheHit(ctx, true)
 		return err
 	}
@@ -111,7 +118,7 @@ func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 			return err
 		}
 	}
-	err = c.copyFrom(ctx, m, o, dst)
+	err = c.copyFrom(ctx, m, o, dst, p)
 	if err == nil {
 		// The bytes are here: the owner's hold is ended without waiting
 		// for its answer (one control round trip less per fetch). The
@@ -148,10 +155,13 @@ func (c *Channel) FetchDirect(ctx context.Context, d *tensor.Descriptor, dst mem
 	if d.Bytes == 0 {
 		return false, nil // Fetch checks the export with its owner
 	}
-	return c.tryDirect(ctx, d, mapKey{owner: d.Owner, inc: d.Incarnation, alloc: o.Alloc, dev: dst.Device()}, o, dst)
+	return c.tryDirect(ctx, d, mapKey{owner: d.Owner, inc: d.Incarnation, alloc: o.Alloc, dev: dst.Device()}, o, dst, rdma.Progress{})
 }
 
-var _ rdma.DirectFetcher = (*Channel)(nil)
+var (
+	_ rdma.DirectFetcher = (*Channel)(nil)
+	_ rdma.StreamFetcher = (*Channel)(nil)
+)
 
 // checkFetch checks what Fetch and FetchDirect are asked to do and
 // returns d's offer.
@@ -187,7 +197,7 @@ func (c *Channel) checkFetch(ctx context.Context, d *tensor.Descriptor, dst memo
 
 // tryDirect copies under a direct offer for which this node is the holder
 // and has key's mapping open; done=false, nothing done, otherwise.
-func (c *Channel) tryDirect(ctx context.Context, d *tensor.Descriptor, key mapKey, o offer, dst memory.Buffer) (done bool, err error) {
+func (c *Channel) tryDirect(ctx context.Context, d *tensor.Descriptor, key mapKey, o offer, dst memory.Buffer, p rdma.Progress) (done bool, err error) {
 	if !o.direct() || d.Holder != c.env.Node {
 		return false, nil
 	}
@@ -195,7 +205,7 @@ func (c *Channel) tryDirect(ctx context.Context, d *tensor.Descriptor, key mapKe
 	if m == nil {
 		return false, nil
 	}
-	return c.fetchDirect(ctx, d, m, o, dst)
+	return c.fetchDirect(ctx, d, m, o, dst, p)
 }
 
 // errLeaseOutlived is returned when a direct copy could not finish before
@@ -212,7 +222,7 @@ const directSlack = time.Millisecond
 // on the owner until o.Deadline. It reports done=false (m released, nothing
 // copied) when too little of the lease is left, for the caller to begin
 // instead.
-func (c *Channel) fetchDirect(ctx context.Context, d *tensor.Descriptor, m *mapping, o offer, dst memory.Buffer) (done bool, err error) {
+func (c *Channel) fetchDirect(ctx context.Context, d *tensor.Descriptor, m *mapping, o offer, dst memory.Buffer, p rdma.Progress) (done bool, err error) {
 	now, ok := monoNow()
 	if !ok || (o.Deadline != 0 && now+uint64(c.cfg.DirectMargin) > o.Deadline) {
 		c.unuse(m)
@@ -225,7 +235,7 @@ func (c *Channel) fetchDirect(ctx context.Context, d *tensor.Descriptor, m *mapp
 		cctx, cancel = deadline.WithDeadline(ctx, time.Now().Add(time.Duration(o.Deadline-now)-directSlack))
 		defer cancel()
 	}
-	err = c.copyFrom(cctx, m, o, dst)
+	err = c.copyFrom(cctx, m, o, dst, p)
 	if why := c.unuse(m); why != nil && err == nil {
 		err = fmt.Errorf("ipc: copy from %s: %w", d.Owner, why)
 	}
@@ -259,8 +269,9 @@ func (c *Channel) claimOpen(key mapKey) *mapping {
 	return m
 }
 
-// copyFrom copies the offer's range of m into dst on a lane of dst's device.
-func (c *Channel) copyFrom(ctx context.Context, m *mapping, o offer, dst memory.Buffer) error {
+// copyFrom copies the offer's range of m into dst on a lane of dst's
+// device, following p.
+func (c *Channel) copyFrom(ctx context.Context, m *mapping, o offer, dst memory.Buffer, p rdma.Progress) error {
 	if m.shift+o.Offset > m.size || o.Bytes > m.size-m.shift-o.Offset {
 		return fmt.Errorf("%w: [%d, +%d) outside the owner's allocation of %d bytes", errBadMessage, m.shift+o.Offset, o.Bytes, m.size)
 	}
@@ -272,14 +283,25 @@ func (c *Channel) copyFrom(ctx context.Context, m *mapping, o offer, dst memory.
 	if err != nil {
 		return fmt.Errorf("ipc: %w", err)
 	}
-	if c.copyFunc != nil {
-		return c.copyFunc(ctx, dv, src)
+	if c.copyFunc != nil { // tests without a GPU: one piece
+		if p.Ready != nil {
+			if _, err := p.Ready(ctx, int64(src.Len())); err != nil {
+				return err
+			}
+		}
+		if err := c.copyFunc(ctx, dv, src); err != nil {
+			return err
+		}
+		if p.Landed != nil {
+			p.Landed(int64(src.Len()))
+		}
+		return nil
 	}
 	l, err := c.getLane(dst.Device())
 	if err != nil {
 		return err
 	}
-	state, err := c.copy(ctx, l, dv, src)
+	state, err := c.copy(ctx, l, dv, src, p)
 	c.putLane(l, state)
 	return err
 }
@@ -647,24 +669,42 @@ func (c *Channel) putLane(l *lane, state laneState) {
 }
 
 // copy copies src into dst in chunks, keeping up to len(l.evs) chunks
-// queued, and waits by polling events so that ctx is honoured. On failure
+// queued, and waits by polling events so that ctx is honoured. A chunk is
+// queued only once p.Ready says the source holds it, and p.Landed is told
+// as each one completes. On failure
 // or cancellation it stops queuing and waits, up to CancelGrace, for the
 // queued chunks: the buffers are not in use by the device when it returns,
 // unless it reports laneAbandon.
-func (c *Channel) copy(ctx context.Context, l *lane, dst, src memory.Buffer) (laneState, error) {
+func (c *Channel) copy(ctx context.Context, l *lane, dst, src memory.Buffer, p rdma.Progress) (laneState, error) {
 	n := src.Len()
+	type queued struct {
+		ev  *memory.Event
+		end int // the chunk's end in dst
+	}
 	var (
-		q   []*memory.Event
-		ei  int
-		off int
-		err error
+		q     []queued
+		ei    int
+		off   int
+		avail = int64(n) // what the source holds
+		err   error
 	)
+	if p.Ready != nil {
+		avail = 0
+	}
 	for err == nil && (off < n || len(q) > 0) {
 		for off < n && len(q) < len(l.evs) {
 			if err = ctx.Err(); err != nil {
 				break
 			}
 			m := min(c.cfg.CopyChunk, n-off)
+			if int64(off+m) > avail {
+				if avail, err = p.Ready(ctx, int64(off+m)); err == nil && avail < int64(off+m) {
+					err = fmt.Errorf("ipc: the source holds %d bytes, asked for %d", avail, off+m)
+				}
+				if err != nil {
+					break
+				}
+			}
 			d, derr := dst.Slice(off, m)
 			s, serr := src.Slice(off, m)
 			if err = errors.Join(derr, serr); err != nil {
@@ -678,14 +718,17 @@ func (c *Channel) copy(ctx context.Context, l *lane, dst, src memory.Buffer) (la
 			if err = l.s.Record(ev); err != nil {
 				break
 			}
-			q = append(q, ev)
 			off += m
+			q = append(q, queued{ev, off})
 		}
 		if err != nil || len(q) == 0 {
 			break
 		}
-		if err = waitEvent(ctx, q[0], time.Time{}); err != nil {
+		if err = waitEvent(ctx, q[0].ev, time.Time{}); err != nil {
 			break
+		}
+		if p.Landed != nil {
+			p.Landed(int64(q[0].end))
 		}
 		q = q[1:]
 	}

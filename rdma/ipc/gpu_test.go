@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -101,6 +102,78 @@ func TestRepeatedTransferReusesMapping(t *testing.T) {
 	st := ch.Stats()
 	if st.Opens != 1 || st.Reuses != 4 || st.Mappings != 1 {
 		t.Errorf("stats after 5 fetches of one allocation: %+v, want 1 open, 4 reuses, 1 mapping", st)
+	}
+	if err := p.Release(t, d); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFetchStream: FetchStream queues no chunk of the copy before Ready
+// says the source holds it, tells Landed as each chunk lands (growing, up
+// to the whole), copies the right bytes, and ends with Ready's error.
+func TestFetchStream(t *testing.T) {
+	od, fd := gpuDevices(t)
+	p := rdmatest.ChildOwner(t, newChannel, od, fd)
+	ch := p.Fetcher.(*ipc.Channel)
+	chunk := int64(ipc.DefaultConfig().CopyChunk)
+	n := 2*chunk + 3
+	d := p.Export(t, 9, int(n))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	alloc, err := memory.AllocatorFor(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf, err := alloc.Alloc(int(n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Free()
+	var asked, landed []int64
+	pr := rdma.Progress{
+		Ready: func(_ context.Context, k int64) (int64, error) {
+			if len(landed) > 0 && landed[len(landed)-1] >= k {
+				t.Errorf("asked for %d bytes, already landed %d", k, landed[len(landed)-1])
+			}
+			asked = append(asked, k)
+			return k, nil // exactly what was asked: every chunk asks again
+		},
+		Landed: func(k int64) {
+			if len(asked) == 0 || k > asked[len(asked)-1] {
+				t.Errorf("landed %d bytes, asked only for %v", k, asked)
+			}
+			landed = append(landed, k)
+		},
+	}
+	if err := ch.FetchStream(ctx, d, buf, pr); err != nil {
+		t.Fatal(err)
+	}
+	if want := []int64{chunk, 2 * chunk, n}; !slices.Equal(asked, want) || !slices.Equal(landed, want) {
+		t.Fatalf("asked %v, landed %v, want %v", asked, landed, want)
+	}
+	host, err := memory.NewHostBuffer(int(n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Free()
+	if err := memory.Copy(ctx, host, buf); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]byte, n)
+	rdmatest.Fill(9, want)
+	if !bytes.Equal(host.Host(), want) {
+		t.Fatal("wrong bytes")
+	}
+	boom := errors.New("the source failed")
+	calls := 0
+	err = ch.FetchStream(ctx, d, buf, rdma.Progress{Ready: func(_ context.Context, k int64) (int64, error) {
+		if calls++; calls > 1 {
+			return 0, boom
+		}
+		return k, nil
+	}})
+	if !errors.Is(err, boom) {
+		t.Fatalf("FetchStream after Ready failed: %v", err)
 	}
 	if err := p.Release(t, d); err != nil {
 		t.Fatal(err)
