@@ -671,7 +671,10 @@ func (c *Channel) putLane(l *lane, state laneState) {
 // copy copies src into dst in chunks, keeping up to len(l.evs) chunks
 // queued, and waits by polling events so that ctx is honoured. A chunk is
 // queued only once p.Ready says the source holds it, and p.Landed is told
-// as each one completes. On failure
+// as each one completes. (Smaller chunks for such streamed copies lose:
+// 2xH200, 3 processes on one GPU following one fetch of 1 GiB, chunks of
+// 64 / 16 / 8 / 4 MiB: 3456 / 4030 / 5493 / 19940 us, as the GPU
+// switches between the processes' contexts at every chunk.) On failure
 // or cancellation it stops queuing and waits, up to CancelGrace, for the
 // queued chunks: the buffers are not in use by the device when it returns,
 // unless it reports laneAbandon.

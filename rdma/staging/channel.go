@@ -186,10 +186,16 @@ func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 	}
 	c.fetching.Add(1)
 	defer c.fetching.Add(-1)
-	ranges := c.stripeRanges(d.Bytes)
+	return c.fetchStriped(ctx, d, dst, 0, d.Bytes)
+}
+
+// fetchStriped fetches bytes [off, off+n) of the export into the same
+// range of dst, in stripes (stripeRanges) when n is large enough.
+func (c *Channel) fetchStriped(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer, off, n int64) error {
+	ranges := c.stripeRanges(n)
 	tracehook.Stripes(ctx, len(ranges))
 	if len(ranges) == 1 {
-		return c.fetchRange(ctx, d, dst, 0, d.Bytes)
+		return c.fetchRange(ctx, d, dst, off, n)
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -199,7 +205,7 @@ func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if errs[i] = c.fetchRange(sctx, d, dst, r[0], r[1]); errs[i] != nil {
+			if errs[i] = c.fetchRange(sctx, d, dst, off+r[0], r[1]); errs[i] != nil {
 				cancel() // the other stripes stop
 			}
 		}()
@@ -217,6 +223,50 @@ func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 	}
 	return first
 }
+
+// FetchStream implements rdma.StreamFetcher: Fetch in pieces of four
+// staging chunks per stripe, one piece after the other (each striped as
+// Fetch stripes a transfer), each fetched once p.Ready says the owner
+// holds it and told to p.Landed once it is in dst.
+func (c *Channel) FetchStream(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer, p rdma.Progress) error {
+	if err := d.Validate(); err != nil {
+		return fmt.Errorf("staging: fetch: %w", err)
+	}
+	if int64(dst.Len()) < d.Bytes {
+		return fmt.Errorf("staging: fetch %v into %d bytes: %w", d, dst.Len(), rdma.ErrTooSmall)
+	}
+	c.fetching.Add(1)
+	defer c.fetching.Add(-1)
+	piece := 4 * int64(c.chunk) * int64(c.stripes.Load())
+	avail := d.Bytes
+	if p.Ready != nil {
+		avail = 0
+	}
+	if d.Bytes == 0 {
+		return c.fetchRange(ctx, d, dst, 0, 0)
+	}
+	for off := int64(0); off < d.Bytes; {
+		n := min(piece, d.Bytes-off)
+		if off+n > avail {
+			var err error
+			if avail, err = p.Ready(ctx, off+n); err == nil && avail < off+n {
+				err = fmt.Errorf("the source holds %d bytes, asked for %d", avail, off+n)
+			}
+			if err != nil {
+				return fmt.Errorf("staging: fetch %v: %w", d, err)
+			}
+		}
+		if err := c.fetchStriped(ctx, d, dst, off, n); err != nil {
+			return err
+		}
+		if off += n; p.Landed != nil {
+			p.Landed(off)
+		}
+	}
+	return nil
+}
+
+var _ rdma.StreamFetcher = (*Channel)(nil)
 
 // MaxStripes bounds SetStripes (and MaxConnsPerPeer bounds the
 // connections all transfers from one owner use at once).

@@ -1,6 +1,10 @@
 package staging_test
 
 import (
+	"bytes"
+	"context"
+	"errors"
+	"slices"
 	"testing"
 
 	"github.com/tensorferry/tensorferry/memory"
@@ -77,4 +81,59 @@ func TestConformanceGPUCrossProcessOneGPU(t *testing.T) {
 	rdmatest.TestChannel(t, func(t *testing.T) *rdmatest.Pair {
 		return rdmatest.ChildOwner(t, newChannel, memory.CUDA(0), memory.CUDA(0))
 	})
+}
+
+// TestFetchStream: FetchStream fetches in pieces of four chunks, none
+// before Ready says the owner holds it, tells Landed as each lands
+// (growing, up to the whole), copies the right bytes, and ends with
+// Ready's error.
+func TestFetchStream(t *testing.T) {
+	p := rdmatest.InProcessPair(t, newChannel, memory.CPU, memory.CPU)
+	sf := p.Fetcher.(rdma.StreamFetcher)
+	n := int64(2*4*staging.DefaultChunkSize + 3)
+	d := p.Export(t, 4, int(n))
+	dst, err := memory.NewHostBuffer(int(n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Free()
+	var asked, landed []int64
+	pr := rdma.Progress{
+		Ready: func(_ context.Context, k int64) (int64, error) {
+			asked = append(asked, k)
+			return k, nil // exactly what was asked: every piece asks again
+		},
+		Landed: func(k int64) {
+			if len(asked) == 0 || k > asked[len(asked)-1] {
+				t.Errorf("landed %d bytes, asked only for %v", k, asked)
+			}
+			landed = append(landed, k)
+		},
+	}
+	ctx := context.Background()
+	if err := sf.FetchStream(ctx, d, dst, pr); err != nil {
+		t.Fatal(err)
+	}
+	// Pieces of one size (four chunks), the last taking the rest.
+	if len(asked) < 3 || !slices.Equal(asked, landed) || asked[len(asked)-1] != n {
+		t.Fatalf("asked %v, landed %v, want pieces up to %d", asked, landed, n)
+	}
+	for i, k := range asked[:len(asked)-1] {
+		if k != int64(i+1)*asked[0] {
+			t.Fatalf("asked %v: not pieces of %d", asked, asked[0])
+		}
+	}
+	want := make([]byte, n)
+	rdmatest.Fill(4, want)
+	if !bytes.Equal(dst.Host(), want) {
+		t.Fatal("wrong bytes")
+	}
+	boom := errors.New("the source failed")
+	err = sf.FetchStream(ctx, d, dst, rdma.Progress{Ready: func(context.Context, int64) (int64, error) { return 0, boom }})
+	if !errors.Is(err, boom) {
+		t.Fatalf("FetchStream after Ready failed: %v", err)
+	}
+	if err := p.Release(t, d); err != nil {
+		t.Fatal(err)
+	}
 }
