@@ -6,6 +6,7 @@
 //	pytorch --out $OUT                   # also $OUT/pytorch.jsonl and $OUT/pytorch.csv
 //	pytorch --device cpu --max 1MiB      # through staging and inline, on any machine
 //	pytorch --python /usr/bin/python3 --reps 20 --json
+//	pytorch --peer-gpu 1                 # the receiving Go node and the Python node on cuda:1
 //
 // It starts three nodes of one cluster on loopback: node0 here, node1 a
 // Python node (peer.py beside this source, run with --python), node2 this
@@ -92,12 +93,19 @@ func main() {
 	asJSON := flag.Bool("json", false, "print JSON lines instead of the table")
 	out := flag.String("out", "", "also write DIR/pytorch.jsonl and DIR/pytorch.csv")
 	timeout := flag.Duration("timeout", 2*time.Minute, "deadline of one message")
+	peerGPU := flag.Int("peer-gpu", 0, "with CUDA: the GPU of the receiving Go node and of the Python node (node0 stays on cuda:0), e.g. 1 for messages between two GPUs")
 	flag.Parse()
 	o, err := options(*minSize, *maxSize, *dev)
 	if err != nil {
 		fatal(err)
 	}
 	o.reps, o.python, o.peer, o.timeout = *reps, *py, peerScript(*peer), *timeout
+	if o.peerDevice = o.device; o.device.Kind == memory.KindCUDA {
+		if n, _ := memory.CUDADeviceCount(); *peerGPU < 0 || *peerGPU >= n {
+			fatal(fmt.Errorf("--peer-gpu %d: this host has %d GPUs", *peerGPU, n))
+		}
+		o.peerDevice = memory.CUDA(*peerGPU)
+	}
 	rs, err := run(o)
 	if werr := write(rs, *asJSON, *out); werr != nil {
 		err = errors.Join(err, werr)
@@ -114,12 +122,15 @@ func fatal(err error) {
 }
 
 type opts struct {
-	sizes   []int
-	reps    int
-	device  memory.Device
-	python  string
-	peer    string
-	timeout time.Duration
+	sizes  []int
+	reps   int
+	device memory.Device
+	// peerDevice is where node1 (Python) and node2 (Go) keep their
+	// tensors: device, or another GPU (--peer-gpu).
+	peerDevice memory.Device
+	python     string
+	peer       string
+	timeout    time.Duration
 }
 
 func options(minSize, maxSize, dev string) (opts, error) {
@@ -232,7 +243,7 @@ func start(o opts) (c *cluster, err error) {
 	cfg.HeartbeatInterval, cfg.FailureTimeout = 500*time.Millisecond, 20*time.Second
 	cfg.Flow.TransferTimeout = o.timeout
 	cfg.Nodes[0].Devices = []memory.Device{o.device}
-	cfg.Nodes[2].Devices = []memory.Device{o.device}
+	cfg.Nodes[2].Devices = []memory.Device{o.peerDevice}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -270,7 +281,7 @@ func start(o opts) (c *cluster, err error) {
 		"address": cfg.Nodes[1].Address, "data_address": cfg.Nodes[1].DataAddress, "go": cfg.Nodes[0].Name,
 		"peers": map[string]any{cfg.Nodes[0].Name: map[string]string{
 			"address": cfg.Nodes[0].Address, "data_address": cfg.Nodes[0].DataAddress}},
-		"inline_threshold": cfg.Transport.InlineThreshold, "cuda": o.device.Kind == memory.KindCUDA,
+		"inline_threshold": cfg.Transport.InlineThreshold, "cuda": o.device.Kind == memory.KindCUDA, "device": o.peerDevice.String(),
 		"heartbeat": cfg.HeartbeatInterval.Seconds(), "failure_timeout": cfg.FailureTimeout.Seconds(),
 	})
 	c.py = exec.Command(o.python, o.peer)

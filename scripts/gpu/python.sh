@@ -92,7 +92,7 @@ fi
 if [ "$WHAT" = stages ]; then
 	rm -f "$OUT/stages.txt"
 	if ! TF_BENCH_STAGES="$OUT/stages.txt" timeout 200 "$P/pytorch" --python "$PY" --peer benchmarks/pytorch/peer.py \
-		--min 4KiB --max 64KiB --reps 300 >> "$S" 2>&1; then
+		--min 4KiB --max 64KiB --reps 300 ${BENCH_ARGS:-} >> "$S" 2>&1; then
 		echo "FAIL benchmark pytorch with stage timers" >> "$S"; status=1
 	fi
 	cat "$OUT/stages.txt" >> "$S" 2>/dev/null
