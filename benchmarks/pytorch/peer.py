@@ -103,7 +103,7 @@ def main():
         n, seen[0] = seen[0], len(node.transfers)
         return node.transfers[-1][0] if len(node.transfers) > n else "inline"
 
-    node.handle("sink", lambda m: tf.Message("bench.Ack", {"Via": via()}))
+    node.handle("sink", lambda m: tf.Message("bench.Ack", {"Via": via()}), inline=bool(cfg.get("inline")))
     node.start()
     gonode = cfg["go"]
     device = "cpu"

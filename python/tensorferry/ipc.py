@@ -611,6 +611,17 @@ class Fetcher:
             m = self._claim(key)
             self._fetch(owner, inc, key, m, req, off, n, dst, timeout)
 
+    def fetch_direct(self, d, dst):
+        """fetch, when d's offer is direct to this node and its allocation
+        is mapped already: a device copy, nothing sent (True); False, with
+        nothing done, otherwise."""
+        alloc, off, n, _, flags, deadline = decode_offer((d.get("f") or {}).get("ipc"))
+        if n != d["b"] or not n or dst.numel() * dst.element_size() < n:
+            return False
+        if not flags & FLAG_DIRECT or d.get("h", "") != self.node:
+            return False
+        return self._direct((d["o"], d["i"], alloc, dst.device.index), off, n, deadline, dst)
+
     def _claim(self, key):
         with self.mu:
             m = self.mappings.get(key)

@@ -355,6 +355,29 @@ class ProtocolTest(unittest.TestCase):
         self.fetcher.fetch(d, dst, 5)
         self.assertEqual((self.fetcher.stats["direct"], self.owner.stats["begins"]), (1, begins + 1))
 
+    def test_fetch_direct(self):
+        """fetch_direct copies under a direct offer of a mapped allocation
+        and sends nothing; otherwise it does nothing and says so."""
+        a = self.drv.alloc(64)
+        a.fill_(4)
+        d = self.lend(a, 1)
+        dst = torch.empty(64, dtype=torch.uint8)
+        self.assertFalse(self.fetcher.fetch_direct(d, dst), "not mapped, not direct")
+        self.assertEqual(self.owner.stats["begins"], 0)
+        self.fetcher.fetch(d, dst, 5)
+        self.assertFalse(self.fetcher.fetch_direct(d, dst), "mapped, but not a direct offer")
+        alloc, off, n, size, _, _ = ipc.decode_offer(d["f"]["ipc"])
+        import time
+        far = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + 30 * 10**9
+        begins = self.owner.stats["begins"]
+        dd = dict(d, f={"ipc": ipc.encode_offer(alloc, off, n, size, ipc.FLAG_DIRECT, far)})
+        self.assertFalse(self.fetcher.fetch_direct(dict(dd, h="other"), dst), "direct to another holder")
+        self.assertFalse(self.fetcher.fetch_direct(dd, torch.empty(8, dtype=torch.uint8)), "too small")
+        dst.zero_()
+        self.assertTrue(self.fetcher.fetch_direct(dd, dst))
+        self.assertTrue(bool((dst == 4).all()))
+        self.assertEqual((self.fetcher.stats["direct"], self.owner.stats["begins"]), (1, begins))
+
 
 if __name__ == "__main__":
     unittest.main()

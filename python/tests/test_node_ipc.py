@@ -344,5 +344,98 @@ class NodeFetchTest(unittest.TestCase):
         self.assertIn("lease not valid", node.errors[-1])
 
 
+class InlineHandlerTest(unittest.TestCase):
+    """An inline handler runs on the reader's thread when the dispatch
+    thread has nothing queued or running and every tensor is a direct ipc
+    copy; otherwise its message is queued as any other, leases held."""
+
+    def setUp(self):
+        from tensorferry.node import Message
+        self.node = Node("c", b"0123456789abcdef", "py", "127.0.0.1:0", {"go": "127.0.0.1:1"}, ipc=False)
+        self.conn = FakeConn("go")
+        self.node.conns["go"] = self.conn
+        self.ran = []
+        self.node.handle("sink", lambda m: self.ran.append((threading.current_thread(), m)) or Message("t.Ack", {}),
+                         inline=True)
+        self.direct = []  # what fetch_direct answers, in order
+
+        class Fetcher:
+            def fetch_direct(fd, d, dst):
+                ok = self.direct.pop(0)
+                if ok:
+                    dst.fill_(6)
+                return ok
+        self.node.ipc_fetcher = Fetcher()
+        self.node._ipc_from = lambda c, d: True
+        import torch
+        self.node.device = torch.device("cpu")
+
+    def message(self, tensors=True, target="sink"):
+        from tensorferry.codec import Struct, TensorRef, encode
+        from tensorferry.message import encode_table
+        table, body = [], Struct(N=1)
+        if tensors:
+            d = Struct((("o", "go"), ("i", 5), ("e", 3), ("l", 9), ("t", 9), ("s", [4]), ("b", 4), ("d", "cuda:0"),
+                        ("h", "py"), ("f", {"ipc": b"x"})))
+            table, body = [(7, d)], Struct(T=TensorRef(1, 7))
+        return encode_envelope(target=target, sender_node="go", sender_id="asker", type_name="t.M", ser=1,
+                               body=bytes(encode(body)), tensors=encode_table(table) if table else b"")
+
+    def sent(self):
+        return [f for f, _ in self.conn.sent]
+
+    def test_runs_on_the_reader(self):
+        from tensorferry.node import F_RELEASE
+        self.direct = [True]
+        self.node._message_in(self.conn, self.message())
+        self.assertEqual(len(self.ran), 1)
+        self.assertIs(self.ran[0][0], threading.current_thread())
+        self.assertEqual(bytes(self.ran[0][1]["T"].numpy()), b"\x06" * 4)
+        self.assertEqual(self.sent(), [F_MESSAGE, F_RELEASE])  # the reply, then the lease back
+        self.assertEqual(self.node.transfers, [("ipc", "go", 4)])
+        self.assertTrue(self.node.inbox.idle())
+        # A message without exported tensors, too.
+        self.node._message_in(self.conn, self.message(tensors=False))
+        self.assertEqual(len(self.ran), 2)
+
+    def test_queued(self):
+        from tensorferry.node import Message
+        cases = {"not a direct copy": lambda: self.direct.append(False)}
+        for why, arrange in cases.items():
+            arrange()
+            self.node._message_in(self.conn, self.message())
+            self.assertEqual((self.ran, self.sent()), ([], []), why)
+            self.assertFalse(self.node.inbox.idle(), why)
+        # While one is queued, the next is queued behind it (order kept),
+        # even though it could be copied directly.
+        self.direct = [True]
+        self.node._message_in(self.conn, self.message())
+        self.assertEqual((self.ran, self.direct), ([], [True]))
+        # The dispatch thread handles both, in order.
+        self.node.handle("sink", lambda m: self.ran.append((threading.current_thread(), m)) or Message("t.Ack", {}))
+        self.direct = []
+        self.node.ipc_fetcher.fetch = lambda d, dst, timeout: dst.fill_(6)
+        t = threading.Thread(target=self.node._dispatch_loop)
+        t.start()
+        self.node.inbox.put(None)
+        t.join(10)
+        self.assertEqual([th for th, _ in self.ran], [t, t])
+        self.assertTrue(self.node.inbox.idle() is False)  # the stop sentinel stays counted
+
+    def test_busy_or_not_inline(self):
+        self.node.handler_mu.acquire()  # the dispatch thread is running a handler
+        self.direct = [True]
+        self.node._message_in(self.conn, self.message())
+        self.node.handler_mu.release()
+        self.assertEqual((self.ran, self.direct), ([], [True]))
+        other = Node("c", b"0123456789abcdef", "py2", "127.0.0.1:0", {"go": "127.0.0.1:1"}, ipc=False)
+        other.conns["go"] = self.conn
+        other.handle("sink", lambda m: self.ran.append(m))
+        other.ipc_fetcher, other._ipc_from, other.device = self.node.ipc_fetcher, self.node._ipc_from, self.node.device
+        other._message_in(self.conn, self.message())
+        self.assertEqual((self.ran, self.direct), ([], [True]), "a handler not inline")
+        self.assertFalse(other.inbox.idle())
+
+
 if __name__ == "__main__":
     unittest.main()
