@@ -734,10 +734,9 @@ func (e *Engine) fromHolder(ctx context.Context, d *tensor.Descriptor, dst *tens
 // flight, if any: relayExportEnded counts every export of a flight's
 // destination as one), so dst is neither delivered nor freed before it
 // ended. The holder gives the loan back once its put ended; this node
-// ends it too once the holder answered, and otherwise (this fetch's
-// context done, the holder unreachable) leaves it to the holder, the
-// holder's going down or the lease's end, as the holder may still be
-// writing.
+// ends it too once the holder answered or went down, but not when this
+// fetch's context ended first: the holder may still be writing, and the
+// loan then ends with its put (or its going down, or the lease).
 func (e *Engine) pushFromHolder(ctx context.Context, d *tensor.Descriptor, dst *tensor.Tensor, f *relayFlight, p rdma.Progress) error {
 	from := d.Relay
 	if pr := e.peer(from); pr == nil || !pr.relay {
@@ -758,9 +757,10 @@ func (e *Engine) pushFromHolder(ctx context.Context, d *tensor.Descriptor, dst *
 	}
 	e.offer(x, from, rd)
 	resp, err := e.control(ctx, from, relayTarget, encodeRelayAsk(relayAsk{op: relayPush, d: contentOf(d), rd: rd}))
-	if err == nil || errors.Is(err, ErrControl) {
-		// The holder answered: it writes dst no more.
-		_ = e.store.Release(x.ID, x.Lease) // unless its release came first
+	if ctx.Err() == nil {
+		// The holder answered (it writes dst no more) or went down (its
+		// leases end too): end the loan, unless its release came first.
+		_ = e.store.Release(x.ID, x.Lease)
 	}
 	if err == nil && len(resp) != 0 {
 		err = fmt.Errorf("%d bytes of answer", len(resp))
