@@ -312,3 +312,52 @@ func TestRelayPushBadRequests(t *testing.T) {
 	other.store.ReleaseHolder(owner.cfg.Node)
 	waitFor(t, func() bool { return allIdle(owner, head, other) })
 }
+
+// TestRelayPushAskerCancels: a receiver whose fetch is cancelled while
+// the head writes its destination keeps that destination lent (and
+// neither delivers nor frees it) until the head's put ended, which ends
+// the loan; then every loan has ended.
+func TestRelayPushAskerCancels(t *testing.T) {
+	const pieces = 2
+	memtestPieces.Store(pieces)
+	t.Cleanup(func() { memtestPieces.Store(1) })
+	memtestPuts.Store(0)
+	owner, head, others := pushMesh(t, pushConfig(), 2)
+	other := others[0]
+	x := newTensor(t, relayTestBytes, 9)
+	refs := lendRefs(t, owner, []*Engine{head, other}, x)
+	content := refs[0].Descriptor().Content
+	open, pass := holdFetchesOneByOne(t)
+	hch := fetchOn(refs[:1], context.Background())
+	waitFor(t, func() bool { return memtestWaiting.Load() == 1 })
+	pass()
+	waitFor(t, func() bool {
+		return head.relayLanded(owner.cfg.Node, 1, content) == relayTestBytes/pieces && memtestWaiting.Load() == 1
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	och := fetchOn(refs[1:], ctx)
+	waitFor(t, func() bool { return memtestWaiting.Load() == 2 }) // the head's put of its first piece
+	cancel()
+	waitFor(t, func() bool {
+		other.ctlMu.Lock()
+		defer other.ctlMu.Unlock()
+		return len(other.ctlWait) == 0 // the push request gave up
+	})
+	if n := other.Store().Len(); n != 1 {
+		t.Fatalf("%d loans of the destination while the head writes it, want 1", n)
+	}
+	open()
+	if f := <-och; f.err == nil {
+		t.Fatal("the cancelled fetch succeeded")
+	}
+	if f := <-hch; f.err != nil {
+		t.Fatal(f.err)
+	} else {
+		_ = f.t.Free()
+	}
+	if n := memtestPuts.Load(); n != pieces {
+		t.Fatalf("%d pieces put, want %d", n, pieces)
+	}
+	waitFor(t, func() bool { return allIdle(owner, head, other) && x.Leases() == 0 })
+}
