@@ -715,10 +715,12 @@ func (e *Engine) mayPush(from string, dst *tensor.Tensor) bool {
 }
 
 // fromHolder copies d's content into dst from the receiver the owner
-// named (d.Relay): written by it (pushFromHolder) when mayPush, else, or
-// when that fails, fetched from it (fetchFromHolder).
+// named (d.Relay): written by it (pushFromHolder) when mayPush and dst is
+// a flight's destination (f; a destination the caller gave is being
+// written, tensor.Tensor.Write, and cannot be lent), else, or when that
+// fails, fetched from it (fetchFromHolder).
 func (e *Engine) fromHolder(ctx context.Context, d *tensor.Descriptor, dst *tensor.Tensor, f *relayFlight, p rdma.Progress) error {
-	if e.mayPush(d.Relay, dst) {
+	if f != nil && e.mayPush(d.Relay, dst) {
 		err := e.pushFromHolder(ctx, d, dst, f, p)
 		if err == nil || ctx.Err() != nil {
 			return err
@@ -731,9 +733,8 @@ func (e *Engine) fromHolder(ctx context.Context, d *tensor.Descriptor, dst *tens
 // pushFromHolder lends dst to d.Relay (the holder) and asks it to write
 // its copy of d's content there as that copy fills (relayPush), then
 // tells p.Landed that dst is whole. The loan is one more copy of f (dst's
-// flight, if any: relayExportEnded counts every export of a flight's
-// destination as one), so dst is neither delivered nor freed before it
-// ended. The holder gives the loan back once its put ended; this node
+// flight: relayExportEnded counts every export of a flight's destination
+// as one), so dst is neither delivered nor freed before it ended. The holder gives the loan back once its put ended; this node
 // ends it too once the holder answered or went down, but not when this
 // fetch's context ended first: the holder may still be writing, and the
 // loan then ends with its put (or its going down, or the lease).
@@ -743,16 +744,12 @@ func (e *Engine) pushFromHolder(ctx context.Context, d *tensor.Descriptor, dst *
 		return fmt.Errorf("%w: relay %s", ErrPeerDown, from)
 	}
 	start := time.Now()
-	if f != nil {
-		e.relays.mu.Lock()
-		f.copies++
-		e.relays.mu.Unlock()
-	}
+	e.relays.mu.Lock()
+	f.copies++
+	e.relays.mu.Unlock()
 	x, rd, err := e.store.Export(dst, from, e.cfg.Flow.TransferTimeout)
 	if err != nil {
-		if f != nil {
-			e.relays.copied(f)
-		}
+		e.relays.copied(f)
 		return fmt.Errorf("transfer: relay push: %w", err)
 	}
 	e.offer(x, from, rd)
