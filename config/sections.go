@@ -282,6 +282,16 @@ type FlowConfig struct {
 	// another; an actor of the holder's own node copies each piece as it
 	// lands too.
 	NoRelayStream bool
+	// RelayPush makes a holder write the copies of the receivers that
+	// share its GPU (YAML: relay_push: true): such a receiver lends its
+	// destination to the holder the owner named, and the holder writes
+	// each piece into it as its own copy fills, from its one CUDA
+	// context, instead of each receiver copying from the holder in its
+	// own context (the GPU then switches between the processes' contexts
+	// at every piece). Needs relay_stream and a channel that writes
+	// (ipc); otherwise, or when the push fails, the receiver fetches as
+	// without it. Default false (off until a GPU A/B shows it pays).
+	RelayPush bool
 }
 
 // DefaultFlowConfig returns the flow defaults described in FlowConfig.

@@ -99,6 +99,22 @@ type StreamFetcher interface {
 	FetchStream(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer, p Progress) error
 }
 
+// Putter is implemented by channels that can also move bytes the other
+// way: into an export its owner lent to this node so that this node
+// writes it (fan-out by relay, pushed: a holder writes the copies of the
+// receivers that share its GPU from its own context, instead of each
+// receiver copying from the holder in its own, which makes the GPU switch
+// between contexts at every piece).
+type Putter interface {
+	// PutStream writes src's first d.Bytes bytes into the export d
+	// describes (lent to this node, its holder), queuing no piece before
+	// p.Ready says src holds it, and telling p.Landed as the export
+	// fills (either may be nil). src smaller than d.Bytes gives
+	// ErrTooSmall. It does not release the lease: the caller does, after
+	// PutStream returns. The owner checks the lease as for Fetch.
+	PutStream(ctx context.Context, d *tensor.Descriptor, src memory.Buffer, p Progress) error
+}
+
 // ConnServer is implemented by channels that receive data connections (the
 // staging channel). The node accepts and authenticates the connection, then
 // hands it over; the channel owns it from then on.

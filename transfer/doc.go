@@ -75,6 +75,20 @@
 // loan per copy. With streaming off, a parent lends its copy once its
 // fetch ended and followers wait for the whole.
 //
+// Copies may be pushed (Flow.RelayPush, off by default): a receiver
+// whose parent is another node on its destination's GPU (their adverts'
+// device UUIDs) lends its destination to the parent instead (an export
+// held by the parent, sent in a relayPush request), and the parent writes
+// its copy there piece by piece as it fills (rdma.Putter: ipc maps the
+// receiver's allocation), then gives the loan back and answers. The GPU
+// then runs every copy into it from the parent's one CUDA context instead
+// of switching between the receivers' contexts at every piece. The
+// parent's flight is not delivered until the put ended; the receiver's
+// own flight is told its copy landed once the parent answered. A parent
+// that cannot push (no Putter between the two, not holding the content)
+// or fails costs the receiver the streamed fetch from it, and then the
+// owner, as above.
+//
 // stats.go: Engine.Stats reports what the engine did for a node's metrics
 // (package metrics): per channel and owner the transfers, bytes and fetch
 // latency buckets (LatencyBounds), bytes served, failed fetches by reason,

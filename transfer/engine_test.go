@@ -146,6 +146,69 @@ func (m *memtest) FetchStream(ctx context.Context, d *tensor.Descriptor, dst mem
 	return nil
 }
 
+// memtestPuts counts the pieces memtest's PutStream wrote.
+var memtestPuts atomic.Int64
+
+// PutStream writes src into the export d describes, in the owner
+// engine's store, in memtestPieces pieces as FetchStream copies them:
+// each once p.Ready says src holds it, past the gate (holdFetches).
+func (m *memtest) PutStream(ctx context.Context, d *tensor.Descriptor, src memory.Buffer, p rdma.Progress) error {
+	n := memtestPieces.Load()
+	for i := int64(1); i <= n; i++ {
+		from, end := d.Bytes*(i-1)/n, d.Bytes*i/n
+		if p.Ready != nil {
+			if _, err := p.Ready(ctx, end); err != nil {
+				return err
+			}
+		}
+		if err := m.gate(ctx, d); err != nil {
+			return err
+		}
+		testEnginesMu.Lock()
+		owner := testEngines[d.Owner]
+		testEnginesMu.Unlock()
+		if owner == nil {
+			return fmt.Errorf("memtest: no engine %s", d.Owner)
+		}
+		x, done, err := owner.store.Acquire(d.Incarnation, d.ExportID, d.Lease)
+		if err != nil {
+			return err
+		}
+		t, err := x.Tensor.Buffer().Slice(int(from), int(end-from))
+		var s memory.Buffer
+		if err == nil {
+			s, err = src.Slice(int(from), int(end-from))
+		}
+		if err == nil {
+			err = memory.Copy(ctx, t, s)
+		}
+		done()
+		if err != nil {
+			return err
+		}
+		memtestPuts.Add(1)
+		if p.Landed != nil {
+			p.Landed(end)
+		}
+	}
+	return nil
+}
+
+// memtestNoPut is memtest without PutStream: a channel that cannot write
+// into a peer's memory.
+type memtestNoPut struct {
+	rdma.Channel
+	rdma.StreamFetcher
+}
+
+// noPutChannels makes an engine's memtest a memtestNoPut.
+func noPutChannels() map[string]ChannelFactory {
+	return map[string]ChannelFactory{"memtest": func(*rdma.Env) (rdma.Channel, error) {
+		m := &memtest{down: map[string]chan struct{}{}}
+		return memtestNoPut{m, m}, nil
+	}}
+}
+
 // copy copies d from its owner's store.
 func (m *memtest) copy(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer) error {
 	testEnginesMu.Lock()

@@ -244,7 +244,7 @@ func TestRelayBadRequests(t *testing.T) {
 		"other shape":         ask(func(q *tensor.Descriptor) { q.Shape, q.Bytes = tensor.Shape{relayTestBytes / 2, 2}, relayTestBytes }),
 		"no content":          ask(func(q *tensor.Descriptor) { q.Content = 0 }),
 		"bad bytes":           ask(func(q *tensor.Descriptor) { q.Bytes++ }),
-		"unknown op":          askOp(relayProgress+1, 0, same),
+		"unknown op":          askOp(relayPush+1, 0, same),
 		"whole with a count":  askOp(relayWhole, 1, same),
 		"stream with a count": askOp(relayStream, 1, same),
 		"progress to 0":       askOp(relayProgress, 0, same),
@@ -422,7 +422,9 @@ func TestRelayStreamFollowers(t *testing.T) {
 // accepts encodes back to a request that decodes the same.
 func FuzzRelayAsk(f *testing.F) {
 	d := &tensor.Descriptor{Owner: "a", Incarnation: 1, DType: tensor.Uint8, Shape: tensor.Shape{1 << 20}, Bytes: 1 << 20, Device: "cpu", Content: 3}
-	for _, a := range []relayAsk{{d: d}, {op: relayStream, d: d}, {op: relayProgress, n: 1 << 18, d: d}} {
+	rd := &tensor.Descriptor{Owner: "b", Incarnation: 2, Holder: "c", ExportID: 4, Lease: 5, DType: tensor.Float32, Shape: tensor.Shape{1 << 18},
+		Bytes: 1 << 20, Device: "cuda:1", Offers: map[string][]byte{"ipc": {1, 2, 3}}}
+	for _, a := range []relayAsk{{d: d}, {op: relayStream, d: d}, {op: relayProgress, n: 1 << 18, d: d}, {op: relayPush, d: d, rd: rd}} {
 		f.Add(encodeRelayAsk(a))
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
@@ -433,6 +435,13 @@ func FuzzRelayAsk(f *testing.F) {
 		again, err := decodeRelayAsk(encodeRelayAsk(a))
 		if err != nil || again.op != a.op || again.n != a.n || again.d.String() != a.d.String() || again.d.Content != a.d.Content {
 			t.Fatalf("%x: %+v, then %+v, %v", in, a, again, err)
+		}
+		if (a.op == relayPush) != (a.rd != nil) {
+			t.Fatalf("%x: operation %d with destination %v", in, a.op, a.rd)
+		}
+		if a.rd != nil && (again.rd == nil || again.rd.String() != a.rd.String() || again.rd.ExportID != a.rd.ExportID ||
+			again.rd.Lease != a.rd.Lease || again.rd.Holder != a.rd.Holder || a.rd.Bytes != a.d.Bytes) {
+			t.Fatalf("%x: destination %+v, then %+v", in, a.rd, again.rd)
 		}
 	})
 }

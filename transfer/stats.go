@@ -42,6 +42,8 @@ type Stats struct {
 	// relayServed, relayFetched and relayFallbacks count fan-out by relay
 	// across nodes (StatsSnapshot's fields of those names).
 	relayServed, relayFetched, relayFallbacks atomic.Int64
+	// relayPushed counts StatsSnapshot.RelayPushed.
+	relayPushed atomic.Int64
 
 	mu       sync.Mutex
 	channels map[peerChannel]*ChannelStats // fetched into this node
@@ -195,6 +197,10 @@ type StatsSnapshot struct {
 	RelayServed    int64
 	RelayFetched   int64
 	RelayFallbacks int64
+	// RelayPushed counts, of RelayFetched, the copies that receiver
+	// wrote into this node's destination itself (Flow.RelayPush); their
+	// bytes are counted under RelayPushChannel.
+	RelayPushed int64
 	// Channels maps a channel name to what it fetched into this node;
 	// ByPeer maps an owner's name to the same per channel.
 	Channels map[string]ChannelStats
@@ -244,6 +250,7 @@ func (e *Engine) Stats() StatsSnapshot {
 		RelayServed:      s.relayServed.Load(),
 		RelayFetched:     s.relayFetched.Load(),
 		RelayFallbacks:   s.relayFallbacks.Load(),
+		RelayPushed:      s.relayPushed.Load(),
 		Channels:         map[string]ChannelStats{},
 		ByPeer:           map[string]map[string]ChannelStats{},
 		Served:           map[string]ChannelStats{},

@@ -15,6 +15,7 @@
 //	gpu --mode fanout --receivers 3 --min 16MiB --max 1GiB  # one tensor to 3 actors on GPU1, relay on and off
 //	gpu --mode fanout --receiver-nodes 1,1,1 --min 16MiB    # the same to 3 nodes of their own on GPU1
 //	gpu --mode fanout --receiver-nodes 1,2,3 --relay-fanout 1 --relay-whole=false  # a chain, streamed, and no relay
+//	gpu --mode fanout --receiver-nodes 1,1,1 --relay-push --relay-whole=false  # pushed by the holder, streamed, no relay
 //
 // Modes and their paths (the "path" of each JSON line):
 //
@@ -92,11 +93,14 @@
 //     receivers (channel "relay" in the line); off: each receiver fetches
 //     from the owner. -relay streams (flow.relay_stream, the default:
 //     copies follow their source as it fills); -relay-whole (unless
-//     --relay-whole=false) waits for whole copies. Each setting has its
+//     --relay-whole=false) waits for whole copies; -relay-push (with
+//     --relay-push, run first) has the holder write the copies of the
+//     receivers on its GPU (flow.relay_push; only -nodes runs name a
+//     holder, so only they push). Each setting has its
 //     own pair of processes, in that order. Compare with NCCL broadcast
 //     to one rank of the same size.
 //     With --receiver-nodes (e.g. 1,1,1 or 1,2,3): tensorferry-fanout-
-//     nodes-relay, -relay-whole and -norelay, one receiving process (one node, one sink)
+//     nodes-relay, -relay-push, -relay-whole and -norelay, one receiving process (one node, one sink)
 //     per ordinal listed; with relay on, the owner names in each
 //     descriptor the receiver to fetch from (transfer.PlanRelay: one fetch
 //     into each GPU, the others copy from it). Compare with NCCL

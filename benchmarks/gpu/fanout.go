@@ -15,7 +15,8 @@ import (
 // The fanout mode's paths: one tensor on --src lent at once to --receivers
 // actors of one node on --dst, with fan-out by relay on (the node fetches
 // the content once and copies it on --dst for the others; streamed, and
-// with whole copies under --relay-whole) and off (each receiver fetches
+// with whole copies under --relay-whole, pushed by the holder under
+// --relay-push) and off (each receiver fetches
 // from the owner). With --receiver-nodes, the receivers are nodes of their
 // own, one process each (the -nodes paths): with relay on, the owner names
 // in each descriptor the receiver to fetch from (transfer.PlanRelay), so
@@ -26,11 +27,14 @@ const (
 	pathFanoutNoRelay         = "tensorferry-fanout-norelay"
 	pathFanoutNodesRelay      = "tensorferry-fanout-nodes-relay"
 	pathFanoutNodesRelayWhole = "tensorferry-fanout-nodes-relay-whole"
+	pathFanoutRelayPush       = "tensorferry-fanout-relay-push"
+	pathFanoutNodesRelayPush  = "tensorferry-fanout-nodes-relay-push"
 	pathFanoutNodesNoRelay    = "tensorferry-fanout-nodes-norelay"
 )
 
 // runFanout measures the fanout mode: one receiving process per setting
-// of relay: streamed, whole copies (--relay-whole), off.
+// of relay: pushed (--relay-push), streamed, whole copies (--relay-whole),
+// off.
 func runFanout(o options) (rs []report.Result, err error) {
 	src, dst := cudaDev(o.src), cudaDev(o.dst)
 	var nodes []memory.Device
@@ -38,10 +42,14 @@ func runFanout(o options) (rs []report.Result, err error) {
 		nodes = append(nodes, cudaDev(g))
 	}
 	type setting struct {
-		path, nodesPath   string
-		noRelay, noStream bool
+		path, nodesPath         string
+		noRelay, noStream, push bool
 	}
-	settings := []setting{{path: pathFanoutRelay, nodesPath: pathFanoutNodesRelay}}
+	var settings []setting
+	if o.relayPush {
+		settings = append(settings, setting{path: pathFanoutRelayPush, nodesPath: pathFanoutNodesRelayPush, push: true})
+	}
+	settings = append(settings, setting{path: pathFanoutRelay, nodesPath: pathFanoutNodesRelay})
 	if o.relayWhole {
 		settings = append(settings, setting{path: pathFanoutRelayWhole, nodesPath: pathFanoutNodesRelayWhole, noStream: true})
 	}
@@ -52,7 +60,7 @@ func runFanout(o options) (rs []report.Result, err error) {
 			path = st.nodesPath
 		}
 		got, err := measureFanout(o, path, pairConfig{src: src, dst: dst, timeout: o.timeout, log: o.logs,
-			readSpin: o.readSpin, sinks: o.receivers, noRelay: st.noRelay, noStream: st.noStream, relayMin: o.relayMin, nodes: nodes, fanout: o.relayFanout,
+			readSpin: o.readSpin, sinks: o.receivers, noRelay: st.noRelay, noStream: st.noStream, push: st.push, relayMin: o.relayMin, nodes: nodes, fanout: o.relayFanout,
 			profile: receiverFile(o.cpuProfile, path), trace: receiverFile(o.trace, path)})
 		rs = append(rs, got...)
 		if err != nil {

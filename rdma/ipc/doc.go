@@ -8,6 +8,9 @@
 //	// fetcher, with dst on one of its GPUs:
 //	err = ch.Fetch(ctx, d, dst)
 //	// then the caller releases the lease.
+//	// or the other way (rdma.Putter), src on one of its GPUs, into an
+//	// export the owner lent this node so that it writes it:
+//	err = ch.PutStream(ctx, d, src, rdma.Progress{})
 //
 // # Protocol
 //
@@ -65,7 +68,9 @@
 // What a handle exposes: CUDA IPC maps a whole driver allocation, so a
 // proven holder can read everything in it, for as long as it keeps the
 // mapping (until the owner frees the allocation), not only the tensor it
-// was lent. Blocks of memory.CUDAAllocator hold one buffer at a time, but
+// was lent, and write it too (CUDA IPC mappings are read-write; PutStream
+// writes through them, under the same begin checks or direct offer as a
+// fetch). Blocks of memory.CUDAAllocator hold one buffer at a time, but
 // are reused for later tensors; tensors carved out of one allocation by
 // the application share it. Handles go only to authenticated nodes of the
 // cluster that proved they share the host.

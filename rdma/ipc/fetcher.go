@@ -77,7 +77,31 @@ func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Bu
 // the copy before p.Ready says the owner holds it, and telling p.Landed
 // as each chunk lands (Config.CopyChunk bytes at a time).
 func (c *Channel) FetchStream(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer, p rdma.Progress) error {
-	o, err := c.checkFetch(ctx, d, dst)
+	return c.transfer(ctx, d, dst, p, fromOwner)
+}
+
+// PutStream implements rdma.Putter: FetchStream the other way, writing
+// src into the export d describes, which its owner lent to this node.
+// The owner checks the export as for a fetch (holder, lease, allocation,
+// bounds); the copy runs on a lane of src's device, into this node's
+// mapping of the owner's allocation. Errors: those of Fetch.
+func (c *Channel) PutStream(ctx context.Context, d *tensor.Descriptor, src memory.Buffer, p rdma.Progress) error {
+	return c.transfer(ctx, d, src, p, toOwner)
+}
+
+// direction says which way a copy between an owner's export and a buffer
+// of this node (local) goes.
+type direction bool
+
+const (
+	fromOwner direction = false // Fetch: the export into local
+	toOwner   direction = true  // PutStream: local into the export
+)
+
+// transfer is Fetch and PutStream: it copies between the export d
+// describes and local in direction dir, following p.
+func (c *Channel) transfer(ctx context.Context, d *tensor.Descriptor, local memory.Buffer, p rdma.Progress, dir direction) error {
+	o, err := c.check(ctx, d, local)
 	if err != nil {
 		return err
 	}
@@ -91,8 +115,8 @@ func (c *Channel) FetchStream(ctx context.Context, d *tensor.Descriptor, dst mem
 		_ = c.end(ctx, d.Owner, req.Acq)
 		return nil
 	}
-	key := mapKey{owner: d.Owner, inc: d.Incarnation, alloc: o.Alloc, dev: dst.Device()}
-	if done, err := c.tryDirect(ctx, d, key, o, dst, p); done {
+	key := mapKey{owner: d.Owner, inc: d.Incarnation, alloc: o.Alloc, dev: local.Device()}
+	if done, err := c.tryDirect(ctx, d, key, o, local, p, dir); done {
 		tracehook.CacheHit(ctx, true)
 		return err
 	}
@@ -118,7 +142,7 @@ func (c *Channel) FetchStream(ctx context.Context, d *tensor.Descriptor, dst mem
 			return err
 		}
 	}
-	err = c.copyFrom(ctx, m, o, dst, p)
+	err = c.copyWith(ctx, m, o, local, p, dir)
 	if err == nil {
 		// The bytes are here: the owner's hold is ended without waiting
 		// for its answer (one control round trip less per fetch). The
@@ -126,14 +150,14 @@ func (c *Channel) FetchStream(ctx context.Context, d *tensor.Descriptor, dst mem
 		// the lease release the caller sends next.
 		if why := c.unuse(m); why != nil {
 			_ = c.end(ctx, d.Owner, req.Acq)
-			return fmt.Errorf("ipc: copy from %s: %w", d.Owner, why)
+			return fmt.Errorf("ipc: copy with %s: %w", d.Owner, why)
 		}
 		c.endAsync(d.Owner, req.Acq)
 		return nil
 	}
 	endErr := c.end(ctx, d.Owner, req.Acq)
 	if why := c.unuse(m); why != nil && err == nil {
-		err = fmt.Errorf("ipc: copy from %s: %w", d.Owner, why)
+		err = fmt.Errorf("ipc: copy with %s: %w", d.Owner, why)
 	}
 	if err != nil && ctx.Err() == nil && errors.Is(endErr, rdma.ErrPeerDown) && !errors.Is(err, rdma.ErrPeerDown) {
 		// The owner went away during the copy: that is why it failed.
@@ -148,26 +172,28 @@ func (c *Channel) FetchStream(ctx context.Context, d *tensor.Descriptor, dst mem
 // too little of the lease is left, it reports done=false having done
 // nothing. A descriptor Fetch would refuse is done, with Fetch's error.
 func (c *Channel) FetchDirect(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer) (done bool, err error) {
-	o, err := c.checkFetch(ctx, d, dst)
+	o, err := c.check(ctx, d, dst)
 	if err != nil {
 		return true, err
 	}
 	if d.Bytes == 0 {
 		return false, nil // Fetch checks the export with its owner
 	}
-	return c.tryDirect(ctx, d, mapKey{owner: d.Owner, inc: d.Incarnation, alloc: o.Alloc, dev: dst.Device()}, o, dst, rdma.Progress{})
+	return c.tryDirect(ctx, d, mapKey{owner: d.Owner, inc: d.Incarnation, alloc: o.Alloc, dev: dst.Device()}, o, dst, rdma.Progress{}, fromOwner)
 }
 
 var (
 	_ rdma.DirectFetcher = (*Channel)(nil)
 	_ rdma.StreamFetcher = (*Channel)(nil)
+	_ rdma.Putter        = (*Channel)(nil)
 )
 
-// checkFetch checks what Fetch and FetchDirect are asked to do and
-// returns d's offer.
-func (c *Channel) checkFetch(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer) (offer, error) {
-	if int64(dst.Len()) < d.Bytes {
-		return offer{}, fmt.Errorf("ipc: %w: %d bytes for %d", rdma.ErrTooSmall, dst.Len(), d.Bytes)
+// check checks what Fetch, FetchDirect and PutStream are asked to do,
+// between the export d describes and local (the destination of a fetch,
+// the source of a put), and returns d's offer.
+func (c *Channel) check(ctx context.Context, d *tensor.Descriptor, local memory.Buffer) (offer, error) {
+	if int64(local.Len()) < d.Bytes {
+		return offer{}, fmt.Errorf("ipc: %w: %d bytes for %d", rdma.ErrTooSmall, local.Len(), d.Bytes)
 	}
 	if err := ctx.Err(); err != nil {
 		return offer{}, err
@@ -189,15 +215,16 @@ func (c *Channel) checkFetch(ctx context.Context, d *tensor.Descriptor, dst memo
 	if d.Bytes < 0 || o.Bytes != uint64(d.Bytes) {
 		return offer{}, fmt.Errorf("%w: offer of %d bytes for a descriptor of %d", errBadMessage, o.Bytes, d.Bytes)
 	}
-	if d.Bytes > 0 && dst.Device().Kind != memory.KindCUDA {
-		return offer{}, fmt.Errorf("ipc: destination in %s memory, not CUDA memory", dst.Device())
+	if d.Bytes > 0 && local.Device().Kind != memory.KindCUDA {
+		return offer{}, fmt.Errorf("ipc: local buffer in %s memory, not CUDA memory", local.Device())
 	}
 	return o, nil
 }
 
-// tryDirect copies under a direct offer for which this node is the holder
-// and has key's mapping open; done=false, nothing done, otherwise.
-func (c *Channel) tryDirect(ctx context.Context, d *tensor.Descriptor, key mapKey, o offer, dst memory.Buffer, p rdma.Progress) (done bool, err error) {
+// tryDirect copies (in direction dir) under a direct offer for which this
+// node is the holder and has key's mapping open; done=false, nothing
+// done, otherwise.
+func (c *Channel) tryDirect(ctx context.Context, d *tensor.Descriptor, key mapKey, o offer, local memory.Buffer, p rdma.Progress, dir direction) (done bool, err error) {
 	if !o.direct() || d.Holder != c.env.Node {
 		return false, nil
 	}
@@ -205,7 +232,7 @@ func (c *Channel) tryDirect(ctx context.Context, d *tensor.Descriptor, key mapKe
 	if m == nil {
 		return false, nil
 	}
-	return c.fetchDirect(ctx, d, m, o, dst, p)
+	return c.copyDirect(ctx, d, m, o, local, p, dir)
 }
 
 // errLeaseOutlived is returned when a direct copy could not finish before
@@ -217,12 +244,12 @@ var errLeaseOutlived = errors.New("ipc: the copy outlived the lease's deadline")
 // deadline.
 const directSlack = time.Millisecond
 
-// fetchDirect copies under a direct offer: m is this node's mapping of the
+// copyDirect copies under a direct offer: m is this node's mapping of the
 // allocation, claimed by the caller, and the lease alone keeps the tensor
 // on the owner until o.Deadline. It reports done=false (m released, nothing
 // copied) when too little of the lease is left, for the caller to begin
 // instead.
-func (c *Channel) fetchDirect(ctx context.Context, d *tensor.Descriptor, m *mapping, o offer, dst memory.Buffer, p rdma.Progress) (done bool, err error) {
+func (c *Channel) copyDirect(ctx context.Context, d *tensor.Descriptor, m *mapping, o offer, local memory.Buffer, p rdma.Progress, dir direction) (done bool, err error) {
 	now, ok := monoNow()
 	if !ok || (o.Deadline != 0 && now+uint64(c.cfg.DirectMargin) > o.Deadline) {
 		c.unuse(m)
@@ -235,9 +262,9 @@ func (c *Channel) fetchDirect(ctx context.Context, d *tensor.Descriptor, m *mapp
 		cctx, cancel = deadline.WithDeadline(ctx, time.Now().Add(time.Duration(o.Deadline-now)-directSlack))
 		defer cancel()
 	}
-	err = c.copyFrom(cctx, m, o, dst, p)
+	err = c.copyWith(cctx, m, o, local, p, dir)
 	if why := c.unuse(m); why != nil && err == nil {
-		err = fmt.Errorf("ipc: copy from %s: %w", d.Owner, why)
+		err = fmt.Errorf("ipc: copy with %s: %w", d.Owner, why)
 	}
 	if err == nil && o.Deadline != 0 {
 		if end, _ := monoNow(); end+uint64(directSlack) > o.Deadline {
@@ -269,19 +296,23 @@ func (c *Channel) claimOpen(key mapKey) *mapping {
 	return m
 }
 
-// copyFrom copies the offer's range of m into dst on a lane of dst's
-// device, following p.
-func (c *Channel) copyFrom(ctx context.Context, m *mapping, o offer, dst memory.Buffer, p rdma.Progress) error {
+// copyWith copies between the offer's range of m and the start of local,
+// in direction dir, on a lane of local's device, following p.
+func (c *Channel) copyWith(ctx context.Context, m *mapping, o offer, local memory.Buffer, p rdma.Progress, dir direction) error {
 	if m.shift+o.Offset > m.size || o.Bytes > m.size-m.shift-o.Offset {
 		return fmt.Errorf("%w: [%d, +%d) outside the owner's allocation of %d bytes", errBadMessage, m.shift+o.Offset, o.Bytes, m.size)
 	}
-	src, err := m.buf.Slice(int(m.shift+o.Offset), int(o.Bytes))
+	remote, err := m.buf.Slice(int(m.shift+o.Offset), int(o.Bytes))
 	if err != nil {
 		return fmt.Errorf("ipc: %w", err)
 	}
-	dv, err := dst.Slice(0, int(o.Bytes))
+	lv, err := local.Slice(0, int(o.Bytes))
 	if err != nil {
 		return fmt.Errorf("ipc: %w", err)
+	}
+	dv, src := lv, remote
+	if dir == toOwner {
+		dv, src = remote, lv
 	}
 	if c.copyFunc != nil { // tests without a GPU: one piece
 		if p.Ready != nil {
@@ -297,7 +328,7 @@ func (c *Channel) copyFrom(ctx context.Context, m *mapping, o offer, dst memory.
 		}
 		return nil
 	}
-	l, err := c.getLane(dst.Device())
+	l, err := c.getLane(local.Device())
 	if err != nil {
 		return err
 	}

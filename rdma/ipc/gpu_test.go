@@ -180,6 +180,78 @@ func TestFetchStream(t *testing.T) {
 	}
 }
 
+// TestPutStream: a node writes its own buffer into an export another
+// process lent it (real CUDA IPC, the mapping opened on the source's
+// device), chunk by chunk as Ready allows; fetching the export back gives
+// the bytes written, and a Ready that fails stops the put with its error.
+func TestPutStream(t *testing.T) {
+	od, fd := gpuDevices(t)
+	p := rdmatest.ChildOwner(t, newChannel, od, fd)
+	ch := p.Fetcher.(*ipc.Channel)
+	chunk := int64(ipc.DefaultConfig().CopyChunk)
+	n := 2*chunk + 3
+	d := p.Export(t, 9, int(n))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	alloc, err := memory.AllocatorFor(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := alloc.Alloc(int(n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Free()
+	host, err := memory.NewHostBuffer(int(n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Free()
+	want := make([]byte, n)
+	rdmatest.Fill(23, want)
+	copy(host.Host(), want)
+	if err := memory.Copy(ctx, src, host); err != nil {
+		t.Fatal(err)
+	}
+	var asked, landed []int64
+	pr := rdma.Progress{
+		Ready: func(_ context.Context, k int64) (int64, error) {
+			asked = append(asked, k)
+			return k, nil
+		},
+		Landed: func(k int64) { landed = append(landed, k) },
+	}
+	if err := ch.PutStream(ctx, d, src, pr); err != nil {
+		t.Fatal(err)
+	}
+	if w := []int64{chunk, 2 * chunk, n}; !slices.Equal(asked, w) || !slices.Equal(landed, w) {
+		t.Fatalf("asked %v, landed %v, want %v", asked, landed, w)
+	}
+	back, err := alloc.Alloc(int(n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer back.Free()
+	if err := ch.Fetch(ctx, d, back); err != nil {
+		t.Fatal(err)
+	}
+	clear(host.Host())
+	if err := memory.Copy(ctx, host, back); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(host.Host(), want) {
+		t.Fatal("the export does not hold the bytes put")
+	}
+	boom := errors.New("the source failed")
+	err = ch.PutStream(ctx, d, src, rdma.Progress{Ready: func(context.Context, int64) (int64, error) { return 0, boom }})
+	if !errors.Is(err, boom) {
+		t.Fatalf("PutStream after Ready failed: %v", err)
+	}
+	if err := p.Release(t, d); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestOwnerKilledMidTransfer kills the owner process while a copy from its
 // memory runs: the fetch ends promptly, later fetches fail, and after
 // PeerDown the survivor holds no mapping and no stuck stream.
