@@ -147,9 +147,9 @@ func (fr *Framer) parseMessages(h FrameHeader, p []byte) (Frame, error) {
 	return f, nil
 }
 
-// AppendMessagesPayload appends the FrameMessages payload carrying msgs to
+// appendMessagesPayload appends the FrameMessages payload carrying msgs to
 // dst (what Conn.SendMessage builds incrementally).
-func AppendMessagesPayload(dst []byte, msgs []Message) []byte {
+func appendMessagesPayload(dst []byte, msgs []Message) []byte {
 	dst = appendArray32(dst, uint32(len(msgs)))
 	for i := range msgs {
 		dst = appendMessage(dst, &msgs[i])
@@ -164,7 +164,7 @@ func (fr *Framer) WriteMessages(msgs []Message) error {
 		return fmt.Errorf("wire: %d messages in one batch (at most %d)", len(msgs), MaxBatchMessages)
 	}
 	fr.wbuf = append(fr.wbuf[:0], make([]byte, HeaderSize)...)
-	fr.wbuf = AppendMessagesPayload(fr.wbuf, msgs)
+	fr.wbuf = appendMessagesPayload(fr.wbuf, msgs)
 	n := len(fr.wbuf) - HeaderSize
 	if n > int(fr.maxWrite) {
 		return fmt.Errorf("%w: %s payload of %d bytes exceeds %d", ErrFrameTooLarge, FrameMessages, n, fr.maxWrite)

@@ -117,7 +117,7 @@ type ConnOptions struct {
 // reader goroutine decodes frames and passes them to the Handler.
 type Conn struct {
 	nc    net.Conn
-	peer  Peer
+	peer  Remote
 	opts  ConnOptions
 	log   *zap.Logger
 	max   uint32
@@ -218,7 +218,7 @@ var outFramePool = sync.Pool{New: func() any { return new(outFrame) }}
 
 // NewConn wraps nc, which has completed Handshake with peer. Call Start to
 // begin reading and writing.
-func NewConn(nc net.Conn, peer Peer, opts ConnOptions) *Conn {
+func NewConn(nc net.Conn, peer Remote, opts ConnOptions) *Conn {
 	if opts.SendQueue <= 0 {
 		opts.SendQueue = DefaultSendQueue
 	}
@@ -260,8 +260,8 @@ func NewConn(nc net.Conn, peer Peer, opts ConnOptions) *Conn {
 	return c
 }
 
-// Peer returns the authenticated peer.
-func (c *Conn) Peer() Peer { return c.peer }
+// Remote returns the authenticated other end.
+func (c *Conn) Remote() Remote { return c.peer }
 
 // Done returns a channel closed when the Conn starts closing.
 func (c *Conn) Done() <-chan struct{} { return c.done }

@@ -47,7 +47,7 @@
 // sender and type as the one before it in the batch copies their encoding.
 //
 // Between processes of one host, a Conn runs on shared memory: with
-// HandshakeConfig.SharedMemory on both ends (Peer.SharedMemory), package
+// HandshakeConfig.SharedMemory on both ends (Remote.SharedMemory), package
 // package shm's Upgrade moves the connection's bytes to rings in shared memory
 // right after the handshake, and NewConn takes the *shm.Conn it returns.
 //
