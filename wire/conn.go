@@ -135,12 +135,11 @@ type Conn struct {
 	// message.
 	_ cacheLinePad
 	// bmu orders queueing: held while a frame enters the queue (into a
-	// slot reserved beforehand), and while a message is appended to a
-	// batch. The writer never takes it (see batchSealed).
+	// slot reserved beforehand), while a message is appended to a batch,
+	// and by the writer while it closes the batch it takes (sealBatch).
 	bmu sync.Mutex
 	// open is the FrameMessages batch at the tail of the queue that
-	// messages may join (guarded by bmu); it takes no more once the writer
-	// has sealed it, even while open still points to it.
+	// messages may join, nil when none may (guarded by bmu).
 	open *outFrame
 	_    cacheLinePad
 	// freeBatches holds the batches not queued nor being written, at most
@@ -203,9 +202,10 @@ type outFrame struct {
 	state   atomic.Int32 // frameQueued, frameTaken, frameCancelled
 	err     error
 	isBatch bool // a FrameMessages batch of Conn.freeBatches
-	// bstate is a batch's committed length, count and batchSealed.
-	bstate atomic.Uint64
-	ids    batchIDs // a batch's, guarded by Conn.bmu
+	// A batch's messages and the encoding of the last one's ids,
+	// guarded by Conn.bmu while the batch is open.
+	count int
+	ids   batchIDs
 }
 
 const (
