@@ -320,16 +320,34 @@ func (n *Node) enqueue(ps *peerState, inc *transfer.Incoming, in *inbound, msg a
 	}
 }
 
-// Deliver implements transfer.Delivery.
+// Deliver implements transfer.Delivery: a message whose tensors the
+// engine fetched (err nil) goes to its actor, or completes the Request it
+// answers; otherwise its sender hears why not (a Request's caller learns
+// of a failed fetch of its reply itself).
 func (im *inMessage) Deliver(err error) {
+	n := im.n
 	if err != nil {
 		im.span.End(err)
-		im.n.deliverFetched(im.ps, im.target, im.sender, im.header, im.msg, err)
+		n.log.Warn("tensor fetch failed", zap.String("peer", im.ps.peer.Name), zap.Stringer("target", im.target), zap.Error(err))
+		if isReply(im.target.Id) {
+			n.completeReply(im.target.Id, nil, fmt.Errorf("%w: %w", ErrReplyNotFetched, err))
+		} else {
+			n.replyFailure(im.ps, im.sender, im.target, "fetching tensors: "+err.Error())
+		}
 		return
 	}
-	dl := im.n.startDelivery(im.span, &im.header)
-	im.n.deliverFetched(im.ps, im.target, im.sender, im.header, im.msg, err)
-	dl.end()
+	dl := n.startDelivery(im.span, &im.header)
+	defer dl.end()
+	var proc pa.Process = (*replyProcess)(n)
+	if !isReply(im.target.Id) {
+		var ok bool
+		if proc, ok = n.system.ProcessRegistry.GetLocal(im.target.Id); !ok {
+			transfer.Discard(im.msg)
+			n.replyDeadLetter(im.ps, im.sender, im.target, "actor stopped before delivery")
+			return
+		}
+	}
+	n.deliverTo(proc, im.target, im.sender, im.header, im.msg)
 }
 
 // DeliverInline implements transfer.InlineDelivery: a message for an actor
@@ -339,48 +357,17 @@ func (im *inMessage) Deliver(err error) {
 // Anything else is delivered as Deliver does.
 func (im *inMessage) DeliverInline(err error, handoff func()) {
 	n := im.n
-	if err != nil || isReply(im.target.Id) || n.inline.count.Load() == 0 {
+	var mb *inlineMailbox
+	if err == nil && !isReply(im.target.Id) {
+		mb = im.ps.route.inline(n, im.target.Id)
+	}
+	if mb == nil {
 		im.Deliver(err)
 		return
 	}
-	proc, ok := n.system.ProcessRegistry.GetLocal(im.target.Id)
-	if !ok {
-		im.Deliver(nil) // reported to the sender as a dead letter
-		return
-	}
-	// The process looked up once: posted inline, or as Deliver would.
 	dl := n.startDelivery(im.span, &im.header)
-	if mb := n.inlineFor(im.target.Id, proc); mb != nil {
-		mb.postInline(envelope(im.sender, im.header, im.msg), handoff)
-	} else {
-		n.deliverTo(proc, im.target, im.sender, im.header, im.msg)
-	}
+	mb.postInline(envelope(im.sender, im.header, im.msg), handoff)
 	dl.end()
-}
-
-// deliverFetched delivers a message whose tensors the engine fetched (err
-// nil) or reports why not.
-func (n *Node) deliverFetched(ps *peerState, target, sender *pa.PID, header map[string]string, msg any, err error) {
-	if isReply(target.Id) {
-		// A reply to Node.Request: it completes the request, whose caller
-		// learns of a failed fetch itself.
-		if err != nil {
-			n.log.Warn("tensor fetch of a reply failed", zap.String("peer", ps.peer.Name), zap.Error(err))
-			n.completeReply(target.Id, nil, fmt.Errorf("%w: %w", ErrReplyNotFetched, err))
-		} else {
-			n.deliverTo((*replyProcess)(n), target, sender, header, msg)
-		}
-		return
-	}
-	if err != nil {
-		n.log.Warn("tensor fetch failed", zap.String("peer", ps.peer.Name), zap.Stringer("target", target), zap.Error(err))
-		n.replyFailure(ps, sender, target, "fetching tensors: "+err.Error())
-	} else if proc, ok := n.system.ProcessRegistry.GetLocal(target.Id); ok {
-		n.deliverTo(proc, target, sender, header, msg)
-	} else {
-		transfer.Discard(msg)
-		n.replyDeadLetter(ps, sender, target, "actor stopped before delivery")
-	}
 }
 
 func (n *Node) deliverTo(proc pa.Process, target, sender *pa.PID, header map[string]string, msg any) {
