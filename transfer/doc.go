@@ -19,7 +19,7 @@
 //     table: inline tensors and Refs at once; descriptors to fetch are kept.
 //  6. inbox.go: which route a received message takes, decided there and
 //     nowhere else (the node asks Peer.Queues, then hands it to Accept):
-//     - direct: nothing to fetch and nothing of its peer queued ahead:
+//     - at once: nothing to fetch and nothing of its peer queued ahead:
 //     the node delivers it at once, on the connection's reader, and the
 //     engine never sees it (order holds: nothing waits before it);
 //     - on the reader (Receive): alone in its frame, with one tensor of
@@ -36,8 +36,12 @@
 //     - queued (Enqueue): behind others, within the inbox's bounds and the
 //     window advertised to the peer; deliverLoop takes the per-peer and
 //     per-node budgets (credits.go), allocates the destinations, fetches
-//     up to fetchWindow at once (channels.go: rdma.Select picks the
-//     channel), releases the leases and delivers in arrival order.
+//     up to fetchWindow at once, each on a goroutine of its own
+//     (channels.go: rdma.Select picks the channel), releases the leases
+//     and delivers in arrival order. A message whose fetch may lead or
+//     join a relay (below) always goes this way, even alone, so that the
+//     peer's next messages, which may lend the same content, are read
+//     meanwhile.
 //
 // relay.go and relayplan.go: fan-out by relay. A descriptor names its
 // content (tensor.Descriptor.Content: the same for every export of a

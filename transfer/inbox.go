@@ -54,8 +54,8 @@ func (p *Peer) Backlog() bool { return p.inbox.pending.Load() > 0 }
 
 // Queues reports whether a received message with in to fetch (nil: none)
 // goes through the engine (Accept) rather than at once to its actor (the
-// direct route, package doc): when it has tensors to fetch or messages of
-// the peer wait ahead of it (order holds).
+// routes: package doc): when it has tensors to fetch or messages of the
+// peer wait ahead of it (order holds).
 func (p *Peer) Queues(in *Incoming) bool { return in != nil || p.Backlog() }
 
 // Accept hands the engine a received message of peer that Queues: alone
