@@ -55,7 +55,7 @@ func (in *inbound) targetPID(n *Node) *pa.PID {
 }
 
 // batch is what the reader keeps over the messages of one MessagesFrame:
-// the process the last one went to (consecutive messages mostly go to the
+// the actor the last one went to (consecutive messages mostly go to the
 // same actor) and the messages held for an inline mailbox, not posted yet:
 // a run of consecutive messages to one actor is posted at once (one lock,
 // at most one goroutine started). Every other delivery of the batch posts
@@ -64,21 +64,31 @@ func (in *inbound) targetPID(n *Node) *pa.PID {
 type batch struct {
 	id     string
 	proc   pa.Process
+	mb     *inlineMailbox
 	heldMB *inlineMailbox
 	held   []any
 }
 
-// process returns the local process registered under id, through the
-// batch's last one.
-func (b *batch) process(n *Node, id string) (pa.Process, bool) {
+// actor returns the process of the local actor id and its inline mailbox
+// (nil if it has none), through the batch's last actor (b nil: none) and
+// the peer's route cache; false if there is no such actor.
+func (b *batch) actor(n *Node, rc *routeCache, id string) (pa.Process, *inlineMailbox, bool) {
 	if b != nil && b.proc != nil && b.id == id {
-		return b.proc, true
+		return b.proc, b.mb, true
 	}
-	proc, ok := n.system.ProcessRegistry.GetLocal(id)
-	if ok && b != nil {
-		b.id, b.proc = id, proc
+	var proc pa.Process
+	mb := rc.inline(n, id)
+	if mb != nil {
+		proc = mb.proc // no lookup in protoactor's registry
+	} else if p, ok := n.system.ProcessRegistry.GetLocal(id); ok {
+		proc = p
+	} else {
+		return nil, nil, false
 	}
-	return proc, ok
+	if b != nil {
+		b.id, b.proc, b.mb = id, proc, mb
+	}
+	return proc, mb, true
 }
 
 // hold keeps msg for mb, posting what was held for another mailbox first.
@@ -154,12 +164,8 @@ func (n *Node) resolveTarget(ps *peerState, in *inbound, b *batch) refusal {
 	if isFuture(in.target) && !n.claimFuture(ps, in.target) {
 		return refusedFutureFailed
 	}
-	if in.mb = ps.route.inline(n, m.Target); in.mb != nil {
-		in.proc = in.mb.proc // no lookup in protoactor's registry
-		return delivered
-	}
 	var ok bool
-	if in.proc, ok = b.process(n, m.Target); !ok {
+	if in.proc, in.mb, ok = b.actor(n, &ps.route, m.Target); !ok {
 		return refusedNoActor
 	}
 	return delivered
