@@ -57,10 +57,11 @@ func (n *Node) current(ps *peerState) bool {
 // routeCache is what a peer's reader remembers from one message to the
 // next (a peer mostly sends a few types to a few actors): the PIDs of the
 // local actors it sends to, the type of its last message and the inline
-// mailbox its last message went to. The reader uses it, but a reader whose
-// inline handler blocks hands reading to a new goroutine
-// (wire.ConnOptions.HandlerTakeover) with nothing ordering the two, so its
-// slots are atomic: no lock is taken per message.
+// mailbox its last message went to. The reader uses it, and so do the
+// engine's goroutines that deliver the peer's fetched messages
+// (DeliverInline), and a reader whose inline handler blocks hands reading
+// to a new goroutine (wire.ConnOptions.HandlerTakeover) with nothing
+// ordering the two, so its slots are atomic: no lock is taken per message.
 type routeCache struct {
 	// targets is a two-way set-associative table of local PIDs, so that
 	// memory stays bounded whatever ids a peer sends (an id that does not
