@@ -1,5 +1,7 @@
 package actor
 
+import "github.com/tensorferry/tensorferry/wire"
+
 // SetLazyDecode turns the decode of bursts by the actor's goroutine on or
 // off for n (by default as transport.burst_decode says).
 func SetLazyDecode(n *Node, on bool) { n.lazyDecode.Store(on) }
@@ -24,3 +26,27 @@ func WatchCount(n *Node) int { return n.watchCount() }
 
 // LazyDecode reports whether n decodes bursts on the actor's goroutine.
 func LazyDecode(n *Node) bool { return n.lazyDecode.Load() }
+
+// ReceiveAlone has n handle m as if the peer named peer had sent it alone
+// in a frame.
+func ReceiveAlone(n *Node, peer string, m *wire.Message) {
+	n.receiveMessage(n.peer(peer), m, nil)
+}
+
+// EncodeFor fills m's type, serializer and body with msg's encoding, and
+// its tensor table with what n exports of the tensors of lends (nil:
+// none) for peer.
+func EncodeFor(n *Node, peer string, m *wire.Message, msg, lends any) error {
+	var err error
+	if m.Type, m.Ser, m.Body, err = registry.AppendEncode(nil, msg); err != nil {
+		return err
+	}
+	if lends != nil {
+		out, err := n.eng.Export(peer, lends)
+		if err != nil {
+			return err
+		}
+		m.Tensors = out.Table
+	}
+	return nil
+}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"reflect"
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/internal/tracehook"
@@ -13,276 +12,260 @@ import (
 	"go.uber.org/zap"
 )
 
-// procCache remembers the last actor a batch delivered to: consecutive
-// messages of a batch mostly go to the same actor. It lives for one frame.
-type procCache struct {
-	id   string
-	proc pa.Process
-	// typeName carries no tensors when plain is set (the batch's last
-	// type); lazy: and it may be decoded by the actor's goroutine
-	// (lazyMessage).
-	typeName string
-	rt       *wire.RegisteredType // typeName's registration; nil if none
-	plain    bool
-	lazy     bool
-	// The inline mailbox (or none) of the process last looked up.
-	mbProc pa.Process
+// A received message goes through three steps, each a function below:
+//
+//   - resolveTarget: who sent it and to what: a Request's reply (by key), or a
+//     local actor, its process and its inline mailbox, looked up through
+//     the peer's routeCache; a target that is not there refuses it;
+//   - decode: its body, on the reader, or (lazy) on its actor's goroutine;
+//   - route: its tensors put back (transfer.Engine.ImportInto), then
+//     delivered now or handed to the engine (transfer.Engine.Accept, which
+//     tells the routes apart in one place: transfer/inbox.go).
+//
+// Every message that is not delivered is refused in one place (refuse),
+// for a named reason, and its sender hears why.
+
+// inbound is one received message on its way through receiveMessage.
+type inbound struct {
+	m      *wire.Message
+	sender *pa.PID
+	// reply: a Request's reply, completed by key (completeReplyKey). It
+	// comes with its key and no target (fillMessage); its address, new
+	// for every request, becomes a string and a PID only where one is
+	// needed (targetPID).
+	reply  bool
+	key    uint64
+	target *pa.PID        // the local actor (a reply's: made by targetPID)
+	proc   pa.Process     // its process (a reply's: replyProcess)
+	mb     *inlineMailbox // its inline mailbox, if it has one
+	typ    *typeRoute     // what the message's type allows
+	span   tracehook.Span // its receipt's
+}
+
+// targetPID returns the message's target; a reply's target is made here,
+// the one place, from its key.
+func (in *inbound) targetPID(n *Node) *pa.PID {
+	if in.target == nil {
+		if in.m.Target == "" {
+			in.m.Target = replyID(in.key)
+		}
+		in.target = pa.NewPID(n.self.Name, in.m.Target)
+	}
+	return in.target
+}
+
+// batch is what the reader keeps over the messages of one MessagesFrame:
+// the actor the last one went to (consecutive messages mostly go to the
+// same actor) and the messages held for an inline mailbox, not posted yet:
+// a run of consecutive messages to one actor is posted at once (one lock,
+// at most one goroutine started). Every other delivery of the batch posts
+// them first, so nothing overtakes them. A message alone in its frame has
+// none (nil).
+type batch struct {
+	id     string
+	proc   pa.Process
 	mb     *inlineMailbox
-	// held are messages for held, an inline mailbox, not posted yet: a
-	// run of consecutive messages to one actor is posted at once (one
-	// lock, at most one goroutine started). Every other delivery of the
-	// batch posts them first, so nothing overtakes them.
 	heldMB *inlineMailbox
 	held   []any
 }
 
-// inline returns the inline mailbox of proc (registered under id), or nil.
-func (c *procCache) inline(n *Node, id string, proc pa.Process) *inlineMailbox {
-	if c.mbProc != proc {
-		c.mbProc, c.mb = proc, n.inlineFor(id, proc)
+// actor returns the process of the local actor id and its inline mailbox
+// (nil if it has none), through the batch's last actor (b nil: none) and
+// the peer's route cache; false if there is no such actor.
+func (b *batch) actor(n *Node, rc *routeCache, id string) (pa.Process, *inlineMailbox, bool) {
+	if b != nil && b.proc != nil && b.id == id {
+		return b.proc, b.mb, true
 	}
-	return c.mb
+	var proc pa.Process
+	mb := rc.inline(n, id)
+	if mb != nil {
+		proc = mb.proc // no lookup in protoactor's registry
+	} else if p, ok := n.system.ProcessRegistry.GetLocal(id); ok {
+		proc = p
+	} else {
+		return nil, nil, false
+	}
+	if b != nil {
+		b.id, b.proc, b.mb = id, proc, mb
+	}
+	return proc, mb, true
 }
 
 // hold keeps msg for mb, posting what was held for another mailbox first.
-func (c *procCache) hold(mb *inlineMailbox, msg any) {
-	if c.heldMB != mb {
-		c.flush()
-		c.heldMB = mb
+func (b *batch) hold(mb *inlineMailbox, msg any) {
+	if b.heldMB != mb {
+		b.flush()
+		b.heldMB = mb
 	}
-	c.held = append(c.held, msg)
+	b.held = append(b.held, msg)
 }
 
 // flush posts the held messages.
-func (c *procCache) flush() {
-	if c == nil || len(c.held) == 0 {
+func (b *batch) flush() {
+	if b == nil || len(b.held) == 0 {
 		return
 	}
-	c.heldMB.postMany(c.held)
-	clear(c.held)
-	c.held, c.heldMB = c.held[:0], nil
+	b.heldMB.postMany(b.held)
+	clear(b.held)
+	b.held, b.heldMB = b.held[:0], nil
 }
 
-// noTensors reports whether messages of the named type certainly carry no
-// tensors, remembering the answer for the next message of the batch.
-func (c *procCache) noTensors(name string) bool {
-	if c == nil {
-		return false
-	}
-	c.see(name)
-	return c.plain
-}
-
-// lazyType reports whether messages of the named type may be decoded by
-// their actor's goroutine (lazyMessage): registered, without tensors, and
-// not a lifecycle message (a PoisonPill is checked on the reader).
-func (c *procCache) lazyType(name string) bool {
-	c.see(name)
-	return c.lazy
-}
-
-var poisonPillType = reflect.TypeFor[pa.PoisonPill]()
-
-// see makes the named type the batch's current one, looking its
-// registration up when the name changes (a registration never does; the
-// zero procCache is what lookup("") gives, no registration).
-func (c *procCache) see(name string) {
-	if c.typeName != name {
-		c.lookup(name)
-	}
-}
-
-// lookup remembers the registration of the named type and what it allows.
-func (c *procCache) lookup(name string) {
-	rt, ok := registry.Type(name)
-	c.typeName, c.rt, c.plain, c.lazy = name, rt, false, false
-	if ok {
-		c.plain = !transfer.HoldsTensors(rt.Type())
-		c.lazy = c.plain && rt.Type() != poisonPillType
-	}
-}
-
-// decode decodes m through the registration of its type, which a batch
-// looks up once per run of messages of one type (Registry.Decode looks it
-// up by name each time); alone in its frame (c nil), through the registry.
-func (c *procCache) decode(ps *peerState, m *wire.Message) (any, error) {
-	if c == nil {
-		return ps.decode(m)
-	}
-	c.see(m.Type)
-	if c.rt == nil {
-		return registry.Decode(m.Type, m.Ser, m.Body) // its error names the type
-	}
-	return c.rt.Decode(m.Ser, m.Body)
-}
-
-func (c *procCache) get(n *Node, id string) (pa.Process, bool) {
-	if c != nil && c.proc != nil && c.id == id {
-		return c.proc, true
-	}
-	proc, ok := n.system.ProcessRegistry.GetLocal(id)
-	if ok && c != nil {
-		c.id, c.proc = id, proc
-	}
-	return proc, ok
-}
-
-// receiveMessage handles one message from ps; pc, if not nil, caches the
-// target's process across the messages of one batch.
-func (n *Node) receiveMessage(ps *peerState, m *wire.Message, pc *procCache) {
+// receiveMessage handles one message from ps; b is its frame's batch (nil
+// for a message alone in its frame).
+func (n *Node) receiveMessage(ps *peerState, m *wire.Message, b *batch) {
 	n.stats.MessagesReceived.Add(1)
 	if transfer.IsControl(m.Type) {
 		n.eng.HandleControl(ps.peer.Name, m)
 		return
 	}
-	var sender *pa.PID
-	if m.SenderID != "" {
-		sender = pa.NewPID(m.SenderNode, m.SenderID)
-	}
-	// A Request's reply goes to its caller by key (completeReplyKey): it
-	// comes with the key and no target (fillMessage), and its address,
-	// new for every request, becomes a string and a PID only where one
-	// is needed (replyTarget, localPID).
-	key, reply := m.Request, m.Request != 0 && m.Target == ""
-	if !reply {
-		key, reply = replyKey(m.Target)
-	} else if n.tr.On() {
-		replyTarget(m, key)
-	}
-	rs := n.startReceive(ps.peer.Name, m.Header, m.Target, m.Type)
-	var target *pa.PID
-	var proc pa.Process
-	var mb *inlineMailbox // alone in its frame: the target's inline mailbox, if any
-	ok := true
-	if reply {
-		proc = (*replyProcess)(n)
-	} else {
-		target = ps.target(n.self.Name, m.Target)
-		if isFuture(target) && !n.claimFuture(ps, target) {
-			rs.Fail("the request already failed: its node went down")
-			n.log.Debug("reply to a request that failed as its node went down", zap.String("peer", ps.peer.Name), zap.String("future", target.Id))
-			if len(m.Tensors) > 0 {
-				n.eng.Refuse(ps.peer.Name, m.Tensors)
-			}
-			return
-		}
-		if pc == nil {
-			mb = ps.inlineRegistered(n, m.Target)
-		}
-		if mb != nil {
-			proc = mb.proc // no lookup in protoactor's registry
-		} else {
-			proc, ok = pc.get(n, m.Target)
-		}
-	}
-	if !ok {
-		rs.Fail("no such actor")
-		n.replyDeadLetter(ps, sender, target, "no such actor")
-		if len(m.Tensors) > 0 {
-			n.eng.Refuse(ps.peer.Name, m.Tensors)
-		}
+	in := inbound{m: m}
+	if why := n.resolveTarget(ps, &in, b); why != delivered {
+		n.refuse(ps, &in, why, nil)
 		return
 	}
-	// A message of a batch, without tensors, for an actor with inline
-	// delivery is decoded by the actor's goroutine as its mailbox runs it
-	// (on hosts with processors to spare: Node.lazyDecode): the reader,
-	// which a burst keeps busy, only copies its body.
-	if pc != nil && !reply && n.lazyDecode.Load() && len(m.Tensors) == 0 && !n.tr.On() && pc.lazyType(m.Type) && !ps.ep.Backlog() {
-		if mb := pc.inline(n, m.Target, proc); mb != nil {
-			pc.hold(mb, &lazyMessage{n: n, ps: ps, rt: pc.rt, ser: m.Ser, body: bytes.Clone(m.Body),
-				target: target, sender: sender, header: m.Header})
-			return
-		}
+	if n.decodeLater(ps, &in, b) {
+		return
 	}
-	msg, err := pc.decode(ps, m)
-	// A reply's address is made below only where it is used: off the path
-	// of a plain reply.
+	msg, err := in.typ.decode(m)
 	if err != nil {
-		if reply {
-			replyTarget(m, key)
-		}
-		rs.End(err)
-		n.notDecoded(ps, m.Type, sender, n.localPID(target, m.Target), err)
-		if len(m.Tensors) > 0 {
-			n.eng.Refuse(ps.peer.Name, m.Tensors)
-		}
+		n.refuse(ps, &in, refusedNotDecoded, err)
 		return
 	}
-	if _, poison := msg.(*pa.PoisonPill); poison {
-		if reply {
-			replyTarget(m, key)
-		}
-		if n.refuseLifecycle(ps, m.Target, "PoisonPill") {
-			rs.Fail("remote PoisonPill refused")
-			n.replyFailure(ps, sender, n.localPID(target, m.Target), "remote PoisonPill refused by "+n.self.Name)
-			return
-		}
-	}
-	// The engine puts the tensors back: inline ones now, those to fetch
-	// when the budgets allow (in, nil when there are none).
-	var in *transfer.Incoming
-	if len(m.Tensors) > 0 || holdsTensors(pc, m.Type, msg) {
-		if reply {
-			replyTarget(m, key)
-		}
-		if in, err = n.eng.ImportInto(rs.Context(), ps.peer.Name, m.Tensors, msg, n.deviceOf(m.Target), n.destinationsOf(m.Target)); err != nil {
-			rs.End(err)
-			n.log.Warn("message refused", zap.String("peer", ps.peer.Name), zap.String("type", m.Type), zap.Error(err))
-			n.replyFailure(ps, sender, n.localPID(target, m.Target), fmt.Sprintf("tensors of %s: %v", m.Type, err))
-			return
-		}
-	}
-	// Messages without tensors to fetch go straight to the mailbox unless
-	// earlier ones from the same peer still wait for theirs (order holds).
-	if in == nil && !ps.ep.Backlog() {
-		dl := n.startDelivery(rs, &m.Header)
-		if reply {
-			pc.flush()
-			n.completeReplyKey(key, m.Target, msg, failedReply(msg))
-			dl.end()
-			return
-		}
-		// A message alone in its frame, to an inline mailbox still
-		// registered after the decode (else as the actor's process).
-		if pc == nil && mb != nil && mb.registered.Load() {
-			mb.postInline(envelope(sender, m.Header, msg), ps.peer.HandlerMayBlock)
-			dl.end()
-			return
-		}
-		if pc != nil {
-			if mb := pc.inline(n, m.Target, proc); mb != nil {
-				pc.hold(mb, envelope(sender, m.Header, msg))
-				dl.end()
-				return
-			}
-		}
-		pc.flush()
-		n.deliverTo(proc, target, sender, m.Header, msg)
-		dl.end()
+	if _, poison := msg.(*pa.PoisonPill); poison && n.refuseLifecycle(ps, m.Target, "PoisonPill") {
+		n.refuse(ps, &in, refusedLifecycle, nil)
 		return
 	}
-	pc.flush()
-	if reply {
-		replyTarget(m, key)
-	}
-	n.enqueue(ps, in, m, n.localPID(target, m.Target), sender, msg, rs, pc == nil)
+	n.route(ps, &in, b, msg)
 }
 
-// replyTarget gives m, a Request's reply that came with its key alone, its
-// target: the reply address the key stands for.
-func replyTarget(m *wire.Message, key uint64) {
-	if m.Target == "" {
-		m.Target = replyID(key)
+// resolveTarget finds where in goes: its sender, and its target's process and
+// inline mailbox (none for a reply), or why it goes nowhere.
+func (n *Node) resolveTarget(ps *peerState, in *inbound, b *batch) refusal {
+	m := in.m
+	if m.SenderID != "" {
+		in.sender = pa.NewPID(m.SenderNode, m.SenderID)
+	}
+	in.typ = ps.route.typeOf(m.Type)
+	if m.Request != 0 && m.Target == "" {
+		in.reply, in.key = true, m.Request
+	} else {
+		in.key, in.reply = replyKey(m.Target)
+	}
+	var target string
+	if n.tr.On() {
+		target = in.targetPID(n).Id
+	}
+	in.span = n.startReceive(ps.peer.Name, m.Header, target, m.Type)
+	if in.reply {
+		in.proc = (*replyProcess)(n)
+		return delivered
+	}
+	in.target = ps.route.target(n.self.Name, m.Target)
+	if isFuture(in.target) && !n.claimFuture(ps, in.target) {
+		return refusedFutureFailed
+	}
+	var ok bool
+	if in.proc, in.mb, ok = b.actor(n, &ps.route, m.Target); !ok {
+		return refusedNoActor
+	}
+	return delivered
+}
+
+// decodeLater holds in, a message of a batch without tensors for an actor
+// with inline delivery, with its body still encoded: the actor's goroutine
+// decodes it as its mailbox runs it (on hosts with processors to spare:
+// Node.lazyDecode), so the reader, which a burst keeps busy, only copies
+// its body. It reports false, nothing done, for any other message.
+func (n *Node) decodeLater(ps *peerState, in *inbound, b *batch) bool {
+	m := in.m
+	if b == nil || in.mb == nil || !in.typ.lazy || len(m.Tensors) > 0 || !n.lazyDecode.Load() || n.tr.On() || ps.ep.Backlog() {
+		return false
+	}
+	b.hold(in.mb, &lazyMessage{n: n, ps: ps, rt: in.typ.rt, ser: m.Ser, body: bytes.Clone(m.Body),
+		target: in.target, sender: in.sender, header: m.Header})
+	return true
+}
+
+// route puts msg's tensors back (inline ones now; those to fetch when the
+// budgets allow) and delivers it: at once when it has nothing to fetch and
+// nothing of its peer waits ahead of it, else through the engine.
+func (n *Node) route(ps *peerState, in *inbound, b *batch, msg any) {
+	var inc *transfer.Incoming // nil: nothing to fetch
+	if len(in.m.Tensors) > 0 || !in.typ.plain {
+		var err error
+		id := in.targetPID(n).Id
+		if inc, err = n.eng.ImportInto(in.span.Context(), ps.peer.Name, in.m.Tensors, msg, n.deviceOf(id), n.destinationsOf(id)); err != nil {
+			n.refuse(ps, in, refusedTensors, err)
+			return
+		}
+	}
+	if !ps.ep.Queues(inc) {
+		n.deliverNow(ps, in, b, msg)
+		return
+	}
+	b.flush()
+	n.enqueue(ps, inc, in, msg, b == nil)
+}
+
+// deliverNow delivers msg, which has nothing to fetch, on the reader.
+func (n *Node) deliverNow(ps *peerState, in *inbound, b *batch, msg any) {
+	dl := n.startDelivery(in.span, &in.m.Header)
+	defer dl.end()
+	switch {
+	case in.reply:
+		b.flush()
+		n.completeReplyKey(in.key, in.m.Target, msg, failedReply(msg))
+	case b == nil && in.mb != nil && in.mb.registered.Load():
+		// Alone in its frame, to an inline mailbox still registered after
+		// the decode: run here if the actor is idle.
+		in.mb.postInline(envelope(in.sender, in.m.Header, msg), ps.peer.HandlerMayBlock)
+	case b != nil && in.mb != nil:
+		b.hold(in.mb, envelope(in.sender, in.m.Header, msg))
+	default:
+		b.flush()
+		n.deliverTo(in.proc, in.target, in.sender, in.m.Header, msg)
 	}
 }
 
-// localPID is target, or for a reply, whose target receiveMessage does not
-// make, the PID of id on this node.
-func (n *Node) localPID(target *pa.PID, id string) *pa.PID {
-	if target == nil {
-		return pa.NewPID(n.self.Name, id)
+// A refusal is why a received message is not delivered.
+type refusal uint8
+
+const (
+	delivered           refusal = iota // not refused
+	refusedFutureFailed                // its protoactor future already failed: its node went down
+	refusedNoActor                     // no such actor: a dead letter
+	refusedNotDecoded                  // its body does not decode
+	refusedLifecycle                   // a remote PoisonPill the actor refuses (refuseLifecycle)
+	refusedTensors                     // its tensor table was refused (ImportInto)
+)
+
+// refuse ends in, refused for why (err: the cause, if any): its sender
+// hears why, and the tensors it lends are given back.
+func (n *Node) refuse(ps *peerState, in *inbound, why refusal, err error) {
+	m := in.m
+	target := in.targetPID(n)
+	switch why {
+	case refusedFutureFailed:
+		in.span.Fail("the request already failed: its node went down")
+		n.log.Debug("reply to a request that failed as its node went down", zap.String("peer", ps.peer.Name), zap.String("future", target.Id))
+	case refusedNoActor:
+		in.span.Fail("no such actor")
+		n.replyDeadLetter(ps, in.sender, target, "no such actor")
+	case refusedNotDecoded:
+		in.span.End(err)
+		n.notDecoded(ps, m.Type, in.sender, target, err)
+	case refusedLifecycle:
+		in.span.Fail("remote PoisonPill refused")
+		n.replyFailure(ps, in.sender, target, "remote PoisonPill refused by "+n.self.Name)
+	case refusedTensors:
+		in.span.End(err)
+		n.log.Warn("message refused", zap.String("peer", ps.peer.Name), zap.String("type", m.Type), zap.Error(err))
+		n.replyFailure(ps, in.sender, target, fmt.Sprintf("tensors of %s: %v", m.Type, err))
+		return // ImportInto gave its tensors back
 	}
-	return target
+	if len(m.Tensors) > 0 {
+		n.eng.Refuse(ps.peer.Name, m.Tensors)
+	}
 }
 
 // lazyMessage is a message of a batch held for an actor with inline
@@ -318,15 +301,6 @@ func (n *Node) notDecoded(ps *peerState, typeName string, sender, target *pa.PID
 	n.replyFailure(ps, sender, target, fmt.Sprintf("decoding %s: %v", typeName, err))
 }
 
-// holdsTensors reports whether messages of the named type (msg is one) may
-// hold tensors, through the batch's cache when there is one.
-func holdsTensors(pc *procCache, typeName string, msg any) bool {
-	if pc != nil {
-		return !pc.noTensors(typeName)
-	}
-	return msg != nil && transfer.HoldsTensors(reflect.TypeOf(msg))
-}
-
 // inMessage is a received message the engine delivers once its tensors
 // are fetched (transfer.Delivery).
 type inMessage struct {
@@ -338,37 +312,48 @@ type inMessage struct {
 	span           tracehook.Span // its receipt's, ended at delivery
 }
 
-// enqueue queues a message with tensors to fetch, or behind such messages,
-// in the engine's inbox for its peer. A message alone in its frame may
-// instead be fetched and delivered on the calling goroutine, the
-// connection's reader (transfer.Engine.Receive), which an actor with
-// inline delivery then runs, as it runs a message without tensors.
-func (n *Node) enqueue(ps *peerState, in *transfer.Incoming, m *wire.Message, target, sender *pa.PID, msg any, rs tracehook.Span, alone bool) {
-	im := &inMessage{n: n, ps: ps, target: target, sender: sender, header: m.Header, msg: msg, span: rs}
-	size := int64(len(m.Body) + len(m.Tensors))
-	var err error
-	if alone {
-		err = n.eng.Receive(ps.peer.Name, in, size, im, ps.peer.HandlerMayBlock)
-	} else {
-		err = n.eng.Enqueue(ps.peer.Name, in, size, im)
-	}
-	if err != nil {
-		rs.End(err)
-		in.Abort()
-		n.replyFailure(ps, sender, target, err.Error())
+// enqueue hands in, whose tensors are to fetch (inc) or which waits behind
+// messages that have some, to the engine (transfer.Engine.Accept), which
+// delivers it once fetched; alone: in its frame.
+func (n *Node) enqueue(ps *peerState, inc *transfer.Incoming, in *inbound, msg any, alone bool) {
+	target := in.targetPID(n)
+	im := &inMessage{n: n, ps: ps, target: target, sender: in.sender, header: in.m.Header, msg: msg, span: in.span}
+	size := int64(len(in.m.Body) + len(in.m.Tensors))
+	if err := n.eng.Accept(ps.peer.Name, inc, size, im, alone, ps.peer.HandlerMayBlock); err != nil {
+		in.span.End(err)
+		inc.Abort()
+		n.replyFailure(ps, in.sender, target, err.Error())
 	}
 }
 
-// Deliver implements transfer.Delivery.
+// Deliver implements transfer.Delivery: a message whose tensors the
+// engine fetched (err nil) goes to its actor, or completes the Request it
+// answers; otherwise its sender hears why not (a Request's caller learns
+// of a failed fetch of its reply itself).
 func (im *inMessage) Deliver(err error) {
+	n := im.n
 	if err != nil {
 		im.span.End(err)
-		im.n.deliverFetched(im.ps, im.target, im.sender, im.header, im.msg, err)
+		n.log.Warn("tensor fetch failed", zap.String("peer", im.ps.peer.Name), zap.Stringer("target", im.target), zap.Error(err))
+		if isReply(im.target.Id) {
+			n.completeReply(im.target.Id, nil, fmt.Errorf("%w: %w", ErrReplyNotFetched, err))
+		} else {
+			n.replyFailure(im.ps, im.sender, im.target, "fetching tensors: "+err.Error())
+		}
 		return
 	}
-	dl := im.n.startDelivery(im.span, &im.header)
-	im.n.deliverFetched(im.ps, im.target, im.sender, im.header, im.msg, err)
-	dl.end()
+	dl := n.startDelivery(im.span, &im.header)
+	defer dl.end()
+	var proc pa.Process = (*replyProcess)(n)
+	if !isReply(im.target.Id) {
+		var ok bool
+		if proc, ok = n.system.ProcessRegistry.GetLocal(im.target.Id); !ok {
+			transfer.Discard(im.msg)
+			n.replyDeadLetter(im.ps, im.sender, im.target, "actor stopped before delivery")
+			return
+		}
+	}
+	n.deliverTo(proc, im.target, im.sender, im.header, im.msg)
 }
 
 // DeliverInline implements transfer.InlineDelivery: a message for an actor
@@ -378,48 +363,17 @@ func (im *inMessage) Deliver(err error) {
 // Anything else is delivered as Deliver does.
 func (im *inMessage) DeliverInline(err error, handoff func()) {
 	n := im.n
-	if err != nil || isReply(im.target.Id) || n.inline.count.Load() == 0 {
+	var mb *inlineMailbox
+	if err == nil && !isReply(im.target.Id) {
+		mb = im.ps.route.inline(n, im.target.Id)
+	}
+	if mb == nil {
 		im.Deliver(err)
 		return
 	}
-	proc, ok := n.system.ProcessRegistry.GetLocal(im.target.Id)
-	if !ok {
-		im.Deliver(nil) // reported to the sender as a dead letter
-		return
-	}
-	// The process looked up once: posted inline, or as Deliver would.
 	dl := n.startDelivery(im.span, &im.header)
-	if mb := n.inlineFor(im.target.Id, proc); mb != nil {
-		mb.postInline(envelope(im.sender, im.header, im.msg), handoff)
-	} else {
-		n.deliverTo(proc, im.target, im.sender, im.header, im.msg)
-	}
+	mb.postInline(envelope(im.sender, im.header, im.msg), handoff)
 	dl.end()
-}
-
-// deliverFetched delivers a message whose tensors the engine fetched (err
-// nil) or reports why not.
-func (n *Node) deliverFetched(ps *peerState, target, sender *pa.PID, header map[string]string, msg any, err error) {
-	if isReply(target.Id) {
-		// A reply to Node.Request: it completes the request, whose caller
-		// learns of a failed fetch itself.
-		if err != nil {
-			n.log.Warn("tensor fetch of a reply failed", zap.String("peer", ps.peer.Name), zap.Error(err))
-			n.completeReply(target.Id, nil, fmt.Errorf("%w: %w", ErrReplyNotFetched, err))
-		} else {
-			n.deliverTo((*replyProcess)(n), target, sender, header, msg)
-		}
-		return
-	}
-	if err != nil {
-		n.log.Warn("tensor fetch failed", zap.String("peer", ps.peer.Name), zap.Stringer("target", target), zap.Error(err))
-		n.replyFailure(ps, sender, target, "fetching tensors: "+err.Error())
-	} else if proc, ok := n.system.ProcessRegistry.GetLocal(target.Id); ok {
-		n.deliverTo(proc, target, sender, header, msg)
-	} else {
-		transfer.Discard(msg)
-		n.replyDeadLetter(ps, sender, target, "actor stopped before delivery")
-	}
 }
 
 func (n *Node) deliverTo(proc pa.Process, target, sender *pa.PID, header map[string]string, msg any) {
@@ -446,7 +400,7 @@ func (n *Node) replyDeadLetter(ps *peerState, sender, target *pa.PID, why string
 	if sender == nil {
 		return
 	}
-	n.sendSystemFrame(ps, &wire.System{Kind: wire.SystemDeadLetter, Target: sender.Id, WatcherNode: target.Address, WatcherID: target.Id, Detail: why})
+	n.sendSystemFrame(ps, &wire.System{Kind: wire.SystemDeadLetter, Target: sender.Id, AboutNode: target.Address, AboutID: target.Id, Detail: why, Why: wire.DeadLetterNoActor})
 }
 
 // replyFailure tells the sender that its message could not be delivered.
@@ -455,7 +409,7 @@ func (n *Node) replyFailure(ps *peerState, sender, target *pa.PID, why string) {
 	if sender == nil {
 		return
 	}
-	n.sendSystemFrame(ps, &wire.System{Kind: wire.SystemDeadLetter, Target: sender.Id, WatcherNode: target.Address, WatcherID: target.Id, Detail: why, Why: 1})
+	n.sendSystemFrame(ps, &wire.System{Kind: wire.SystemDeadLetter, Target: sender.Id, AboutNode: target.Address, AboutID: target.Id, Detail: why, Why: wire.DeadLetterFailed})
 }
 
 func (n *Node) sendSystemFrame(ps *peerState, s *wire.System) {
@@ -470,28 +424,28 @@ func (n *Node) receiveSystem(ps *peerState, s *wire.System) {
 	local := pa.NewPID(n.self.Name, s.Target)
 	switch s.Kind {
 	case wire.SystemWatch:
-		watcher := pa.NewPID(s.WatcherNode, s.WatcherID)
+		watcher := pa.NewPID(s.AboutNode, s.AboutID)
 		proc, ok := n.system.ProcessRegistry.GetLocal(s.Target)
 		if !ok {
-			n.sendSystemFrame(ps, &wire.System{Kind: wire.SystemTerminated, Target: watcher.Id, WatcherNode: n.self.Name, WatcherID: s.Target, Why: int32(pa.TerminatedReason_NotFound)})
+			n.sendSystemFrame(ps, &wire.System{Kind: wire.SystemTerminated, Target: watcher.Id, AboutNode: n.self.Name, AboutID: s.Target, Why: int32(pa.TerminatedReason_NotFound)})
 			return
 		}
-		if err := n.addWatcher(ps, s.Target, s.WatcherNode, s.WatcherID); err != nil {
+		if err := n.addWatcher(ps, s.Target, s.AboutNode, s.AboutID); err != nil {
 			n.log.Warn("watch refused", zap.String("peer", ps.peer.Name), zap.String("actor", s.Target), zap.Error(err))
-			n.sendSystemFrame(ps, &wire.System{Kind: wire.SystemDeadLetter, Target: s.WatcherID, WatcherNode: n.self.Name, WatcherID: s.Target, Detail: err.Error(), Why: 1})
+			n.sendSystemFrame(ps, &wire.System{Kind: wire.SystemDeadLetter, Target: s.AboutID, AboutNode: n.self.Name, AboutID: s.Target, Detail: err.Error(), Why: wire.DeadLetterFailed})
 			return
 		}
 		proc.SendSystemMessage(local, &pa.Watch{Watcher: watcher})
 	case wire.SystemUnwatch:
-		if s.WatcherNode != ps.peer.Name {
+		if s.AboutNode != ps.peer.Name {
 			return // only the peer's own watchers are its to remove
 		}
-		n.removeWatcher(ps.peer.Name, s.Target, s.WatcherID)
+		n.removeWatcher(ps.peer.Name, s.Target, s.AboutID)
 		if proc, ok := n.system.ProcessRegistry.GetLocal(s.Target); ok {
-			proc.SendSystemMessage(local, &pa.Unwatch{Watcher: pa.NewPID(s.WatcherNode, s.WatcherID)})
+			proc.SendSystemMessage(local, &pa.Unwatch{Watcher: pa.NewPID(s.AboutNode, s.AboutID)})
 		}
 	case wire.SystemTerminated:
-		who := pa.NewPID(s.WatcherNode, s.WatcherID)
+		who := pa.NewPID(s.AboutNode, s.AboutID)
 		n.removeWatch(who, local)
 		n.terminated(local, who, pa.TerminatedReason(s.Why))
 	case wire.SystemStop:
@@ -509,15 +463,15 @@ func (n *Node) receiveSystem(ps *peerState, s *wire.System) {
 			proc.SendUserMessage(local, &pa.PoisonPill{})
 		}
 	case wire.SystemDeadLetter:
-		if n.completeReply(s.Target, nil, fmt.Errorf("%w: %s/%s: %s", ErrDeadLetter, s.WatcherNode, s.WatcherID, s.Detail)) {
+		if n.completeReply(s.Target, nil, fmt.Errorf("%w: %s/%s: %s", ErrDeadLetter, s.AboutNode, s.AboutID, s.Detail)) {
 			return
 		}
 		if isFuture(local) && !n.claimFuture(ps, local) {
 			return // PeerDown failed it already
 		}
-		target := pa.NewPID(s.WatcherNode, s.WatcherID)
+		target := pa.NewPID(s.AboutNode, s.AboutID)
 		var reply any = &pa.DeadLetterResponse{Target: target}
-		if s.Why == 1 && !isFuture(local) {
+		if s.Why == wire.DeadLetterFailed && !isFuture(local) {
 			reply = &DeliveryFailed{Target: target, Reason: s.Detail}
 		}
 		if proc, ok := n.system.ProcessRegistry.GetLocal(s.Target); ok {

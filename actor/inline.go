@@ -62,23 +62,6 @@ type inlineMailboxes struct {
 	byID  sync.Map // string → *inlineMailbox
 }
 
-// inlineFor returns the inline mailbox of proc, the process registered
-// under id, or nil.
-func (n *Node) inlineFor(id string, proc pa.Process) *inlineMailbox {
-	if n.inline.count.Load() == 0 {
-		return nil
-	}
-	v, ok := n.inline.byID.Load(id)
-	if !ok {
-		return nil
-	}
-	mb := v.(*inlineMailbox)
-	if mb.proc != proc {
-		return nil // an entry of an actor that stopped; proc is its successor
-	}
-	return mb
-}
-
 // Mailbox states (as in protoactor's default mailbox).
 const (
 	mailboxIdle int32 = iota

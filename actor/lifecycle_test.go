@@ -2,11 +2,15 @@ package actor_test
 
 import (
 	"context"
+	"math/rand/v2"
 	"testing"
 	"time"
 
+	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/config"
+	"github.com/tensorferry/tensorferry/tensor"
+	"github.com/tensorferry/tensorferry/wire"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 )
@@ -129,5 +133,28 @@ func testLogsNameTheNodeOnce(t *testing.T, membership string) {
 		if e.Level >= zap.WarnLevel {
 			t.Errorf("warning on a normal run and stop: %q %v", e.Message, e.Context)
 		}
+	}
+}
+
+// TestRefusedPoisonGivesBackItsTensors: a remote PoisonPill that is
+// refused and comes with a tensor table (only a bad peer sends one) gives
+// back the leases its table lends, as every refused message does.
+func TestRefusedPoisonGivesBackItsTensors(t *testing.T) {
+	_, nodes := startCluster(t, 2)
+	a, b := nodes[0], nodes[1]
+	x := randomTensor(t, rand.New(rand.NewPCG(3, 4)), tensor.Float32, tensor.Shape{1 << 19}) // fetched, so lent
+	defer x.Free()
+	m := &wire.Message{Target: "tensorferry.ping"} // the ping actor refuses remote lifecycle messages
+	if err := actor.EncodeFor(a, b.Name(), m, &pa.PoisonPill{}, &Grad{W: x}); err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Tensors) == 0 {
+		t.Fatal("no tensor table")
+	}
+	actor.ReceiveAlone(b, a.Name(), m)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := x.WaitReleased(ctx); err != nil {
+		t.Fatalf("the refused PoisonPill's tensors were not given back: %v", err)
 	}
 }

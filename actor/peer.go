@@ -6,6 +6,7 @@ import (
 	"hash/maphash"
 	"maps"
 	"net"
+	"reflect"
 	"sync"
 	"sync/atomic"
 
@@ -25,38 +26,14 @@ type peerState struct {
 	mu      sync.Mutex
 	pending map[string]*pa.PID // futures waiting on a reply from this peer
 
-	// targets caches the PIDs of local actors this peer sends to. The
-	// peer's reader goroutine (HandleFrame) uses it, but a reader whose
-	// inline handler blocks hands reading to a new goroutine
-	// (wire.ConnOptions.HandlerTakeover) with nothing ordering the two, so
-	// its slots are atomic: no lock is taken per message.
-	targets targetCache
+	// route is what the peer's reader remembers of where messages go.
+	route routeCache
 	// held is the reader's reused slice of messages held for an inline
-	// mailbox during one batch (procCache.hold).
+	// mailbox during one batch (batch.hold).
 	held []any
-	// lastType is the registration of the type of the last message
-	// decoded alone in its frame (decode): a peer mostly sends one or a
-	// few types, and a registration never changes.
-	lastType atomic.Pointer[wire.RegisteredType]
 	// currentIn is the latest snapshot of the peers this state was found
 	// current in (Node.current).
 	currentIn atomic.Pointer[map[string]*peerState]
-	// lastInline is the inline mailbox the last message alone in its
-	// frame went to (inlineRegistered).
-	lastInline atomic.Pointer[inlineMailbox]
-}
-
-// inlineRegistered is Node.inlineRegistered, remembering the mailbox the
-// peer's last single message went to: a peer mostly talks to one actor.
-func (ps *peerState) inlineRegistered(n *Node, id string) *inlineMailbox {
-	if mb := ps.lastInline.Load(); mb != nil && mb.id == id && mb.registered.Load() {
-		return mb
-	}
-	mb := n.inlineRegistered(id)
-	if mb != nil {
-		ps.lastInline.Store(mb)
-	}
-	return mb
 }
 
 // current reports whether ps is its peer's state in the current snapshot
@@ -77,43 +54,36 @@ func (n *Node) current(ps *peerState) bool {
 	return true
 }
 
-// decode decodes m, a message alone in its frame, as registry.Decode does.
-func (ps *peerState) decode(m *wire.Message) (any, error) {
-	if rt := ps.lastType.Load(); rt != nil && rt.Name() == m.Type {
-		return rt.Decode(m.Ser, m.Body)
-	}
-	rt, ok := registry.Type(m.Type)
-	if !ok {
-		return registry.Decode(m.Type, m.Ser, m.Body) // its error names the type
-	}
-	ps.lastType.Store(rt)
-	return rt.Decode(m.Ser, m.Body)
+// routeCache is what a peer's reader remembers from one message to the
+// next (a peer mostly sends a few types to a few actors): the PIDs of the
+// local actors it sends to, the type of its last message and the inline
+// mailbox its last message went to. The reader uses it, and so do the
+// engine's goroutines that deliver the peer's fetched messages
+// (DeliverInline), and a reader whose inline handler blocks hands reading
+// to a new goroutine (wire.ConnOptions.HandlerTakeover) with nothing
+// ordering the two, so its slots are atomic: no lock is taken per message.
+type routeCache struct {
+	// targets is a two-way set-associative table of local PIDs, so that
+	// memory stays bounded whatever ids a peer sends (an id that does not
+	// repeat only replaces one slot). Futures, which are answered once,
+	// are not kept.
+	targets  [targetSlots]atomic.Pointer[pa.PID]
+	lastType atomic.Pointer[typeRoute]
+	// lastInline is only ever a mailbox that was registered when stored.
+	lastInline atomic.Pointer[inlineMailbox]
 }
 
-// targetCache maps actor ids to PIDs of this node: a two-way
-// set-associative table of targetSlots atomic slots, so that memory stays
-// bounded whatever ids a peer sends (an id that does not repeat only
-// replaces one slot). Futures, which are answered once, are not cached.
-type targetCache struct {
-	slots [targetSlots]atomic.Pointer[pa.PID]
-}
-
-// targetSlots is the size of a targetCache (a power of two).
+// targetSlots is the size of a routeCache's targets (a power of two).
 const targetSlots = 512
 
-// targetSeed hashes the ids of every targetCache.
+// targetSeed hashes the ids of every routeCache.
 var targetSeed = maphash.MakeSeed()
 
-// target returns the local PID named id.
-func (ps *peerState) target(self, id string) *pa.PID {
-	return ps.targets.get(self, id)
-}
-
-// get returns the PID of this node (self) named id, from the cache or new.
-// A miss replaces the empty slot of the id's two, or else the first.
-func (tc *targetCache) get(self, id string) *pa.PID {
+// target returns the PID of this node (self) named id, from the cache or
+// new. A miss replaces the empty slot of the id's two, or else the first.
+func (rc *routeCache) target(self, id string) *pa.PID {
 	i := maphash.String(targetSeed, id) & (targetSlots - 1)
-	first, second := &tc.slots[i], &tc.slots[i^1]
+	first, second := &rc.targets[i], &rc.targets[i^1]
 	x, y := first.Load(), second.Load()
 	if x != nil && x.Id == id {
 		return x
@@ -130,6 +100,70 @@ func (tc *targetCache) get(self, id string) *pa.PID {
 	}
 	first.Store(pid)
 	return pid
+}
+
+// inline returns the inline mailbox registered under id, if any
+// (Node.inlineRegistered), through the last one.
+func (rc *routeCache) inline(n *Node, id string) *inlineMailbox {
+	if mb := rc.lastInline.Load(); mb != nil && mb.id == id && mb.registered.Load() {
+		return mb
+	}
+	mb := n.inlineRegistered(id)
+	if mb != nil {
+		rc.lastInline.Store(mb)
+	}
+	return mb
+}
+
+// typeOf returns the route of the named message type, through the last.
+func (rc *routeCache) typeOf(name string) *typeRoute {
+	if t := rc.lastType.Load(); t != nil && t.name == name {
+		return t
+	}
+	t := typeRouteOf(name)
+	if t.rt != nil {
+		rc.lastType.Store(t)
+	}
+	return t
+}
+
+// typeRoute is what a message type's registration decides of its route.
+type typeRoute struct {
+	name string
+	rt   *wire.RegisteredType // nil: not registered
+	// plain: carries no tensors; lazy: and may be decoded by its actor's
+	// goroutine (lazyMessage): not a lifecycle message (a PoisonPill is
+	// checked on the reader).
+	plain, lazy bool
+}
+
+// typeRoutes holds the typeRoute of every registered type seen (as
+// registrations, bounded by the program; a registration never changes).
+var typeRoutes sync.Map // string -> *typeRoute
+
+var poisonPillType = reflect.TypeFor[pa.PoisonPill]()
+
+// typeRouteOf returns the route of the named type; an unregistered name
+// gets one of its own, not kept.
+func typeRouteOf(name string) *typeRoute {
+	if t, ok := typeRoutes.Load(name); ok {
+		return t.(*typeRoute)
+	}
+	rt, ok := registry.Type(name)
+	if !ok {
+		return &typeRoute{name: name}
+	}
+	plain := !transfer.HoldsTensors(rt.Type())
+	t, _ := typeRoutes.LoadOrStore(name, &typeRoute{name: name, rt: rt, plain: plain, lazy: plain && rt.Type() != poisonPillType})
+	return t.(*typeRoute)
+}
+
+// decode decodes m, a message of the type, through its registration.
+func (t *typeRoute) decode(m *wire.Message) (any, error) {
+	if t.rt == nil {
+		return registry.Decode(m.Type, m.Ser, m.Body) // its error names the type
+	}
+	return t.rt.Decode(m.Ser, m.Body)
 }
 
 func (ps *peerState) addPending(f *pa.PID) {
@@ -350,12 +384,12 @@ func (h *handler) HandleFrame(p *cluster.Peer, f wire.Frame) {
 	case *wire.MessagesFrame:
 		n.stats.MessagesBatched.Add(int64(len(f.Messages)))
 		n.stats.BatchFrames.Add(1)
-		pc := procCache{held: ps.held[:0]}
+		b := batch{held: ps.held[:0]}
 		for i := range f.Messages {
-			n.receiveMessage(ps, &f.Messages[i], &pc)
+			n.receiveMessage(ps, &f.Messages[i], &b)
 		}
-		pc.flush()
-		ps.held = pc.held
+		b.flush()
+		ps.held = b.held
 	case *wire.SystemFrame:
 		n.receiveSystem(ps, &f.System)
 	case *wire.ReleaseFrame:

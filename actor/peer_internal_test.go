@@ -14,25 +14,25 @@ import (
 // PIDs, and two readers (a reader and the one that took over from it) may
 // use it at once.
 func TestTargetCache(t *testing.T) {
-	var tc targetCache
-	a := tc.get("self", "worker")
+	var tc routeCache
+	a := tc.target("self", "worker")
 	if a.Address != "self" || a.Id != "worker" {
 		t.Fatalf("got %v", a)
 	}
-	if b := tc.get("self", "worker"); b != a {
+	if b := tc.target("self", "worker"); b != a {
 		t.Fatal("a repeated id was not served from the cache")
 	}
-	if f1, f2 := tc.get("self", "future$1"), tc.get("self", "future$1"); f1 == f2 {
+	if f1, f2 := tc.target("self", "future$1"), tc.target("self", "future$1"); f1 == f2 {
 		t.Fatal("a future was cached")
 	}
 	for i := range 10 * targetSlots {
-		if p := tc.get("self", fmt.Sprintf("actor-%d", i)); p.Id != fmt.Sprintf("actor-%d", i) {
+		if p := tc.target("self", fmt.Sprintf("actor-%d", i)); p.Id != fmt.Sprintf("actor-%d", i) {
 			t.Fatalf("id %d: got %v", i, p)
 		}
 	}
 	cached := 0
-	for i := range tc.slots {
-		if tc.slots[i].Load() != nil {
+	for i := range tc.targets {
+		if tc.targets[i].Load() != nil {
 			cached++
 		}
 	}
@@ -40,7 +40,7 @@ func TestTargetCache(t *testing.T) {
 		t.Fatalf("%d PIDs cached", cached)
 	}
 	// Two ids of one slot pair both stay cached.
-	var tc2 targetCache
+	var tc2 routeCache
 	pair := func(id string) uint64 { return maphash.String(targetSeed, id) & (targetSlots - 1) >> 1 }
 	x, y := "x", ""
 	for i := 0; y == ""; i++ {
@@ -48,8 +48,8 @@ func TestTargetCache(t *testing.T) {
 			y = id
 		}
 	}
-	px, py := tc2.get("self", x), tc2.get("self", y)
-	if tc2.get("self", x) != px || tc2.get("self", y) != py {
+	px, py := tc2.target("self", x), tc2.target("self", y)
+	if tc2.target("self", x) != px || tc2.target("self", y) != py {
 		t.Fatal("two ids of one slot pair evicted each other")
 	}
 	var wg sync.WaitGroup
@@ -57,7 +57,7 @@ func TestTargetCache(t *testing.T) {
 		wg.Go(func() {
 			for i := range 20000 {
 				id := fmt.Sprintf("hot-%d", (i+r)%8)
-				if p := tc.get("self", id); p.Id != id || p.Address != "self" {
+				if p := tc.target("self", id); p.Id != id || p.Address != "self" {
 					t.Errorf("got %v for %s", p, id)
 					return
 				}

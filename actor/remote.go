@@ -272,14 +272,14 @@ func (n *Node) sendSystem(target *pa.PID, message any) {
 			n.terminated(m.Watcher, target, pa.TerminatedReason_AddressTerminated)
 			return
 		}
-		s.Kind, s.WatcherNode, s.WatcherID = wire.SystemWatch, m.Watcher.Address, m.Watcher.Id
+		s.Kind, s.AboutNode, s.AboutID = wire.SystemWatch, m.Watcher.Address, m.Watcher.Id
 	case *pa.Unwatch:
 		n.removeWatch(target, m.Watcher)
-		s.Kind, s.WatcherNode, s.WatcherID = wire.SystemUnwatch, m.Watcher.Address, m.Watcher.Id
+		s.Kind, s.AboutNode, s.AboutID = wire.SystemUnwatch, m.Watcher.Address, m.Watcher.Id
 	case *pa.Terminated:
 		// target is the remote watcher; Who is the local actor that ended.
 		n.removeWatcher(target.Address, m.Who.Id, target.Id)
-		s.Kind, s.WatcherNode, s.WatcherID, s.Why = wire.SystemTerminated, m.Who.Address, m.Who.Id, int32(m.Why)
+		s.Kind, s.AboutNode, s.AboutID, s.Why = wire.SystemTerminated, m.Who.Address, m.Who.Id, int32(m.Why)
 	case *pa.Stop:
 		s.Kind = wire.SystemStop
 	default:

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	pa "github.com/asynkron/protoactor-go/actor"
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/wire"
 	"go.uber.org/zap"
 )
@@ -49,9 +50,9 @@ func TestReplyGoesByKey(t *testing.T) {
 		if k, ok := replyKey(replyID(key)); !ok || k != key {
 			t.Fatalf("replyKey(replyID(%d)) = %d, %v", key, k, ok)
 		}
-		replyTarget(&m, m.Request)
-		if m.Target != replyID(key) {
-			t.Fatalf("replyTarget = %q, want %q", m.Target, replyID(key))
+		in := inbound{m: &m, reply: true, key: m.Request}
+		if pid := in.targetPID(&Node{self: config.NodeConfig{Name: "a"}}); m.Target != replyID(key) || pid.Id != replyID(key) || pid.Address != "a" {
+			t.Fatalf("targetPID = %v (target %q), want %q", pid, m.Target, replyID(key))
 		}
 	}
 	for _, id := range []string{"echo", "future$abc", "future#0", "future#zz!", ""} {

@@ -71,12 +71,12 @@ func TestWatchesBoundedAndDroppedWithThePeer(t *testing.T) {
 	}
 	const n = 70000
 	for i := range n {
-		if err := p.Send(ctx, wire.FrameSystem, 0, 0, &wire.System{Kind: wire.SystemWatch, Target: "echo", WatcherNode: "node1", WatcherID: fmt.Sprint("w", i)}); err != nil {
+		if err := p.Send(ctx, wire.FrameSystem, 0, 0, &wire.System{Kind: wire.SystemWatch, Target: "echo", AboutNode: "node1", AboutID: fmt.Sprint("w", i)}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// A watcher claimed for another node is refused.
-	if err := p.Send(ctx, wire.FrameSystem, 0, 0, &wire.System{Kind: wire.SystemWatch, Target: "echo", WatcherNode: "node9", WatcherID: "x"}); err != nil {
+	if err := p.Send(ctx, wire.FrameSystem, 0, 0, &wire.System{Kind: wire.SystemWatch, Target: "echo", AboutNode: "node9", AboutID: "x"}); err != nil {
 		t.Fatal(err)
 	}
 	// Frames of one connection are handled in order: once a ping behind

@@ -612,7 +612,7 @@ func (m *Membership) handshakeConfig(purpose, expect string) wire.HandshakeConfi
 // upgrade runs shm.Upgrade on a control connection whose handshake agreed
 // to it. It returns the connection to go on with (the rings, or nc when
 // staying on the socket), or an error, with nc closed.
-func (m *Membership) upgrade(ctx context.Context, nc net.Conn, peer wire.Peer, initiator bool) (net.Conn, error) {
+func (m *Membership) upgrade(ctx context.Context, nc net.Conn, peer wire.Remote, initiator bool) (net.Conn, error) {
 	if !peer.SharedMemory {
 		return nc, nil
 	}
@@ -700,7 +700,7 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 	reserved := ""
 	var tieBreak, duplicate, busy bool
 	var accepting *slot // set when this connection passed the tie-break
-	hc.Admit = func(p wire.Peer) error {
+	hc.Admit = func(p wire.Remote) error {
 		if !m.Known(p.Node) {
 			admitErr = m.notMember(p.Node)
 			return admitErr
@@ -842,7 +842,7 @@ func stopping(err error) bool {
 // reserveData counts a data connection from p against the bounds, or says
 // why it is refused: p is not a member now (no control connection from this
 // incarnation of it) or holds too many.
-func (m *Membership) reserveData(p wire.Peer) error {
+func (m *Membership) reserveData(p wire.Remote) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s := m.slots[p.Node]
@@ -889,7 +889,7 @@ func (c *dataConn) Close() error {
 // serveData reads the channel name the dialer sends first (one length byte
 // and the name) within the data idle timeout, and hands the connection to
 // the handler.
-func (m *Membership) serveData(peer wire.Peer, nc net.Conn) {
+func (m *Membership) serveData(peer wire.Remote, nc net.Conn) {
 	stop := context.AfterFunc(m.ctx, func() { nc.Close() })
 	defer stop()
 	_ = nc.SetReadDeadline(time.Now().Add(m.dataIdle))
@@ -1030,7 +1030,7 @@ func (m *Membership) dial(nc config.NodeConfig) error {
 // the node with the smaller name. With gossip membership a connection to
 // the incarnation already known becomes the Peer's next link, once the
 // link it closed for idleness has finished.
-func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
+func (m *Membership) attach(nc net.Conn, wp wire.Remote, initiator string) {
 	if initiator != m.self.Name {
 		defer func() {
 			m.mu.Lock()
@@ -1088,7 +1088,7 @@ func (m *Membership) attach(nc net.Conn, wp wire.Peer, initiator string) {
 // serves: a new Peer (replacing old, which the caller takes down), or with
 // gossip membership the known Peer of that incarnation. It returns ok
 // false, with nc closed, when the connection is refused.
-func (m *Membership) placeLink(nc net.Conn, l *link, wp wire.Peer, initiator string) (p, old *Peer, ok bool) {
+func (m *Membership) placeLink(nc net.Conn, l *link, wp wire.Remote, initiator string) (p, old *Peer, ok bool) {
 	deadline := time.Now().Add(m.cfg.DialTimeout)
 	proved := false // the current Peer was found silent (answers)
 	for {

@@ -22,14 +22,14 @@ func TestWireCallerReadsRings(t *testing.T) {
 		t.Run(map[bool]string{true: "asleep", false: "spinning"}[spin < 0], func(t *testing.T) {
 			a, b := connPair(t, MinRingSize, spin)
 			var srv *wire.Conn
-			srv = wire.NewConn(b, wire.Peer{Node: "client"}, wire.ConnOptions{DirectWrite: true, Handler: func(f wire.Frame) {
+			srv = wire.NewConn(b, wire.Remote{Node: "client"}, wire.ConnOptions{DirectWrite: true, Handler: func(f wire.Frame) {
 				if m, ok := f.(*wire.MessageFrame); ok && m.Message.Request%1000 != 999 {
 					_ = srv.Send(context.Background(), wire.FrameMessage, 0, 0, &wire.Message{Target: "reply", Request: m.Message.Request})
 				}
 			}})
 			replies := make(chan uint64, 1)
 			var byCaller, byReader atomic.Int64
-			cli := wire.NewConn(a, wire.Peer{Node: "server"}, wire.ConnOptions{Handler: func(f wire.Frame) {
+			cli := wire.NewConn(a, wire.Remote{Node: "server"}, wire.ConnOptions{Handler: func(f wire.Frame) {
 				m, ok := f.(*wire.MessageFrame)
 				if !ok {
 					return

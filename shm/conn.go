@@ -227,8 +227,7 @@ func (c *Conn) wait(sp *spinner, flag *atomic.Uint32, b *bell, ready func() bool
 	if c.closed.Load() {
 		return net.ErrClosed
 	}
-	start := time.Now()
-	if sp.spin(start, ready) {
+	if sp.spin(ready) {
 		return nil
 	}
 	slept := false
@@ -380,6 +379,7 @@ type spinner struct {
 	max, cur    time.Duration // cur: max while spinning, 0 while not
 	tries, hits int           // waits spun in this window, and those the spin ended
 	idle, probe int           // waits slept since the spin stopped; how many before it is tried again
+	sp          park.Spin     // the spin of the wait in progress
 
 	spins  atomic.Uint64 // waits ended by the spin
 	sleeps atomic.Uint64 // waits that slept
@@ -395,27 +395,25 @@ func newSpinner(max time.Duration) spinner {
 	return spinner{max: max, cur: max, probe: spinWindow}
 }
 
-// spin spins until ready or cur has passed since start; it reports ready.
-func (s *spinner) spin(start time.Time, ready func() bool) bool {
+// spin spins until ready or cur has passed (park.Spin); it reports ready.
+// Goroutines that became runnable on this processor (an actor the last
+// frame woke) run first, once: the one yield of the spin.
+func (s *spinner) spin(ready func() bool) bool {
 	if s.cur <= 0 {
 		return false
 	}
-	for i := 1; ; i++ {
+	s.sp.Begin(s.cur)
+	for first := true; ; first = false {
 		if ready() {
 			s.spins.Add(1)
 			s.judge(true)
 			return true
 		}
-		if i%8 == 0 && time.Since(start) >= s.cur {
+		if !s.sp.Again() {
 			s.judge(false)
 			return false
 		}
-		// Goroutines that became runnable on this processor (an actor
-		// the last frame woke) run first, once: every Gosched also puts
-		// this goroutine on the global run queue and wakes an idle
-		// thread, which costs a many-core host more than the spin saves
-		// (BENCHMARKS.md, "Spinning without yielding").
-		if i == 1 {
+		if first {
 			runtime.Gosched()
 		}
 	}

@@ -69,6 +69,9 @@ func (r *ring) readable() (uint64, error) {
 		return 0, fmt.Errorf("%w: tail %d with head %d (last tail %d, ring of %d bytes)", ErrCorrupt, tail, r.pos, r.seen, r.size)
 	}
 	r.seen = tail
+	if n > 0 {
+		raceAcquireIO()
+	}
 	return n, nil
 }
 
@@ -107,6 +110,7 @@ func (r *ring) write(p []byte, n uint64) int {
 	copy(r.data[off:off+first], p[:first])
 	copy(r.data[:n-first], p[first:n])
 	r.pos += n
+	raceReleaseIO()
 	park.Publish(r.tail, r.pos) // before the consumer's flag: see read
 	return int(n)
 }

@@ -50,7 +50,7 @@ func TestSpinnerAdapts(t *testing.T) {
 	if s.cur != s.max || s.probe != spinWindow {
 		t.Fatalf("after a window that paid: cur %v, probe %d", s.cur, s.probe)
 	}
-	if off := newSpinner(0); off.spin(time.Now(), func() bool { return true }) {
+	if off := newSpinner(0); off.spin(func() bool { return true }) {
 		t.Fatal("a spinner without a spin spun")
 	}
 }

@@ -17,20 +17,31 @@
 //     order, never blocking: the rest waits in the peer's outbox.
 //  5. import.go: Import fills the fields of a decoded message from its
 //     table: inline tensors and Refs at once; descriptors to fetch are kept.
-//  6. inbox.go: Enqueue queues the message in the peer's bounded inbox;
-//     deliverLoop takes the per-peer and per-node budgets (credits.go),
-//     allocates the destinations, fetches (channels.go: rdma.Select picks
-//     the channel), releases the leases and delivers in arrival order. A
-//     message that arrives alone is fetched and delivered on the loop's own
-//     goroutine; an InlineDelivery (an actor with inline delivery) may run
-//     its handler there, once the loop has moved to a new goroutine.
-//     Receive, the connection reader's Enqueue, goes one step further for
-//     a lone message with one tensor (ReaderFetchMax at most) whose
-//     channel fetches it without waiting for another node
-//     (rdma.DirectFetcher: ipc from a mapped allocation) and whose budgets
-//     have room: it fetches and delivers on the reader itself, which an
-//     InlineDelivery's handler may keep (the connection's take-over then
-//     moves the reading on).
+//  6. inbox.go: which route a received message takes, decided there and
+//     nowhere else (the node asks Peer.Queues, then hands it to Accept):
+//     - at once: nothing to fetch and nothing of its peer queued ahead:
+//     the node delivers it at once, on the connection's reader, and the
+//     engine never sees it (order holds: nothing waits before it);
+//     - on the reader (Receive): alone in its frame, with one tensor of
+//     at most ReaderFetchMax whose channel fetches it without waiting
+//     for another node (rdma.DirectFetcher: ipc from a mapped
+//     allocation) and whose budgets have room at once: fetched and
+//     delivered on the reader itself, without a hand-off (the
+//     cheapest route for a tensor); an InlineDelivery's handler may keep
+//     the reader (the connection's take-over then moves the reading on);
+//     - lone in the loop: anything else that finds the peer's inbox empty
+//     is fetched and delivered on the peer's delivery loop goroutine,
+//     where an InlineDelivery may run its handler once the loop has moved
+//     to a new goroutine;
+//     - queued (Enqueue): behind others, within the inbox's bounds and the
+//     window advertised to the peer; deliverLoop takes the per-peer and
+//     per-node budgets (credits.go), allocates the destinations, fetches
+//     up to fetchWindow at once, each on a goroutine of its own
+//     (channels.go: rdma.Select picks the channel), releases the leases
+//     and delivers in arrival order. A message whose fetch may lead or
+//     join a relay (below) always goes this way, even alone, so that the
+//     peer's next messages, which may lend the same content, are read
+//     meanwhile.
 //
 // relay.go and relayplan.go: fan-out by relay. A descriptor names its
 // content (tensor.Descriptor.Content: the same for every export of a
@@ -113,6 +124,7 @@
 //	out, _ := e.Export("b", msg)            // nil: no tensors
 //	e.Send("b", out, send, fail)            // send writes body + out.Table
 //	in, _ := e.Import("a", table, msg, dev) // on the receiving node
-//	_ = e.Enqueue("a", in, size, deliver)   // deliver(nil) once fetched
-//	_ = e.Receive("a", in, size, deliver, mayBlock) // or on the reader, when it can
+//	if ep.Queues(in) {                      // else: deliver it now
+//		_ = e.Accept("a", in, size, deliver, alone, mayBlock) // deliver(nil) once fetched
+//	}
 package transfer

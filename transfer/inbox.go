@@ -52,6 +52,24 @@ func (b *inbox) init(maxMsgs int, maxBytes int64, window int) {
 // behind them to keep the order.
 func (p *Peer) Backlog() bool { return p.inbox.pending.Load() > 0 }
 
+// Queues reports whether a received message with in to fetch (nil: none)
+// goes through the engine (Accept) rather than at once to its actor (the
+// routes: package doc): when it has tensors to fetch or messages of the
+// peer wait ahead of it (order holds).
+func (p *Peer) Queues(in *Incoming) bool { return in != nil || p.Backlog() }
+
+// Accept hands the engine a received message of peer that Queues: alone
+// (in its frame, from the connection's reader) as Receive does, which
+// may fetch and deliver it on the calling goroutine (mayBlock: its
+// take-over), else as Enqueue does; the package doc lists the routes.
+// Its errors are theirs.
+func (e *Engine) Accept(peer string, in *Incoming, size int64, d Delivery, alone bool, mayBlock func()) error {
+	if alone {
+		return e.Receive(peer, in, size, d, mayBlock)
+	}
+	return e.Enqueue(peer, in, size, d)
+}
+
 // Delivery is a received message's node side: Deliver is called once its
 // tensors are fetched (err nil) or with the reason they are not (the
 // message is then dropped: Deliver reports it to its sender).

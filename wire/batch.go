@@ -147,9 +147,9 @@ func (fr *Framer) parseMessages(h FrameHeader, p []byte) (Frame, error) {
 	return f, nil
 }
 
-// AppendMessagesPayload appends the FrameMessages payload carrying msgs to
+// appendMessagesPayload appends the FrameMessages payload carrying msgs to
 // dst (what Conn.SendMessage builds incrementally).
-func AppendMessagesPayload(dst []byte, msgs []Message) []byte {
+func appendMessagesPayload(dst []byte, msgs []Message) []byte {
 	dst = appendArray32(dst, uint32(len(msgs)))
 	for i := range msgs {
 		dst = appendMessage(dst, &msgs[i])
@@ -164,7 +164,7 @@ func (fr *Framer) WriteMessages(msgs []Message) error {
 		return fmt.Errorf("wire: %d messages in one batch (at most %d)", len(msgs), MaxBatchMessages)
 	}
 	fr.wbuf = append(fr.wbuf[:0], make([]byte, HeaderSize)...)
-	fr.wbuf = AppendMessagesPayload(fr.wbuf, msgs)
+	fr.wbuf = appendMessagesPayload(fr.wbuf, msgs)
 	n := len(fr.wbuf) - HeaderSize
 	if n > int(fr.maxWrite) {
 		return fmt.Errorf("%w: %s payload of %d bytes exceeds %d", ErrFrameTooLarge, FrameMessages, n, fr.maxWrite)
@@ -189,10 +189,8 @@ func appendArray32(dst []byte, n uint32) []byte {
 // encoded before SendMessage returns (its Body may be reused). It blocks,
 // like Send, only while the queue is full.
 //
-// Senders append under c.bmu; the writer never takes it. It seals the
-// batch it takes through the batch's state word (bstate), which a sender
-// updates with compare-and-swap when it adds a message: neither waits for
-// the other (see batchSealed).
+// Senders append under c.bmu, which the writer takes once per batch to
+// close it (sealBatch).
 func (c *Conn) SendMessage(ctx context.Context, m *Message) error {
 	if c.directAllowed() { // checked before encoding: in a burst, m goes to a batch
 		of := outFramePool.Get().(*outFrame)
@@ -231,13 +229,10 @@ func (c *Conn) SendMessage(ctx context.Context, m *Message) error {
 		c.freeBatches <- of
 		return nil
 	}
-	// The buffer is written under c.bmu only: a sender that was still
-	// appending to this batch's previous use when the writer sealed it
-	// (its message then goes to the next batch) has finished.
 	if of.buf == nil || cap(of.buf) > 64<<10 { // new, or grown by one large message
 		of.buf = make([]byte, 0, batchBufferSize)
 	}
-	of.ids = batchIDs{}
+	of.ids, of.count = batchIDs{}, 1
 	of.buf = of.ids.appendMessage(append(of.buf[:0], make([]byte, HeaderSize+batchPrefix)...), m)
 	if n := len(of.buf) - HeaderSize; n > int(c.max) {
 		of.buf = nil // the next batch gets a buffer of the usual size
@@ -246,69 +241,31 @@ func (c *Conn) SendMessage(ctx context.Context, m *Message) error {
 		c.freeBatches <- of
 		return fmt.Errorf("%w: %s payload of %d bytes exceeds %d", ErrFrameTooLarge, FrameMessages, n, c.max)
 	}
-	// Open the batch (its state was sealed since its previous use); the
-	// writer, which takes it from the queue, sees the bytes above.
-	of.bstate.Store(1<<batchCountShift | uint64(len(of.buf)))
 	c.push(of)
 	c.open = of
 	c.bmu.Unlock()
 	return nil
 }
 
-// A batch's state word (outFrame.bstate) holds the length of its buffer's
-// committed bytes (the frame header, the array header and the messages
-// appended), the number of messages and batchSealed. A sender appends a
-// message past the committed bytes, where nobody reads, and commits it by
-// compare-and-swap of the word; the writer seals the batch by setting
-// batchSealed when it takes it, and writes the committed bytes. A message
-// whose commit finds the batch sealed is not in it and goes to the next
-// batch. A sender also seals a batch that has no room for its message. The
-// word stays sealed while the batch is written and on the free list.
-const (
-	batchLenMask    = 1<<32 - 1
-	batchCountShift = 32
-	batchCountMask  = 1<<16 - 1
-	batchSealed     = 1 << 63
-)
-
-// appendOpen appends m to c.open if it is open and has room for m; c.bmu
-// is held.
+// appendOpen appends m to c.open, the batch messages may join, if there
+// is one with room for m; c.bmu is held. A batch without room for m is
+// closed: m opens the next one.
 func (c *Conn) appendOpen(m *Message, limit int) bool {
 	of := c.open
 	if of == nil {
 		return false
 	}
-	s := of.bstate.Load()
-	if s&batchSealed != 0 || s>>batchCountShift&batchCountMask >= MaxBatchMessages {
-		return false
-	}
-	n := int(s & batchLenMask)
-	// The buffer never grows while the batch is open (the writer may be
-	// reading its committed bytes): a message that might not fit in its
-	// capacity goes to the next batch.
-	if n+messageSizeBound(m) > cap(of.buf) {
-		of.bstate.CompareAndSwap(s, s|batchSealed)
-		return false
-	}
-	b := of.ids.appendMessage(of.buf[:n], m)
-	if len(b)-HeaderSize > limit {
-		of.bstate.CompareAndSwap(s, s|batchSealed) // full: m opens the next batch
-		return false
-	}
-	return of.bstate.CompareAndSwap(s, s+1<<batchCountShift+uint64(len(b)-n))
-}
-
-// messageSizeBound returns at least the length of m's encoding.
-func messageSizeBound(m *Message) int {
-	const field = 3 + 5 // a key of up to two bytes and a 32-bit length
-	n := 1 + 9*field + len(m.Target) + len(m.SenderNode) + len(m.SenderID) + len(m.Type) +
-		len(m.Body) + len(m.Tensors) + 9 // the largest integers
-	if len(m.Header) != 0 {
-		for k, v := range m.Header {
-			n += 10 + len(k) + len(v)
+	if of.count < MaxBatchMessages {
+		n := len(of.buf)
+		b := of.ids.appendMessage(of.buf, m)
+		if len(b)-HeaderSize <= limit {
+			of.buf, of.count = b, of.count+1
+			return true
 		}
+		of.buf = b[:n]
 	}
-	return n
+	c.open = nil
+	return false
 }
 
 // acquireBatch takes a batch from the free list, waiting while
@@ -329,22 +286,21 @@ func (c *Conn) acquireBatch(ctx context.Context) (*outFrame, error) {
 	}
 	if of == nil { // a place not used yet
 		of = &outFrame{isBatch: true}
-		of.bstate.Store(batchSealed)
 	}
 	return of, nil
 }
 
-// sealBatch closes of to further messages and returns its committed bytes
-// with the frame and array headers written; the writer calls it when it
-// takes of. It never waits: a sender's message in progress is left out.
+// sealBatch closes of to further messages and returns its bytes with the
+// frame and array headers written; the writer calls it when it takes of.
 func (c *Conn) sealBatch(of *outFrame) []byte {
-	s := of.bstate.Load()
-	for s&batchSealed == 0 && !of.bstate.CompareAndSwap(s, s|batchSealed) {
-		s = of.bstate.Load()
+	c.bmu.Lock()
+	if c.open == of {
+		c.open = nil
 	}
-	buf := of.buf[:s&batchLenMask]
+	buf, count := of.buf, of.count
+	c.bmu.Unlock()
 	putHeader(buf, FrameMessages, 0, 0, uint32(len(buf)-HeaderSize))
-	appendArray32(buf[HeaderSize:HeaderSize], uint32(s>>batchCountShift&batchCountMask))
+	appendArray32(buf[HeaderSize:HeaderSize], uint32(count))
 	return buf
 }
 
@@ -352,8 +308,7 @@ func (c *Conn) sealBatch(of *outFrame) []byte {
 // identifying fields (appendMessageIDs) of its last message, so that the
 // next message to the same target from the same sender copies those bytes
 // instead of encoding them again. The encoding is the same. It is used
-// under Conn.bmu, and only while every message appended to the batch was
-// committed (a failed append leaves the batch sealed).
+// under Conn.bmu while the batch is open (a failed append closes it).
 type batchIDs struct {
 	target, senderNode, senderID, typ string
 	ser                               uint8

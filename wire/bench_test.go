@@ -63,13 +63,13 @@ func BenchmarkConnSend(b *testing.B) {
 	recv := make(chan struct{}, 1)
 	var count int
 	target := 0
-	server := NewConn(<-acc, Peer{}, ConnOptions{Handler: func(Frame) {
+	server := NewConn(<-acc, Remote{}, ConnOptions{Handler: func(Frame) {
 		count++
 		if count == target {
 			recv <- struct{}{}
 		}
 	}})
-	client := NewConn(nc, Peer{}, ConnOptions{})
+	client := NewConn(nc, Remote{}, ConnOptions{})
 	server.Start()
 	client.Start()
 	defer server.Close(nil)
@@ -116,7 +116,7 @@ func BenchmarkConnRoundTrip(b *testing.B) {
 func benchConnRoundTrip(b *testing.B, direct bool) {
 	a, s := loopbackPair(b)
 	var server *Conn
-	server = NewConn(s, Peer{}, ConnOptions{DirectWrite: direct, Handler: func(f Frame) {
+	server = NewConn(s, Remote{}, ConnOptions{DirectWrite: direct, Handler: func(f Frame) {
 		m := f.(*MessageFrame).Message
 		m.Target = m.SenderNode
 		if err := server.Send(context.Background(), FrameMessage, 0, f.Header().Stream, &m); err != nil {
@@ -124,7 +124,7 @@ func benchConnRoundTrip(b *testing.B, direct bool) {
 		}
 	}})
 	reply := make(chan struct{}, 1)
-	client := NewConn(a, Peer{}, ConnOptions{DirectWrite: direct, Handler: func(Frame) { reply <- struct{}{} }})
+	client := NewConn(a, Remote{}, ConnOptions{DirectWrite: direct, Handler: func(Frame) { reply <- struct{}{} }})
 	server.Start()
 	client.Start()
 	defer server.Close(nil)
@@ -231,7 +231,7 @@ func benchConnSendMessage(b *testing.B, parallel bool) {
 	var got, frames int
 	target := -1
 	recv := make(chan struct{})
-	server := NewConn(s, Peer{}, ConnOptions{Handler: func(f Frame) {
+	server := NewConn(s, Remote{}, ConnOptions{Handler: func(f Frame) {
 		n := 1
 		if ms, ok := f.(*MessagesFrame); ok {
 			n = len(ms.Messages)
@@ -244,7 +244,7 @@ func benchConnSendMessage(b *testing.B, parallel bool) {
 		}
 		mu.Unlock()
 	}})
-	client := NewConn(a, Peer{}, ConnOptions{})
+	client := NewConn(a, Remote{}, ConnOptions{})
 	server.Start()
 	client.Start()
 	defer server.Close(nil)

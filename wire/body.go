@@ -96,15 +96,31 @@ func (k SystemKind) String() string {
 	return fmt.Sprintf("SystemKind(%d)", uint8(k))
 }
 
-// System carries an actor system message (watch, termination, stop...).
+// System carries an actor system message (watch, termination, stop...)
+// for the actor Target of the receiving node.
 type System struct {
-	Kind        SystemKind `msgpack:"k,omitempty"`
-	Target      string     `msgpack:"t,omitempty"`
-	WatcherNode string     `msgpack:"wn,omitempty"`
-	WatcherID   string     `msgpack:"wi,omitempty"`
-	Why         int32      `msgpack:"w,omitempty"`
-	Detail      string     `msgpack:"d,omitempty"`
+	Kind   SystemKind `msgpack:"k,omitempty"`
+	Target string     `msgpack:"t,omitempty"`
+	// AboutNode and AboutID name the other actor the message is about:
+	// the watcher (Watch, Unwatch), the actor that terminated
+	// (Terminated), the actor a message did not reach (DeadLetter).
+	AboutNode string `msgpack:"wn,omitempty"`
+	AboutID   string `msgpack:"wi,omitempty"`
+	// Why is a Terminated's protoactor TerminatedReason, a DeadLetter's
+	// DeadLetterNoActor or DeadLetterFailed.
+	Why    int32  `msgpack:"w,omitempty"`
+	Detail string `msgpack:"d,omitempty"`
 }
+
+// Why of a SystemDeadLetter.
+const (
+	// DeadLetterNoActor: the actor does not exist (protoactor's
+	// DeadLetterResponse).
+	DeadLetterNoActor int32 = 0
+	// DeadLetterFailed: the message could not be delivered to it (bad
+	// body, tensors refused or not fetched, a refused lifecycle message).
+	DeadLetterFailed int32 = 1
+)
 
 // Ping is a liveness probe; the peer answers with a Pong echoing it.
 type Ping struct {

@@ -117,7 +117,7 @@ type ConnOptions struct {
 // reader goroutine decodes frames and passes them to the Handler.
 type Conn struct {
 	nc    net.Conn
-	peer  Peer
+	peer  Remote
 	opts  ConnOptions
 	log   *zap.Logger
 	max   uint32
@@ -135,12 +135,11 @@ type Conn struct {
 	// message.
 	_ cacheLinePad
 	// bmu orders queueing: held while a frame enters the queue (into a
-	// slot reserved beforehand), and while a message is appended to a
-	// batch. The writer never takes it (see batchSealed).
+	// slot reserved beforehand), while a message is appended to a batch,
+	// and by the writer while it closes the batch it takes (sealBatch).
 	bmu sync.Mutex
 	// open is the FrameMessages batch at the tail of the queue that
-	// messages may join (guarded by bmu); it takes no more once the writer
-	// has sealed it, even while open still points to it.
+	// messages may join, nil when none may (guarded by bmu).
 	open *outFrame
 	_    cacheLinePad
 	// freeBatches holds the batches not queued nor being written, at most
@@ -203,9 +202,10 @@ type outFrame struct {
 	state   atomic.Int32 // frameQueued, frameTaken, frameCancelled
 	err     error
 	isBatch bool // a FrameMessages batch of Conn.freeBatches
-	// bstate is a batch's committed length, count and batchSealed.
-	bstate atomic.Uint64
-	ids    batchIDs // a batch's, guarded by Conn.bmu
+	// A batch's messages and the encoding of the last one's ids,
+	// guarded by Conn.bmu while the batch is open.
+	count int
+	ids   batchIDs
 }
 
 const (
@@ -218,7 +218,7 @@ var outFramePool = sync.Pool{New: func() any { return new(outFrame) }}
 
 // NewConn wraps nc, which has completed Handshake with peer. Call Start to
 // begin reading and writing.
-func NewConn(nc net.Conn, peer Peer, opts ConnOptions) *Conn {
+func NewConn(nc net.Conn, peer Remote, opts ConnOptions) *Conn {
 	if opts.SendQueue <= 0 {
 		opts.SendQueue = DefaultSendQueue
 	}
@@ -260,8 +260,8 @@ func NewConn(nc net.Conn, peer Peer, opts ConnOptions) *Conn {
 	return c
 }
 
-// Peer returns the authenticated peer.
-func (c *Conn) Peer() Peer { return c.peer }
+// Remote returns the authenticated other end.
+func (c *Conn) Remote() Remote { return c.peer }
 
 // Done returns a channel closed when the Conn starts closing.
 func (c *Conn) Done() <-chan struct{} { return c.done }

@@ -127,7 +127,7 @@ func testConnOrderingAndData(t *testing.T, direct bool) {
 	big := bytes.Repeat([]byte{0xab}, 1<<20)
 	var got []received
 	all := make(chan struct{})
-	cb := NewConn(b, Peer{Node: "a"}, ConnOptions{Handler: func(f Frame) {
+	cb := NewConn(b, Remote{Node: "a"}, ConnOptions{Handler: func(f Frame) {
 		switch f := f.(type) {
 		case *MessageFrame:
 			got = append(got, received{kind: FrameMessage, stream: f.Stream, seq: f.Message.Request, data: f.Message.Body})
@@ -136,7 +136,7 @@ func testConnOrderingAndData(t *testing.T, direct bool) {
 			close(all)
 		}
 	}})
-	ca := NewConn(a, Peer{Node: "b"}, ConnOptions{DirectWrite: direct})
+	ca := NewConn(a, Remote{Node: "b"}, ConnOptions{DirectWrite: direct})
 	ca.Start()
 	cb.Start()
 	defer cb.Close(nil)
@@ -185,7 +185,7 @@ func testConnOrderingAndData(t *testing.T, direct bool) {
 func TestConnBatchesWrites(t *testing.T) {
 	a, b := net.Pipe()
 	cc := &countingConn{Conn: a}
-	c := NewConn(cc, Peer{Node: "b"}, ConnOptions{})
+	c := NewConn(cc, Remote{Node: "b"}, ConnOptions{})
 	const n = 1000
 	ctx := context.Background()
 	for i := range n { // queued before the writer starts
@@ -226,7 +226,7 @@ func TestConnBackpressure(t *testing.T) {
 	a, b := net.Pipe() // nobody reads b: the writer blocks
 	defer b.Close()
 	const queue = 8
-	c := NewConn(a, Peer{Node: "slow"}, ConnOptions{SendQueue: queue})
+	c := NewConn(a, Remote{Node: "slow"}, ConnOptions{SendQueue: queue})
 	c.Start()
 	body := &Message{Body: make([]byte, 1000)}
 	accepted := 0
@@ -264,7 +264,7 @@ func TestConnBackpressure(t *testing.T) {
 // writer is stalled returns ctx's error, and the Conn goes on writing.
 func TestConnFlushCancelledWhileQueued(t *testing.T) {
 	a, b := net.Pipe()
-	c := NewConn(a, Peer{Node: "slow"}, ConnOptions{SendQueue: 4})
+	c := NewConn(a, Remote{Node: "slow"}, ConnOptions{SendQueue: 4})
 	c.Start()
 	defer c.Close(nil)
 	ctx := context.Background()
@@ -310,8 +310,8 @@ func TestConnCloseSemantics(t *testing.T) { forBothWriteModes(t, testConnCloseSe
 func testConnCloseSemantics(t *testing.T, direct bool) {
 	a, b := tcpPair(t)
 	ra, rb := newCloseRecorder(), newCloseRecorder()
-	ca := NewConn(a, Peer{Node: "b"}, ConnOptions{OnClose: ra.onClose, DirectWrite: direct})
-	cb := NewConn(b, Peer{Node: "a"}, ConnOptions{OnClose: rb.onClose})
+	ca := NewConn(a, Remote{Node: "b"}, ConnOptions{OnClose: ra.onClose, DirectWrite: direct})
+	cb := NewConn(b, Remote{Node: "a"}, ConnOptions{OnClose: rb.onClose})
 	ca.Start()
 	cb.Start()
 	if ca.Err() != nil {
@@ -347,8 +347,8 @@ func testConnCloseSemantics(t *testing.T, direct bool) {
 		t.Fatalf("peer's OnClose: %v", err)
 	}
 	cb.Close(nil)
-	if ca.Peer().Node != "b" {
-		t.Fatal("Peer()")
+	if ca.Remote().Node != "b" {
+		t.Fatal("Remote()")
 	}
 }
 
@@ -356,7 +356,7 @@ func TestConnCloseBeforeStart(t *testing.T) {
 	a, b := net.Pipe()
 	defer b.Close()
 	r := newCloseRecorder()
-	c := NewConn(a, Peer{}, ConnOptions{OnClose: r.onClose})
+	c := NewConn(a, Remote{}, ConnOptions{OnClose: r.onClose})
 	c.Close(nil)
 	if err := r.wait(t); !errors.Is(err, ErrClosed) {
 		t.Fatalf("OnClose: %v", err)
@@ -373,8 +373,8 @@ func testConnGracefulGoAway(t *testing.T, direct bool) {
 	a, b := tcpPair(t)
 	rb := newCloseRecorder()
 	var last uint64
-	ca := NewConn(a, Peer{Node: "b"}, ConnOptions{DirectWrite: direct})
-	cb := NewConn(b, Peer{Node: "a"}, ConnOptions{OnClose: rb.onClose, Handler: func(f Frame) {
+	ca := NewConn(a, Remote{Node: "b"}, ConnOptions{DirectWrite: direct})
+	cb := NewConn(b, Remote{Node: "a"}, ConnOptions{OnClose: rb.onClose, Handler: func(f Frame) {
 		if m, ok := f.(*MessageFrame); ok {
 			last = m.Message.Request
 		}
@@ -421,7 +421,7 @@ func TestConnReaderProtocolErrors(t *testing.T) {
 			defer a.Close()
 			core, logs := observer.New(zapcore.WarnLevel)
 			r := newCloseRecorder()
-			c := NewConn(b, Peer{Node: "bad-peer"}, ConnOptions{Logger: zap.New(core), OnClose: r.onClose})
+			c := NewConn(b, Remote{Node: "bad-peer"}, ConnOptions{Logger: zap.New(core), OnClose: r.onClose})
 			c.Start()
 			defer c.Close(nil)
 			tc.write(NewFramer(a, nil))
@@ -447,7 +447,7 @@ func TestConnHandlerFailOnUnknownFrame(t *testing.T) {
 	r := newCloseRecorder()
 	var c *Conn
 	refuse := errors.New("test: unknown frame")
-	c = NewConn(b, Peer{Node: "a"}, ConnOptions{OnClose: r.onClose, Handler: func(f Frame) {
+	c = NewConn(b, Remote{Node: "a"}, ConnOptions{OnClose: r.onClose, Handler: func(f Frame) {
 		if u, ok := f.(*UnknownFrame); ok && bytes.Equal(u.Payload, []byte("?")) {
 			c.Fail(refuse)
 		}
@@ -463,7 +463,7 @@ func TestConnHandlerFailOnUnknownFrame(t *testing.T) {
 func TestConnSendErrors(t *testing.T) {
 	a, b := net.Pipe()
 	defer b.Close()
-	c := NewConn(a, Peer{}, ConnOptions{MaxFrameSize: 100})
+	c := NewConn(a, Remote{}, ConnOptions{MaxFrameSize: 100})
 	defer c.Close(nil)
 	ctx := context.Background()
 	if err := c.Send(ctx, FrameMessage, 0, 0, &Message{Body: make([]byte, 100)}); !errors.Is(err, ErrFrameTooLarge) {
@@ -482,7 +482,7 @@ func TestConnSendErrors(t *testing.T) {
 func TestConnReservedFrameIsUnknown(t *testing.T) {
 	a, b := tcpPair(t)
 	got := make(chan *UnknownFrame, 1)
-	cb := NewConn(b, Peer{}, ConnOptions{Handler: func(f Frame) {
+	cb := NewConn(b, Remote{}, ConnOptions{Handler: func(f Frame) {
 		if u, ok := f.(*UnknownFrame); ok {
 			got <- &UnknownFrame{FrameHeader: u.FrameHeader, Payload: bytes.Clone(u.Payload)}
 		}
@@ -513,7 +513,7 @@ func testConnConcurrentSenders(t *testing.T, direct bool) {
 	var bad atomic.Value
 	all := make(chan struct{})
 	count := 0
-	cb := NewConn(b, Peer{}, ConnOptions{Handler: func(f Frame) {
+	cb := NewConn(b, Remote{}, ConnOptions{Handler: func(f Frame) {
 		m := f.(*MessageFrame)
 		s := m.Stream
 		mu.Lock()
@@ -527,7 +527,7 @@ func testConnConcurrentSenders(t *testing.T, direct bool) {
 			close(all)
 		}
 	}})
-	ca := NewConn(a, Peer{}, ConnOptions{SendQueue: 16, DirectWrite: direct})
+	ca := NewConn(a, Remote{}, ConnOptions{SendQueue: 16, DirectWrite: direct})
 	ca.Start()
 	cb.Start()
 	defer cb.Close(nil)
@@ -564,7 +564,7 @@ func forBothWriteModes(t *testing.T, test func(t *testing.T, direct bool)) {
 func TestConnDirectWrite(t *testing.T) {
 	a, b := net.Pipe()
 	cc := &countingConn{Conn: a}
-	c := NewConn(cc, Peer{}, ConnOptions{DirectWrite: true})
+	c := NewConn(cc, Remote{}, ConnOptions{DirectWrite: true})
 	ctx := context.Background()
 	// Not started: frames are queued.
 	if err := c.Send(ctx, FramePing, 0, 0, &Ping{Seq: 1}); err != nil {
@@ -609,7 +609,7 @@ func TestConnEndLogsNoWarning(t *testing.T) {
 			a, b := tcpPair(t)
 			defer b.Close()
 			core, logs := observer.New(zap.DebugLevel)
-			c := NewConn(a, Peer{Node: "b"}, ConnOptions{Logger: zap.New(core)})
+			c := NewConn(a, Remote{Node: "b"}, ConnOptions{Logger: zap.New(core)})
 			tc.end(c, errors.New("peer goes away"))
 			<-c.Done()
 			if got := logs.FilterLevelExact(zap.WarnLevel).Len() > 0; got != tc.warn {

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tensorferry/tensorferry/internal/park"
 	"golang.org/x/sys/unix"
 )
 
@@ -55,6 +56,7 @@ type detachedConn struct {
 
 	rpoll [2]unix.PollFd // Read's (one Read at a time)
 	rbuf  [8]byte        // Read's, to drain wake
+	rspin park.Spin      // Read's
 }
 
 var _ InterruptibleReader = (*detachedConn)(nil)
@@ -128,8 +130,8 @@ func (d *detachedConn) Read(p []byte) (int, error) {
 	}
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	var start time.Time // the spin's
-	for i := 0; ; i++ {
+	d.rspin.Begin(d.spin)
+	for {
 		if d.closed.Load() {
 			return 0, net.ErrClosed
 		}
@@ -144,23 +146,16 @@ func (d *detachedConn) Read(p []byte) (int, error) {
 		case err != unix.EAGAIN:
 			return 0, os.NewSyscallError("read", err)
 		}
-		// The clock at the first empty read, then every eighth while no
-		// deadline is set (a wake-up sets one in the past).
+		// A deadline (a wake-up sets one in the past) is checked at every
+		// empty read.
 		dl := d.rdl.Load()
-		if dl == 0 && i&7 != 0 {
-			continue
-		}
-		now := time.Now()
-		if dl != 0 && now.UnixNano() >= dl {
+		if dl != 0 && time.Now().UnixNano() >= dl {
 			return 0, os.ErrDeadlineExceeded
 		}
-		if start.IsZero() {
-			start = now
-		}
-		if now.Sub(start) < d.spin {
+		if d.rspin.Again() {
 			continue
 		}
-		if _, err := unix.Poll(d.rpoll[:], pollTimeout(dl, now)); err != nil && err != unix.EINTR {
+		if _, err := unix.Poll(d.rpoll[:], pollTimeout(dl, time.Now())); err != nil && err != unix.EINTR {
 			return 0, os.NewSyscallError("poll", err)
 		}
 		if d.rpoll[1].Revents != 0 {

@@ -216,7 +216,7 @@ func TestConnDetachedRoundTrips(t *testing.T) {
 		t.Run(fmt.Sprint("in poller ", inPoller), func(t *testing.T) {
 			a, b := tcpPair(t)
 			var server *Conn
-			server = NewConn(b, Peer{}, ConnOptions{ReadSpin: time.Millisecond, ReadSpinInPoller: inPoller, DirectWrite: true, Handler: func(f Frame) {
+			server = NewConn(b, Remote{}, ConnOptions{ReadSpin: time.Millisecond, ReadSpinInPoller: inPoller, DirectWrite: true, Handler: func(f Frame) {
 				m := f.(*MessageFrame).Message
 				m.Target = "reply"
 				if err := server.SendMessage(context.Background(), &m); err != nil {
@@ -224,7 +224,7 @@ func TestConnDetachedRoundTrips(t *testing.T) {
 				}
 			}})
 			got := make(chan string, 1)
-			client := NewConn(a, Peer{}, ConnOptions{ReadSpin: time.Millisecond, ReadSpinInPoller: inPoller, DirectWrite: true, Handler: func(f Frame) {
+			client := NewConn(a, Remote{}, ConnOptions{ReadSpin: time.Millisecond, ReadSpinInPoller: inPoller, DirectWrite: true, Handler: func(f Frame) {
 				got <- string(f.(*MessageFrame).Message.Body)
 			}})
 			server.Start()

@@ -40,14 +40,13 @@
 //
 //	err = c.SendMessage(ctx, &wire.Message{Target: "ps", Type: name, Ser: ser, Body: body})
 //
-// Senders and the writer never wait for each other over a batch: a message
-// is committed to the open batch with one atomic compare-and-swap, and the
-// writer seals the batch it takes with another (a message whose commit
-// finds it sealed goes to the next batch). A message with the same target,
-// sender and type as the one before it in the batch copies their encoding.
+// A sender appends to the open batch under one mutex, which the writer
+// takes once per batch to close it; a message sent after that goes to the
+// next batch. A message with the same target, sender and type as the one
+// before it in the batch copies their encoding.
 //
 // Between processes of one host, a Conn runs on shared memory: with
-// HandshakeConfig.SharedMemory on both ends (Peer.SharedMemory), package
+// HandshakeConfig.SharedMemory on both ends (Remote.SharedMemory), package
 // package shm's Upgrade moves the connection's bytes to rings in shared memory
 // right after the handshake, and NewConn takes the *shm.Conn it returns.
 //

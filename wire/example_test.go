@@ -25,7 +25,7 @@ func Example() {
 	ctx := context.Background()
 
 	var wg sync.WaitGroup
-	var accepted wire.Peer
+	var accepted wire.Remote
 	var acceptErr error
 	wg.Add(1)
 	go func() {

@@ -91,7 +91,7 @@ func rewrite(fr *Framer, f Frame) error {
 	case *CapsFrame:
 		body = &f.Caps
 	case *MessagesFrame:
-		return fr.WriteFrame(h.Type, h.Flags, h.Stream, AppendMessagesPayload(nil, f.Messages))
+		return fr.WriteFrame(h.Type, h.Flags, h.Stream, appendMessagesPayload(nil, f.Messages))
 	case *UnknownFrame:
 		return fr.WriteFrame(h.Type, h.Flags, h.Stream, f.Payload)
 	}
@@ -270,7 +270,7 @@ var batchSliceMax = MaxBatchMessages * int(reflect.TypeFor[Message]().Size())
 // proportion to its input, and whatever it accepts re-encodes to a
 // canonical payload that decodes and re-encodes to the same bytes.
 func FuzzMessagesDecode(f *testing.F) {
-	f.Add(AppendMessagesPayload(nil, []Message{{Target: "a", Type: "T", Ser: 1, Body: []byte{1}}, {Target: "b", SenderNode: "n", SenderID: "s", Request: 9,
+	f.Add(appendMessagesPayload(nil, []Message{{Target: "a", Type: "T", Ser: 1, Body: []byte{1}}, {Target: "b", SenderNode: "n", SenderID: "s", Request: 9,
 		Header: map[string]string{"k": "v"}}}))
 	f.Add(unhex(f, "92 80 81a174a161"))
 	f.Add(unhex(f, "dd00000003 80 80"))
@@ -294,12 +294,12 @@ func FuzzMessagesDecode(f *testing.F) {
 			}
 			return
 		}
-		b1 := AppendMessagesPayload(nil, fm.(*MessagesFrame).Messages)
+		b1 := appendMessagesPayload(nil, fm.(*MessagesFrame).Messages)
 		f2, err := fr.parseMessages(h, b1)
 		if err != nil {
 			t.Fatalf("canonical payload does not decode: %v\n%x", err, b1)
 		}
-		if b2 := AppendMessagesPayload(nil, f2.(*MessagesFrame).Messages); !bytes.Equal(b1, b2) {
+		if b2 := appendMessagesPayload(nil, f2.(*MessagesFrame).Messages); !bytes.Equal(b1, b2) {
 			t.Fatalf("not a fixpoint:\n%x\n%x", b1, b2)
 		}
 	})

@@ -70,16 +70,17 @@ type HandshakeConfig struct {
 	// the error's text as its reason and, when the error is a *ConnError, its
 	// Code (else CodeUnavailable); Handshake then returns an error wrapping
 	// it. Nil admits every authenticated initiator. Ignored by the initiator.
-	Admit func(Peer) error
+	Admit func(Remote) error
 	// SharedMemory, on the initiator, offers the shared-memory upgrade
 	// (package shm) in Hello; on the acceptor, takes up such an offer in
-	// Welcome. Peer.SharedMemory reports whether both ends did: then both
+	// Welcome. Remote.SharedMemory reports whether both ends did: then both
 	// must call shm.Upgrade on the connection before anything else.
 	SharedMemory bool
 }
 
-// Peer is the authenticated other end of a connection.
-type Peer struct {
+// Remote is the authenticated other end of a connection, as the handshake
+// found it (cluster.Peer is the node behind it).
+type Remote struct {
 	Node        string
 	Incarnation uint64
 	Purpose     string
@@ -131,10 +132,10 @@ func (c *HandshakeConfig) validate(initiator bool) error {
 // malformed frame or a refusal by the peer's Admit, the error of this
 // side's Admit, ctx.Err() or the I/O error (os.ErrDeadlineExceeded on
 // timeout).
-func Handshake(ctx context.Context, nc net.Conn, cfg HandshakeConfig, initiator bool) (Peer, error) {
+func Handshake(ctx context.Context, nc net.Conn, cfg HandshakeConfig, initiator bool) (Remote, error) {
 	if err := cfg.validate(initiator); err != nil {
 		nc.Close()
-		return Peer{}, err
+		return Remote{}, err
 	}
 	if initiator && cfg.Purpose == "" {
 		cfg.Purpose = PurposeControl
@@ -149,7 +150,7 @@ func Handshake(ctx context.Context, nc net.Conn, cfg HandshakeConfig, initiator 
 	}
 	if err := nc.SetDeadline(deadline); err != nil {
 		nc.Close()
-		return Peer{}, fmt.Errorf("wire: handshake: set deadline: %w", err)
+		return Remote{}, fmt.Errorf("wire: handshake: set deadline: %w", err)
 	}
 	fired := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
@@ -160,7 +161,7 @@ func Handshake(ctx context.Context, nc net.Conn, cfg HandshakeConfig, initiator 
 	hs := &handshake{cfg: cfg, nc: nc, deadline: deadline, fr: NewFramer(nc, nc)}
 	hs.fr.SetMaxReadFrameSize(HandshakeMaxFrameSize)
 	hs.fr.SetMaxWriteFrameSize(HandshakeMaxFrameSize)
-	var peer Peer
+	var peer Remote
 	var err error
 	if initiator {
 		peer, err = hs.initiate()
@@ -182,7 +183,7 @@ func Handshake(ctx context.Context, nc net.Conn, cfg HandshakeConfig, initiator 
 	}
 	if err != nil {
 		nc.Close()
-		return Peer{}, err
+		return Remote{}, err
 	}
 	return peer, nil
 }
@@ -197,86 +198,86 @@ type handshake struct {
 // refuseTimeout bounds the best-effort GoAway sent when refusing a peer.
 const refuseTimeout = 100 * time.Millisecond
 
-func (hs *handshake) initiate() (Peer, error) {
+func (hs *handshake) initiate() (Remote, error) {
 	nonceI := make([]byte, NonceSize)
 	if _, err := rand.Read(nonceI); err != nil {
-		return Peer{}, fmt.Errorf("wire: handshake: nonce: %w", err)
+		return Remote{}, fmt.Errorf("wire: handshake: nonce: %w", err)
 	}
 	hello := Hello{Version: ProtocolVersion, Cluster: hs.cfg.Cluster, Nonce: nonceI, Purpose: hs.cfg.Purpose, SharedMemory: hs.cfg.SharedMemory}
 	if err := hs.fr.WriteHello(&hello); err != nil {
-		return Peer{}, fmt.Errorf("wire: handshake: send hello: %w", err)
+		return Remote{}, fmt.Errorf("wire: handshake: send hello: %w", err)
 	}
 	f, err := hs.read(FrameChallenge)
 	if err != nil {
-		return Peer{}, err
+		return Remote{}, err
 	}
 	ch := f.(*ChallengeFrame).Challenge
 	if ch.Version != ProtocolVersion {
-		return Peer{}, fmt.Errorf("wire: handshake: acceptor speaks version %d, want %d: %w", ch.Version, ProtocolVersion, ErrVersion)
+		return Remote{}, fmt.Errorf("wire: handshake: acceptor speaks version %d, want %d: %w", ch.Version, ProtocolVersion, ErrVersion)
 	}
 	if len(ch.Nonce) != NonceSize {
-		return Peer{}, connErr(CodeProtocol, nil, "handshake: challenge nonce of %d bytes", len(ch.Nonce))
+		return Remote{}, connErr(CodeProtocol, nil, "handshake: challenge nonce of %d bytes", len(ch.Nonce))
 	}
 	t := transcript{version: ProtocolVersion, cluster: hs.cfg.Cluster, purpose: hs.cfg.Purpose,
 		nonceI: nonceI, nonceA: ch.Nonce, nodeI: hs.cfg.Node, incI: hs.cfg.Incarnation}
 	auth := Auth{Node: hs.cfg.Node, Incarnation: hs.cfg.Incarnation, MAC: t.mac(hs.cfg.Secret, labelInitiator, false)}
 	if err := hs.fr.WriteAuth(&auth); err != nil {
-		return Peer{}, fmt.Errorf("wire: handshake: send auth: %w", err)
+		return Remote{}, fmt.Errorf("wire: handshake: send auth: %w", err)
 	}
 	f, err = hs.read(FrameWelcome)
 	if err != nil {
-		return Peer{}, err
+		return Remote{}, err
 	}
 	w := f.(*WelcomeFrame).Welcome
 	if w.Node == "" || len(w.Node) > maxNameLen {
-		return Peer{}, connErr(CodeProtocol, nil, "handshake: welcome names no valid node")
+		return Remote{}, connErr(CodeProtocol, nil, "handshake: welcome names no valid node")
 	}
 	t.nodeA, t.incA = w.Node, w.Incarnation
 	if !hmac.Equal(w.MAC, t.mac(hs.cfg.Secret, labelAcceptor, true)) {
 		hs.refuse(CodeAuth)
-		return Peer{}, fmt.Errorf("wire: handshake: acceptor's proof is wrong: %w", ErrAuthFailed)
+		return Remote{}, fmt.Errorf("wire: handshake: acceptor's proof is wrong: %w", ErrAuthFailed)
 	}
 	if hs.cfg.Expect != "" && w.Node != hs.cfg.Expect {
 		hs.refuse(CodeAuth)
-		return Peer{}, fmt.Errorf("wire: handshake: reached node %q, expected %q: %w", w.Node, hs.cfg.Expect, ErrUnexpectedPeer)
+		return Remote{}, fmt.Errorf("wire: handshake: reached node %q, expected %q: %w", w.Node, hs.cfg.Expect, ErrUnexpectedPeer)
 	}
-	return Peer{Node: w.Node, Incarnation: w.Incarnation, Purpose: hs.cfg.Purpose, SharedMemory: hs.cfg.SharedMemory && w.SharedMemory}, nil
+	return Remote{Node: w.Node, Incarnation: w.Incarnation, Purpose: hs.cfg.Purpose, SharedMemory: hs.cfg.SharedMemory && w.SharedMemory}, nil
 }
 
-func (hs *handshake) accept() (Peer, error) {
+func (hs *handshake) accept() (Remote, error) {
 	f, err := hs.read(FrameHello)
 	if err != nil {
-		return Peer{}, err
+		return Remote{}, err
 	}
 	hello := f.(*HelloFrame).Hello
 	if hello.Version != ProtocolVersion {
 		hs.refuse(CodeVersion)
-		return Peer{}, fmt.Errorf("wire: handshake: initiator speaks version %d, want %d: %w", hello.Version, ProtocolVersion, ErrVersion)
+		return Remote{}, fmt.Errorf("wire: handshake: initiator speaks version %d, want %d: %w", hello.Version, ProtocolVersion, ErrVersion)
 	}
 	if hello.Purpose != PurposeControl && hello.Purpose != PurposeData ||
 		hs.cfg.Purpose != "" && hello.Purpose != hs.cfg.Purpose {
 		hs.refuse(CodeProtocol)
-		return Peer{}, connErr(CodeProtocol, nil, "handshake: purpose %q not accepted", hello.Purpose)
+		return Remote{}, connErr(CodeProtocol, nil, "handshake: purpose %q not accepted", hello.Purpose)
 	}
 	if len(hello.Nonce) != NonceSize {
 		hs.refuse(CodeProtocol)
-		return Peer{}, connErr(CodeProtocol, nil, "handshake: hello nonce of %d bytes", len(hello.Nonce))
+		return Remote{}, connErr(CodeProtocol, nil, "handshake: hello nonce of %d bytes", len(hello.Nonce))
 	}
 	nonceA := make([]byte, NonceSize)
 	if _, err := rand.Read(nonceA); err != nil {
-		return Peer{}, fmt.Errorf("wire: handshake: nonce: %w", err)
+		return Remote{}, fmt.Errorf("wire: handshake: nonce: %w", err)
 	}
 	if err := hs.fr.WriteChallenge(&Challenge{Version: ProtocolVersion, Nonce: nonceA}); err != nil {
-		return Peer{}, fmt.Errorf("wire: handshake: send challenge: %w", err)
+		return Remote{}, fmt.Errorf("wire: handshake: send challenge: %w", err)
 	}
 	f, err = hs.read(FrameAuth)
 	if err != nil {
-		return Peer{}, err
+		return Remote{}, err
 	}
 	auth := f.(*AuthFrame).Auth
 	if auth.Node == "" || len(auth.Node) > maxNameLen {
 		hs.refuse(CodeProtocol)
-		return Peer{}, connErr(CodeProtocol, nil, "handshake: auth names no valid node")
+		return Remote{}, connErr(CodeProtocol, nil, "handshake: auth names no valid node")
 	}
 	// The MAC binds this node's cluster name, so an initiator of another
 	// cluster fails here, refused exactly like one with a wrong secret.
@@ -285,16 +286,16 @@ func (hs *handshake) accept() (Peer, error) {
 	if !hmac.Equal(auth.MAC, t.mac(hs.cfg.Secret, labelInitiator, false)) {
 		hs.refuse(CodeAuth)
 		if hello.Cluster != hs.cfg.Cluster {
-			return Peer{}, fmt.Errorf("wire: handshake: initiator is in cluster %q: %w (%w)", hello.Cluster, ErrClusterMismatch, ErrAuthFailed)
+			return Remote{}, fmt.Errorf("wire: handshake: initiator is in cluster %q: %w (%w)", hello.Cluster, ErrClusterMismatch, ErrAuthFailed)
 		}
-		return Peer{}, fmt.Errorf("wire: handshake: initiator's proof is wrong: %w", ErrAuthFailed)
+		return Remote{}, fmt.Errorf("wire: handshake: initiator's proof is wrong: %w", ErrAuthFailed)
 	}
 	if hello.Cluster != hs.cfg.Cluster {
 		// Only an initiator that MACs another name than it sent gets here.
 		hs.refuse(CodeCluster)
-		return Peer{}, fmt.Errorf("wire: handshake: initiator is in cluster %q: %w", hello.Cluster, ErrClusterMismatch)
+		return Remote{}, fmt.Errorf("wire: handshake: initiator is in cluster %q: %w", hello.Cluster, ErrClusterMismatch)
 	}
-	peer := Peer{Node: auth.Node, Incarnation: auth.Incarnation, Purpose: hello.Purpose}
+	peer := Remote{Node: auth.Node, Incarnation: auth.Incarnation, Purpose: hello.Purpose}
 	if hs.cfg.Admit != nil {
 		if err := hs.cfg.Admit(peer); err != nil {
 			code := CodeUnavailable
@@ -303,14 +304,14 @@ func (hs *handshake) accept() (Peer, error) {
 				code = ce.Code
 			}
 			hs.refuseWith(code, err.Error())
-			return Peer{}, fmt.Errorf("wire: handshake: %s refused: %w", auth.Node, err)
+			return Remote{}, fmt.Errorf("wire: handshake: %s refused: %w", auth.Node, err)
 		}
 	}
 	t.nodeA, t.incA = hs.cfg.Node, hs.cfg.Incarnation
 	peer.SharedMemory = hello.SharedMemory && hs.cfg.SharedMemory
 	welcome := Welcome{Node: hs.cfg.Node, Incarnation: hs.cfg.Incarnation, MAC: t.mac(hs.cfg.Secret, labelAcceptor, true), SharedMemory: peer.SharedMemory}
 	if err := hs.fr.WriteWelcome(&welcome); err != nil {
-		return Peer{}, fmt.Errorf("wire: handshake: send welcome: %w", err)
+		return Remote{}, fmt.Errorf("wire: handshake: send welcome: %w", err)
 	}
 	return peer, nil
 }

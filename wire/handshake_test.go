@@ -20,7 +20,7 @@ func testConfig(node string) HandshakeConfig {
 }
 
 type result struct {
-	peer Peer
+	peer Remote
 	err  error
 }
 
@@ -107,10 +107,10 @@ func TestHandshakeSuccess(t *testing.T) {
 		if want == "" {
 			want = PurposeControl
 		}
-		if ini.peer != (Peer{"acc", 22, want, false}) {
+		if ini.peer != (Remote{"acc", 22, want, false}) {
 			t.Errorf("initiator's peer %+v", ini.peer)
 		}
-		if acc.peer != (Peer{"ini", 11, want, false}) {
+		if acc.peer != (Remote{"ini", 11, want, false}) {
 			t.Errorf("acceptor's peer %+v", acc.peer)
 		}
 		// The connection works afterwards, with the deadline cleared.
@@ -318,11 +318,11 @@ func TestHandshakeWrongClusterLooksLikeWrongSecret(t *testing.T) {
 // Admit refuses an authenticated initiator with a reason it can read.
 func TestHandshakeAdmitRefuses(t *testing.T) {
 	ic, ac := testConfig("ini"), testConfig("acc")
-	var admitted Peer
+	var admitted Remote
 	why := &ConnError{Code: CodeNotFound, Reason: `node "ini" is not in the config`}
-	ac.Admit = func(p Peer) error { admitted = p; return why }
+	ac.Admit = func(p Remote) error { admitted = p; return why }
 	ini, acc, iconn, _ := handshakePair(t, ic, ac)
-	if admitted != (Peer{"ini", 7, PurposeControl, false}) {
+	if admitted != (Remote{"ini", 7, PurposeControl, false}) {
 		t.Errorf("Admit got %+v", admitted)
 	}
 	if !errors.Is(acc.err, why) {
@@ -339,7 +339,7 @@ func TestHandshakeAdmitRefuses(t *testing.T) {
 	}
 
 	// A plain error is refused as Unavailable.
-	ac.Admit = func(Peer) error { return errors.New("too many connections") }
+	ac.Admit = func(Remote) error { return errors.New("too many connections") }
 	ini, _, _, _ = handshakePair(t, ic, ac)
 	if !errors.As(ini.err, &ce) || ce.Code != CodeUnavailable || !strings.Contains(ini.err.Error(), "too many connections") {
 		t.Errorf("initiator: %v", ini.err)

@@ -42,7 +42,7 @@ func newEchoClient(t *testing.T, opts ConnOptions, nc net.Conn, sc net.Conn) *ec
 	if nc == nil {
 		nc, sc = tcpPair(t)
 	}
-	e.srv = NewConn(sc, Peer{Node: "client"}, ConnOptions{DirectWrite: true, Handler: func(f Frame) {
+	e.srv = NewConn(sc, Remote{Node: "client"}, ConnOptions{DirectWrite: true, Handler: func(f Frame) {
 		m, ok := f.(*MessageFrame)
 		if !ok || m.Message.Target != "echo" || m.Message.Request%1000 == 999 {
 			return // ids ending in 999 go unanswered
@@ -50,7 +50,7 @@ func newEchoClient(t *testing.T, opts ConnOptions, nc net.Conn, sc net.Conn) *ec
 		_ = e.srv.Send(context.Background(), FrameMessage, 0, 0, &Message{Target: "reply", Request: m.Message.Request})
 	}})
 	opts.Handler = e.handle
-	e.c = NewConn(nc, Peer{Node: "server"}, opts)
+	e.c = NewConn(nc, Remote{Node: "server"}, opts)
 	e.srv.Start()
 	e.c.Start()
 	t.Cleanup(func() {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tensorferry/tensorferry/internal/fastpath"
+	"github.com/tensorferry/tensorferry/internal/park"
 )
 
 // DefaultReadSpin is the read spin (ConnOptions.ReadSpin) a node uses on
@@ -30,17 +31,12 @@ func DefaultReadSpinFor() time.Duration {
 }
 
 // spinReader reads a socket, and when it has nothing to read, polls it
-// for up to spin before parking in the runtime's network poller. Waking a
-// goroutine parked there costs a thread wake-up (10–30 µs on virtual
-// machines); a reply that comes within the spin is read without one.
-//
-// The spin does not yield between polls: runtime.Gosched puts the
-// goroutine on the global run queue and wakes an idle thread each time
-// (wakep), which cost about 6 µs of a 25 µs round trip on a 16-core GPU
-// host (BENCHMARKS.md, "Spinning without yielding"). A goroutine the last
-// frame made runnable on this processor is taken by one of the idle
-// processors the runtime wakes for it: by default a spin needs at least
-// fastpath.MinProcs processors, so there are some.
+// for up to spin (park.Spin) before parking in the runtime's network
+// poller. Waking a goroutine parked there costs a thread wake-up (10–30 µs
+// on virtual machines); a reply that comes within the spin is read without
+// one. A goroutine the last frame made runnable on this processor is taken
+// by one of the idle processors the runtime wakes for it: by default a
+// spin needs at least fastpath.MinProcs processors, so there are some.
 type spinReader struct {
 	raw  syscall.RawConn
 	spin time.Duration
@@ -48,11 +44,10 @@ type spinReader struct {
 
 	// One Read's state, for pollFD: Reads come one at a time (one
 	// goroutine holds a connection's read role).
-	p     []byte
-	n     int
-	rerr  error
-	start time.Time
-	spun  bool
+	p    []byte
+	n    int
+	rerr error
+	sp   park.Spin
 }
 
 // newSpinReader returns a spinning reader of nc, or nil when nc does not
@@ -78,7 +73,8 @@ func (r *spinReader) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	r.p, r.n, r.rerr, r.start, r.spun = p, 0, nil, time.Time{}, false
+	r.p, r.n, r.rerr = p, 0, nil
+	r.sp.Begin(r.spin)
 	err := r.raw.Read(r.poll)
 	n, rerr := r.n, r.rerr
 	r.p, r.rerr = nil, nil
@@ -105,14 +101,8 @@ func (r *spinReader) pollFD(fd uintptr) bool {
 			continue
 		case r.rerr != syscall.EAGAIN:
 			return true
-		case r.spun:
+		case !r.sp.Again():
 			return false // wait in the poller
-		}
-		if r.start.IsZero() {
-			r.start = time.Now()
-		} else if time.Since(r.start) >= r.spin {
-			r.spun = true
-			return false
 		}
 	}
 }

@@ -96,8 +96,8 @@ func TestConnWithReadSpin(t *testing.T) {
 			}
 		}
 	}}
-	ca := NewConn(a, Peer{Node: "b"}, opts)
-	cb := NewConn(b, Peer{Node: "a"}, opts)
+	ca := NewConn(a, Remote{Node: "b"}, opts)
+	cb := NewConn(b, Remote{Node: "a"}, opts)
 	ca.Start()
 	cb.Start()
 	defer ca.Close(nil)
@@ -132,8 +132,8 @@ func TestReadSpinLetsHandlersWokenGoroutineRun(t *testing.T) {
 		}
 	}()
 	defer close(kick)
-	ca := NewConn(a, Peer{Node: "b"}, ConnOptions{})
-	cb := NewConn(b, Peer{Node: "a"}, ConnOptions{ReadSpin: time.Hour, Handler: func(Frame) { kick <- time.Now() }})
+	ca := NewConn(a, Remote{Node: "b"}, ConnOptions{})
+	cb := NewConn(b, Remote{Node: "a"}, ConnOptions{ReadSpin: time.Hour, Handler: func(Frame) { kick <- time.Now() }})
 	ca.Start()
 	cb.Start()
 	defer ca.Close(nil)

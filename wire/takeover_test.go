@@ -17,9 +17,9 @@ func takeoverPair(t *testing.T, d time.Duration, h func(c *Conn, f Frame)) (ca, 
 	t.Helper()
 	a, b := tcpPair(t)
 	var c *Conn
-	cb = NewConn(b, Peer{Node: "a"}, ConnOptions{HandlerTakeover: d, Handler: func(f Frame) { h(c, f) }})
+	cb = NewConn(b, Remote{Node: "a"}, ConnOptions{HandlerTakeover: d, Handler: func(f Frame) { h(c, f) }})
 	c = cb
-	ca = NewConn(a, Peer{Node: "b"}, ConnOptions{})
+	ca = NewConn(a, Remote{Node: "b"}, ConnOptions{})
 	ca.Start()
 	cb.Start()
 	t.Cleanup(func() {
@@ -260,7 +260,7 @@ func TestConnTransientMessages(t *testing.T) {
 	frames := make(chan *MessageFrame, 8) // the frame of each call after the first
 	var first *MessageFrame
 	var cb *Conn
-	cb = NewConn(b, Peer{Node: "a"}, ConnOptions{HandlerTakeover: 2 * time.Millisecond, TransientMessages: true, Handler: func(f Frame) {
+	cb = NewConn(b, Remote{Node: "a"}, ConnOptions{HandlerTakeover: 2 * time.Millisecond, TransientMessages: true, Handler: func(f Frame) {
 		m, ok := f.(*MessageFrame)
 		if !ok {
 			return
@@ -281,7 +281,7 @@ func TestConnTransientMessages(t *testing.T) {
 		}
 		firstDone <- nil
 	}})
-	ca := NewConn(a, Peer{Node: "b"}, ConnOptions{})
+	ca := NewConn(a, Remote{Node: "b"}, ConnOptions{})
 	ca.Start()
 	cb.Start()
 	t.Cleanup(func() {
