@@ -94,7 +94,7 @@ flow:
   relay_min_bytes: 1MiB
   relay_fanout: 2
   relay_stream: false
-  relay_push: true
+  relay_push: false
 staging:
   chunk_size: 512 KiB
   chunks_in_flight: 16
@@ -168,7 +168,7 @@ func TestParseValid(t *testing.T) {
 					ReadSpinDetach: SwitchOff, CallerReads: SwitchOff, BurstDecode: SwitchOn, InlineDelivery: SwitchOff, DirectWrite: SwitchOff,
 					MaxDataConnsPerPeer: 2, MaxDataConns: 3, DataIdleTimeout: 4 * time.Second, IdleTimeout: 40 * time.Second, SharedMemory: false},
 				FlowConfig{TransferTimeout: 2 * time.Hour, RefTTL: time.Hour, MaxInFlight: 5, MaxInFlightBytes: 6 << 20,
-					ReceiveBudget: 7 << 30, ReceiveBudgetPerPeer: 1 << 30, ReceiveWindow: 8, InboxMessages: 9, InboxBytes: 10 << 10, NoRelay: true, RelayMinBytes: 1 << 20, RelayFanout: 2, NoRelayStream: true, RelayPush: true},
+					ReceiveBudget: 7 << 30, ReceiveBudgetPerPeer: 1 << 30, ReceiveWindow: 8, InboxMessages: 9, InboxBytes: 10 << 10, NoRelay: true, RelayMinBytes: 1 << 20, RelayFanout: 2, NoRelayStream: true, NoRelayPush: true},
 				StagingConfig{ChunkSize: 512 << 10, ChunksInFlight: 16, MaxRingBytes: 8 << 20, Stripes: 3, StripeMin: 32 << 20, IdleTimeout: 41 * time.Second},
 				IPCConfig{ShmDir: "/tmp", ChallengeTTL: 11 * time.Second, CopyChunk: 12 << 20, CopyWindow: 13, CancelGrace: 14 * time.Second,
 					MaxMappings: 15, MaxAcquisitions: 16, IdleLanes: 17, DirectMargin: 18 * time.Millisecond, NoDirect: true},

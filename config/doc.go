@@ -69,7 +69,7 @@
 //	  relay_min_bytes: 64MiB       # smaller tensors are fetched per message, on the reader
 //	  relay_fanout: 4              # receivers one holder serves per kind of link (1: chains); ≤ 64
 //	  relay_stream: true           # relayed copies follow their holder's copy as it fills
-//	  relay_push: false            # a holder writes the copies of receivers on its GPU (needs relay_stream, ipc)
+//	  relay_push: true             # a holder writes the copies of receivers on its GPU (needs relay_stream, ipc)
 //	staging:
 //	  chunk_size: 4MiB             # ≤ 64MiB
 //	  chunks_in_flight: 4          # ≤ 64

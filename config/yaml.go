@@ -229,7 +229,7 @@ func (c *Config) decode(root *yaml.Node) error {
 				"relay_min_bytes":         sizeOf(&f.RelayMinBytes),
 				"relay_fanout":            countOf(&f.RelayFanout),
 				"relay_stream":            notBoolOf(&f.NoRelayStream),
-				"relay_push":              boolOf(&f.RelayPush),
+				"relay_push":              notBoolOf(&f.NoRelayPush),
 			})
 		case "staging":
 			s := &c.Staging
@@ -668,7 +668,7 @@ type fileFlow struct {
 	RelayMinBytes        string `yaml:"relay_min_bytes,omitempty"`
 	RelayFanout          int    `yaml:"relay_fanout,omitempty"`
 	RelayStream          *bool  `yaml:"relay_stream,omitempty"` // written only when off
-	RelayPush            bool   `yaml:"relay_push,omitempty"`
+	RelayPush            *bool  `yaml:"relay_push,omitempty"` // written only when off
 }
 
 type fileStaging struct {
@@ -803,7 +803,7 @@ func (c *Config) Marshal() ([]byte, error) {
 			MaxInFlight: fl.MaxInFlight, MaxInFlightBytes: sz(fl.MaxInFlightBytes),
 			ReceiveBudget: sz(fl.ReceiveBudget), ReceiveBudgetPerPeer: sz(fl.ReceiveBudgetPerPeer),
 			ReceiveWindow: fl.ReceiveWindow, InboxMessages: fl.InboxMessages, InboxBytes: sz(fl.InboxBytes),
-			Relay: relayOff(fl.NoRelay), RelayMinBytes: sz(fl.RelayMinBytes), RelayFanout: fl.RelayFanout, RelayStream: relayOff(fl.NoRelayStream), RelayPush: fl.RelayPush,
+			Relay: relayOff(fl.NoRelay), RelayMinBytes: sz(fl.RelayMinBytes), RelayFanout: fl.RelayFanout, RelayStream: relayOff(fl.NoRelayStream), RelayPush: relayOff(fl.NoRelayPush),
 		}),
 		Staging: nonZero(&fileStaging{
 			ChunkSize: sz(int64(st.ChunkSize)), ChunksInFlight: st.ChunksInFlight,

@@ -86,7 +86,7 @@
 // loan per copy. With streaming off, a parent lends its copy once its
 // fetch ended and followers wait for the whole.
 //
-// Copies may be pushed (Flow.RelayPush, off by default): a receiver
+// Copies are pushed where that helps (Flow.NoRelayPush turns it off): a receiver
 // whose parent is another node on its destination's GPU (their adverts'
 // device UUIDs) lends its destination to the parent instead (an export
 // held by the parent, sent in a relayPush request), and the parent writes

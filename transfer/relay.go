@@ -23,7 +23,7 @@ const RelayChannel = "relay"
 
 // RelayPushChannel is the name under which Stats counts the bytes another
 // receiver of the same content wrote into this node's destination
-// (Flow.RelayPush).
+// (relay by push, Flow.NoRelayPush).
 const RelayPushChannel = "relay-push"
 
 // relayKey names one content: what descriptors with the same key lend is
@@ -700,13 +700,13 @@ func (e *Engine) relayJoined(owner string, incarnation, c uint64) int {
 
 // mayPush reports whether this node has the receiver the owner named
 // (from) write its copy into dst instead of copying it from there
-// (Flow.RelayPush, with streaming on): when from is another node whose
+// (unless Flow.NoRelayPush; with streaming on): when from is another node whose
 // GPU is dst's, whose copies from dst's node would make that GPU switch
 // between the two processes' contexts at every piece (2xH200, 3 nodes on
 // one GPU, 256 MiB: 1.34 ms streamed, 0.79 ms in a probe where one
 // process wrote the others' buffers).
 func (e *Engine) mayPush(from string, dst *tensor.Tensor) bool {
-	if !e.cfg.Flow.RelayPush || e.cfg.Flow.NoRelayStream || from == "" || from == e.cfg.Node {
+	if e.cfg.Flow.NoRelayPush || e.cfg.Flow.NoRelayStream || from == "" || from == e.cfg.Node {
 		return false
 	}
 	p := e.peer(from)

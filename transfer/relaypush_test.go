@@ -9,10 +9,10 @@ import (
 	"github.com/tensorferry/tensorferry/tensor"
 )
 
-// pushConfig is relayConfig with Flow.RelayPush on.
+// pushConfig is relayConfig with Flow.NoRelayPush off.
 func pushConfig() Config {
 	cfg := relayConfig(false)
-	cfg.Flow.RelayPush = true
+	cfg.Flow.NoRelayPush = false
 	return cfg
 }
 
@@ -64,7 +64,7 @@ func TestRelayPushOnMyGPU(t *testing.T) {
 	if me.mayPush(same.cfg.Node, dst) {
 		t.Fatal("pushes with relay_stream off")
 	}
-	me.cfg.Flow.NoRelayStream, me.cfg.Flow.RelayPush = false, false
+	me.cfg.Flow.NoRelayStream, me.cfg.Flow.NoRelayPush = false, true
 	if me.mayPush(same.cfg.Node, dst) {
 		t.Fatal("pushes with relay_push off")
 	}

@@ -198,7 +198,7 @@ type StatsSnapshot struct {
 	RelayFetched   int64
 	RelayFallbacks int64
 	// RelayPushed counts, of RelayFetched, the copies that receiver
-	// wrote into this node's destination itself (Flow.RelayPush); their
+	// wrote into this node's destination itself (relay by push); their
 	// bytes are counted under RelayPushChannel.
 	RelayPushed int64
 	// Channels maps a channel name to what it fetched into this node;

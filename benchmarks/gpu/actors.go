@@ -219,7 +219,7 @@ type pairConfig struct {
 	relayMin int64 // flow.relay_min_bytes; 0: the default
 	fanout   int   // flow.relay_fanout; 0: the default
 	noStream bool  // flow.relay_stream: false
-	push     bool  // flow.relay_push: true
+	noPush   bool  // flow.relay_push: false
 	// nodes, when set, replaces the one receiving process on dst: one
 	// receiving process (one node, one sink) on each device listed.
 	nodes []memory.Device
@@ -246,7 +246,7 @@ func openPair(pc pairConfig) (p *actorPair, err error) {
 	}
 	cfg.DisableChannels = pc.disable
 	cfg.Flow.NoRelay, cfg.Flow.RelayMinBytes, cfg.Flow.RelayFanout, cfg.Flow.NoRelayStream = pc.noRelay, pc.relayMin, pc.fanout, pc.noStream
-	cfg.Flow.RelayPush = pc.push
+	cfg.Flow.NoRelayPush = pc.noPush
 	cfg.Nodes[0].Devices = []memory.Device{pc.src}
 	for i, d := range recvDevs {
 		cfg.Nodes[1+i].Devices = []memory.Device{d}

@@ -91,12 +91,12 @@
 //     receivers). Relay on (flow.relay, the default): the receiving node
 //     fetches the content once and copies it on --dst for the other
 //     receivers (channel "relay" in the line); off: each receiver fetches
-//     from the owner. -relay streams (flow.relay_stream, the default:
-//     copies follow their source as it fills); -relay-whole (unless
-//     --relay-whole=false) waits for whole copies; -relay-push (with
-//     --relay-push, run first) has the holder write the copies of the
-//     receivers on its GPU (flow.relay_push; only -nodes runs name a
-//     holder, so only they push). Each setting has its
+//     from the owner. -relay-push (the defaults; unless
+//     --relay-push=false, run first) has the holder write the copies of
+//     the receivers on its GPU (flow.relay_push; only -nodes runs name a
+//     holder, so only they push); -relay streams without push
+//     (flow.relay_stream: copies follow their source as it fills);
+//     -relay-whole (unless --relay-whole=false) waits for whole copies. Each setting has its
 //     own pair of processes, in that order. Compare with NCCL broadcast
 //     to one rank of the same size.
 //     With --receiver-nodes (e.g. 1,1,1 or 1,2,3): tensorferry-fanout-

@@ -42,25 +42,25 @@ func runFanout(o options) (rs []report.Result, err error) {
 		nodes = append(nodes, cudaDev(g))
 	}
 	type setting struct {
-		path, nodesPath         string
-		noRelay, noStream, push bool
+		path, nodesPath           string
+		noRelay, noStream, noPush bool
 	}
 	var settings []setting
 	if o.relayPush {
-		settings = append(settings, setting{path: pathFanoutRelayPush, nodesPath: pathFanoutNodesRelayPush, push: true})
+		settings = append(settings, setting{path: pathFanoutRelayPush, nodesPath: pathFanoutNodesRelayPush})
 	}
-	settings = append(settings, setting{path: pathFanoutRelay, nodesPath: pathFanoutNodesRelay})
+	settings = append(settings, setting{path: pathFanoutRelay, nodesPath: pathFanoutNodesRelay, noPush: true})
 	if o.relayWhole {
-		settings = append(settings, setting{path: pathFanoutRelayWhole, nodesPath: pathFanoutNodesRelayWhole, noStream: true})
+		settings = append(settings, setting{path: pathFanoutRelayWhole, nodesPath: pathFanoutNodesRelayWhole, noStream: true, noPush: true})
 	}
-	settings = append(settings, setting{path: pathFanoutNoRelay, nodesPath: pathFanoutNodesNoRelay, noRelay: true})
+	settings = append(settings, setting{path: pathFanoutNoRelay, nodesPath: pathFanoutNodesNoRelay, noRelay: true, noPush: true})
 	for _, st := range settings {
 		path := st.path
 		if len(nodes) > 0 {
 			path = st.nodesPath
 		}
 		got, err := measureFanout(o, path, pairConfig{src: src, dst: dst, timeout: o.timeout, log: o.logs,
-			readSpin: o.readSpin, sinks: o.receivers, noRelay: st.noRelay, noStream: st.noStream, push: st.push, relayMin: o.relayMin, nodes: nodes, fanout: o.relayFanout,
+			readSpin: o.readSpin, sinks: o.receivers, noRelay: st.noRelay, noStream: st.noStream, noPush: st.noPush, relayMin: o.relayMin, nodes: nodes, fanout: o.relayFanout,
 			profile: receiverFile(o.cpuProfile, path), trace: receiverFile(o.trace, path)})
 		rs = append(rs, got...)
 		if err != nil {

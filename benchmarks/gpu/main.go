@@ -59,7 +59,8 @@ type options struct {
 	// one without relay.
 	relayWhole bool
 	// relayPush adds to the fanout mode, before the others, a run with
-	// relay pushed by the holder (flow.relay_push: true).
+	// the defaults: relay pushed by the holder where it shares a GPU with
+	// receivers (flow.relay_push); the other runs have relay_push: false.
 	relayPush bool
 	// relayMin is flow.relay_min_bytes of the ipc and fanout modes'
 	// nodes (0: the default).
@@ -84,7 +85,7 @@ func main() {
 	psSizes := flag.String("ps-sizes", "256MiB,1GiB", "psexchange: parameter bytes P of the runs")
 	receivers := flag.Int("receivers", 3, "fanout mode: receiving actors of the node on --dst")
 	receiverNodes := flag.String("receiver-nodes", "", "fanout mode: CUDA ordinals of receiving nodes, one process each (e.g. 1,1,1 or 1,2,3), instead of --receivers actors of one node")
-	relayPush := flag.Bool("relay-push", false, "fanout mode: also measure relay pushed by the holder (flow.relay_push: true), before the streamed run")
+	relayPush := flag.Bool("relay-push", true, "fanout mode: also measure relay pushed by the holder (flow.relay_push, the default), before the streamed run without push")
 	relayWhole := flag.Bool("relay-whole", true, "fanout mode: also measure relay with whole copies (flow.relay_stream: false), between the streamed run and the run without relay")
 	relayFanout := flag.Int("relay-fanout", 0, "fanout mode: the nodes' flow.relay_fanout (1: chains; 0: the config's default)")
 	relayMin := flag.String("relay-min", "", "ipc and fanout modes: the nodes' flow.relay_min_bytes (fanout default: the config's; ipc default: relay off, since its stream repeats one tensor)")
