@@ -220,6 +220,8 @@ type pairConfig struct {
 	fanout   int   // flow.relay_fanout; 0: the default
 	noStream bool  // flow.relay_stream: false
 	noPush   bool  // flow.relay_push: false
+	// copyChunk is ipc.copy_chunk (0: the default).
+	copyChunk int
 	// nodes, when set, replaces the one receiving process on dst: one
 	// receiving process (one node, one sink) on each device listed.
 	nodes []memory.Device
@@ -247,6 +249,7 @@ func openPair(pc pairConfig) (p *actorPair, err error) {
 	cfg.DisableChannels = pc.disable
 	cfg.Flow.NoRelay, cfg.Flow.RelayMinBytes, cfg.Flow.RelayFanout, cfg.Flow.NoRelayStream = pc.noRelay, pc.relayMin, pc.fanout, pc.noStream
 	cfg.Flow.NoRelayPush = pc.noPush
+	cfg.IPC.CopyChunk = pc.copyChunk
 	cfg.Nodes[0].Devices = []memory.Device{pc.src}
 	for i, d := range recvDevs {
 		cfg.Nodes[1+i].Devices = []memory.Device{d}

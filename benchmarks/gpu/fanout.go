@@ -60,7 +60,7 @@ func runFanout(o options) (rs []report.Result, err error) {
 			path = st.nodesPath
 		}
 		got, err := measureFanout(o, path, pairConfig{src: src, dst: dst, timeout: o.timeout, log: o.logs,
-			readSpin: o.readSpin, sinks: o.receivers, noRelay: st.noRelay, noStream: st.noStream, noPush: st.noPush, relayMin: o.relayMin, nodes: nodes, fanout: o.relayFanout,
+			readSpin: o.readSpin, sinks: o.receivers, noRelay: st.noRelay, noStream: st.noStream, noPush: st.noPush, copyChunk: o.copyChunk, relayMin: o.relayMin, nodes: nodes, fanout: o.relayFanout,
 			profile: receiverFile(o.cpuProfile, path), trace: receiverFile(o.trace, path)})
 		rs = append(rs, got...)
 		if err != nil {

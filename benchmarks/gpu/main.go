@@ -62,6 +62,9 @@ type options struct {
 	// the defaults: relay pushed by the holder where it shares a GPU with
 	// receivers (flow.relay_push); the other runs have relay_push: false.
 	relayPush bool
+	// copyChunk is ipc.copy_chunk of the fanout mode's nodes (0: the
+	// default).
+	copyChunk int
 	// relayMin is flow.relay_min_bytes of the ipc and fanout modes'
 	// nodes (0: the default).
 	relayMin int64
@@ -85,6 +88,7 @@ func main() {
 	psSizes := flag.String("ps-sizes", "256MiB,1GiB", "psexchange: parameter bytes P of the runs")
 	receivers := flag.Int("receivers", 3, "fanout mode: receiving actors of the node on --dst")
 	receiverNodes := flag.String("receiver-nodes", "", "fanout mode: CUDA ordinals of receiving nodes, one process each (e.g. 1,1,1 or 1,2,3), instead of --receivers actors of one node")
+	copyChunk := flag.String("ipc-copy-chunk", "", "fanout mode: the nodes' ipc.copy_chunk (the pieces of a copy, and of a streamed or pushed relay; default 64MiB)")
 	relayPush := flag.Bool("relay-push", true, "fanout mode: also measure relay pushed by the holder (flow.relay_push, the default), before the streamed run without push")
 	relayWhole := flag.Bool("relay-whole", true, "fanout mode: also measure relay with whole copies (flow.relay_stream: false), between the streamed run and the run without relay")
 	relayFanout := flag.Int("relay-fanout", 0, "fanout mode: the nodes' flow.relay_fanout (1: chains; 0: the config's default)")
@@ -116,6 +120,13 @@ func main() {
 		fatal(fmt.Errorf("--relay-fanout %d: want 0 to 64", o.relayFanout))
 	}
 	o.relayWhole, o.relayPush = *relayWhole, *relayPush
+	if *copyChunk != "" {
+		n, err := size.Parse(*copyChunk)
+		if err != nil || n < 4<<10 || n > 1<<30 {
+			fatal(fmt.Errorf("--ipc-copy-chunk %q: want a size of 4KiB to 1GiB", *copyChunk))
+		}
+		o.copyChunk = n
+	}
 	if *receiverNodes != "" {
 		for _, f := range strings.Split(*receiverNodes, ",") {
 			n, err := strconv.Atoi(strings.TrimSpace(f))
