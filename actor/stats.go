@@ -76,11 +76,13 @@ type StatsSnapshot struct {
 	// time they waited in all.
 	CreditWaits int64
 	CreditWait  time.Duration
-	// RelayServed, RelayFetched and RelayFallbacks count fan-out by relay
-	// across nodes (transfer.StatsSnapshot's fields of those names).
+	// RelayServed, RelayFetched, RelayFallbacks and RelayPushed count
+	// fan-out by relay across nodes (transfer.StatsSnapshot's fields of
+	// those names).
 	RelayServed    int64
 	RelayFetched   int64
 	RelayFallbacks int64
+	RelayPushed    int64
 	// LendViolations counts owners that wrote a tensor while it was lent
 	// (only with WithLendCheck).
 	LendViolations uint64
@@ -131,6 +133,7 @@ func (n *Node) Stats() StatsSnapshot {
 		RelayServed:        e.RelayServed,
 		RelayFetched:       e.RelayFetched,
 		RelayFallbacks:     e.RelayFallbacks,
+		RelayPushed:        e.RelayPushed,
 		CreditWait:         e.CreditWait,
 		LendViolations:     n.eng.Store().LendViolations(),
 		Channels:           e.Channels,

@@ -86,6 +86,7 @@ var families = []desc{
 	{"tensorferry_relay_served_total", "Copies this node lent to other receivers of the same content (fan-out by relay).", nil},
 	{"tensorferry_relay_fetched_total", "Fetches from another receiver of the same content, as its owner asked.", nil},
 	{"tensorferry_relay_fallbacks_total", "Fetches from the owner after the receiver it named could not serve.", nil},
+	{"tensorferry_relay_pushed_total", "Of the relayed fetches, those the receiver the owner named wrote into this node's destination itself (relay by push).", nil},
 	{"tensorferry_credit_wait_seconds_total", "Time messages waited for their receiver's credits, in all.", nil},
 	{"tensorferry_peers_up", "Other nodes of the cluster that are up.", nil},
 	{"tensorferry_peer_up", "Whether a peer is up (1) or not (0) (with peer labels).", []string{labelPeer}},
@@ -228,6 +229,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter("tensorferry_relay_served_total", float64(s.RelayServed))
 	counter("tensorferry_relay_fetched_total", float64(s.RelayFetched))
 	counter("tensorferry_relay_fallbacks_total", float64(s.RelayFallbacks))
+	counter("tensorferry_relay_pushed_total", float64(s.RelayPushed))
 	counter("tensorferry_credit_wait_seconds_total", s.CreditWait.Seconds())
 	up := 0
 	for peer, isUp := range s.PeersUp {

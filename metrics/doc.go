@@ -43,6 +43,7 @@
 //	tensorferry_relay_served_total                 counter
 //	tensorferry_relay_fetched_total                counter
 //	tensorferry_relay_fallbacks_total              counter
+//	tensorferry_relay_pushed_total                 counter
 //	tensorferry_peers_up                           gauge
 //	tensorferry_peer_up                            gauge     peer (Options.PeerLabels only)
 //	tensorferry_node_down_total                    counter
