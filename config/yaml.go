@@ -668,7 +668,7 @@ type fileFlow struct {
 	RelayMinBytes        string `yaml:"relay_min_bytes,omitempty"`
 	RelayFanout          int    `yaml:"relay_fanout,omitempty"`
 	RelayStream          *bool  `yaml:"relay_stream,omitempty"` // written only when off
-	RelayPush            *bool  `yaml:"relay_push,omitempty"` // written only when off
+	RelayPush            *bool  `yaml:"relay_push,omitempty"`   // written only when off
 }
 
 type fileStaging struct {
