@@ -10,8 +10,8 @@ calls ipc needs, through ctypes.
 """
 
 from .codec import BadBody, F32, Struct, TensorRef, decode, encode  # noqa: F401
-from .message import (BadTable, InlineTensor, decode_body, decode_envelope,  # noqa: F401
+from .message import (BadTable, InlineTensor, RefEntry, decode_body, decode_envelope,  # noqa: F401
                       decode_table, encode_body, encode_envelope, encode_table)
 from .ipc import IPCError, Refused  # noqa: F401
-from .node import (DeadLetter, Message, Node, TensorferryError,  # noqa: F401
+from .node import (DeadLetter, Message, Node, Ref, RefSpent, TensorferryError,  # noqa: F401
                    inline_to_tensor, tensor_to_inline)
