@@ -426,4 +426,16 @@ func TestPythonRef(t *testing.T) {
 	if l := p.do("errors", "errors"); l != "errors []" {
 		t.Fatalf("python node's errors: %s", l)
 	}
+	// A kept Ref whose owner went down: its fetch fails with an error
+	// that says so, it does not hang.
+	xt, _ = vec(50)
+	if _, err := node.Request(ctx, py("refkeep"), &RefVec{R: tensor.NewRef(xt)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := node.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if l := p.do("fetchkept", "bad fetchkept"); !strings.Contains(l, "fetch of a Ref") && !strings.Contains(l, "is down") {
+		t.Fatalf("fetch of a ref whose owner is down: %s", l)
+	}
 }

@@ -12,8 +12,11 @@ exports (releasing each lease once fetched, within its receive budget and
 fetch deadline) and serves its own on its data address, lent until the
 fetcher releases them. CUDA tensors move over ipc (ipc.py: CUDA IPC
 handles both ways, the Go channel's protocol) with Go nodes of this host
-when both ends run it; lazy tensor.Ref fields, TLS and gossip membership
-are not spoken yet.
+when both ends run it. A tensor.Ref field arrives as a Ref, fetched only
+when its holder calls fetch (from any thread, on a data connection of its
+own), else released (release, a with block, Node.stop, or its owner's
+lease deadline); Ref(tensor) sends one. TLS and gossip membership are not
+spoken yet.
 
 Every byte from a peer is hostile: frame lengths are bounded before
 anything is read for them, bodies are decoded by codec.decode, and a bad
@@ -496,13 +499,17 @@ class Node:
     device). inline_device (default False), like Go's
     transport.inline_device, sends CUDA tensors at most inline_threshold
     bytes inline rather than over ipc.
+
+    ref_ttl (seconds, default 600 as Go's flow.ref_ttl) is how long a
+    tensor sent in a Ref (tensorferry.Ref(tensor)) stays lent when the
+    receiver neither fetches nor releases it.
     """
 
     def __init__(self, cluster, secret, name, address, peers, incarnation=None,
                  heartbeat_interval=1.0, failure_timeout=5.0, inline_threshold=64 << 10,
                  max_frame_size=16 << 20, receive_budget=1 << 30, fetch_timeout=60.0,
                  data_address=None, inbox_messages=4096, on_up=None, on_down=None,
-                 ipc=True, device=None, inline_device=False, shm_dir=None):
+                 ipc=True, device=None, inline_device=False, shm_dir=None, ref_ttl=600.0):
         if isinstance(secret, str):
             secret = secret.encode()
         if len(secret) < 16:
@@ -544,6 +551,8 @@ class Node:
         # Received Refs not fetched nor released yet (released on stop),
         # weakly: one dropped unspent is the owner's until its lease ends.
         self.refs = weakref.WeakSet()
+        self.ref_ttl = ref_ttl
+        self.ref_deadlines = {}  # export id of a Ref sent → when its lease ends (monotonic), under mu
         self._tl = threading.local()  # .inline: running an inline handler on a reader
         self.served_cv = threading.Condition(self.mu)
         self.threads = []
@@ -1395,6 +1404,17 @@ class Node:
         return Struct((("o", self.name), ("i", self.incarnation), ("e", eid), ("l", lease),
                        ("t", t.dtype), ("s", list(t.shape)), ("b", len(t.data)), ("d", "cpu")))
 
+    def _expire_refs(self, now):
+        """End the leases of Refs sent that their receiver kept past ref_ttl."""
+        with self.mu:
+            for eid, end in list(self.ref_deadlines.items()):
+                if eid not in self.exports:
+                    del self.ref_deadlines[eid]  # released
+                elif end <= now:
+                    del self.ref_deadlines[eid], self.exports[eid]
+                    self.warnings.append("lease of Ref export %d ended after %.0fs unfetched"
+                                         % (eid, self.ref_ttl))
+
     def _export_ref(self, peer, r):
         """Lend the tensor of a Ref sent to peer: its descriptor (a CUDA
         tensor over ipc when the peer is on this host, else its bytes over
@@ -1452,6 +1472,7 @@ class Node:
         seq = itertools.count(1)
         while not self.stopped.wait(self.heartbeat):
             now = time.monotonic()
+            self._expire_refs(now)
             with self.mu:
                 conns = list(self.conns.values())
             for c in conns:
@@ -1530,7 +1551,10 @@ class Node:
         body, table = encode_body(msg.fields, tensor_of)
         for i, (wid, t) in enumerate(table):
             if isinstance(t, Ref):
-                table[i] = (wid, ("ref", self._export_ref(node, t)))
+                d = self._export_ref(node, t)
+                with self.mu:
+                    self.ref_deadlines[d["e"]] = time.monotonic() + self.ref_ttl
+                table[i] = (wid, ("ref", d))
             elif isinstance(t, _DeviceTensor):
                 try:
                     table[i] = (wid, self._export_device(node, t.t))

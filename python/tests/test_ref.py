@@ -249,6 +249,20 @@ class RefSendTest(unittest.TestCase):
         with self.assertRaises(TypeError):
             Ref([1, 2])
 
+    def test_lease_ends(self):
+        import time
+        self.node.ref_ttl = 30.0
+        self.node.send(("go", "sink"), Message("t.M", {"R": Ref(torch.ones(4)), "N": 0}))
+        self.node.send(("go", "sink"), Message("t.M", {"R": Ref(torch.ones(4)), "N": 1}))
+        (e1, e2) = sorted(self.node.exports)
+        del self.node.exports[e1]  # released by the receiver
+        now = time.monotonic()
+        self.node._expire_refs(now)
+        self.assertEqual((list(self.node.exports), list(self.node.ref_deadlines)), ([e2], [e2]))
+        self.node._expire_refs(now + 31.0)
+        self.assertEqual((self.node.exports, self.node.ref_deadlines), ({}, {}))
+        self.assertIn("unfetched", self.node.warnings[-1])
+
     def test_local_fetch_copies(self):
         x = torch.ones(2)
         r = Ref(x)
