@@ -375,7 +375,7 @@ func TestPythonRef(t *testing.T) {
 	py := func(id string) *pa.PID { return node.PID(cfg.Nodes[1].Name, id) }
 	// Fetched by the Python handler, small and above the inline threshold
 	// alike (a Ref is never inline).
-	for _, n := range []int{3, cfg.Transport.InlineThreshold/4*2 + 1} {
+	for _, n := range []int{0, 3, cfg.Transport.InlineThreshold/4*2 + 1} {
 		xt, sum := vec(n)
 		res, err := node.Request(ctx, py("refsum"), &RefVec{R: tensor.NewRef(xt)})
 		if err != nil {
@@ -418,7 +418,7 @@ func TestPythonRef(t *testing.T) {
 	if err := xt.WaitReleased(ctx); err != nil {
 		t.Fatalf("the python node did not release the kept ref: %v", err)
 	}
-	if l := p.do("transfers", "transfers"); strings.Count(l, `"staging"`) != 3 {
+	if l := p.do("transfers", "transfers"); strings.Count(l, `"staging"`) != 4 {
 		t.Fatalf("python node's transfers: %s", l)
 	}
 	// Python → Go: a tensorferry.Ref the Go actor fetches.
