@@ -222,6 +222,53 @@ class RefTest(unittest.TestCase):
         self.assertEqual(sorted(x["e"] for x in self.releases()), [3, 4])
 
 
+class RefIPCTest(unittest.TestCase):
+    """A Ref fetched over ipc (the owner an ipc.Owner over the driver
+    double) when the owner offers it on this host and the device asked is
+    CUDA or none; through staging into host memory when it is "cpu"."""
+
+    def test_ipc(self):
+        import shutil
+        import tempfile
+        from tensorferry import ipc
+        sys.path.insert(0, os.path.dirname(__file__))
+        from fakecuda import FakeDriver
+        shm = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, shm)
+        drv = FakeDriver()
+        exports = {}
+        owner = ipc.Owner(drv, exports.get, 5, shm_dir=shm)
+        node = Node("c", b"0123456789abcdef", "py", "127.0.0.1:0", {"go": "127.0.0.1:1"}, ipc=False)
+        node.ipc_owner = ipc.Owner(drv, node._lookup_export, node.incarnation, shm_dir=shm)
+        node.ipc_fetcher = ipc.Fetcher(drv, "py", lambda o, body, t: owner.handle("py", body),
+                                       lambda o, body: owner.handle("py", body), shm_dir=shm)
+        node.device, node.devices = torch.device("cpu", 0), [Struct(d="cuda:0", u="GPU-1", p="")]
+        conn = FakeConn("go")
+        conn.caps = bytes(encode({"c": {"h": node.host_id, "c": ["staging", "ipc"],
+                                        "g": [{"d": "cuda:0", "u": "GPU-1"}]}}))
+        node.conns["go"] = conn
+        staged = []
+        node._fetch_one = lambda c, d, dst, own_conn=False, timeout=None: staged.append(d["e"])
+        a = drv.alloc(4096)
+        src = a[64:64 + 400].view(torch.float32)
+        src.copy_(torch.arange(100, dtype=torch.float32) - 3.5)
+
+        class X:
+            ipc_offer = owner.offer(src)
+        refs = []
+        for e in (11, 12):
+            exports[e] = (77, X(), "py")
+            d = desc(e=e, l=77, s=[10, 10], b=400, d="cuda:0", h="py", f={"ipc": X.ipc_offer})
+            refs.append(Ref._received(node, d))
+        x = refs[0].fetch()
+        self.assertTrue(torch.equal(x, src.reshape(10, 10)))
+        self.assertEqual((node.transfers[-1], staged), (("ipc", "go", 400), []))
+        self.assertEqual(owner.acquisitions(), 0)
+        refs[1].fetch("cpu")
+        self.assertEqual(staged, [12])
+        self.assertEqual([dict(b)["e"] for f, b in conn.sent if f == F_RELEASE], [11, 12])
+
+
 class RefSendTest(unittest.TestCase):
     def setUp(self):
         self.node = Node("c", b"0123456789abcdef", "py", "127.0.0.1:0", {"go": "127.0.0.1:1"}, ipc=False,
