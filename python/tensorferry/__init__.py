@@ -4,7 +4,8 @@ codec: msgpack bytes equal to the Go side's (wire.EncodeMsgpack) for the
 same values, decoded as hostile input. message: wire.Message envelopes and
 tensor tables. node: a Node of the config mesh (handshake, heartbeats,
 send/request/handlers, tensors inline, through staging, and over ipc with
-Go nodes of the same host). ipc: rdma/ipc's protocol (offers, control
+Go nodes of the same host; Ref: lazy tensor.Ref fields, fetched on
+demand). ipc: rdma/ipc's protocol (offers, control
 requests, the same-host proof), owner and fetcher. cuda: the CUDA driver
 calls ipc needs, through ctypes.
 """

@@ -851,10 +851,9 @@ class Node:
                     self._drop_refs(table)
                 else:
                     w.set(_FetchReply((c, env, table, fetches)))
-            elif not self._inline(c, env, table, fetches):
+            elif refs or not self._inline(c, env, table, fetches):
                 self.inbox.put(("fetch", (c, env, table, fetches)))
             return
-        # A message with Refs never runs inline: its handler may fetch them.
         if env["request"] and not env["target"] or reply_key(env["target"]) is not None \
                 or refs or not self._inline(c, env, table, []):
             self._deliver(c, env, table)
@@ -864,7 +863,8 @@ class Node:
         connection's reader (Node.handle), when the dispatch thread has
         nothing queued or running and every fetch is an ipc copy under a
         direct offer; False, with nothing delivered and every lease still
-        held, otherwise (the caller queues it as usual)."""
+        held, otherwise (the caller queues it as usual). Never called for a
+        message with Refs: its handler may fetch them."""
         if env["target"] not in self.inline or not self.handler_mu.acquire(blocking=False):
             return False
         try:

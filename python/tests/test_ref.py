@@ -202,7 +202,11 @@ class RefTest(unittest.TestCase):
         # A Ref beside a tensor to fetch: the tensor is fetched before the
         # handler runs, the Ref is not.
         row = Struct((("i", 8), ("k", 2), ("t", 0), ("s", None), ("b", None), ("d", desc(e=11))))
+        self.node.handle("sink", lambda m: None, inline=True)
+        inlined = []
+        self.node._inline = lambda *a: inlined.append(a)
         self.send_in(desc(), extra=[(8, row)])
+        self.assertEqual(inlined, [])  # never on the reader: its handler may fetch the Ref
         target, (c, env, table, fetches) = self.node.inbox.get()
         self.node.inbox.done()
         self.assertEqual(target, "fetch")
