@@ -333,8 +333,9 @@ func refSumProps() *pa.Props {
 // node: a Ref the Python handler fetches (staging, CPU) and answers with
 // its sum, one it releases unfetched, one it keeps and fetches after the
 // handler returned, from another thread; the Go owner's tensors have no
-// lease left after each. And a tensorferry.Ref from Python that a Go
-// actor fetches.
+// lease left after each; one it forwards to a Go actor. And a
+// tensorferry.Ref from Python that a Go actor fetches, and a kept Ref
+// whose owner went down.
 func TestPythonRef(t *testing.T) {
 	cfg, err := config.LocalConfig("pyref", 2)
 	if err != nil {
@@ -420,6 +421,19 @@ func TestPythonRef(t *testing.T) {
 	}
 	if l := p.do("transfers", "transfers"); strings.Count(l, `"staging"`) != 4 {
 		t.Fatalf("python node's transfers: %s", l)
+	}
+	// Forwarded by the Python node to a Go actor, which fetches it from
+	// its owner.
+	xt, sum = vec(70)
+	res, err = node.Request(ctx, py("refforward"), &RefVec{R: tensor.NewRef(xt)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := res.(*RefVec); !ok || v.Note != "forwarded, fetched by go" || v.Scale != sum {
+		t.Fatalf("forward: reply %#v, want the sum %v", res, sum)
+	}
+	if err := xt.WaitReleased(ctx); err != nil {
+		t.Fatalf("the forwarded ref was not released: %v", err)
 	}
 	// Python → Go: a tensorferry.Ref the Go actor fetches.
 	p.do("refrequest 1000", "ok refrequest")

@@ -223,7 +223,10 @@ class Ref(RefEntry):
 
     Ref(tensor) in a message's fields sends a torch.Tensor lazily: it is
     lent (exported, never inline) until the receiver fetches or releases
-    it, as Go's tensor.NewRef. fetch on such a Ref returns a copy.
+    it, as Go's tensor.NewRef. fetch on such a Ref returns a copy. A
+    received Ref put into a message is forwarded: its receiver fetches
+    from the owner, and this Ref is spent (unlike Go's Forward, which
+    leaves it to be fetched too).
     """
 
     __slots__ = ("_node", "_desc", "_local", "_mu", "_spent", "__weakref__")
@@ -285,6 +288,25 @@ class Ref(RefEntry):
             return self._node._fetch_ref(self._desc, device, timeout)
         finally:
             self._node._release_ref(self)
+
+    def _forward(self):
+        """The descriptor to send this received Ref on with: the lease is
+        the receiver's from then on, so this Ref is spent (not released
+        here, nor on stop)."""
+        with self._mu:
+            if self._spent:
+                raise RefSpent("tensorferry: Ref %s already fetched or released: cannot forward" % self._name())
+            self._spent = True
+        with self._node.mu:
+            self._node.refs.discard(self)
+        return self._desc
+
+    def _unforward(self):
+        """Undo _forward: the message that forwarded it was not sent."""
+        with self._mu:
+            self._spent = False
+        with self._node.mu:
+            self._node.refs.add(self)
 
     def release(self):
         """Give the owner its lease back without fetching; nothing once
@@ -1418,9 +1440,10 @@ class Node:
     def _export_ref(self, peer, r):
         """Lend the tensor of a Ref sent to peer: its descriptor (a CUDA
         tensor over ipc when the peer is on this host, else its bytes over
-        staging; never inline)."""
+        staging; never inline). A received Ref is forwarded: its
+        descriptor goes, and the receiver fetches from the owner."""
         if r._local is None:
-            raise TensorferryError("tensorferry: a received Ref is not sent on (fetch it and send the tensor)")
+            return r._forward()
         t = r._local
         with self.mu:
             c = self.conns.get(peer)
@@ -1524,7 +1547,7 @@ class Node:
             raise TensorferryError("tensorferry: node %s is not up" % node)
         return c
 
-    def _envelope(self, target, msg, sender_id, request_key=0):
+    def _envelope(self, target, msg, sender_id, forwarded):
         if not isinstance(msg, Message):
             raise TypeError("tensorferry: send a tensorferry.Message, not %s" % type(msg).__name__)
         node, ident = target
@@ -1552,8 +1575,11 @@ class Node:
         for i, (wid, t) in enumerate(table):
             if isinstance(t, Ref):
                 d = self._export_ref(node, t)
-                with self.mu:
-                    self.ref_deadlines[d["e"]] = time.monotonic() + self.ref_ttl
+                if t._local is None:
+                    forwarded.append(t)
+                else:
+                    with self.mu:
+                        self.ref_deadlines[d["e"]] = time.monotonic() + self.ref_ttl
                 table[i] = (wid, ("ref", d))
             elif isinstance(t, _DeviceTensor):
                 try:
@@ -1587,15 +1613,18 @@ class Node:
         tensor's memory over staging as a CUDA tensor's over ipc, until
         the receiver fetched it; change them only after that (a request's
         reply comes after it)."""
-        before = next(self.export_ids)
+        before, forwarded = next(self.export_ids), []
         try:
-            node, env = self._envelope(pid, msg, sender_id)
+            node, env = self._envelope(pid, msg, sender_id, forwarded)
             self._conn(node).send(F_MESSAGE, env)
         except BaseException:
-            # Exports of a message that was not sent are nobody's.
+            # Exports of a message that was not sent are nobody's; Refs
+            # it forwarded are still this node's.
             with self.mu:
                 for k in [k for k in self.exports if k > before]:
                     del self.exports[k]
+            for r in forwarded:
+                r._unforward()
             raise
 
     def request(self, pid, msg, timeout=10.0):

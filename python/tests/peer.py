@@ -16,7 +16,8 @@ on stdin, one a line, printing one result line each:
 
 Its actor "refsum" answers a py.RefVec (a tensor.Ref field R) with the
 sum of R's tensor, fetched (Note "release": released unfetched, Scale -1);
-"refkeep" keeps R and answers at once, its fetch comes later (fetchkept).
+"refkeep" keeps R and answers at once, its fetch comes later (fetchkept);
+"refforward" sends R on to the Go actor "refsum" and answers its answer.
 
 On a GPU, its actor "gpudouble" answers a CUDA tensor with the tensor
 times two, on its GPU.
@@ -103,6 +104,13 @@ def main():
         return tf.Message("py.RefVec", {"Scale": float(m["R"].nbytes), "R": None, "Note": "kept"})
 
     node.handle("refkeep", refkeep)
+
+    def refforward(m):
+        # Sends the Ref on to the Go actor "refsum", which fetches it from its owner.
+        r = node.request((gonode, "refsum"), tf.Message("py.RefVec", {"Scale": 0.0, "R": m["R"], "Note": ""}))
+        return tf.Message("py.RefVec", {"Scale": r["Scale"], "R": None, "Note": "forwarded, " + r["Note"]})
+
+    node.handle("refforward", refforward)
     node.start()
     say("listening")
     gonode = cfg["go"]

@@ -292,13 +292,33 @@ class RefSendTest(unittest.TestCase):
         d = row["d"]
         self.assertEqual((d["o"], d["t"], d["s"], d["b"]), ("py", 7, [3], 12))
         self.assertEqual(bytes(self.node.exports[d["e"]][1]), x.numpy().tobytes())
-        # Received Refs are not sent on; a failed send lends nothing.
-        self.node.conns["go2"] = FakeConn("go2")
+        # A failed send lends nothing.
         with self.assertRaises(TensorferryError):
-            self.node.send(("go2", "sink"), Message("t.M", {"R": Ref._received(self.node, desc())}))
+            self.node.send(("nowhere", "sink"), Message("t.M", {"R": Ref(x)}))
         self.assertEqual(len(self.node.exports), 1)
         with self.assertRaises(TypeError):
             Ref([1, 2])
+
+    def test_forward(self):
+        # A received Ref sent on: its descriptor goes, the lease is the
+        # receiver's (this Ref spent, not released, not even on stop).
+        r = Ref._received(self.node, desc())
+        self.node.refs.add(r)
+        # Not sent (no such node): still this node's.
+        with self.assertRaises(TensorferryError):
+            self.node.send(("nowhere", "sink"), Message("t.M", {"L": [{"R": r}]}))
+        self.assertEqual((r.spent, len(self.node.refs)), (False, 1))
+        self.node.send(("go", "sink"), Message("t.M", {"L": [{"R": r}]}))
+        (row,) = decode(decode_envelope(self.conn.sent[-1][1])["tensors"])
+        self.assertEqual((row["k"], dict(row["d"])), (ENTRY_REF, dict(desc())))
+        self.assertEqual((r.spent, len(self.node.refs), self.node.exports, self.node.ref_deadlines),
+                         (True, 0, {}, {}))
+        with self.assertRaises(RefSpent):
+            r.fetch()
+        with self.assertRaises(RefSpent):
+            self.node.send(("go", "sink"), Message("t.M", {"R": r}))
+        self.node.stop()
+        self.assertEqual([f for f, _ in self.conn.sent].count(F_RELEASE), 0)
 
     def test_lease_ends(self):
         import time
