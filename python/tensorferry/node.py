@@ -840,8 +840,16 @@ class Node:
         if fetches or refs:
             total, why = 0, None
             for k, d in fetches + refs:
+                oc = c
+                if table[k][0] == "ref" and d.get("o") != c.peer:
+                    # Forwarded by its sender: the owner must be a node up.
+                    with self.mu:
+                        oc = self.conns.get(d.get("o")) if isinstance(d.get("o"), str) else None
+                    if oc is None or oc.caps is None:
+                        why = why or "the owner %r of a forwarded Ref is not up" % (str(d.get("o"))[:64],)
+                        continue
                 try:
-                    n = self._check_descriptor(c, d)
+                    n = self._check_descriptor(oc, d)
                 except BadTable as e:
                     why = why or str(e)
                     continue
@@ -852,7 +860,9 @@ class Node:
             if why is not None:
                 # Refused: its leases go back, the connection stays.
                 self.errors.append("%s: message %s refused: %s" % (c.peer, env["type_name"], why))
-                self._release_all(c, [d for _, d in fetches + refs])
+                self._release_all(c, [d for _, d in fetches])
+                for _, d in refs:
+                    self._release_desc(d)
                 self._send_dead_letter(c, env, why)
                 return
             if refs:
@@ -1062,11 +1072,15 @@ class Node:
                 v.release()
 
     def _release_ref(self, r):
-        d = r._desc
         with self.mu:
             self.refs.discard(r)
-            c = self.conns.get(d["o"])
-        if c is not None and c.inc == d["i"]:
+        self._release_desc(r._desc)
+
+    def _release_desc(self, d):
+        """Give a Ref's lease back to its owner."""
+        with self.mu:
+            c = self.conns.get(d.get("o")) if isinstance(d.get("o"), str) else None
+        if c is not None and c.inc == d.get("i"):
             self._release_all(c, [d])
         # else its owner is down or restarted: the lease is gone with it.
 

@@ -124,7 +124,9 @@ class RefTest(unittest.TestCase):
             self.send_in(d)
             self.assertTrue(self.node.inbox.q.empty(), d)
             self.assertIn("refused", self.node.errors[-1])
-            self.assertEqual([f for f, _ in self.conn.sent], [F_RELEASE, F_SYSTEM], d)
+            # Its lease goes back to its owner, when that is a node up.
+            want = [F_SYSTEM] if d["o"] == "other" or d["i"] == 6 else [F_RELEASE, F_SYSTEM]
+            self.assertEqual([f for f, _ in self.conn.sent], want, d)
         self.assertEqual(len(self.node.refs), 0)
         # A Ref field naming a tensor entry, a tensor field naming a Ref
         # entry: bad tables (the connection goes), nothing held.
@@ -140,6 +142,28 @@ class RefTest(unittest.TestCase):
                 else:
                     self.send_in(d, kind=kind)
         self.assertEqual(len(self.node.refs), 0)
+
+    def test_forwarded_to_this_node(self):
+        # A Ref whose owner is another node than its sender: fetched from
+        # and released to the owner, if it is up.
+        owner = self.node.conns["go2"] = FakeConn("go2", inc=8)
+        self.send_in(desc(o="go2", i=8))
+        r = self.delivered()["R"]
+        self.assertEqual(r.owner, "go2")
+        self.fetches.clear()
+        seen = []
+        self.node._fetch_one = lambda c, d, dst, own_conn=False, timeout=None: seen.append(c)
+        r.fetch()
+        self.assertEqual(seen, [owner])
+        self.assertEqual(([f for f, _ in owner.sent], self.releases()), ([F_RELEASE], []))
+        # An owner that is not up, or of another incarnation: refused.
+        for d in (desc(o="go3"), desc(o="go2", i=9), desc(o=7)):
+            self.conn.sent.clear()
+            self.send_in(d)
+            self.assertTrue(self.node.inbox.q.empty(), d)
+            self.assertIn("refused", self.node.errors[-1])
+            self.assertEqual([f for f, _ in self.conn.sent], [F_SYSTEM])
+        self.assertEqual(len(owner.sent), 1)
 
     def test_budget_counts_fetched_only(self):
         self.node.receive_budget = 6
