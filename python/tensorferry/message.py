@@ -147,7 +147,7 @@ def decode_table(b):
             raise BadTable("tensorferry: bad tensor table: id %r missing, zero or repeated" % (wid,))
         if kind == ENTRY_INLINE:
             dt, shape, data = row.get("t"), row.get("s"), row.get("b")
-            if dt not in DTYPE_SIZE:
+            if type(dt) is not int or dt not in DTYPE_SIZE:
                 raise BadTable("tensorferry: bad tensor table: unknown dtype %r" % (dt,))
             if not isinstance(shape, list) or len(shape) > MAX_DIMS or \
                     not all(type(d) is int and d >= 0 for d in shape):

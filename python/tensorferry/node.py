@@ -1040,7 +1040,7 @@ class Node:
             raise BadTable("tensorferry: bad descriptor: owner %r#%r is not the sender %s#%d"
                            % (d.get("o"), d.get("i"), c.peer, c.inc))
         dt, shape, n = d.get("t"), d.get("s"), d.get("b")
-        if dt not in DTYPE_SIZE or not isinstance(shape, list) or len(shape) > MAX_DIMS or \
+        if type(dt) is not int or dt not in DTYPE_SIZE or not isinstance(shape, list) or len(shape) > MAX_DIMS or \
                 not all(type(x) is int and x >= 0 for x in shape) or type(n) is not int:
             raise BadTable("tensorferry: bad descriptor: dtype %r, shape %r, bytes %r" % (dt, shape, n))
         size = DTYPE_SIZE[dt]

@@ -12,8 +12,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import torch  # noqa: E402
 
 from tensorferry.codec import Struct, TensorRef, decode, encode  # noqa: E402
-from tensorferry.message import (ENTRY_REF, BadTable, decode_envelope, encode_envelope,  # noqa: E402
-                                 encode_table)
+from tensorferry.message import (ENTRY_REF, BadTable, decode_envelope, decode_table,  # noqa: E402
+                                 encode_envelope)
 from tensorferry.node import (F_MESSAGE, F_RELEASE, F_SYSTEM, Message, Node, Ref, RefSpent,  # noqa: E402
                               TensorferryError)
 
@@ -117,7 +117,8 @@ class RefTest(unittest.TestCase):
         self.assertEqual([x["e"] for x in self.releases()], [3, 4])
 
     def test_hostile_refused(self):
-        bad = [desc(o="other"), desc(i=6), desc(b=9), desc(t=99), desc(s=[1] * 9), desc(s=[-1]),
+        bad = [desc(o="other"), desc(i=6), desc(b=9), desc(t=99), desc(t=[1]), desc(t={}), desc(t=True),
+               desc(s=[1] * 9), desc(s=[-1]),
                desc(e=-1), desc(l="x"), desc(f=[1]), desc(d=7)]
         for d in bad:
             self.conn.sent.clear()
@@ -164,6 +165,16 @@ class RefTest(unittest.TestCase):
             self.assertIn("refused", self.node.errors[-1])
             self.assertEqual([f for f, _ in self.conn.sent], [F_SYSTEM])
         self.assertEqual(len(owner.sent), 1)
+
+    def test_unhashable_dtype(self):
+        # A dtype that is a list or a map: refused with BadTable, in a
+        # descriptor to fetch as in an inline entry (it was a TypeError
+        # that killed the connection's reader).
+        self.send_in(desc(t=[1]), entry=2, kind=TensorRef.TENSOR)
+        self.assertIn("refused", self.node.errors[-1])
+        for t in ([1], {}, True):
+            with self.assertRaises(BadTable):
+                decode_table(bytes(encode([Struct(i=1, k=1, t=t, s=[1], b=b"x", d=None)])))
 
     def test_budget_counts_fetched_only(self):
         self.node.receive_budget = 6
@@ -248,6 +259,49 @@ class RefTest(unittest.TestCase):
         self.delivered()["R"].fetch()
         self.node.stop()
         self.assertEqual(sorted(x["e"] for x in self.releases()), [3, 4])
+
+
+try:
+    from hypothesis import given, settings, strategies as st
+except ImportError:  # pragma: no cover
+    given = None
+
+if given is not None:
+    field = (st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.text(max_size=40)
+             | st.binary(max_size=8) | st.lists(st.integers(-2, 2**40), max_size=10)
+             | st.dictionaries(st.text(max_size=4), st.binary(max_size=4) | st.integers(-9, 2**40), max_size=3))
+    # A valid descriptor with a few fields changed, or anything.
+    descriptors = st.builds(lambda m: dict(desc(), **m), st.dictionaries(
+        st.sampled_from(list("oieltsbdhfc")), field | st.sampled_from([0, 4, 8, 1 << 30, "go", "cuda:0"]),
+        max_size=2)) | st.dictionaries(st.sampled_from(list("oieltsbdhfc")), field)
+
+    class RefPropertyTest(unittest.TestCase):
+        @settings(max_examples=400, deadline=None)
+        @given(descriptors, st.sampled_from([TensorRef.REF, TensorRef.TENSOR]))
+        def test_any_descriptor(self, d, kind):
+            # Any descriptor: a Ref delivered (checked: its size within
+            # the budget when fetched) or the message refused, its lease
+            # back to the owner; never another exception, nothing held.
+            t = RefTest("test_fetch_once")
+            t.setUp()
+            t.node.receive_budget = 1 << 20
+            t.node._fetch_one = lambda c, d, dst, own_conn=False, timeout=None: None
+            try:
+                t.send_in(d, kind=kind)
+            except BadTable:
+                self.assertEqual(len(t.node.refs), 0)
+                return
+            if t.node.inbox.q.empty():
+                self.assertIn("refused", t.node.errors[-1])
+                self.assertEqual(len(t.node.refs), 0)
+                return
+            r = t.delivered()["R"]
+            try:
+                x = r.fetch()
+                self.assertEqual(x.numel() * x.element_size(), r.nbytes)
+            except TensorferryError as e:
+                self.assertIn("budget", str(e))
+            self.assertEqual((len(t.releases()), len(t.node.refs)), (1, 0))
 
 
 class RefIPCTest(unittest.TestCase):
