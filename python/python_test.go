@@ -16,6 +16,7 @@ import (
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/config"
+	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/tensor"
 	"go.uber.org/zap"
 )
@@ -28,7 +29,17 @@ type Vec struct {
 	Note  string
 }
 
-func init() { actor.MustRegisterMessage("py.Vec", &Vec{}) }
+// RefVec carries a lazy tensor.Ref: the Python node gets a tensorferry.Ref.
+type RefVec struct {
+	Scale float64
+	R     tensor.Ref
+	Note  string
+}
+
+func init() {
+	actor.MustRegisterMessage("py.Vec", &Vec{})
+	actor.MustRegisterMessage("py.RefVec", &RefVec{})
+}
 
 // python returns the interpreter with torch and msgpack, or skips the test
 // saying why.
@@ -292,5 +303,153 @@ func TestPythonUnit(t *testing.T) {
 	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("python unit tests: %v\n%s", err, out)
+	}
+}
+
+// refSumProps answers a py.RefVec with the sum of its Ref's tensor,
+// fetched into host memory.
+func refSumProps() *pa.Props {
+	return pa.PropsFromFunc(func(c pa.Context) {
+		v, ok := c.Message().(*RefVec)
+		if !ok {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		x, err := v.R.Fetch(ctx, memory.CPU)
+		if err != nil {
+			c.Respond(&RefVec{Note: "fetch failed: " + err.Error()})
+			return
+		}
+		var sum float64
+		for _, f := range x.Float32s() {
+			sum += float64(f)
+		}
+		c.Respond(&RefVec{Scale: sum, Note: "fetched by go"})
+	})
+}
+
+// TestPythonRef sends tensor.Ref fields between a Go node and a Python
+// node: a Ref the Python handler fetches (staging, CPU) and answers with
+// its sum, one it releases unfetched, one it keeps and fetches after the
+// handler returned, from another thread; the Go owner's tensors have no
+// lease left after each; one it forwards to a Go actor. And a
+// tensorferry.Ref from Python that a Go actor fetches, and a kept Ref
+// whose owner went down.
+func TestPythonRef(t *testing.T) {
+	cfg, err := config.LocalConfig("pyref", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startPeer(t, cfg, 1, 0)
+	node, err := actor.NewNode(cfg, cfg.Nodes[0].Name, actor.WithLogger(zap.NewNop()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := node.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = node.Stop() })
+	if _, err := node.Root().SpawnNamed(refSumProps(), "refsum"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := node.WaitPeer(ctx, cfg.Nodes[1].Name); err != nil {
+		t.Fatal(err)
+	}
+	p.do("wait", "ok wait")
+
+	vec := func(n int) (*tensor.Tensor, float64) {
+		x := make([]float32, n)
+		var sum float64
+		for i := range x {
+			x[i] = float32(i%13) - 4
+			sum += float64(x[i])
+		}
+		xt, err := tensor.FromFloat32s(x, tensor.Shape{int64(n)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return xt, sum
+	}
+	py := func(id string) *pa.PID { return node.PID(cfg.Nodes[1].Name, id) }
+	// Fetched by the Python handler, small and above the inline threshold
+	// alike (a Ref is never inline).
+	for _, n := range []int{0, 3, cfg.Transport.InlineThreshold/4*2 + 1} {
+		xt, sum := vec(n)
+		res, err := node.Request(ctx, py("refsum"), &RefVec{R: tensor.NewRef(xt)})
+		if err != nil {
+			t.Fatalf("ref of %d elements: %v", n, err)
+		}
+		if v, ok := res.(*RefVec); !ok || v.Note != "fetched" || v.Scale != sum {
+			t.Fatalf("ref of %d elements: reply %#v, want the sum %v", n, res, sum)
+		}
+		if err := xt.WaitReleased(ctx); err != nil {
+			t.Fatalf("ref of %d elements: the python node did not release it: %v", n, err)
+		}
+	}
+	// Released unfetched.
+	xt, _ := vec(100)
+	res, err := node.Request(ctx, py("refsum"), &RefVec{R: tensor.NewRef(xt), Note: "release"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := res.(*RefVec); !ok || v.Note != "released" {
+		t.Fatalf("release: reply %#v", res)
+	}
+	if err := xt.WaitReleased(ctx); err != nil {
+		t.Fatalf("the python node did not release the ref: %v", err)
+	}
+	// Kept by the handler, fetched later from the Python main thread.
+	xt, sum := vec(50)
+	res, err = node.Request(ctx, py("refkeep"), &RefVec{R: tensor.NewRef(xt)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := res.(*RefVec); !ok || v.Note != "kept" || v.Scale != 200 {
+		t.Fatalf("keep: reply %#v", res)
+	}
+	if xt.Leases() == 0 {
+		t.Fatal("the kept ref's lease is gone before its fetch")
+	}
+	if l := p.do("fetchkept", "ok fetchkept"); l != fmt.Sprintf("ok fetchkept %.1f 50", sum) {
+		t.Fatalf("fetchkept: %s, want the sum %v", l, sum)
+	}
+	if err := xt.WaitReleased(ctx); err != nil {
+		t.Fatalf("the python node did not release the kept ref: %v", err)
+	}
+	if l := p.do("transfers", "transfers"); strings.Count(l, `"staging"`) != 4 {
+		t.Fatalf("python node's transfers: %s", l)
+	}
+	// Forwarded by the Python node to a Go actor, which fetches it from
+	// its owner.
+	xt, sum = vec(70)
+	res, err = node.Request(ctx, py("refforward"), &RefVec{R: tensor.NewRef(xt)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := res.(*RefVec); !ok || v.Note != "forwarded, fetched by go" || v.Scale != sum {
+		t.Fatalf("forward: reply %#v, want the sum %v", res, sum)
+	}
+	if err := xt.WaitReleased(ctx); err != nil {
+		t.Fatalf("the forwarded ref was not released: %v", err)
+	}
+	// Python → Go: a tensorferry.Ref the Go actor fetches.
+	p.do("refrequest 1000", "ok refrequest")
+	if l := p.do("errors", "errors"); l != "errors []" {
+		t.Fatalf("python node's errors: %s", l)
+	}
+	// A kept Ref whose owner went down: its fetch fails with an error
+	// that says so, it does not hang.
+	xt, _ = vec(50)
+	if _, err := node.Request(ctx, py("refkeep"), &RefVec{R: tensor.NewRef(xt)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := node.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if l := p.do("fetchkept", "bad fetchkept"); !strings.Contains(l, "fetch of a Ref") && !strings.Contains(l, "is down") {
+		t.Fatalf("fetch of a ref whose owner is down: %s", l)
 	}
 }

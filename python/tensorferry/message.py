@@ -46,6 +46,14 @@ class InlineTensor:
         return "InlineTensor(%d, %r, %d bytes)" % (self.dtype, self.shape, len(self.data))
 
 
+class RefEntry:
+    """Base of what a "ref" entry of a table becomes once received or what
+    is sent as one (node.Ref): decode_body and encode_body match Ref
+    fields ([3, id]) with it."""
+
+    __slots__ = ()
+
+
 def new_wire_id():
     """A fresh id naming a tensor within this process."""
     return next(_wire_ids)
@@ -101,7 +109,10 @@ def encode_table(entries):
                          % (len(entries), MAX_TABLE_ENTRIES))
     rows = []
     for wid, t in entries:
-        if isinstance(t, InlineTensor):
+        if isinstance(t, tuple) and t[0] == "ref":  # a Ref's export: fetched when the receiver asks
+            rows.append(Struct((("i", wid), ("k", ENTRY_REF), ("t", 0), ("s", None),
+                                ("b", None), ("d", t[1]))))
+        elif isinstance(t, InlineTensor):
             rows.append(Struct((("i", wid), ("k", ENTRY_INLINE), ("t", t.dtype),
                                 ("s", list(t.shape)), ("b", bytes(t.data)), ("d", None))))
         else:  # the descriptor of an export, fetched before delivery
@@ -136,7 +147,7 @@ def decode_table(b):
             raise BadTable("tensorferry: bad tensor table: id %r missing, zero or repeated" % (wid,))
         if kind == ENTRY_INLINE:
             dt, shape, data = row.get("t"), row.get("s"), row.get("b")
-            if dt not in DTYPE_SIZE:
+            if type(dt) is not int or dt not in DTYPE_SIZE:
                 raise BadTable("tensorferry: bad tensor table: unknown dtype %r" % (dt,))
             if not isinstance(shape, list) or len(shape) > MAX_DIMS or \
                     not all(type(d) is int and d >= 0 for d in shape):
@@ -177,6 +188,10 @@ def encode_body(fields, tensor_of=None):
     def conv(v, depth=0):
         if depth > 32:
             raise ValueError("tensorferry: message nested deeper than 32")
+        if isinstance(v, RefEntry):  # sent lazily: the caller exports it
+            wid = new_wire_id()
+            table.append((wid, v))
+            return TensorRef(TensorRef.REF, wid)
         if isinstance(v, InlineTensor) or (tensor_of is not None and not isinstance(
                 v, (int, float, str, bytes, bool, type(None), dict, list, tuple))):
             t = v if isinstance(v, InlineTensor) else tensor_of(v)
@@ -208,6 +223,12 @@ def decode_body(body, table):
         if r.id in table:
             if r.id in used:
                 raise BadTable("tensorferry: bad tensor table: entry %d referred to twice" % r.id)
+            # A Ref field ([3, id]) names a "ref" entry, a tensor field
+            # ([1, id]) any other, as Go's import checks.
+            x = table[r.id]
+            if (r.kind == TensorRef.REF) != (isinstance(x, RefEntry) or isinstance(x, tuple) and x[0] == "ref"):
+                raise BadTable("tensorferry: bad tensor table: field of kind %d refers to entry %d of "
+                               "another kind" % (r.kind, r.id))
             used.add(r.id)
     if len(used) != len(table):
         raise BadTable("tensorferry: bad tensor table: %d entries, body refers to %d"

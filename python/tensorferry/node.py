@@ -12,8 +12,11 @@ exports (releasing each lease once fetched, within its receive budget and
 fetch deadline) and serves its own on its data address, lent until the
 fetcher releases them. CUDA tensors move over ipc (ipc.py: CUDA IPC
 handles both ways, the Go channel's protocol) with Go nodes of this host
-when both ends run it; lazy tensor.Ref fields, TLS and gossip membership
-are not spoken yet.
+when both ends run it. A tensor.Ref field arrives as a Ref, fetched only
+when its holder calls fetch (from any thread, on a data connection of its
+own), else released (release, a with block, Node.stop, or its owner's
+lease deadline); Ref(tensor) sends one. TLS and gossip membership are not
+spoken yet.
 
 Every byte from a peer is hostile: frame lengths are bounded before
 anything is read for them, bodies are decoded by codec.decode, and a bad
@@ -29,10 +32,11 @@ import socket
 import struct
 import threading
 import time
+import weakref
 
 from .codec import BadBody, Struct, decode, encode
 from . import cuda as _cuda, ipc as _ipc, staging
-from .message import (DTYPES, DTYPE_SIZE, MAX_DIMS, BadTable, InlineTensor, SER_MSGPACK,
+from .message import (DTYPES, DTYPE_SIZE, MAX_DIMS, BadTable, InlineTensor, RefEntry, SER_MSGPACK,
                       decode_body, decode_envelope, decode_table, encode_body,
                       encode_envelope, encode_table)
 
@@ -192,6 +196,153 @@ def _dev_to_tensor(buf, dtype, shape):
         for name, n in DTYPES.items():
             _TORCH_OF[n] = getattr(torch, name)
     return buf.view(_TORCH_OF[dtype]).reshape(shape)
+
+
+class RefSpent(TensorferryError):
+    """A Ref fetched or released already is fetched again."""
+
+
+class Ref(RefEntry):
+    """A lazily fetched tensor: a Go tensor.Ref field.
+
+    A received message's tensor.Ref field arrives as a Ref that holds only
+    the owner's descriptor: nothing moves until fetch, which copies the
+    tensor once and gives the owner its lease back; release gives it back
+    without fetching (again: nothing). Use it as a context manager to
+    release on exit what was not fetched:
+
+        with msg["W"] as w:
+            if wanted:
+                x = w.fetch("cuda:0")
+
+    A Ref neither fetched nor released holds the owner's tensor until the
+    owner's lease runs out (its flow.ref_ttl, 10 minutes by default) or
+    this node stops (Node.stop releases it). Fetch it from any thread, also
+    after the handler returned, but not from an inline handler (Node.handle):
+    the fetch waits for answers its connection's reader must read.
+
+    Ref(tensor) in a message's fields sends a torch.Tensor lazily: it is
+    lent (exported, never inline) until the receiver fetches or releases
+    it, as Go's tensor.NewRef. fetch on such a Ref returns a copy. A
+    received Ref put into a message is forwarded: its receiver fetches
+    from the owner, and this Ref is spent (unlike Go's Forward, which
+    leaves it to be fetched too).
+    """
+
+    __slots__ = ("_node", "_desc", "_local", "_mu", "_spent", "__weakref__")
+
+    def __init__(self, tensor):
+        import torch
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError("tensorferry: Ref of a %s, not a torch.Tensor" % type(tensor).__name__)
+        self._node, self._desc, self._local = None, None, tensor
+        self._mu, self._spent = threading.Lock(), False
+
+    @classmethod
+    def _received(cls, node, desc):
+        r = cls.__new__(cls)
+        r._node, r._desc, r._local = node, desc, None
+        r._mu, r._spent = threading.Lock(), False
+        return r
+
+    @property
+    def owner(self):
+        """The name of the node that owns the tensor (None: this one's)."""
+        return None if self._desc is None else self._desc["o"]
+
+    @property
+    def nbytes(self):
+        return self._local.numel() * self._local.element_size() if self._desc is None else self._desc["b"]
+
+    @property
+    def dtype(self):
+        """The tensor's torch dtype."""
+        return self._local.dtype if self._desc is None else _torch_dtype(self._desc["t"])
+
+    @property
+    def shape(self):
+        import torch
+        return self._local.shape if self._desc is None else torch.Size(self._desc["s"])
+
+    @property
+    def spent(self):
+        """Whether the Ref was fetched or released."""
+        return self._spent
+
+    def fetch(self, device=None, timeout=None):
+        """The tensor, copied from its owner once: over ipc when the owner
+        offers it on this host and device is CUDA (None: as a message's
+        tensor field arrives, on the node's device over ipc, else in host
+        memory), else through staging into host memory, then moved to
+        device when given. The lease goes back whether the fetch worked or
+        not; a second fetch raises RefSpent. timeout (seconds, default the
+        node's fetch_timeout) bounds the copy. A tensor above the node's
+        receive budget is refused, as Go's Ref.Fetch does."""
+        if self._desc is None:
+            return self._local.detach().clone() if device is None else self._local.detach().to(device, copy=True)
+        with self._mu:
+            if self._spent:
+                raise RefSpent("tensorferry: Ref %s already fetched or released" % self._name())
+            self._spent = True
+        try:
+            return self._node._fetch_ref(self._desc, device, timeout)
+        finally:
+            self._node._release_ref(self)
+
+    def _forward(self):
+        """The descriptor to send this received Ref on with: the lease is
+        the receiver's from then on, so this Ref is spent (not released
+        here, nor on stop)."""
+        with self._mu:
+            if self._spent:
+                raise RefSpent("tensorferry: Ref %s already fetched or released: cannot forward" % self._name())
+            self._spent = True
+        with self._node.mu:
+            self._node.refs.discard(self)
+        return self._desc
+
+    def _unforward(self):
+        """Undo _forward: the message that forwarded it was not sent."""
+        with self._mu:
+            self._spent = False
+        with self._node.mu:
+            self._node.refs.add(self)
+
+    def release(self):
+        """Give the owner its lease back without fetching; nothing once
+        the Ref was fetched or released."""
+        if self._desc is None:
+            return
+        with self._mu:
+            if self._spent:
+                return
+            self._spent = True
+        self._node._release_ref(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+    def _name(self):
+        d = self._desc
+        return "%s#%d/%d" % (d["o"], d["i"], d["e"]) if d is not None else "(local)"
+
+    def __repr__(self):
+        if self._desc is None:
+            return "Ref(local %s%s)" % (self._local.dtype, list(self._local.shape))
+        return "Ref(%s %s%s, %d bytes%s)" % (self._name(), self.dtype, self._desc["s"], self.nbytes,
+                                           ", spent" if self._spent else "")
+
+
+def _torch_dtype(n):
+    import torch
+    if not _TORCH_OF:
+        for name, k in DTYPES.items():
+            _TORCH_OF[k] = getattr(torch, name)
+    return _TORCH_OF[n]
 
 
 class _Inbox:
@@ -370,13 +521,17 @@ class Node:
     device). inline_device (default False), like Go's
     transport.inline_device, sends CUDA tensors at most inline_threshold
     bytes inline rather than over ipc.
+
+    ref_ttl (seconds, default 600 as Go's flow.ref_ttl) is how long a
+    tensor sent in a Ref (tensorferry.Ref(tensor)) stays lent when the
+    receiver neither fetches nor releases it.
     """
 
     def __init__(self, cluster, secret, name, address, peers, incarnation=None,
                  heartbeat_interval=1.0, failure_timeout=5.0, inline_threshold=64 << 10,
                  max_frame_size=16 << 20, receive_budget=1 << 30, fetch_timeout=60.0,
                  data_address=None, inbox_messages=4096, on_up=None, on_down=None,
-                 ipc=True, device=None, inline_device=False, shm_dir=None):
+                 ipc=True, device=None, inline_device=False, shm_dir=None, ref_ttl=600.0):
         if isinstance(secret, str):
             secret = secret.encode()
         if len(secret) < 16:
@@ -415,6 +570,12 @@ class Node:
         self.errors = Recent()  # bad input seen, for tests and logs
         self.transfers = Recent()  # (channel, peer, bytes) of every fetch
         self.served = Recent()  # (channel, peer, bytes) of every fetch of this node's exports
+        # Received Refs not fetched nor released yet (released on stop),
+        # weakly: one dropped unspent is the owner's until its lease ends.
+        self.refs = weakref.WeakSet()
+        self.ref_ttl = ref_ttl
+        self.ref_deadlines = {}  # export id of a Ref sent → when its lease ends (monotonic), under mu
+        self._tl = threading.local()  # .inline: running an inline handler on a reader
         self.served_cv = threading.Condition(self.mu)
         self.threads = []
         self.sock = None
@@ -483,6 +644,10 @@ class Node:
                     s.close()
             except OSError:
                 pass
+        with self.mu:
+            refs = list(self.refs)
+        for r in refs:
+            r.release()
         with self.mu:
             conns = list(self.conns.values())
         for c in conns:
@@ -670,24 +835,42 @@ class Node:
         if env["ser"] != SER_MSGPACK:
             raise BadBody("tensorferry: serializer %d not spoken (msgpack only)" % env["ser"])
         table = decode_table(env["tensors"])
-        fetches = [(k, v[1]) for k, v in table.items() if not isinstance(v, InlineTensor)]
-        if fetches:
+        fetches = [(k, v[1]) for k, v in table.items() if not isinstance(v, InlineTensor) and v[0] == "fetch"]
+        refs = [(k, v[1]) for k, v in table.items() if not isinstance(v, InlineTensor) and v[0] == "ref"]
+        if fetches or refs:
             total, why = 0, None
-            for k, d in fetches:
+            for k, d in fetches + refs:
+                oc = c
+                if table[k][0] == "ref" and d.get("o") != c.peer:
+                    # Forwarded by its sender: the owner must be a node up.
+                    with self.mu:
+                        oc = self.conns.get(d.get("o")) if isinstance(d.get("o"), str) else None
+                    if oc is None or oc.caps is None:
+                        why = why or "the owner %r of a forwarded Ref is not up" % (str(d.get("o"))[:64],)
+                        continue
                 try:
-                    total += self._check_descriptor(c, d)
+                    n = self._check_descriptor(oc, d)
                 except BadTable as e:
-                    why = str(e)
-                if table[k][0] == "ref" and why is None:
-                    why = "lazy tensor.Ref fields are not spoken by the Python node yet"
+                    why = why or str(e)
+                    continue
+                if table[k][0] == "fetch":
+                    total += n  # a Ref's bytes count when it is fetched, as in Go
             if why is None and total > self.receive_budget:
                 why = "tensors of %d bytes above the receive budget %d" % (total, self.receive_budget)
             if why is not None:
                 # Refused: its leases go back, the connection stays.
                 self.errors.append("%s: message %s refused: %s" % (c.peer, env["type_name"], why))
                 self._release_all(c, [d for _, d in fetches])
+                for _, d in refs:
+                    self._release_desc(d)
                 self._send_dead_letter(c, env, why)
                 return
+            if refs:
+                with self.mu:
+                    for k, d in refs:
+                        table[k] = Ref._received(self, d)
+                        self.refs.add(table[k])
+        if fetches:
             key = env["request"] if env["request"] and not env["target"] else reply_key(env["target"])
             if key is not None:
                 # A reply: its requester fetches it, on its own thread
@@ -697,13 +880,14 @@ class Node:
                     w = self.pending.pop(key, None)
                 if w is None:  # nobody waits for it (any more)
                     self._release_all(c, [d for _, d in fetches])
+                    self._drop_refs(table)
                 else:
                     w.set(_FetchReply((c, env, table, fetches)))
-            elif not self._inline(c, env, table, fetches):
+            elif refs or not self._inline(c, env, table, fetches):
                 self.inbox.put(("fetch", (c, env, table, fetches)))
             return
         if env["request"] and not env["target"] or reply_key(env["target"]) is not None \
-                or not self._inline(c, env, table, []):
+                or refs or not self._inline(c, env, table, []):
             self._deliver(c, env, table)
 
     def _inline(self, c, env, table, fetches):
@@ -711,7 +895,8 @@ class Node:
         connection's reader (Node.handle), when the dispatch thread has
         nothing queued or running and every fetch is an ipc copy under a
         direct offer; False, with nothing delivered and every lease still
-        held, otherwise (the caller queues it as usual)."""
+        held, otherwise (the caller queues it as usual). Never called for a
+        message with Refs: its handler may fetch them."""
         if env["target"] not in self.inline or not self.handler_mu.acquire(blocking=False):
             return False
         try:
@@ -732,7 +917,11 @@ class Node:
             for k, d, buf in bufs:
                 table[k] = _dev_to_tensor(buf, d["t"], d["s"])
             moved = {"ipc": sum(d["b"] for _, d, _ in bufs)} if bufs else {}
-            self._deliver_fetched(c, env, table, [d for _, d, _ in bufs], moved)
+            self._tl.inline = True  # no Ref fetch on the reader (Ref.fetch)
+            try:
+                self._deliver_fetched(c, env, table, [d for _, d, _ in bufs], moved)
+            finally:
+                self._tl.inline = False
             return True
         finally:
             self.handler_mu.release()
@@ -851,7 +1040,7 @@ class Node:
             raise BadTable("tensorferry: bad descriptor: owner %r#%r is not the sender %s#%d"
                            % (d.get("o"), d.get("i"), c.peer, c.inc))
         dt, shape, n = d.get("t"), d.get("s"), d.get("b")
-        if dt not in DTYPE_SIZE or not isinstance(shape, list) or len(shape) > MAX_DIMS or \
+        if type(dt) is not int or dt not in DTYPE_SIZE or not isinstance(shape, list) or len(shape) > MAX_DIMS or \
                 not all(type(x) is int and x >= 0 for x in shape) or type(n) is not int:
             raise BadTable("tensorferry: bad descriptor: dtype %r, shape %r, bytes %r" % (dt, shape, n))
         size = DTYPE_SIZE[dt]
@@ -875,6 +1064,57 @@ class Node:
                 c.send(F_RELEASE, Struct(e=d.get("e", 0), l=d.get("l", 0), i=d.get("i", 0)))
             except (TensorferryError, OSError):
                 return
+
+    def _drop_refs(self, table):
+        """Release the Refs of a message delivered to nobody."""
+        for v in table.values():
+            if isinstance(v, Ref):
+                v.release()
+
+    def _release_ref(self, r):
+        with self.mu:
+            self.refs.discard(r)
+        self._release_desc(r._desc)
+
+    def _release_desc(self, d):
+        """Give a Ref's lease back to its owner."""
+        with self.mu:
+            c = self.conns.get(d.get("o")) if isinstance(d.get("o"), str) else None
+        if c is not None and c.inc == d.get("i"):
+            self._release_all(c, [d])
+        # else its owner is down or restarted: the lease is gone with it.
+
+    def _fetch_ref(self, d, device, timeout):
+        """Ref.fetch of the checked descriptor d (its caller releases it)."""
+        if getattr(self._tl, "inline", False):
+            raise TensorferryError("tensorferry: a Ref cannot be fetched in an inline handler: it runs "
+                                   "on the connection's reader, which the fetch waits for")
+        if d["b"] > self.receive_budget:
+            raise TensorferryError("tensorferry: a Ref of %d bytes, the node's receive budget is %d"
+                                   % (d["b"], self.receive_budget))
+        with self.mu:
+            c = self.conns.get(d["o"])
+        if c is None or c.caps is None or c.closed or c.inc != d["i"]:
+            raise TensorferryError("tensorferry: owner %s#%d of the Ref is down (or restarted)" % (d["o"], d["i"]))
+        import torch
+        dev = torch.device(device) if device is not None else None
+        timeout = self.fetch_timeout if timeout is None else timeout
+        try:
+            if d["b"] and (dev is None or dev.type == "cuda") and self._ipc_from(c, d):
+                buf = torch.empty(d["b"], dtype=torch.uint8, device=self.device)
+                self.ipc_fetcher.fetch(d, buf, timeout)
+                via = "ipc"
+            else:
+                buf = torch.empty(d["b"], dtype=torch.uint8)
+                self._fetch_one(c, d, memoryview(buf.numpy()).cast("B"), own_conn=True, timeout=timeout)
+                via = "staging"
+        except (staging.StagingError, BadBody, OSError, TensorferryError, socket.timeout,
+                _ipc.IPCError, _cuda.CudaError, RuntimeError) as e:
+            self.errors.append("%s: fetch of a Ref: %s" % (c.peer, e))
+            raise TensorferryError("tensorferry: fetch of a Ref from %s failed: %s" % (c.peer, e)) from e
+        self.transfers.append((via, c.peer, d["b"]))
+        t = _dev_to_tensor(buf, d["t"], d["s"])
+        return t if dev is None else t.to(dev)
 
     def _fetch(self, c, env, table, fetches, own_conn=False, waiter=None):
         """Fetch a message's exported tensors (dispatch thread) over ipc
@@ -906,6 +1146,7 @@ class Node:
                 self._drop_data(c.peer)
             self.errors.append("%s: fetch for %s: %s" % (c.peer, env["type_name"], e))
             self._release_all(c, [d for _, d in fetches])
+            self._drop_refs(table)
             self._send_dead_letter(c, env, "fetch failed: %s" % e)
             if waiter is not None:
                 waiter.set(TensorferryError("tensorferry: fetch of the reply from %s failed: %s" % (c.peer, e)))
@@ -934,7 +1175,7 @@ class Node:
         finally:
             release()
 
-    def _fetch_one(self, c, d, dst, own_conn=False):
+    def _fetch_one(self, c, d, dst, own_conn=False, timeout=None):
         if own_conn:
             # Off the dispatch thread (a requester's): a data connection
             # of its own, taken from the idle ones or dialed, and kept for
@@ -946,7 +1187,7 @@ class Node:
                 dc = [self._dial_data(c.peer), 0]
             try:
                 dc[1] += 1
-                dc[0].settimeout(self.fetch_timeout)
+                dc[0].settimeout(self.fetch_timeout if timeout is None else timeout)
                 staging.fetch(dc[0], dc[1], d, dst)
             except BaseException:
                 dc[0].close()
@@ -1021,10 +1262,14 @@ class Node:
         """Complete a request or run a handler (now: on this thread, the
         dispatch thread, so that it keeps its place among the messages;
         after, when given, is called once the handler ran and its reply
-        went out)."""
-        fields = decode_body(env["body"], table)
-        if not isinstance(fields, dict):
-            raise BadBody("tensorferry: message body is not a map")
+        went out). The Refs of a message delivered to nobody are released."""
+        try:
+            fields = decode_body(env["body"], table)
+            if not isinstance(fields, dict):
+                raise BadBody("tensorferry: message body is not a map")
+        except (BadBody, BadTable):
+            self._drop_refs(table)
+            raise
         fields = _tensors_out(fields)
         key = env["request"] if env["request"] and not env["target"] else reply_key(env["target"])
         msg = Message(env["type_name"], fields, (env["sender_node"] or c.peer, env["sender_id"]))
@@ -1036,8 +1281,11 @@ class Node:
                 w = self.pending.pop(key, None)
             if w is not None:
                 w.set(msg)
+            else:
+                self._drop_refs(table)
             return
         if env["target"] not in self.handlers:
+            self._drop_refs(table)
             self._send_dead_letter(c, env, "no handler %r on %s" % (env["target"], self.name))
             return
         if now:
@@ -1192,6 +1440,37 @@ class Node:
         return Struct((("o", self.name), ("i", self.incarnation), ("e", eid), ("l", lease),
                        ("t", t.dtype), ("s", list(t.shape)), ("b", len(t.data)), ("d", "cpu")))
 
+    def _expire_refs(self, now):
+        """End the leases of Refs sent that their receiver kept past ref_ttl."""
+        with self.mu:
+            for eid, end in list(self.ref_deadlines.items()):
+                if eid not in self.exports:
+                    del self.ref_deadlines[eid]  # released
+                elif end <= now:
+                    del self.ref_deadlines[eid], self.exports[eid]
+                    self.warnings.append("lease of Ref export %d ended after %.0fs unfetched"
+                                         % (eid, self.ref_ttl))
+
+    def _export_ref(self, peer, r):
+        """Lend the tensor of a Ref sent to peer: its descriptor (a CUDA
+        tensor over ipc when the peer is on this host, else its bytes over
+        staging; never inline). A received Ref is forwarded: its
+        descriptor goes, and the receiver fetches from the owner."""
+        if r._local is None:
+            return r._forward()
+        t = r._local
+        with self.mu:
+            c = self.conns.get(peer)
+        if t.is_cuda and t.numel() and c is not None and c.caps is not None and self._ipc_to(c):
+            try:
+                return self._export_device(peer, t)
+            except (_ipc.Refused, _cuda.CudaError) as e:
+                self.warnings.append(str(e))
+        if not self.data_address:
+            raise TensorferryError("tensorferry: a Ref is lent over staging and this node has no data "
+                                   "address to serve it")
+        return self._export(peer, tensor_to_inline(t, copy=False))
+
     def _export_device(self, peer, t):
         """Lend the CUDA tensor t to peer over ipc: its descriptor. Raises
         ipc.Refused for memory CUDA IPC cannot share."""
@@ -1230,6 +1509,7 @@ class Node:
         seq = itertools.count(1)
         while not self.stopped.wait(self.heartbeat):
             now = time.monotonic()
+            self._expire_refs(now)
             with self.mu:
                 conns = list(self.conns.values())
             for c in conns:
@@ -1281,7 +1561,7 @@ class Node:
             raise TensorferryError("tensorferry: node %s is not up" % node)
         return c
 
-    def _envelope(self, target, msg, sender_id, request_key=0):
+    def _envelope(self, target, msg, sender_id, forwarded):
         if not isinstance(msg, Message):
             raise TypeError("tensorferry: send a tensorferry.Message, not %s" % type(msg).__name__)
         node, ident = target
@@ -1307,7 +1587,15 @@ class Node:
 
         body, table = encode_body(msg.fields, tensor_of)
         for i, (wid, t) in enumerate(table):
-            if isinstance(t, _DeviceTensor):
+            if isinstance(t, Ref):
+                d = self._export_ref(node, t)
+                if t._local is None:
+                    forwarded.append(t)
+                else:
+                    with self.mu:
+                        self.ref_deadlines[d["e"]] = time.monotonic() + self.ref_ttl
+                table[i] = (wid, ("ref", d))
+            elif isinstance(t, _DeviceTensor):
                 try:
                     table[i] = (wid, self._export_device(node, t.t))
                 except (_ipc.Refused, _cuda.CudaError) as e:
@@ -1339,15 +1627,18 @@ class Node:
         tensor's memory over staging as a CUDA tensor's over ipc, until
         the receiver fetched it; change them only after that (a request's
         reply comes after it)."""
-        before = next(self.export_ids)
+        before, forwarded = next(self.export_ids), []
         try:
-            node, env = self._envelope(pid, msg, sender_id)
+            node, env = self._envelope(pid, msg, sender_id, forwarded)
             self._conn(node).send(F_MESSAGE, env)
         except BaseException:
-            # Exports of a message that was not sent are nobody's.
+            # Exports of a message that was not sent are nobody's; Refs
+            # it forwarded are still this node's.
             with self.mu:
                 for k in [k for k in self.exports if k > before]:
                     del self.exports[k]
+            for r in forwarded:
+                r._unforward()
             raise
 
     def request(self, pid, msg, timeout=10.0):

@@ -10,7 +10,14 @@ on stdin, one a line, printing one result line each:
   ipc              say whether the ipc channel runs ("ipc running" or why not)
   gpurequest <n>   request the Go actor "gpuscale" with a CUDA float32 tensor of n elements
   warnings         print what the node did another way than asked
+  fetchkept        fetch, on this (main) thread, the Ref the actor "refkeep" kept
+  refrequest <n>   request the Go actor "refsum" with a Ref to a float32 tensor of n elements
   quit             stop
+
+Its actor "refsum" answers a py.RefVec (a tensor.Ref field R) with the
+sum of R's tensor, fetched (Note "release": released unfetched, Scale -1);
+"refkeep" keeps R and answers at once, its fetch comes later (fetchkept);
+"refforward" sends R on to the Go actor "refsum" and answers its answer.
 
 On a GPU, its actor "gpudouble" answers a CUDA tensor with the tensor
 times two, on its GPU.
@@ -79,6 +86,31 @@ def main():
         return tf.Message("py.Vec", {"Scale": float(r["X"].sum()), "X": None, "Note": "relayed"})
 
     node.handle("relay", relay)
+
+    def refsum(m):
+        with m["R"] as r:
+            if m["Note"] == "release":
+                return tf.Message("py.RefVec", {"Scale": -1.0, "R": None, "Note": "released"})
+            x = r.fetch("cpu")
+            if r.nbytes != x.numel() * 4 or r.dtype != torch.float32:
+                raise ValueError("ref of %d bytes, %s: fetched %r" % (r.nbytes, r.dtype, x))
+            return tf.Message("py.RefVec", {"Scale": float(x.sum()), "R": None, "Note": "fetched"})
+
+    node.handle("refsum", refsum)
+    kept = []
+
+    def refkeep(m):
+        kept.append(m["R"])
+        return tf.Message("py.RefVec", {"Scale": float(m["R"].nbytes), "R": None, "Note": "kept"})
+
+    node.handle("refkeep", refkeep)
+
+    def refforward(m):
+        # Sends the Ref on to the Go actor "refsum", which fetches it from its owner.
+        r = node.request((gonode, "refsum"), tf.Message("py.RefVec", {"Scale": 0.0, "R": m["R"], "Note": ""}))
+        return tf.Message("py.RefVec", {"Scale": r["Scale"], "R": None, "Note": "forwarded, " + r["Note"]})
+
+    node.handle("refforward", refforward)
     node.start()
     say("listening")
     gonode = cfg["go"]
@@ -137,6 +169,17 @@ def main():
                 ok = y.is_cuda and torch.equal(y, x * 3) and r["Note"] == "scaled on cuda:0"
                 say("ok gpurequest" if ok else "bad gpurequest: on %s, equal %s, note %r"
                     % (y.device, torch.equal(y.cpu(), (x * 3).cpu()), r["Note"]))
+            elif cmd[0] == "fetchkept":
+                x = kept.pop().fetch()
+                say("ok fetchkept", float(x.sum()), x.numel())
+            elif cmd[0] == "refrequest":
+                n = int(cmd[1])
+                x = torch.arange(n, dtype=torch.float32) % 5
+                r = node.request((gonode, "refsum"), tf.Message(
+                    "py.RefVec", {"Scale": 0.0, "R": tf.Ref(x), "Note": ""}), timeout=20)
+                ok = r["Scale"] == float(x.sum()) and r["Note"] == "fetched by go"
+                say("ok refrequest" if ok and not node.exports else "bad refrequest: %r, exports %r"
+                    % (r, node.exports))
             elif cmd[0] == "warnings":
                 say("warnings", json.dumps(node.warnings))
             elif cmd[0] == "transfers":
