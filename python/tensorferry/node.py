@@ -12,8 +12,15 @@ exports (releasing each lease once fetched, within its receive budget and
 fetch deadline) and serves its own on its data address, lent until the
 fetcher releases them. CUDA tensors move over ipc (ipc.py: CUDA IPC
 handles both ways, the Go channel's protocol) with Go nodes of this host
-when both ends run it; lazy tensor.Ref fields, TLS and gossip membership
-are not spoken yet.
+when both ends run it; lazy tensor.Ref fields and gossip membership are
+not spoken yet.
+
+With tls (the cluster's tls block: cert_file, key_file, ca_file, data),
+control connections run over TLS 1.3 under the HMAC handshake, and data
+connections too with data, as the Go nodes do (config/tls.go): each end
+presents its certificate and requires the other's to chain to ca_file
+(for its use: client or server), and host names are not checked, the
+HMAC handshake names the node.
 
 Every byte from a peer is hostile: frame lengths are bounded before
 anything is read for them, bodies are decoded by codec.decode, and a bad
@@ -26,6 +33,7 @@ import itertools
 import os
 import queue
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -41,6 +49,7 @@ NONCE_SIZE = 32
 HEADER = struct.Struct(">IBBHI")
 HANDSHAKE_MAX_FRAME = 4 << 10
 MAX_NAME = 255
+HANDSHAKE_TIMEOUT = 5.0  # seconds for a connection's TLS and HMAC handshakes, each
 MAX_IDLE_DATA = 4  # idle data connections kept per peer for requesters' fetches
 LABEL_I = b"tensorferry initiator v1"
 LABEL_A = b"tensorferry acceptor v1"
@@ -370,13 +379,18 @@ class Node:
     device). inline_device (default False), like Go's
     transport.inline_device, sends CUDA tensors at most inline_threshold
     bytes inline rather than over ipc.
+
+    tls (default None: plain TCP) is the cluster's tls block, a dict or an
+    object with cert_file, key_file and ca_file (PEM paths) and data
+    (default False): control connections, and data connections with data,
+    then run over TLS 1.3 with certificates on both ends, as the Go nodes'.
     """
 
     def __init__(self, cluster, secret, name, address, peers, incarnation=None,
                  heartbeat_interval=1.0, failure_timeout=5.0, inline_threshold=64 << 10,
                  max_frame_size=16 << 20, receive_budget=1 << 30, fetch_timeout=60.0,
                  data_address=None, inbox_messages=4096, on_up=None, on_down=None,
-                 ipc=True, device=None, inline_device=False, shm_dir=None):
+                 ipc=True, device=None, inline_device=False, shm_dir=None, tls=None):
         if isinstance(secret, str):
             secret = secret.encode()
         if len(secret) < 16:
@@ -387,6 +401,7 @@ class Node:
         self.peers = {k: v if isinstance(v, dict) else {"address": v} for k, v in peers.items()}
         self.receive_budget, self.fetch_timeout = receive_budget, fetch_timeout
         self.data_address = data_address
+        self.tls_server, self.tls_client, self.tls_data = _tls_contexts(tls) if tls else (None, None, False)
         self.exports = {}  # export id → [lease, bytes, peer]: lent until released
         self.export_ids = itertools.count(1)
         self.data_conns = {}  # peer → (socket, stream counter): used by the dispatch thread only
@@ -519,8 +534,35 @@ class Node:
                 return
             threading.Thread(target=self._serve, args=(s,), daemon=True).start()
 
+    def _secure(self, s, data, server):
+        """s wrapped in TLS when this node's tls asks for it on connections
+        of this kind (data or control), as the accepting end (server) or the
+        dialing one (Go's cluster.secure); else s. The caller closes what
+        this returns, then _tls_handshake runs the handshake."""
+        ctx = self.tls_server if server else self.tls_client
+        if ctx is None or (data and not self.tls_data):
+            return s
+        return ctx.wrap_socket(s, server_side=server, do_handshake_on_connect=False)
+
+    @staticmethod
+    def _tls_handshake(s):
+        """The TLS handshake of s (from _secure) within HANDSHAKE_TIMEOUT;
+        nothing for a plain socket."""
+        if not isinstance(s, ssl.SSLSocket):
+            return
+        try:
+            where = "%s:%s" % s.getpeername()[:2]
+        except OSError:
+            where = "a peer"
+        s.settimeout(HANDSHAKE_TIMEOUT)
+        try:
+            s.do_handshake()
+        except (ssl.SSLError, OSError) as e:
+            raise TensorferryError("tensorferry: tls handshake with %s (TLS 1.3 with a certificate of "
+                                   "the cluster's CA wanted): %s" % (where, e)) from e
+
     def _handshake(self, s, want_purpose="control"):
-        s.settimeout(5.0)
+        s.settimeout(HANDSHAKE_TIMEOUT)
         ftype, _, stream, body = read_frame(s, HANDSHAKE_MAX_FRAME)
         if ftype != F_HELLO or stream != 0:
             raise BadBody("tensorferry: handshake: frame %d, want HELLO" % ftype)
@@ -594,6 +636,8 @@ class Node:
     def _serve(self, s):
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
+            s = self._secure(s, False, True)
+            self._tls_handshake(s)
             peer, inc = self._handshake(s)
         except (TensorferryError, BadBody, OSError, socket.timeout) as e:
             self.errors.append(str(e))
@@ -977,9 +1021,11 @@ class Node:
         if not addr:
             raise TensorferryError("tensorferry: no data address for %s" % peer)
         host, port = addr.rsplit(":", 1)
-        s = socket.create_connection((host, int(port)), timeout=5.0)
+        s = socket.create_connection((host, int(port)), timeout=HANDSHAKE_TIMEOUT)
         try:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s = self._secure(s, True, False)
+            self._tls_handshake(s)
             self._initiate(s, "data", peer)
             name = b"staging"
             s.sendall(bytes((len(name),)) + name)
@@ -1131,6 +1177,8 @@ class Node:
         """Serve staging fetches of this node's exports on a data connection."""
         try:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s = self._secure(s, True, True)
+            self._tls_handshake(s)
             peer, _ = self._handshake(s, "data")
             s.settimeout(60.0)
             n = read_frame_byte(s)
@@ -1379,6 +1427,42 @@ class Node:
         if isinstance(r, Exception):
             raise r
         return r
+
+
+def _tls_contexts(tls):
+    """The server and client ssl contexts of a tls block (a dict or an
+    object with cert_file, key_file, ca_file and data), as Go builds them
+    in config/tls.go: TLS 1.3 only, this node's certificate on both ends,
+    the peer's required and verified against ca_file for its use (OpenSSL
+    checks a client's for client auth, a server's for server auth), host
+    names unchecked. Returns (server, client, data)."""
+    def get(k, default=None):
+        return tls.get(k, default) if isinstance(tls, dict) else getattr(tls, k, default)
+
+    cert, key, ca = get("cert_file"), get("key_file"), get("ca_file")
+    for field, v in (("cert_file", cert), ("key_file", key), ("ca_file", ca)):
+        if not v:
+            raise ValueError("tensorferry: tls.%s required with tls" % field)
+    out = []
+    for proto in (ssl.PROTOCOL_TLS_SERVER, ssl.PROTOCOL_TLS_CLIENT):
+        ctx = ssl.SSLContext(proto)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+        ctx.check_hostname = False  # the HMAC handshake names the node
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        try:
+            ctx.load_cert_chain(cert, key)
+        except (OSError, ValueError) as e:
+            raise ValueError("tensorferry: tls.cert_file %s, tls.key_file %s: %s" % (cert, key, e)) from e
+        try:
+            ctx.load_verify_locations(cafile=ca)
+        except (OSError, ValueError) as e:
+            raise ValueError("tensorferry: tls.ca_file %s: %s" % (ca, e)) from e
+        if not ctx.get_ca_certs():
+            raise ValueError("tensorferry: tls.ca_file %s: no PEM certificate" % ca)
+        if proto == ssl.PROTOCOL_TLS_SERVER:
+            ctx.num_tickets = 0  # no resumption: nothing written after the handshake
+        out.append(ctx)
+    return out[0], out[1], bool(get("data", False))
 
 
 def _tensors_out(v):
