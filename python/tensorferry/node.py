@@ -33,13 +33,12 @@ import itertools
 import os
 import queue
 import socket
-import ssl
 import struct
 import threading
 import time
 
 from .codec import BadBody, Struct, decode, encode
-from . import cuda as _cuda, ipc as _ipc, staging
+from . import cuda as _cuda, ipc as _ipc, staging, tls as _tls
 from .message import (DTYPES, DTYPE_SIZE, MAX_DIMS, BadTable, InlineTensor, SER_MSGPACK,
                       decode_body, decode_envelope, decode_table, encode_body,
                       encode_envelope, encode_table)
@@ -401,7 +400,7 @@ class Node:
         self.peers = {k: v if isinstance(v, dict) else {"address": v} for k, v in peers.items()}
         self.receive_budget, self.fetch_timeout = receive_budget, fetch_timeout
         self.data_address = data_address
-        self.tls_server, self.tls_client, self.tls_data = _tls_contexts(tls) if tls else (None, None, False)
+        self.tls_server, self.tls_client, self.tls_data = _tls.contexts(tls) if tls else (None, None, False)
         self.exports = {}  # export id → [lease, bytes, peer]: lent until released
         self.export_ids = itertools.count(1)
         self.data_conns = {}  # peer → (socket, stream counter): used by the dispatch thread only
@@ -542,22 +541,21 @@ class Node:
         ctx = self.tls_server if server else self.tls_client
         if ctx is None or (data and not self.tls_data):
             return s
-        return ctx.wrap_socket(s, server_side=server, do_handshake_on_connect=False)
+        return _tls.TLSSocket(s, ctx, server)
 
     @staticmethod
     def _tls_handshake(s):
         """The TLS handshake of s (from _secure) within HANDSHAKE_TIMEOUT;
         nothing for a plain socket."""
-        if not isinstance(s, ssl.SSLSocket):
+        if not isinstance(s, _tls.TLSSocket):
             return
         try:
             where = "%s:%s" % s.getpeername()[:2]
         except OSError:
             where = "a peer"
-        s.settimeout(HANDSHAKE_TIMEOUT)
         try:
-            s.do_handshake()
-        except (ssl.SSLError, OSError) as e:
+            s.handshake(HANDSHAKE_TIMEOUT)
+        except OSError as e:  # ssl.SSLError among them
             raise TensorferryError("tensorferry: tls handshake with %s (TLS 1.3 with a certificate of "
                                    "the cluster's CA wanted): %s" % (where, e)) from e
 
@@ -1427,42 +1425,6 @@ class Node:
         if isinstance(r, Exception):
             raise r
         return r
-
-
-def _tls_contexts(tls):
-    """The server and client ssl contexts of a tls block (a dict or an
-    object with cert_file, key_file, ca_file and data), as Go builds them
-    in config/tls.go: TLS 1.3 only, this node's certificate on both ends,
-    the peer's required and verified against ca_file for its use (OpenSSL
-    checks a client's for client auth, a server's for server auth), host
-    names unchecked. Returns (server, client, data)."""
-    def get(k, default=None):
-        return tls.get(k, default) if isinstance(tls, dict) else getattr(tls, k, default)
-
-    cert, key, ca = get("cert_file"), get("key_file"), get("ca_file")
-    for field, v in (("cert_file", cert), ("key_file", key), ("ca_file", ca)):
-        if not v:
-            raise ValueError("tensorferry: tls.%s required with tls" % field)
-    out = []
-    for proto in (ssl.PROTOCOL_TLS_SERVER, ssl.PROTOCOL_TLS_CLIENT):
-        ctx = ssl.SSLContext(proto)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-        ctx.check_hostname = False  # the HMAC handshake names the node
-        ctx.verify_mode = ssl.CERT_REQUIRED
-        try:
-            ctx.load_cert_chain(cert, key)
-        except (OSError, ValueError) as e:
-            raise ValueError("tensorferry: tls.cert_file %s, tls.key_file %s: %s" % (cert, key, e)) from e
-        try:
-            ctx.load_verify_locations(cafile=ca)
-        except (OSError, ValueError) as e:
-            raise ValueError("tensorferry: tls.ca_file %s: %s" % (ca, e)) from e
-        if not ctx.get_ca_certs():
-            raise ValueError("tensorferry: tls.ca_file %s: no PEM certificate" % ca)
-        if proto == ssl.PROTOCOL_TLS_SERVER:
-            ctx.num_tickets = 0  # no resumption: nothing written after the handshake
-        out.append(ctx)
-    return out[0], out[1], bool(get("data", False))
 
 
 def _tensors_out(v):

@@ -16,6 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tensorferry import node as node_mod  # noqa: E402
 from tensorferry.codec import Struct  # noqa: E402
+from tensorferry.tls import TLSSocket, contexts as tls_contexts  # noqa: E402
 from tensorferry.node import (F_CAPS, F_HELLO, HANDSHAKE_MAX_FRAME, PROTOCOL_VERSION, Node,  # noqa: E402
                               Recent, TensorferryError, read_frame)
 
@@ -105,7 +106,7 @@ class TLSTest(unittest.TestCase):
     def test_data(self):
         s = self.a._dial_data("B")
         self.addCleanup(s.close)
-        self.assertIsInstance(s, ssl.SSLSocket)
+        self.assertIsInstance(s, TLSSocket)
         self.assertEqual(s.version(), "TLSv1.3")
         # Without data, data connections stay plain: B refuses the dial.
         self.a.tls_data = False
@@ -150,6 +151,67 @@ class TLSTest(unittest.TestCase):
         self.addCleanup(s.close)
         self.b.errors.wait_for("tls handshake", "timed out")
         self.assertEqual(s.recv(1), b"")
+
+    def test_full_duplex(self):
+        # Both ends read on one thread while three threads write frames of
+        # up to 600 KiB (above CHUNK) on each: every frame arrives whole.
+        import hashlib
+        import struct
+        srv, cli, _ = tls_contexts(self.tls)
+        a, b = socket.socketpair()
+        ends = [TLSSocket(a, srv, True), TLSSocket(b, cli, False)]
+        for e in ends:
+            self.addCleanup(e.close)
+        hs = threading.Thread(target=ends[0].handshake, args=(10,))
+        hs.start()
+        ends[1].handshake(10)
+        hs.join()
+        frames, writers, got = 30, 3, [[], []]
+
+        def write(e, w):
+            for i in range(frames):
+                body = os.urandom((i * 7919 + w * 104729) % (600 << 10))
+                e.sendall(struct.pack(">I", len(body)) + hashlib.sha256(body).digest() + body)
+
+        def read(e, out):
+            for _ in range(frames * writers):
+                n = struct.unpack(">I", node_mod._read_exact(e, 4))[0]
+                digest = node_mod._read_exact(e, 32)
+                out.append(hashlib.sha256(node_mod._read_exact(e, n)).digest() == digest)
+
+        ts = [threading.Thread(target=read, args=(e, got[k]), daemon=True) for k, e in enumerate(ends)]
+        ts += [threading.Thread(target=write, args=(e, w), daemon=True) for e in ends for w in range(writers)]
+        for t in ts:
+            t.start()
+        for t in ts[:2]:  # the readers: done, or dead of a bad record
+            t.join(60)
+        for e in ends:  # unblocks writers whose reader died
+            e.shutdown(socket.SHUT_RDWR)
+        for t in ts:
+            t.join(60)
+        self.assertEqual(got, [[True] * frames * writers] * 2)
+
+    def test_trickle(self):
+        # A peer that sends its hello a byte at a time gets the handshake
+        # timeout in all, not per read.
+        old = node_mod.HANDSHAKE_TIMEOUT
+        node_mod.HANDSHAKE_TIMEOUT = 0.3
+        self.addCleanup(setattr, node_mod, "HANDSHAKE_TIMEOUT", old)
+        s = socket.create_connection(self.ctl, timeout=10)
+        self.addCleanup(s.close)
+        stop = threading.Event()
+        self.addCleanup(stop.set)
+
+        def trickle():
+            s.sendall(b"\x16\x03\x01\x40\x00")  # a handshake record of 16 KiB
+            while not stop.wait(0.05):  # paces the bytes sent, waits for nothing
+                try:
+                    s.sendall(b"\x00")
+                except OSError:
+                    return
+
+        threading.Thread(target=trickle, daemon=True).start()
+        self.b.errors.wait_for("tls handshake", "timed out after 0.3s", timeout=5)
 
     def test_config(self):
         with self.assertRaisesRegex(ValueError, "tls.ca_file required"):
