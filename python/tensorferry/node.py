@@ -20,7 +20,7 @@ control connections run over TLS 1.3 under the HMAC handshake, and data
 connections too with data, as the Go nodes do (config/tls.go): each end
 presents its certificate and requires the other's to chain to ca_file
 (for its use: client or server), and host names are not checked, the
-HMAC handshake names the node.
+HMAC handshake names the node. tls.py holds the TLS side.
 
 Every byte from a peer is hostile: frame lengths are bounded before
 anything is read for them, bodies are decoded by codec.decode, and a bad

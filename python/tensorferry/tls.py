@@ -69,9 +69,20 @@ class TLSSocket:
     def handshake(self, timeout):
         """The TLS handshake, within timeout seconds in all (a peer that
         trickles bytes gets no longer). Raises ssl.SSLError (refused: the
-        alert is sent first) or OSError (socket.timeout when late)."""
-        end = time.monotonic() + timeout
+        alert is sent first) or OSError (socket.timeout when late). The
+        socket's timeout is as before after it."""
+        old = self.sock.gettimeout()
+        try:
+            self._handshake(time.monotonic() + timeout, timeout)
+        finally:
+            self.sock.settimeout(old)
+
+    def _handshake(self, end, timeout):
         while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("tls handshake timed out after %.1fs" % timeout)
+            self.sock.settimeout(left)  # for the writes and the read of this round
             err, done = None, False
             with self._mu:
                 try:
@@ -83,6 +94,10 @@ class TLSSocket:
                     err = e
             try:
                 self._flush()
+                if err is None and not done:
+                    self._fill()
+            except socket.timeout:
+                raise socket.timeout("tls handshake timed out after %.1fs" % timeout) from None
             except OSError:
                 if err is None:
                     raise
@@ -90,14 +105,6 @@ class TLSSocket:
                 raise err
             if done:
                 return
-            left = end - time.monotonic()
-            try:
-                if left <= 0:
-                    raise socket.timeout()
-                self.sock.settimeout(left)
-                self._fill()
-            except socket.timeout:
-                raise socket.timeout("tls handshake timed out after %.1fs" % timeout) from None
 
     def _fill(self):
         b = self.sock.recv(CHUNK)

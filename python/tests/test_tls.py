@@ -108,6 +108,8 @@ class TLSTest(unittest.TestCase):
         self.addCleanup(s.close)
         self.assertIsInstance(s, TLSSocket)
         self.assertEqual(s.version(), "TLSv1.3")
+        # The handshake's deadline does not stay on the socket.
+        self.assertEqual(s.sock.gettimeout(), node_mod.HANDSHAKE_TIMEOUT)
         # Without data, data connections stay plain: B refuses the dial.
         self.a.tls_data = False
         with self.assertRaises((TensorferryError, OSError)):
