@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/tensor"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // Vec is the message the Go node and the Python node (tests/peer.py)
@@ -68,8 +70,20 @@ type peer struct {
 
 func startPeer(t *testing.T, cfg *config.Config, self, goNode int, env ...string) *peer {
 	t.Helper()
+	return startPeerTLS(t, cfg, cfg.TLS, self, goNode, env...)
+}
+
+// startPeerTLS starts the Python node with the TLS files of tc (nil: plain
+// TCP), which may differ from the Go nodes' cfg.TLS.
+func startPeerTLS(t *testing.T, cfg *config.Config, tc *config.TLSConfig, self, goNode int, env ...string) *peer {
+	t.Helper()
 	py := python(t)
+	var tlsBlock any
+	if tc != nil {
+		tlsBlock = map[string]any{"cert_file": tc.CertFile, "key_file": tc.KeyFile, "ca_file": tc.CAFile, "data": tc.Data}
+	}
 	pc, err := json.Marshal(map[string]any{
+		"tls":     tlsBlock,
 		"cluster": cfg.Cluster, "secret": string(cfg.Secret), "name": cfg.Nodes[self].Name,
 		"address": cfg.Nodes[self].Address, "data_address": cfg.Nodes[self].DataAddress, "go": cfg.Nodes[goNode].Name,
 		"peers": map[string]any{cfg.Nodes[goNode].Name: map[string]string{
@@ -453,3 +467,155 @@ func TestPythonRef(t *testing.T) {
 		t.Fatalf("fetch of a ref whose owner is down: %s", l)
 	}
 }
+
+// startGo starts the Go node cfg.Nodes[0] with the actor "scale".
+func startGo(t *testing.T, cfg *config.Config, log *zap.Logger) *actor.Node {
+	t.Helper()
+	node, err := actor.NewNode(cfg, cfg.Nodes[0].Name, actor.WithLogger(log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := node.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = node.Stop() })
+	if _, err := node.Root().SpawnNamed(scaleProps(), "scale"); err != nil {
+		t.Fatal(err)
+	}
+	return node
+}
+
+// TestPythonPeerTLS runs a Go node and a Python node of a config with TLS
+// on control and data connections (certificates made for the test):
+// requests both ways, inline and through staging in each direction.
+func TestPythonPeerTLS(t *testing.T) {
+	cfg, err := config.LocalConfig("pytls", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.TLS, err = config.LocalTLS(t.TempDir(), true); err != nil {
+		t.Fatal(err)
+	}
+	p := startPeer(t, cfg, 1, 0)
+	node := startGo(t, cfg, zap.NewNop())
+	py := cfg.Nodes[1].Name
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := node.WaitPeer(ctx, py); err != nil {
+		t.Fatal(err)
+	}
+	p.do("wait", "ok wait")
+
+	// Go → Python, inline.
+	xt, err := tensor.FromFloat32s([]float32{1, -2, 3.5}, tensor.Shape{3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := node.Request(ctx, node.PID(py, "double"), &Vec{Scale: 1, X: xt})
+	if err != nil {
+		t.Fatalf("request to python over tls: %v", err)
+	}
+	if v, ok := res.(*Vec); !ok || v.Note != "doubled by python" || fmt.Sprint(v.X.Float32s()) != "[2 -4 7]" {
+		t.Fatalf("reply %#v", res)
+	}
+	// Go → Python through staging: the Python node dials the Go node's
+	// data address, under TLS.
+	n := cfg.Transport.InlineThreshold/4*4 + 9
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = 1
+	}
+	if xt, err = tensor.FromFloat32s(x, tensor.Shape{int64(n)}); err != nil {
+		t.Fatal(err)
+	}
+	res, err = node.Request(ctx, node.PID(py, "sum"), &Vec{X: xt})
+	if err != nil {
+		t.Fatalf("request with %d bytes to python over tls: %v", 4*n, err)
+	}
+	if v, ok := res.(*Vec); !ok || v.X.Float32s()[0] != float32(n) {
+		t.Fatalf("sum reply %#v, want %d", res, n)
+	}
+	if err := xt.WaitReleased(ctx); err != nil {
+		t.Fatalf("the python node did not release the tensor it fetched: %v", err)
+	}
+	// Python → Go, inline and both ways through staging (the Go node
+	// dials the Python node's data address).
+	p.do("request 7", "ok request")
+	p.do("big", "ok big")
+	if l := p.do("transfers", "transfers"); strings.Count(l, `"staging"`) != 2 {
+		t.Fatalf("python node's transfers: %s", l)
+	}
+	if l := p.do("errors", "errors"); l != "errors []" {
+		t.Fatalf("python node's errors: %s", l)
+	}
+}
+
+// TestPythonPeerTLSOtherCA: a Python node whose certificate another CA
+// signed is refused by the Go node's TLS handshake, and never comes up.
+func TestPythonPeerTLSOtherCA(t *testing.T) {
+	cfg, err := config.LocalConfig("pytls", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.TLS, err = config.LocalTLS(t.TempDir(), true); err != nil {
+		t.Fatal(err)
+	}
+	other, err := config.LocalTLS(t.TempDir(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	py := cfg.Nodes[1].Name
+	p := startPeerTLS(t, cfg, other, 1, 0)
+	logs := &logCore{ch: make(chan string, 256)}
+	node := startGo(t, cfg, zap.New(logs))
+	timeout := time.NewTimer(20 * time.Second)
+	defer timeout.Stop()
+	for refused := false; !refused; {
+		select {
+		case l := <-logs.ch:
+			refused = strings.Contains(l, "dial failed") && strings.Contains(l, py) &&
+				strings.Contains(l, "tls handshake") && strings.Contains(l, "certificate signed by unknown authority")
+		case <-timeout.C:
+			t.Fatal("no refused tls handshake with the python node in 20s")
+		}
+	}
+	if err := node.PeerError(py); err == nil || !strings.Contains(err.Error(), "tls") {
+		t.Fatalf("peer error %v, want the tls handshake's", err)
+	}
+	if _, up := node.Topology().Peers[py]; up {
+		t.Fatal("the python node is up")
+	}
+	// The Python node goes on serving: it answers its commands.
+	p.do("transfers", "transfers []")
+}
+
+// logCore is a zap core that hands each entry, with its fields, to ch
+// (dropped when ch is full: the Go node retries its dials).
+type logCore struct {
+	ch     chan string
+	fields []zapcore.Field
+}
+
+func (c *logCore) Enabled(zapcore.Level) bool { return true }
+
+func (c *logCore) With(f []zapcore.Field) zapcore.Core {
+	return &logCore{ch: c.ch, fields: append(slices.Clone(c.fields), f...)}
+}
+
+func (c *logCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+	return ce.AddCore(e, c)
+}
+
+func (c *logCore) Write(e zapcore.Entry, f []zapcore.Field) error {
+	enc := zapcore.NewMapObjectEncoder()
+	for _, x := range append(slices.Clone(c.fields), f...) {
+		x.AddTo(enc)
+	}
+	select {
+	case c.ch <- fmt.Sprint(e.Message, " ", enc.Fields):
+	default:
+	}
+	return nil
+}
+
+func (c *logCore) Sync() error { return nil }

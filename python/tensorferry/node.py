@@ -15,8 +15,15 @@ handles both ways, the Go channel's protocol) with Go nodes of this host
 when both ends run it. A tensor.Ref field arrives as a Ref, fetched only
 when its holder calls fetch (from any thread, on a data connection of its
 own), else released (release, a with block, Node.stop, or its owner's
-lease deadline); Ref(tensor) sends one. TLS and gossip membership are not
-spoken yet.
+lease deadline); Ref(tensor) sends one. Gossip membership is not spoken
+yet.
+
+With tls (the cluster's tls block: cert_file, key_file, ca_file, data),
+control connections run over TLS 1.3 under the HMAC handshake, and data
+connections too with data, as the Go nodes do (config/tls.go): each end
+presents its certificate and requires the other's to chain to ca_file
+(for its use: client or server), and host names are not checked, the
+HMAC handshake names the node. tls.py holds the TLS side.
 
 Every byte from a peer is hostile: frame lengths are bounded before
 anything is read for them, bodies are decoded by codec.decode, and a bad
@@ -35,7 +42,7 @@ import time
 import weakref
 
 from .codec import BadBody, Struct, decode, encode
-from . import cuda as _cuda, ipc as _ipc, staging
+from . import cuda as _cuda, ipc as _ipc, staging, tls as _tls
 from .message import (DTYPES, DTYPE_SIZE, MAX_DIMS, BadTable, InlineTensor, RefEntry, SER_MSGPACK,
                       decode_body, decode_envelope, decode_table, encode_body,
                       encode_envelope, encode_table)
@@ -45,6 +52,7 @@ NONCE_SIZE = 32
 HEADER = struct.Struct(">IBBHI")
 HANDSHAKE_MAX_FRAME = 4 << 10
 MAX_NAME = 255
+HANDSHAKE_TIMEOUT = 5.0  # seconds for a connection's TLS and HMAC handshakes, each
 MAX_IDLE_DATA = 4  # idle data connections kept per peer for requesters' fetches
 LABEL_I = b"tensorferry initiator v1"
 LABEL_A = b"tensorferry acceptor v1"
@@ -525,13 +533,18 @@ class Node:
     ref_ttl (seconds, default 600 as Go's flow.ref_ttl) is how long a
     tensor sent in a Ref (tensorferry.Ref(tensor)) stays lent when the
     receiver neither fetches nor releases it.
+
+    tls (default None: plain TCP) is the cluster's tls block, a dict or an
+    object with cert_file, key_file and ca_file (PEM paths) and data
+    (default False): control connections, and data connections with data,
+    then run over TLS 1.3 with certificates on both ends, as the Go nodes'.
     """
 
     def __init__(self, cluster, secret, name, address, peers, incarnation=None,
                  heartbeat_interval=1.0, failure_timeout=5.0, inline_threshold=64 << 10,
                  max_frame_size=16 << 20, receive_budget=1 << 30, fetch_timeout=60.0,
                  data_address=None, inbox_messages=4096, on_up=None, on_down=None,
-                 ipc=True, device=None, inline_device=False, shm_dir=None, ref_ttl=600.0):
+                 ipc=True, device=None, inline_device=False, shm_dir=None, ref_ttl=600.0, tls=None):
         if isinstance(secret, str):
             secret = secret.encode()
         if len(secret) < 16:
@@ -542,6 +555,7 @@ class Node:
         self.peers = {k: v if isinstance(v, dict) else {"address": v} for k, v in peers.items()}
         self.receive_budget, self.fetch_timeout = receive_budget, fetch_timeout
         self.data_address = data_address
+        self.tls_server, self.tls_client, self.tls_data = _tls.contexts(tls) if tls else (None, None, False)
         self.exports = {}  # export id → [lease, bytes, peer]: lent until released
         self.export_ids = itertools.count(1)
         self.data_conns = {}  # peer → (socket, stream counter): used by the dispatch thread only
@@ -684,8 +698,34 @@ class Node:
                 return
             threading.Thread(target=self._serve, args=(s,), daemon=True).start()
 
+    def _secure(self, s, data, server):
+        """s wrapped in TLS when this node's tls asks for it on connections
+        of this kind (data or control), as the accepting end (server) or the
+        dialing one (Go's cluster.secure); else s. The caller closes what
+        this returns, then _tls_handshake runs the handshake."""
+        ctx = self.tls_server if server else self.tls_client
+        if ctx is None or (data and not self.tls_data):
+            return s
+        return _tls.TLSSocket(s, ctx, server)
+
+    @staticmethod
+    def _tls_handshake(s):
+        """The TLS handshake of s (from _secure) within HANDSHAKE_TIMEOUT;
+        nothing for a plain socket."""
+        if not isinstance(s, _tls.TLSSocket):
+            return
+        try:
+            where = "%s:%s" % s.getpeername()[:2]
+        except OSError:
+            where = "a peer"
+        try:
+            s.handshake(HANDSHAKE_TIMEOUT)
+        except OSError as e:  # ssl.SSLError among them
+            raise TensorferryError("tensorferry: tls handshake with %s (TLS 1.3 with a certificate of "
+                                   "the cluster's CA wanted): %s" % (where, e)) from e
+
     def _handshake(self, s, want_purpose="control"):
-        s.settimeout(5.0)
+        s.settimeout(HANDSHAKE_TIMEOUT)
         ftype, _, stream, body = read_frame(s, HANDSHAKE_MAX_FRAME)
         if ftype != F_HELLO or stream != 0:
             raise BadBody("tensorferry: handshake: frame %d, want HELLO" % ftype)
@@ -759,6 +799,8 @@ class Node:
     def _serve(self, s):
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
+            s = self._secure(s, False, True)
+            self._tls_handshake(s)
             peer, inc = self._handshake(s)
         except (TensorferryError, BadBody, OSError, socket.timeout) as e:
             self.errors.append(str(e))
@@ -1218,9 +1260,11 @@ class Node:
         if not addr:
             raise TensorferryError("tensorferry: no data address for %s" % peer)
         host, port = addr.rsplit(":", 1)
-        s = socket.create_connection((host, int(port)), timeout=5.0)
+        s = socket.create_connection((host, int(port)), timeout=HANDSHAKE_TIMEOUT)
         try:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s = self._secure(s, True, False)
+            self._tls_handshake(s)
             self._initiate(s, "data", peer)
             name = b"staging"
             s.sendall(bytes((len(name),)) + name)
@@ -1379,6 +1423,8 @@ class Node:
         """Serve staging fetches of this node's exports on a data connection."""
         try:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s = self._secure(s, True, True)
+            self._tls_handshake(s)
             peer, _ = self._handshake(s, "data")
             s.settimeout(60.0)
             n = read_frame_byte(s)

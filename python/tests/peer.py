@@ -56,7 +56,7 @@ def main():
                    failure_timeout=cfg.get("failure_timeout", 2.0),
                    inline_threshold=cfg["inline_threshold"], data_address=cfg["data_address"],
                    on_up=lambda n, i: (ups.append(n), say("up", n)),
-                   on_down=lambda n, why: say("down", n, why))
+                   on_down=lambda n, why: say("down", n, why), tls=cfg.get("tls"))
 
     def double(m):
         x = m["X"]
