@@ -782,6 +782,10 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 		case stopping(admitErr):
 			// This node stops: a peer redialing meanwhile is expected.
 			m.log.Debug("connection refused: node stopping", zap.String("purpose", purpose), zap.String("remote", remote))
+		case notAliveYet(admitErr):
+			// Gossip has not shown this node the dialer alive yet: the
+			// dialer retries; expected while a cluster starts.
+			m.log.Info("connection refused", zap.String("purpose", purpose), zap.String("remote", remote), zap.String("reason", admitErr.Error()))
 		case admitErr != nil:
 			m.log.Warn("connection refused", zap.String("purpose", purpose), zap.String("remote", remote), zap.String("reason", admitErr.Error()))
 		case m.ctx.Err() != nil: // the node is stopping
@@ -829,7 +833,18 @@ func (m *Membership) notMember(name string) error {
 			Reason: fmt.Sprintf("node %q is not in the config of cluster %q at node %q", name, m.cfg.Cluster, m.self.Name)}
 	}
 	return &wire.ConnError{Code: wire.CodeUnavailable,
-		Reason: fmt.Sprintf("node %q of cluster %q is not a live member at node %q yet: its gossip has not shown it alive", name, m.cfg.Cluster, m.self.Name)}
+		Reason: fmt.Sprintf("node %q of cluster %q is not a live member at node %q yet: %s", name, m.cfg.Cluster, m.self.Name, reasonNotAliveYet)}
+}
+
+// reasonNotAliveYet ends the reason of notMember's refusal to retry.
+const reasonNotAliveYet = "its gossip has not shown it alive"
+
+// notAliveYet reports whether err is notMember's refusal of a configured
+// or announced node that gossip has not shown alive yet (the dialer
+// retries: expected while a cluster starts, so not a warning).
+func notAliveYet(err error) bool {
+	var ce *wire.ConnError
+	return errors.As(err, &ce) && ce.Code == wire.CodeUnavailable && strings.HasSuffix(ce.Reason, reasonNotAliveYet)
 }
 
 // stopping reports whether err is the handshake refusal of a node that

@@ -164,5 +164,13 @@ func TestNotMemberSaysWhatIsTrue(t *testing.T) {
 		if !errors.As(err, &ce) || ce.Code != tc.code || !strings.Contains(err.Error(), tc.says) {
 			t.Errorf("%s: %v, want code %v saying %q", tc.name, err, tc.code, tc.says)
 		}
+		// Only the refusal to retry is logged below a warning (a cluster
+		// that starts sees it; TestLogsNameTheNodeOnce/gossip failed on it).
+		if got, want := notAliveYet(err), tc.code == wire.CodeUnavailable; got != want {
+			t.Errorf("%s: notAliveYet %v, want %v", tc.name, got, want)
+		}
+	}
+	if notAliveYet(nil) || notAliveYet(errors.New(reasonNotAliveYet)) {
+		t.Error("notAliveYet of an error that is not a refusal")
 	}
 }

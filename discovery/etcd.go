@@ -148,9 +148,11 @@ func (d *etcd) Start(ctx context.Context, self config.NodeConfig, fn func(Event)
 	}
 	d.resync(cur, nil)
 	d.rev = rev
+	// Counted before the watch starts: from then on only it touches known.
+	members := len(d.known)
 	d.wg.Add(1)
 	go d.watch(bg)
-	d.log.Info("registered", zap.String("key", string(d.key)), zap.Int64("ttl_s", d.ttl), zap.Int("members", len(d.known)))
+	d.log.Info("registered", zap.String("key", string(d.key)), zap.Int64("ttl_s", d.ttl), zap.Int("members", members))
 	return nil
 }
 
