@@ -806,6 +806,10 @@ class Node:
             self.errors.append(str(e))
             s.close()
             return
+        except Exception as e:  # a bug, or input nothing above foresaw: this connection only
+            self.errors.append("tensorferry: handshake: %r" % e)
+            s.close()
+            return
         c = _Conn(self, s, peer, inc, self.max_frame)
         with self.mu:
             old = self.conns.get(peer)
@@ -827,6 +831,9 @@ class Node:
                     except Exception:
                         pass
             c.close(str(e))
+        except Exception as e:  # a bug, or input nothing above foresaw: this connection only
+            self.errors.append("%s: frame not handled: %r" % (peer, e))
+            c.close("frame not handled: %r" % e)
 
     def _frame_in(self, c, ftype, stream, body):
         if ftype == F_PING:

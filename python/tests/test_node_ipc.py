@@ -437,5 +437,59 @@ class InlineHandlerTest(unittest.TestCase):
         self.assertFalse(other.inbox.idle())
 
 
+def tcp_pair():
+    """Two ends of a loopback TCP connection (the reader sets TCP options)."""
+    import socket
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        b = socket.create_connection(srv.getsockname())
+        a, _ = srv.accept()
+    return a, b
+
+
+class ReaderFailureTest(unittest.TestCase):
+    """An exception no handler foresaw, raised while a frame is handled,
+    costs its connection (closed, the reason in errors), never leaves a
+    connection open that nobody reads."""
+
+    def test_unforeseen_exception_closes(self):
+        import socket
+        from tensorferry.node import HEADER, F_PING
+        node = Node("c", b"0123456789abcdef", "py", "127.0.0.1:0", {"go": "127.0.0.1:1"}, ipc=False)
+        node._secure = lambda s, *a: s
+        node._tls_handshake = lambda s: None
+        node._handshake = lambda s: ("go", 5)
+        node._advert = lambda: {}
+
+        def boom(c, ftype, stream, body):
+            raise KeyError("unforeseen")
+        node._frame_in = boom
+        a, b = tcp_pair()
+        self.addCleanup(b.close)
+        t = threading.Thread(target=node._serve, args=(a,))
+        t.start()
+        b.sendall(HEADER.pack(0, F_PING, 0, 0, 0))
+        t.join(10)
+        self.assertFalse(t.is_alive())
+        self.assertNotIn("go", node.conns)  # closed and forgotten
+        self.assertIn("unforeseen", node.errors[-1])
+        b.settimeout(10)
+        while b.recv(4096):  # the advert, then the end of the connection
+            pass
+
+        # In the handshake too.
+        node2 = Node("c", b"0123456789abcdef", "py", "127.0.0.1:0", {"go": "127.0.0.1:1"}, ipc=False)
+        node2._secure = lambda s, *a: s
+        node2._tls_handshake = lambda s: None
+
+        def bad_handshake(s):
+            raise TypeError("unforeseen handshake")
+        node2._handshake = bad_handshake
+        c, d = tcp_pair()
+        self.addCleanup(d.close)
+        node2._serve(c)
+        self.assertIn("unforeseen handshake", node2.errors[-1])
+        self.assertEqual(c.fileno(), -1)
+
+
 if __name__ == "__main__":
     unittest.main()
