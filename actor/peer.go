@@ -21,7 +21,7 @@ import (
 // (its transfer engine keeps the rest).
 type peerState struct {
 	peer *cluster.Peer
-	ep   *transfer.Peer // the engine's state for it
+	ep   *transfer.PeerFlow // the engine's flow state for it
 
 	mu      sync.Mutex
 	pending map[string]*pa.PID // futures waiting on a reply from this peer

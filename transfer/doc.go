@@ -18,7 +18,7 @@
 //  5. import.go: Import fills the fields of a decoded message from its
 //     table: inline tensors and Refs at once; descriptors to fetch are kept.
 //  6. inbox.go: which route a received message takes, decided there and
-//     nowhere else (the node asks Peer.Queues, then hands it to Accept):
+//     nowhere else (the node asks PeerFlow.Queues, then hands it to Accept):
 //     - at once: nothing to fetch and nothing of its peer queued ahead:
 //     the node delivers it at once, on the connection's reader, and the
 //     engine never sees it (order holds: nothing waits before it);

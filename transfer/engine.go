@@ -162,8 +162,8 @@ type Engine struct {
 	wg     sync.WaitGroup
 
 	mu       sync.Mutex
-	peers    map[string]*Peer
-	peerSnap atomic.Pointer[map[string]*Peer]
+	peers    map[string]*PeerFlow
+	peerSnap atomic.Pointer[map[string]*PeerFlow]
 	closed   bool
 
 	flowMu sync.Mutex
@@ -187,7 +187,7 @@ func New(cfg Config) *Engine {
 		log:     cfg.Log,
 		tr:      tracehook.New(cfg.TracerProvider, "github.com/tensorferry/tensorferry/transfer", cfg.Node),
 		store:   tensor.NewStore(cfg.Node, cfg.Incarnation),
-		peers:   map[string]*Peer{},
+		peers:   map[string]*PeerFlow{},
 		flow:    map[uint64]*inFlight{},
 		ctlWait: map[uint64]ctlWaiter{},
 		device:  memory.CPU,
@@ -232,7 +232,7 @@ func (e *Engine) Close() {
 		return
 	}
 	e.closed = true
-	peers := make([]*Peer, 0, len(e.peers))
+	peers := make([]*PeerFlow, 0, len(e.peers))
 	for _, p := range e.peers {
 		peers = append(peers, p)
 	}
@@ -290,8 +290,10 @@ func decodeAdvert(body []byte, name string, incarnation uint64) (advert, error) 
 	return a, nil
 }
 
-// Peer is what the engine keeps for one peer that is up.
-type Peer struct {
+// PeerFlow is what the engine keeps for one peer that is up: the flow
+// of its tensor messages (credits, inbox, outbox, receive budget). Not
+// cluster.Peer, the node as membership sees it.
+type PeerFlow struct {
 	name string
 	link Link
 	caps rdma.Caps
@@ -309,7 +311,7 @@ type Peer struct {
 	relay bool
 }
 
-func (p *Peer) shutdown() {
+func (p *PeerFlow) shutdown() {
 	select {
 	case <-p.done:
 	default:
@@ -321,7 +323,7 @@ func (p *Peer) shutdown() {
 // node sent after the handshake) is given, and returns it (the node keeps
 // it for the per-message checks, Backlogged and Backlog); an error means
 // the advert is not acceptable and the connection should be closed.
-func (e *Engine) PeerUp(name string, incarnation uint64, body []byte, link Link) (*Peer, error) {
+func (e *Engine) PeerUp(name string, incarnation uint64, body []byte, link Link) (*PeerFlow, error) {
 	a, err := decodeAdvert(body, name, incarnation)
 	if err != nil {
 		return nil, err
@@ -333,7 +335,7 @@ func (e *Engine) PeerUp(name string, incarnation uint64, body []byte, link Link)
 	if a.WindowBytes > 0 {
 		bytes = min(bytes, a.WindowBytes)
 	}
-	p := &Peer{name: name, link: link, caps: a.Caps, credits: newCredits(msgs, bytes),
+	p := &PeerFlow{name: name, link: link, caps: a.Caps, credits: newCredits(msgs, bytes),
 		budget: newBudget(e.cfg.Flow.ReceiveBudgetPerPeer), done: make(chan struct{}),
 		ctlSlots: make(chan struct{}, MaxControlPerPeer), relay: a.Relay}
 	p.inbox.init(e.cfg.Flow.InboxMessages, e.cfg.Flow.InboxBytes, e.cfg.Flow.ReceiveWindow)
@@ -377,7 +379,7 @@ func (e *Engine) PeerDown(name string) int {
 }
 
 // peer returns the state of the named peer if it is up, without locking.
-func (e *Engine) peer(name string) *Peer {
+func (e *Engine) peer(name string) *PeerFlow {
 	if m := e.peerSnap.Load(); m != nil {
 		return (*m)[name]
 	}

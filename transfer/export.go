@@ -251,7 +251,7 @@ type Message interface {
 
 // Backlogged reports whether messages to the peer wait in its outbox, so
 // that a message without tensors must go through Send to keep its place.
-func (p *Peer) Backlogged() bool { return p.out.busy.Load() }
+func (p *PeerFlow) Backlogged() bool { return p.out.busy.Load() }
 
 // Send sends m to peer once the peer's credits allow its tensors (o, nil
 // for none), in order with the other messages Send queued for that peer. It
@@ -299,7 +299,7 @@ func (e *Engine) Send(peer string, o *Outgoing, m Message) {
 // sendNow sends a message whose credit (if it has tensors) is taken. The
 // credit is tied to the message's exports before the message leaves: the
 // peer may fetch and release them before send returns.
-func (e *Engine) sendNow(p *Peer, o *Outgoing, m Message) {
+func (e *Engine) sendNow(p *PeerFlow, o *Outgoing, m Message) {
 	if o != nil {
 		e.track(p.credits, o.bytes, o.fetched)
 	}
@@ -310,7 +310,7 @@ func (e *Engine) sendNow(p *Peer, o *Outgoing, m Message) {
 }
 
 // pump sends the messages of p's outbox in order as credits come back.
-func (e *Engine) pump(p *Peer) {
+func (e *Engine) pump(p *PeerFlow) {
 	defer e.wg.Done()
 	for {
 		p.out.mu.Lock()
@@ -336,7 +336,7 @@ func (e *Engine) pump(p *Peer) {
 }
 
 // waitCredit takes the credit of m's tensors, waiting until m's deadline.
-func (e *Engine) waitCredit(p *Peer, m *posted) error {
+func (e *Engine) waitCredit(p *PeerFlow, m *posted) error {
 	if m.o == nil {
 		return nil
 	}

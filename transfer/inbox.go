@@ -50,13 +50,13 @@ func (b *inbox) init(maxMsgs int, maxBytes int64, window int) {
 // Backlog reports whether messages of the peer wait in its inbox (or are
 // being delivered), so that a message that needs no fetch must be enqueued
 // behind them to keep the order.
-func (p *Peer) Backlog() bool { return p.inbox.pending.Load() > 0 }
+func (p *PeerFlow) Backlog() bool { return p.inbox.pending.Load() > 0 }
 
 // Queues reports whether a received message with in to fetch (nil: none)
 // goes through the engine (Accept) rather than at once to its actor (the
 // routes: package doc): when it has tensors to fetch or messages of the
 // peer wait ahead of it (order holds).
-func (p *Peer) Queues(in *Incoming) bool { return in != nil || p.Backlog() }
+func (p *PeerFlow) Queues(in *Incoming) bool { return in != nil || p.Backlog() }
 
 // Accept hands the engine a received message of peer that Queues: alone
 // (in its frame, from the connection's reader) as Receive does, which
@@ -174,7 +174,7 @@ func (e *Engine) Receive(peer string, in *Incoming, size int64, d Delivery, mayB
 // idle inbox (claimIdle), on the calling goroutine when the budgets have
 // room at once and the fetch needs nothing from another node; false,
 // nothing done (the claim still held), otherwise.
-func (e *Engine) receiveNow(p *Peer, in *Incoming, d Delivery, mayBlock func()) bool {
+func (e *Engine) receiveNow(p *PeerFlow, in *Incoming, d Delivery, mayBlock func()) bool {
 	q := &queued{in: in, deliver: d}
 	if n := in.Bytes(); n > 0 {
 		if !p.budget.tryAcquire(n) {
@@ -289,7 +289,7 @@ func (b *inbox) close() []*queued {
 // at once, each once the budgets allow, and delivers them in arrival order.
 // When the peer goes down, messages not started are aborted; those started
 // are delivered once fetched, or reported failed.
-func (e *Engine) deliverLoop(p *Peer) {
+func (e *Engine) deliverLoop(p *PeerFlow) {
 	st := &loopState{order: make(chan *queued, fetchWindow-1)}
 	st.wg.Add(1)
 	go func() {
@@ -316,7 +316,7 @@ type loopState struct {
 // or until a handler run inline takes the goroutine: the loop then goes on
 // in another one, which inherits the loop's place in e.wg (Close does not
 // wait for a handler, as it does not wait for an actor's goroutine).
-func (e *Engine) runLoop(p *Peer, st *loopState) {
+func (e *Engine) runLoop(p *PeerFlow, st *loopState) {
 	movedOn := false
 	defer func() {
 		if !movedOn {
@@ -369,7 +369,7 @@ func (e *Engine) runLoop(p *Peer, st *loopState) {
 // goroutine first (deliverLone then reports true, once the handler has
 // returned): a handler that blocks, waiting for a reply of the same peer
 // that carries tensors for one, must not block that peer's deliveries.
-func (e *Engine) deliverLone(p *Peer, q *queued, err error, st *loopState) (movedOn bool) {
+func (e *Engine) deliverLone(p *PeerFlow, q *queued, err error, st *loopState) (movedOn bool) {
 	d, ok := q.deliver.(InlineDelivery)
 	if !ok || err != nil {
 		e.deliverFetched(p, q, err)
@@ -397,7 +397,7 @@ func (e *Engine) deliverLone(p *Peer, q *queued, err error, st *loopState) (move
 
 // take waits until the budgets of p and of the node have room for q's
 // tensors, and takes it.
-func (e *Engine) take(p *Peer, q *queued) error {
+func (e *Engine) take(p *PeerFlow, q *queued) error {
 	n := q.in.Bytes()
 	if n == 0 {
 		return nil
@@ -414,7 +414,7 @@ func (e *Engine) take(p *Peer, q *queued) error {
 }
 
 // fetchNow fetches q's tensors within the transfer timeout.
-func (e *Engine) fetchNow(p *Peer, q *queued) error {
+func (e *Engine) fetchNow(p *PeerFlow, q *queued) error {
 	if q.in == nil {
 		return nil
 	}
@@ -427,14 +427,14 @@ func (e *Engine) fetchNow(p *Peer, q *queued) error {
 
 // deliverFetched delivers q, whose fetch ended with err, gives its budget
 // back and then releases the leases of what it fetched.
-func (e *Engine) deliverFetched(p *Peer, q *queued, err error) {
+func (e *Engine) deliverFetched(p *PeerFlow, q *queued, err error) {
 	e.releaseBudget(p, q)
 	q.deliver.Deliver(err)
 	e.afterDelivery(p, q, err)
 }
 
 // releaseBudget gives back the budget q took.
-func (e *Engine) releaseBudget(p *Peer, q *queued) {
+func (e *Engine) releaseBudget(p *PeerFlow, q *queued) {
 	if q.held > 0 {
 		p.budget.release(q.held)
 		e.budget.release(q.held)
@@ -444,7 +444,7 @@ func (e *Engine) releaseBudget(p *Peer, q *queued) {
 
 // afterDelivery releases the leases of what q fetched (err nil) and counts
 // q out of p's backlog: q is in its place downstream.
-func (e *Engine) afterDelivery(p *Peer, q *queued, err error) {
+func (e *Engine) afterDelivery(p *PeerFlow, q *queued, err error) {
 	if err == nil && q.in != nil {
 		q.in.releaseFetched(e.ctx)
 	}
@@ -452,7 +452,7 @@ func (e *Engine) afterDelivery(p *Peer, q *queued, err error) {
 }
 
 // abortQueued reports q failed without fetching it.
-func (e *Engine) abortQueued(p *Peer, q *queued, err error) {
+func (e *Engine) abortQueued(p *PeerFlow, q *queued, err error) {
 	if q.in != nil {
 		p.inbox.fetchedOne()
 		q.in.Abort()
@@ -462,7 +462,7 @@ func (e *Engine) abortQueued(p *Peer, q *queued, err error) {
 }
 
 // abortInbox fails the messages still in p's inbox, and any queued later.
-func (e *Engine) abortInbox(p *Peer) {
+func (e *Engine) abortInbox(p *PeerFlow) {
 	err := fmt.Errorf("%w: %s", ErrPeerDown, p.name)
 	for _, q := range p.inbox.close() {
 		e.abortQueued(p, q, err)
