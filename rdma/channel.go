@@ -3,6 +3,8 @@ package rdma
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"net"
 
 	"github.com/tensorferry/tensorferry/config"
@@ -86,6 +88,20 @@ type Progress struct {
 	// Landed is told, with n growing, each time the first n bytes of the
 	// destination hold their copy.
 	Landed func(n int64)
+}
+
+// Await returns how many bytes the source holds once it holds at least
+// its first n: Ready's answer, checked to be n or more; with no Ready (the
+// source is whole) math.MaxInt64.
+func (p Progress) Await(ctx context.Context, n int64) (int64, error) {
+	if p.Ready == nil {
+		return math.MaxInt64, nil
+	}
+	got, err := p.Ready(ctx, n)
+	if err == nil && got < n {
+		err = fmt.Errorf("rdma: the source holds %d bytes, asked for %d", got, n)
+	}
+	return got, err
 }
 
 // StreamFetcher is implemented by channels that copy in pieces and can

@@ -557,10 +557,7 @@ func (e *Engine) fetchStream(ctx context.Context, d *tensor.Descriptor, dst *ten
 	if sf, ok := ch.(rdma.StreamFetcher); ok && (p.Ready != nil || p.Landed != nil) {
 		err = sf.FetchStream(ctx, d, dst.Buffer(), p)
 	} else {
-		if p.Ready != nil {
-			_, err = p.Ready(ctx, d.Bytes)
-		}
-		if err == nil {
+		if _, err = p.Await(ctx, d.Bytes); err == nil {
 			err = ch.Fetch(ctx, d, dst.Buffer())
 		}
 		if err == nil && p.Landed != nil {

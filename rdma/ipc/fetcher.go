@@ -315,10 +315,8 @@ func (c *Channel) copyWith(ctx context.Context, m *mapping, o offer, local memor
 		dv, src = remote, lv
 	}
 	if c.copyFunc != nil { // tests without a GPU: one piece
-		if p.Ready != nil {
-			if _, err := p.Ready(ctx, int64(src.Len())); err != nil {
-				return err
-			}
+		if _, err := p.Await(ctx, int64(src.Len())); err != nil {
+			return err
 		}
 		if err := c.copyFunc(ctx, dv, src); err != nil {
 			return err
@@ -719,12 +717,9 @@ func (c *Channel) copy(ctx context.Context, l *lane, dst, src memory.Buffer, p r
 		q     []queued
 		ei    int
 		off   int
-		avail = int64(n) // what the source holds
+		avail int64 // what the source holds, as far as p told
 		err   error
 	)
-	if p.Ready != nil {
-		avail = 0
-	}
 	for err == nil && (off < n || len(q) > 0) {
 		for off < n && len(q) < len(l.evs) {
 			if err = ctx.Err(); err != nil {
@@ -732,10 +727,7 @@ func (c *Channel) copy(ctx context.Context, l *lane, dst, src memory.Buffer, p r
 			}
 			m := min(c.cfg.CopyChunk, n-off)
 			if int64(off+m) > avail {
-				if avail, err = p.Ready(ctx, int64(off+m)); err == nil && avail < int64(off+m) {
-					err = fmt.Errorf("ipc: the source holds %d bytes, asked for %d", avail, off+m)
-				}
-				if err != nil {
+				if avail, err = p.Await(ctx, int64(off+m)); err != nil {
 					break
 				}
 			}

@@ -175,18 +175,7 @@ func (e *RemoteError) Unwrap() error { return codes.Sentinel(e.Code) }
 // the core that copies it, and a host with cores to spare moves a large
 // tensor several times faster over several.
 func (c *Channel) Fetch(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer) error {
-	if err := d.Validate(); err != nil {
-		return fmt.Errorf("staging: fetch: %w", err)
-	}
-	if int64(dst.Len()) < d.Bytes {
-		return fmt.Errorf("staging: fetch %v into %d bytes: %w", d, dst.Len(), rdma.ErrTooSmall)
-	}
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("staging: fetch %v: %w", d, err)
-	}
-	c.fetching.Add(1)
-	defer c.fetching.Add(-1)
-	return c.fetchStriped(ctx, d, dst, 0, d.Bytes)
+	return c.FetchStream(ctx, d, dst, rdma.Progress{})
 }
 
 // fetchStriped fetches bytes [off, off+n) of the export into the same
@@ -235,24 +224,21 @@ func (c *Channel) FetchStream(ctx context.Context, d *tensor.Descriptor, dst mem
 	if int64(dst.Len()) < d.Bytes {
 		return fmt.Errorf("staging: fetch %v into %d bytes: %w", d, dst.Len(), rdma.ErrTooSmall)
 	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("staging: fetch %v: %w", d, err)
+	}
 	c.fetching.Add(1)
 	defer c.fetching.Add(-1)
+	if (p.Ready == nil && p.Landed == nil) || d.Bytes == 0 {
+		return c.fetchStriped(ctx, d, dst, 0, d.Bytes) // whole, at once
+	}
 	piece := 4 * int64(c.chunk) * int64(c.stripes.Load())
-	avail := d.Bytes
-	if p.Ready != nil {
-		avail = 0
-	}
-	if d.Bytes == 0 {
-		return c.fetchRange(ctx, d, dst, 0, 0)
-	}
+	var avail int64 // what the source holds, as far as p told
 	for off := int64(0); off < d.Bytes; {
 		n := min(piece, d.Bytes-off)
 		if off+n > avail {
 			var err error
-			if avail, err = p.Ready(ctx, off+n); err == nil && avail < off+n {
-				err = fmt.Errorf("the source holds %d bytes, asked for %d", avail, off+n)
-			}
-			if err != nil {
+			if avail, err = p.Await(ctx, off+n); err != nil {
 				return fmt.Errorf("staging: fetch %v: %w", d, err)
 			}
 		}
