@@ -124,6 +124,13 @@ var memtestPieces atomic.Int64
 
 func init() { memtestPieces.Store(1) }
 
+// memtestInPieces makes memtest's FetchStream (and PutStream) copy in n
+// pieces until the test ends.
+func memtestInPieces(t *testing.T, n int64) {
+	memtestPieces.Store(n)
+	t.Cleanup(func() { memtestPieces.Store(1) })
+}
+
 func (m *memtest) FetchStream(ctx context.Context, d *tensor.Descriptor, dst memory.Buffer, p rdma.Progress) error {
 	n := memtestPieces.Load()
 	for i := int64(1); i <= n; i++ {

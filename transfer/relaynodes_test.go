@@ -290,8 +290,7 @@ func (e *Engine) relayLanded(owner string, incarnation, c uint64) int64 {
 // whole, over one loan of each copy; every loan ends.
 func TestRelayStreamPipelined(t *testing.T) {
 	const pieces = 4
-	memtestPieces.Store(pieces)
-	t.Cleanup(func() { memtestPieces.Store(1) })
+	memtestInPieces(t, pieces)
 	es := engineMesh(t, relayConfig(false), "h1", "h2", "h2")
 	owner, head, other := es[0], es[1], es[2]
 	x := newTensor(t, relayTestBytes, 0)
@@ -340,8 +339,7 @@ func TestRelayStreamPipelined(t *testing.T) {
 // fetches from the owner; everything arrives whole and every loan ends.
 func TestRelayStreamHolderFails(t *testing.T) {
 	const pieces = 4
-	memtestPieces.Store(pieces)
-	t.Cleanup(func() { memtestPieces.Store(1) })
+	memtestInPieces(t, pieces)
 	es := engineMesh(t, relayConfig(false), "h1", "h2", "h2")
 	owner, head, other := es[0], es[1], es[2]
 	x := newTensor(t, relayTestBytes, 5)
@@ -392,8 +390,7 @@ func TestRelayStreamFollowers(t *testing.T) {
 	for _, stream := range []bool{true, false} {
 		t.Run(fmt.Sprint("stream=", stream), func(t *testing.T) {
 			const n = 3
-			memtestPieces.Store(4)
-			t.Cleanup(func() { memtestPieces.Store(1) })
+			memtestInPieces(t, 4)
 			cfg := relayConfig(false)
 			cfg.Flow.NoRelayStream = !stream
 			a, b, _, _ := enginePair(t, cfg)

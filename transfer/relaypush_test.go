@@ -78,8 +78,7 @@ func TestRelayPushOnMyGPU(t *testing.T) {
 // destinations) ends.
 func TestRelayPush(t *testing.T) {
 	const pieces = 4
-	memtestPieces.Store(pieces)
-	t.Cleanup(func() { memtestPieces.Store(1) })
+	memtestInPieces(t, pieces)
 	memtestPuts.Store(0)
 	owner, head, others := pushMesh(t, pushConfig(), 3)
 	x := newTensor(t, relayTestBytes, 0)
@@ -197,8 +196,7 @@ func TestRelayPushRefused(t *testing.T) {
 // right bytes; every loan ends.
 func TestRelayPushHolderFails(t *testing.T) {
 	const pieces = 4
-	memtestPieces.Store(pieces)
-	t.Cleanup(func() { memtestPieces.Store(1) })
+	memtestInPieces(t, pieces)
 	t.Cleanup(SetRelayGrace(time.Nanosecond))
 	memtestPuts.Store(0)
 	owner, head, others := pushMesh(t, pushConfig(), 2)
@@ -319,8 +317,7 @@ func TestRelayPushBadRequests(t *testing.T) {
 // the loan; then every loan has ended.
 func TestRelayPushAskerCancels(t *testing.T) {
 	const pieces = 2
-	memtestPieces.Store(pieces)
-	t.Cleanup(func() { memtestPieces.Store(1) })
+	memtestInPieces(t, pieces)
 	memtestPuts.Store(0)
 	owner, head, others := pushMesh(t, pushConfig(), 2)
 	other := others[0]
