@@ -12,6 +12,7 @@ import (
 	"github.com/tensorferry/tensorferry/rdma"
 	"github.com/tensorferry/tensorferry/rdma/ipc"
 	"github.com/tensorferry/tensorferry/rdma/rdmatest"
+	"github.com/tensorferry/tensorferry/tensor"
 )
 
 func newChannel(env *rdma.Env) (rdma.Channel, error) { return ipc.New(env) }
@@ -108,27 +109,35 @@ func TestRepeatedTransferReusesMapping(t *testing.T) {
 	}
 }
 
-// TestFetchStream: FetchStream queues no chunk of the copy before Ready
-// says the source holds it, tells Landed as each chunk lands (growing, up
-// to the whole), copies the right bytes, and ends with Ready's error.
-func TestFetchStream(t *testing.T) {
+// streamCase skips without a GPU, else starts an owner process that
+// exports Fill(9)'s first 2 copy chunks + 3 bytes to this one, and returns
+// it, this node's channel, the export, the chunk size and a buffer of the
+// export's size on the fetcher's device (freed when the test ends).
+func streamCase(t *testing.T) (*rdmatest.Pair, *ipc.Channel, *tensor.Descriptor, int64, memory.Buffer) {
 	od, fd := gpuDevices(t)
 	p := rdmatest.ChildOwner(t, newChannel, od, fd)
-	ch := p.Fetcher.(*ipc.Channel)
 	chunk := int64(ipc.DefaultConfig().CopyChunk)
-	n := 2*chunk + 3
-	d := p.Export(t, 9, int(n))
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	d := p.Export(t, 9, int(2*chunk+3))
 	alloc, err := memory.AllocatorFor(fd)
 	if err != nil {
 		t.Fatal(err)
 	}
-	buf, err := alloc.Alloc(int(n))
+	buf, err := alloc.Alloc(int(d.Bytes))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer buf.Free()
+	t.Cleanup(func() { _ = buf.Free() })
+	return p, p.Fetcher.(*ipc.Channel), d, chunk, buf
+}
+
+// TestFetchStream: FetchStream queues no chunk of the copy before Ready
+// says the source holds it, tells Landed as each chunk lands (growing, up
+// to the whole), copies the right bytes, and ends with Ready's error.
+func TestFetchStream(t *testing.T) {
+	p, ch, d, chunk, buf := streamCase(t)
+	n := d.Bytes
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	var asked, landed []int64
 	pr := rdma.Progress{
 		Ready: func(_ context.Context, k int64) (int64, error) {
@@ -185,23 +194,10 @@ func TestFetchStream(t *testing.T) {
 // device), chunk by chunk as Ready allows; fetching the export back gives
 // the bytes written, and a Ready that fails stops the put with its error.
 func TestPutStream(t *testing.T) {
-	od, fd := gpuDevices(t)
-	p := rdmatest.ChildOwner(t, newChannel, od, fd)
-	ch := p.Fetcher.(*ipc.Channel)
-	chunk := int64(ipc.DefaultConfig().CopyChunk)
-	n := 2*chunk + 3
-	d := p.Export(t, 9, int(n))
+	p, ch, d, chunk, src := streamCase(t)
+	n := d.Bytes
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	alloc, err := memory.AllocatorFor(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := alloc.Alloc(int(n))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Free()
 	host, err := memory.NewHostBuffer(int(n))
 	if err != nil {
 		t.Fatal(err)
@@ -226,6 +222,10 @@ func TestPutStream(t *testing.T) {
 	}
 	if w := []int64{chunk, 2 * chunk, n}; !slices.Equal(asked, w) || !slices.Equal(landed, w) {
 		t.Fatalf("asked %v, landed %v, want %v", asked, landed, w)
+	}
+	alloc, err := memory.AllocatorFor(src.Device())
+	if err != nil {
+		t.Fatal(err)
 	}
 	back, err := alloc.Alloc(int(n))
 	if err != nil {
