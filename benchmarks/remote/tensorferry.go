@@ -22,6 +22,22 @@ func init() {
 		path{name: "tensorferry-poller", open: func() (*endpoints, error) {
 			return openTensorferryWith(true, false, func(cfg *config.Config) { cfg.Transport.ReadSpinDetach = config.SwitchOff })
 		}})
+	// One path per fast-path switch, "tensorferry" with that switch off:
+	// interleaved with "tensorferry", what each fast path buys on this host.
+	for _, off := range []struct {
+		name string
+		set  func(*config.TransportConfig)
+	}{
+		{"caller-reads", func(t *config.TransportConfig) { t.CallerReads = config.SwitchOff }},
+		{"burst-decode", func(t *config.TransportConfig) { t.BurstDecode = config.SwitchOff }},
+		{"inline-delivery", func(t *config.TransportConfig) { t.InlineDelivery = config.SwitchOff }},
+		{"direct-write", func(t *config.TransportConfig) { t.DirectWrite = config.SwitchOff }},
+		{"read-spin", func(t *config.TransportConfig) { t.ReadSpin = config.ReadSpinOff }},
+	} {
+		extraPaths = append(extraPaths, path{name: "tensorferry-no-" + off.name, open: func() (*endpoints, error) {
+			return openTensorferryWith(true, false, func(cfg *config.Config) { off.set(&cfg.Transport) })
+		}})
+	}
 }
 
 // tensorferryPath is two tensorferry nodes of one loopback cluster in this
