@@ -7,6 +7,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -41,6 +42,10 @@ type recorder struct {
 
 	mu  sync.Mutex
 	got []uint64 // every message's Request, in arrival order
+
+	// hook, when set, is called with every message's Request id, on the
+	// goroutine that read its frame.
+	hook atomic.Pointer[func(p *cluster.Peer, id uint64)]
 }
 
 func newRecorder() *recorder {
@@ -55,7 +60,7 @@ func (r *recorder) PeerDown(p *cluster.Peer, cause error) {
 	r.events <- peerEvent{node: p.Name, inc: p.Incarnation, cause: cause}
 }
 
-func (r *recorder) HandleFrame(_ *cluster.Peer, f wire.Frame) {
+func (r *recorder) HandleFrame(p *cluster.Peer, f wire.Frame) {
 	var ids []uint64
 	switch f := f.(type) {
 	case *wire.MessageFrame:
@@ -68,7 +73,11 @@ func (r *recorder) HandleFrame(_ *cluster.Peer, f wire.Frame) {
 	r.mu.Lock()
 	r.got = append(r.got, ids...)
 	r.mu.Unlock()
+	hook := r.hook.Load()
 	for _, id := range ids {
+		if hook != nil {
+			(*hook)(p, id)
+		}
 		r.msgs <- id
 	}
 }
@@ -327,6 +336,50 @@ func TestFaultMessagesInOrderAcrossDelayedLink(t *testing.T) {
 	}
 	if len(got) != n {
 		t.Fatalf("%d messages received, want %d", len(got), n)
+	}
+}
+
+// TestFaultRequestsReadByTheirCallers: a caller waiting for its reply
+// reads the memnet connection itself (the read role, Peer.Await), as over
+// a socket, across a link that delays every write; every reply reaches its
+// caller, in turn.
+func TestFaultRequestsReadByTheirCallers(t *testing.T) {
+	nw := memnet.New(6)
+	nw.Delay("node0", "node1", 0, 200*time.Microsecond)
+	cfg := memConfig(t, 2, slowHeartbeat, slowFailure)
+	nodes := startNodes(t, nw, cfg)
+	awaitUpEverywhere(t, nodes)
+
+	ctx, cancel := context.WithTimeout(t.Context(), guard)
+	defer cancel()
+	p, err := nodes[0].m.WaitUp(ctx, "node1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// node1 answers every message with one of the same id; node0 hands
+	// each answer to the caller waiting for it.
+	echo := func(p *cluster.Peer, id uint64) {
+		_ = p.SendMessage(context.Background(), &wire.Message{Target: "reply", Request: id})
+	}
+	nodes[1].r.hook.Store(&echo)
+	var w wire.Waiter
+	var got atomic.Uint64
+	take := func(_ *cluster.Peer, id uint64) {
+		k := w.Claim()
+		got.Store(id)
+		k.Notify()
+	}
+	nodes[0].r.hook.Store(&take)
+	for i := uint64(1); i <= 200; i++ {
+		if err := p.SendMessage(ctx, &wire.Message{Target: "x", Request: i}); err != nil {
+			t.Fatal(err)
+		}
+		if p.Await(ctx, &w, func() bool { return got.Load() == i }) {
+			t.Fatal("Await: the caller may not read a memnet connection")
+		}
+		if got.Load() != i {
+			t.Fatalf("request %d: reply not received (last %d): %v", i, got.Load(), ctx.Err())
+		}
 	}
 }
 

@@ -253,6 +253,14 @@ func (c *Conn) LocalAddr() net.Addr { return c.local }
 // RemoteAddr returns the peer's address, an Addr.
 func (c *Conn) RemoteAddr() net.Addr { return c.remote }
 
+// InterruptibleReads marks a Conn as a wire.InterruptibleReader: a read
+// deadline set in the past from another goroutine ends a Read that waits
+// for bytes with os.ErrDeadlineExceeded, nothing read and nothing lost. So
+// a caller waiting for its reply may take over a memnet connection's
+// reading (wire.Conn.Await), as over a socket: tests over memnet run the
+// read role too.
+func (c *Conn) InterruptibleReads() {}
+
 // SetDeadline sets the read and write deadlines; the zero time clears them.
 func (c *Conn) SetDeadline(t time.Time) error {
 	c.rd.set(t)
