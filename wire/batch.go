@@ -183,7 +183,8 @@ func appendArray32(dst []byte, n uint32) []byte {
 }
 
 // SendMessage queues m, ordered with the Conn's other sends. An idle Conn
-// with DirectWrite writes it at once as a FrameMessage; otherwise it joins
+// with DirectWrite writes it on the caller's goroutine as a FrameMessage,
+// unless m is part of a one-way burst; otherwise it joins
 // the FrameMessages batch still waiting in the queue, or opens a new one,
 // so that messages sent while the writer is busy leave together. m is
 // encoded before SendMessage returns (its Body may be reused). It blocks,
@@ -192,7 +193,7 @@ func appendArray32(dst []byte, n uint32) []byte {
 // Senders append under c.bmu, which the writer takes once per batch to
 // close it (sealBatch).
 func (c *Conn) SendMessage(ctx context.Context, m *Message) error {
-	if c.directAllowed() { // checked before encoding: in a burst, m goes to a batch
+	if c.directWriteAllowed() { // checked before encoding: in a burst, m goes to a batch
 		of := outFramePool.Get().(*outFrame)
 		of.buf = appendMessage(append(of.buf[:0], make([]byte, HeaderSize)...), m)
 		n := len(of.buf) - HeaderSize

@@ -38,8 +38,10 @@ type ConnOptions struct {
 	SendQueue int
 	// Logger receives the reason a connection closes (default: none).
 	Logger *zap.Logger
-	// Handler is called for every frame received, in order, from the single
-	// reader goroutine. Frame bodies are decoded before the call and own
+	// Handler is called for every frame received, in order, one call at a
+	// time, on the goroutine holding the read role: the reader goroutine,
+	// a caller reading in Await (CallerReads), or the goroutine that took
+	// the reading over (HandlerTakeover). Frame bodies are decoded before the call and own
 	// their memory, except UnknownFrame.Payload, the whole of a
 	// *MessagesFrame (the frame, its Messages and their Bodies) and, with
 	// TransientMessages, of a *MessageFrame, which are valid only until
@@ -50,7 +52,8 @@ type ConnOptions struct {
 	Handler func(Frame)
 	// HandlerTakeover, when positive, lets Handler block on a single
 	// message: a call for a FrameMessage (whose memory Handler owns; the
-	// frame that may run an actor's handler inline) that called MayBlock
+	// frame that may run an actor's handler on the reader, package actor's
+	// inline delivery) that called MayBlock
 	// and has not returned between HandlerTakeover/2 and HandlerTakeover
 	// after it no longer holds up the connection. A call that did not
 	// call MayBlock is never taken over, however long it runs: the frame
@@ -59,7 +62,9 @@ type ConnOptions struct {
 	// never taken over. A new goroutine takes over reading and handling the next
 	// frames (the reader goroutine, when the call ran on a caller's
 	// goroutine in Await); the goroutine in Handler ends, or returns from
-	// Await, when Handler returns. Frames
+	// Await, when Handler returns. A call that called MayBlock is taken
+	// over at once, without waiting for HandlerTakeover, when a goroutine
+	// waits for a frame from the peer (Await, ExpectReply). Frames
 	// are still passed to Handler in order, but a later frame's call may
 	// then run, and return, before the slow one returns. One watchdog
 	// goroutine per process, idle while no Handler call is in progress,
@@ -83,9 +88,11 @@ type ConnOptions struct {
 	// have exited. It must not call Close.
 	OnClose func(error)
 	// DirectWrite lets Send and SendMessage write on the caller's
-	// goroutine when nothing is queued or being written, saving the hand-off
-	// to the writer goroutine (lower latency for request/response traffic).
-	// Order is kept. The cost: such a write is not bounded by ctx, so on a
+	// goroutine (a direct write) when nothing is queued or being written,
+	// saving the hand-off to the writer goroutine (lower latency for
+	// request/response traffic). A one-way burst (no frame read since the
+	// last direct write, within burstWindow of it) still goes through the
+	// writer, which batches it. Order is kept. The cost: such a write is not bounded by ctx, so on a
 	// stalled peer it blocks until the socket drains or the Conn closes
 	// (rely on liveness checks to close stalled connections). A Send from
 	// Handler then writes on the reader goroutine: two peers that both stop
@@ -99,7 +106,8 @@ type ConnOptions struct {
 	// that arrive meanwhile wait as long (default DefaultCallerReads;
 	// negative: callers never read). Only for connections whose reads a
 	// read deadline interrupts cleanly: sockets (TCP, Unix) and
-	// InterruptibleReaders (shared memory), not TLS. A Conn whose users never call
+	// InterruptibleReaders (shared memory, internal/memnet), not TLS; and
+	// only with a Handler. A Conn whose users never call
 	// Await reads as if it were off.
 	CallerReads time.Duration
 	// TransientMessages makes a *MessageFrame passed to Handler, its Body
@@ -113,8 +121,10 @@ type ConnOptions struct {
 
 // Conn is an authenticated connection carrying frames. Sends from any
 // goroutine are queued and written, in the order they were queued, by one
-// writer goroutine that batches whatever is queued into few writes; one
-// reader goroutine decodes frames and passes them to the Handler.
+// writer goroutine that batches whatever is queued into few writes (or, with
+// DirectWrite, written by the sender when the Conn is idle); one reader
+// goroutine decodes frames and passes them to the Handler, unless a caller
+// in Await holds the read role.
 type Conn struct {
 	nc    net.Conn
 	peer  Remote
@@ -165,9 +175,9 @@ type Conn struct {
 
 	// Burst detection for DirectWrite: frames read so far, and the read
 	// count and time (mono.Now) of the last direct write.
-	reads      atomic.Uint64
-	lastReads  atomic.Uint64
-	lastDirect atomic.Int64
+	reads           atomic.Uint64
+	lastReads       atomic.Uint64
+	lastDirectWrite atomic.Int64
 
 	// running: started and not closing (set and cleared under mu), what
 	// a direct write checks without taking mu.
@@ -398,7 +408,7 @@ func (c *Conn) Send(ctx context.Context, t FrameType, flags Flags, stream uint32
 		outFramePool.Put(of)
 		return err
 	}
-	if done, err := c.tryDirect(of); done {
+	if done, err := c.tryDirectWrite(of); done {
 		return err
 	}
 	return c.enqueue(ctx, of)
@@ -436,29 +446,30 @@ func (c *Conn) sendAndWait(ctx context.Context, of *outFrame) error {
 	}
 }
 
-// tryDirect writes of on the caller's goroutine if DirectWrite is on, the
-// Conn is started and open, and no other frame is queued or being written.
-// It reports whether it handled of, and the result.
-func (c *Conn) tryDirect(of *outFrame) (bool, error) {
-	if !c.directAllowed() {
+// tryDirectWrite writes of on the caller's goroutine if DirectWrite is on,
+// the Conn is started and open, no other frame is queued or being written,
+// and of is not part of a one-way burst (directWriteAllowed). It reports
+// whether it handled of, and the result.
+func (c *Conn) tryDirectWrite(of *outFrame) (bool, error) {
+	if !c.directWriteAllowed() {
 		return false, nil
 	}
 	return c.writeDirect(of)
 }
 
-// directAllowed reports whether a frame may be written on the caller's
-// goroutine: DirectWrite is on, nothing is queued, and the frame is not
-// part of a one-way burst (see burstWindow).
-func (c *Conn) directAllowed() bool {
+// directWriteAllowed reports whether a frame may be written on the
+// caller's goroutine: DirectWrite is on, nothing is queued, and the frame
+// is not part of a one-way burst (see burstWindow).
+func (c *Conn) directWriteAllowed() bool {
 	if !c.opts.DirectWrite || c.pending.Load() != 0 {
 		return false
 	}
 	// A frame read since the last direct write (request/response) needs
 	// no clock.
-	return c.reads.Load() != c.lastReads.Load() || mono.Now()-c.lastDirect.Load() >= int64(burstWindow)
+	return c.reads.Load() != c.lastReads.Load() || mono.Now()-c.lastDirectWrite.Load() >= int64(burstWindow)
 }
 
-// writeDirect is tryDirect once directAllowed said yes.
+// writeDirect is tryDirectWrite once directWriteAllowed said yes.
 func (c *Conn) writeDirect(of *outFrame) (bool, error) {
 	if !c.wmu.TryLock() {
 		return false, nil
@@ -480,7 +491,7 @@ func (c *Conn) writeDirect(of *outFrame) (bool, error) {
 	} else if err = c.writeFrameLocked(of); err == nil {
 		err = c.bw.Flush()
 	}
-	c.lastDirect.Store(mono.Now())
+	c.lastDirectWrite.Store(mono.Now())
 	if err != nil {
 		err = fmt.Errorf("wire: write to %s: %w", c.peer.Node, err)
 		c.fail(err)
@@ -600,12 +611,15 @@ func (c *Conn) writeFrameLocked(of *outFrame) error {
 	return err
 }
 
-// Takeovers returns how many Handler calls ran past HandlerTakeover and
-// were left to finish on their own while a new goroutine went on reading.
+// Takeovers returns how many Handler calls were left to finish on their
+// own while another goroutine went on reading: calls that ran past
+// HandlerTakeover, and calls taken over at once because a goroutine waited
+// for a frame from the peer (Await, ExpectReply).
 func (c *Conn) Takeovers() uint64 { return c.takeovers.Load() }
 
 // readLoop is the reader goroutine, started by Start or, after a take-over,
-// by the watchdog; it holds one place in c.wg, which a reader that was
+// by whoever took the call over (takeOver: the watchdog, ExpectReply or a
+// caller in Await); it holds one place in c.wg, which a reader that was
 // taken over leaves to its successor.
 func (c *Conn) readLoop() {
 	if c.readFrames() {
@@ -614,7 +628,7 @@ func (c *Conn) readLoop() {
 }
 
 // readFrames reads and handles frames until the connection fails (true)
-// or the watchdog hands reading to a new goroutine while Handler ran
+// or a take-over hands reading to a new goroutine while Handler ran
 // (false: the caller must not touch the Conn's reading state again).
 // Between frames, with nothing buffered, it may leave the read role to
 // callers (Await) and wait until it is given back.
@@ -649,7 +663,7 @@ func (c *Conn) readFrames() bool {
 const (
 	frameHandled   = iota
 	frameFatal     // the connection failed: stop reading
-	frameTakenOver // Handler ran past HandlerTakeover: the reading went on elsewhere
+	frameTakenOver // Handler was taken over (takeOver): the reading went on elsewhere
 )
 
 // handleFrame passes a frame, read by the holder of the read role, to
@@ -685,7 +699,7 @@ func (c *Conn) handleFrame(f Frame) int {
 }
 
 // endGuarded ends the reader's guarded Handler call, which it marked s
-// (phaseHandling): false when the watchdog handed the reading to a new
+// (phaseHandling): false when a take-over handed the reading to another
 // goroutine meanwhile (rstate is then the abandoned s, or already a call
 // of the new reader).
 func (c *Conn) endGuarded(s uint64) bool {

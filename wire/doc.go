@@ -33,38 +33,58 @@
 // Frames are written in the order Send was called. Under load the writer
 // goroutine batches everything queued into one write; with
 // ConnOptions.DirectWrite an idle Conn writes on the caller's goroutine
-// instead, which saves a goroutine hand-off per message. User messages sent
-// with SendMessage go further: those sent while the writer is busy share one
-// FrameMessages frame (up to MaxBatchMessages), so a burst costs one header,
-// one queue slot and one decode pass per batch:
+// instead (a direct write), which saves a goroutine hand-off per message;
+// a one-way burst (no frame read since the last direct write, within
+// 200µs of it) still goes to the writer, to be batched. User messages sent
+// with SendMessage go further: those sent while the writer is busy share
+// one FrameMessages frame (up to MaxBatchMessages), so a burst costs one
+// header, one queue slot and one decode pass per batch:
 //
 //	err = c.SendMessage(ctx, &wire.Message{Target: "ps", Type: name, Ser: ser, Body: body})
 //
 // A sender appends to the open batch under one mutex, which the writer
 // takes once per batch to close it; a message sent after that goes to the
 // next batch. A message with the same target, sender and type as the one
-// before it in the batch copies their encoding.
+// before it in the batch copies their encoding. At most 8 FrameMessages
+// batches wait per Conn: a slow peer holds senders back (in bytes, not
+// only in frames).
 //
 // Between processes of one host, a Conn runs on shared memory: with
 // HandshakeConfig.SharedMemory on both ends (Remote.SharedMemory), package
-// package shm's Upgrade moves the connection's bytes to rings in shared memory
+// shm's Upgrade moves the connection's bytes to rings in shared memory
 // right after the handshake, and NewConn takes the *shm.Conn it returns.
 //
-// One goroutine reads at a time. The reader goroutine does, except while a
-// caller waiting for a frame from the peer (a request's reply) reads the
-// connection itself through Conn.Await: on a socket or shared-memory
-// rings (InterruptibleReader), once the reader
-// goroutine has seen a caller miss the role, callers read their own
-// replies (the poller wakes them, not the reader goroutine that would hand
-// the reply over), and the reader goroutine takes reading back when no
-// caller has read for ConnOptions.CallerReads (see lead.go).
+// One goroutine reads at a time: the one holding the connection's read
+// role. The reader goroutine does, except while a caller waiting for a
+// frame from the peer (a request's reply) reads the connection itself
+// through Conn.Await. That needs a connection whose reads a read deadline
+// interrupts cleanly: a socket, or an InterruptibleReader (shm's rings,
+// internal/memnet's connections). Once the reader goroutine has seen a
+// caller miss the role, callers read their own replies (the poller wakes
+// them, not the reader goroutine that would hand the reply over), and the
+// reader goroutine takes reading back when no caller has read for
+// ConnOptions.CallerReads (see lead.go).
 //
-// At most 8 such batches wait per Conn: a slow peer holds senders back (in
-// bytes, not only in frames). With ConnOptions.HandlerTakeover, a Handler
-// call that blocks hands the reading to a new goroutine instead of stalling
-// the connection, once it called Conn.MayBlock (its message has its place
-// downstream): a call merely slow is waited for, so frames keep their
-// order.
+// With ConnOptions.HandlerTakeover, a Handler call that blocks hands the
+// reading to a new goroutine instead of stalling the connection, once it
+// called Conn.MayBlock (its message has its place downstream): a call
+// merely slow is waited for, so frames keep their order.
+//
+// Words that mean more than one thing in tensorferry, as this package
+// uses them:
+//   - direct write (ConnOptions.DirectWrite, config
+//     transport.direct_write): a frame written on the sending goroutine
+//     rather than by the writer goroutine. Nothing to do with rdma's
+//     direct fetch (rdma.DirectFetcher: an ipc copy made on the calling
+//     goroutine) or rdma.DirectSmall (a small GPU tensor sent by ipc
+//     rather than inline).
+//   - inline: Message.Tensors carries inline tensors (the bytes of a
+//     tensor at or below transport.inline_threshold, in the frame; opaque
+//     to this package). Inline delivery (package actor: an actor's handler
+//     run on the goroutine that reads the connection) is, to a Conn, only
+//     a Handler call that may block (MayBlock).
+//   - reader: whichever goroutine holds the read role, the Conn's reader
+//     goroutine or a caller in Await; Handler runs on it.
 //
 // All msgpack in this package is read and written with one primitive
 // layer, tinylib/msgp's msgp package (Append*, Read*Bytes, Skip): the

@@ -41,7 +41,8 @@ import (
 // losing anything can be read by a caller: a wake-up (ctx ended, the frame
 // delivered by another goroutine) interrupts the caller's read at a frame
 // boundary through a read deadline. A socket (TCP, Unix) is one; so is a
-// net.Conn that says so with InterruptibleReads (shm's rings). TLS is not:
+// net.Conn that says so with InterruptibleReads (shm's rings, memnet's
+// connections, a detached TCP connection). TLS is not:
 // a deadline in the middle of a record breaks the connection.
 
 // DefaultCallerReads is how long a connection's read role, left free by a
@@ -97,8 +98,8 @@ type lead struct {
 
 // InterruptibleReader is a net.Conn that is not a socket but whose Read,
 // waiting for bytes, a read deadline set in the past from another goroutine
-// ends with os.ErrDeadlineExceeded and nothing read or lost (shm.Conn):
-// callers may then read it (Conn.Await).
+// ends with os.ErrDeadlineExceeded and nothing read or lost (shm.Conn,
+// internal/memnet's Conn): callers may then read it (Conn.Await).
 type InterruptibleReader interface {
 	net.Conn
 	InterruptibleReads()
@@ -198,7 +199,8 @@ func (k Wakeup) Notify() {
 // on elsewhere, and the caller waits again.
 //
 // The calling goroutine runs Handler for every frame it reads, its own and
-// others' (an actor's handler run inline included). A Handler call may
+// others' (an actor's handler run on the reader by inline delivery
+// included). A Handler call may
 // itself call Await on the same connection once it has called MayBlock: a
 // caller that finds the read role held by a Handler call that may block
 // takes that call over at once (the reading goes on elsewhere, as after
@@ -441,7 +443,7 @@ func (c *Conn) giveRole() {
 	}
 }
 
-// takenOverLeader is the watchdog's take-over of a caller's Handler call:
+// takenOverLeader is a take-over (takeOver) of a caller's Handler call:
 // the reader goroutine goes on reading. It reports false when the call
 // was the reader goroutine's own (a new reader must start).
 func (c *Conn) takenOverLeader() bool {

@@ -16,7 +16,8 @@ import (
 // every Conn that asked for take-over once per tick; a Conn found in the
 // same call at two ticks in a row has a Handler that has run for at least a
 // tick, and the watchdog hands the reading to a new goroutine by moving the
-// phase from handling to abandoned. The reader stuck in Handler sees the
+// phase from blocking (the call declared MayBlock) to abandoned; ExpectReply
+// and a caller in Conn.Await do the same at once (takeOver). The reader stuck in Handler sees the
 // phase changed when Handler returns and ends without touching the
 // connection again. The new reader inherits the old one's place in the
 // Conn's WaitGroup. The watchdog parks when no guarded call happened
