@@ -14,7 +14,7 @@ const DefaultDir = "/dev/shm"
 // DefaultTimeout bounds Upgrade when its context has no deadline.
 const DefaultTimeout = 5 * time.Second
 
-// Transport names, as Peer.Transport and `ferry topo` print them.
+// Transport names, as cluster.Peer.Transport and `ferry topo` print them.
 const (
 	// TransportShm: the connection's bytes go through shared memory rings.
 	TransportShm = "shm"
@@ -43,10 +43,11 @@ type Config struct {
 	RingSize int
 	// Spin is the longest a Read or Write spins waiting for the peer before
 	// it sleeps (a duration; 0: DefaultSpin, 50 µs, when Go runs with at
-	// least 8 processors (internal/fastpath) or with
-	// TENSORFERRY_FASTPATHS=on, none with fewer, where a spin
+	// least 8 processors (GOMAXPROCS) and as many CPUs (internal/fastpath)
+	// or with TENSORFERRY_FASTPATHS=on, none with fewer, where a spin
 	// takes the CPU the peer needs; negative: never). The spin turns itself
 	// off while it rarely ends a wait (an idle or slow peer, busy CPUs).
+	// Cluster's membership sets it from transport.read_spin.
 	Spin time.Duration
 	// HostID names this host; the transport is tried only with a peer that
 	// names the same (default: the kernel's boot id,

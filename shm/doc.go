@@ -22,11 +22,13 @@
 // upgrades at once so holds one region and its four FIFOs, not hundreds.
 //
 // Wake-ups: an end with nothing to read (or no room to write) spins for a
-// while, adaptively and bounded (Config.Spin; no spin by default with
-// fewer than fastpath.MinProcs processors, where it would take the CPU the
-// peer needs, unless TENSORFERRY_FASTPATHS=on), then sets a
-// flag in the region and sleeps in Go's poller on a FIFO, to which the
-// other end writes one byte when it finds the flag set.
+// while, bounded and adaptive (Config.Spin: internal/park's Spin, plus one
+// yield after the first poll and a switch that stops spinning while the
+// spin rarely ends a wait; no spin by default with fewer than
+// fastpath.MinProcs processors and CPUs, where it would take the CPU the
+// peer needs, unless TENSORFERRY_FASTPATHS=on), then sets a flag in the
+// region and sleeps in Go's poller on a FIFO, to which the other end
+// writes one byte when it finds the flag set (park.Wait and park.Wake).
 //
 // A Conn is a wire.InterruptibleReader: a read deadline set in the past
 // ends a Read that spins or sleeps, with nothing read, so a caller waiting
