@@ -35,8 +35,11 @@ var detachedConns atomic.Int32
 // the idle processors, although the spinning reader takes the bytes
 // itself. The peer's write pays for that wake-up: on a 16-core H100 host a
 // 64-byte round trip over loopback TCP with both ends spinning took about
-// 1.6 µs less out of the poller than in it (BENCHMARKS.md, "The read spin
-// out of the runtime's poller").
+// 1.6 µs less out of the poller than in it (the section "The read spin out
+// of the runtime's poller" of BENCHMARKS.md until 55e34ed; raw:
+// benchmarks/results/spin-h100-2026-11-24-poller.txt). The 2026-11-28
+// switch runs (read_spin_detach off: 1.20–1.24× the round trip) are in
+// BENCHMARKS.md's control-path table.
 //
 // Before Start, and when the process already has maxDetached, it is
 // the TCP connection with a spinReader.

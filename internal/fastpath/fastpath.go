@@ -1,7 +1,8 @@
 // Package fastpath decides, in one place, whether the control path's fast
 // paths whose default depends on the host are on: the read spin of control
-// connections (TCP and shared memory), a Request's spin on its reply, and
-// decoding a burst's messages on the actor's goroutine. They pay only with
+// connections (TCP and shared memory; a Request that reads its own reply
+// reads through it) and decoding a burst's messages on the actor's
+// goroutine (transport.burst_decode). They pay only with
 // processors to spare, so by default they are on where the process runs
 // with at least MinProcs processors (GOMAXPROCS) and as many CPUs, and off
 // below, as on a 2-core CI machine.

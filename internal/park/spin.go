@@ -8,8 +8,12 @@ import "time"
 // is the transport's read_spin (wire.DefaultReadSpinFor where it is not
 // set). A spin never yields: runtime.Gosched puts the goroutine on the
 // global run queue and wakes an idle thread each time, which costs a
-// many-core host more than the spin saves (BENCHMARKS.md, "Spinning
-// without yielding"). Its zero value does not spin.
+// many-core host more than the spin saves (the H100 A/B of
+// benchmarks/results/remote-h100-2026-11-24-spin-variants.jsonl, which
+// BENCHMARKS.md's "Spinning without yielding" told until 55e34ed). Its users add around it: wire's reader yields once
+// after a frame it handled, before its next read, and shm's spinner yields
+// once after its first poll and stops spinning while the spin rarely ends
+// a wait. Its zero value does not spin.
 type Spin struct {
 	budget time.Duration
 	start  time.Time
