@@ -49,7 +49,8 @@ type TransportConfig struct {
 	// The frame header (wire.HeaderSize) is not counted.
 	MaxFrameSize int
 	// InlineThreshold is a size in bytes: tensors at or below it are copied
-	// inline into control frames instead of moving out of band. Below
+	// inline into control frames (inline tensors, in the message's tensor
+	// table) instead of moving out of band. Below
 	// MaxFrameSize. Default 64 KiB: up to there, copying beats a rendezvous
 	// round trip (the eager protocol of MPI).
 	InlineThreshold int
@@ -61,10 +62,14 @@ type TransportConfig struct {
 	// SendQueue is the number of frames (a count) a control connection
 	// queues for its writer before a Send blocks. Default 4096.
 	SendQueue int
-	// HandlerTakeover is how long (a duration) a frame's handler may run on
-	// a control connection's reader before a new goroutine takes over
-	// reading: the most a handler that blocks (an actor run inline) delays
-	// the frames behind it. Default 10ms.
+	// HandlerTakeover is how long (a duration) a message's handling may
+	// run on a control connection's reader, once the message has its place
+	// in an actor's mailbox or the engine's inbox, before a new goroutine
+	// takes over reading: the most a handler that blocks (an actor run on
+	// the reader by inline delivery) delays the frames behind it. A
+	// handling not yet queued downstream is waited for, so that the next
+	// message never overtakes it (wire.ConnOptions.HandlerTakeover).
+	// Default 10ms.
 	HandlerTakeover time.Duration
 	// MaxDataConnsPerPeer bounds (a count) the data connections one peer
 	// may hold open on a node; one more is refused in the handshake with
@@ -81,9 +86,9 @@ type TransportConfig struct {
 	DataIdleTimeout time.Duration
 	// ReadSpin is how long (a duration, at most 1ms) the reader of a
 	// control connection polls its socket, or its shared-memory ring, for
-	// the next frame before it parks, and a Request spins on its reply
-	// before it sleeps: a reply within it is taken without a thread
-	// wake-up (10–30 µs on virtual machines), at the price of a processor
+	// the next frame before it parks (as does a Request that reads its
+	// own reply, caller_reads): a reply within it is taken without a
+	// thread wake-up (10–30 µs on virtual machines), at the price of a processor
 	// kept busy. Default 0: chosen by the machine, 50µs in a process with
 	// 8 or more processors (GOMAXPROCS) and CPUs, or with
 	// TENSORFERRY_FASTPATHS=on, and none below, where the spin would take
@@ -108,7 +113,8 @@ type TransportConfig struct {
 	CallerReads Switch
 	// BurstDecode (YAML: burst_decode) decodes the messages of a burst
 	// (a batched frame) to an actor with inline delivery on the actor's
-	// goroutine rather than the connection's reader. Default SwitchAuto:
+	// goroutine rather than the connection's reader, for messages without
+	// tensors, while tracing is off. Default SwitchAuto:
 	// on with 8 or more processors and CPUs, or TENSORFERRY_FASTPATHS=on;
 	// off below, where the reader and the actor share the processors and
 	// moving the decode costs more than it frees.
@@ -119,10 +125,11 @@ type TransportConfig struct {
 	// SwitchOff gives them protoactor's default mailbox.
 	InlineDelivery Switch
 	// DirectWrite (YAML: direct_write) lets a send on a control
-	// connection write on the sender's goroutine when nothing is queued
-	// or being written, saving the hand-off to the writer goroutine
-	// (wire.ConnOptions.DirectWrite). Default SwitchAuto: on; SwitchOff
-	// queues every frame for the writer.
+	// connection write on the sender's goroutine (a direct write; nothing
+	// to do with ipc's direct offers) when nothing is queued or being
+	// written and the send is not part of a one-way burst, saving the
+	// hand-off to the writer goroutine (wire.ConnOptions.DirectWrite).
+	// Default SwitchAuto: on; SwitchOff queues every frame for the writer.
 	DirectWrite Switch
 	// IdleTimeout is how long (a duration) a control connection may carry
 	// no frame before it is closed, with gossip membership (with the full
