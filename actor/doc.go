@@ -5,8 +5,9 @@
 //
 // A Node attaches to a protoactor-go ActorSystem (NewRemote, like
 // protoactor's remote.NewRemote; NewNode makes the system too) and
-// registers an address resolver, so PIDs of actors on other nodes (a PID's Address is the node's
-// name from the cluster config) work with protoactor's own API: Send,
+// registers an address resolver, so PIDs of actors on other nodes (a
+// PID's Address is the node's name from the cluster config) work with
+// protoactor's own API: Send,
 // Request and Respond, RequestFuture, Watch and Unwatch with Terminated,
 // Stop and Poison. Messages travel over tensorferry's own wire protocol; no
 // gRPC is involved.
@@ -34,6 +35,28 @@
 //	props := pa.PropsFromFunc(serve, node.WithInlineDelivery()) // on "b" (pa: protoactor-go/actor)
 //	res, err = node.Request(ctx, pid, &Ping{})                     // on "a"
 //	res, err = node.RequestTimeout(pid, &Ping{}, time.Second)      // bounded per request, no timer armed
+//
+// Two words mean several things in tensorferry; each name here says which:
+//   - inline tensor: a tensor small enough (transport.inline_threshold) to
+//     be copied into the message's frame instead of fetched out of band
+//     (package transfer).
+//   - inline delivery (WithInlineDelivery, transport.inline_delivery,
+//     Stats' MessagesInline): a message's handler run on the goroutine that
+//     delivers it, the connection's reader (or the engine's goroutine that
+//     fetched its tensors), instead of a goroutine started for it, through
+//     the actor's inline mailbox. The Python node's inline handlers
+//     (Node.handle(..., inline=True)) are the same idea on its side.
+//   - delivered at once: a received message with nothing to fetch, and
+//     nothing of its peer waiting ahead of it, is posted to its actor by
+//     the reader rather than through the engine's inbox; whether its
+//     handler then runs on the reader is inline delivery's business.
+//   - direct write (transport.direct_write): a frame written by the
+//     sending goroutine instead of the connection's writer goroutine
+//     (package wire).
+//   - direct fetch (rdma.DirectFetcher, the ipc channel's direct offers):
+//     a tensor copied on the calling goroutine with nothing to wait for
+//     from another node. rdma.DirectSmall names the channel (ipc) that
+//     moves a small GPU tensor device to device rather than inline.
 //
 // With WithTracerProvider a node traces its messages with OpenTelemetry:
 // the send, the export of its tensors, and on the receiving node the

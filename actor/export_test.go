@@ -7,7 +7,7 @@ import "github.com/tensorferry/tensorferry/wire"
 func SetLazyDecode(n *Node, on bool) { n.lazyDecode.Store(on) }
 
 // InlineActors returns how many actors of n have inline delivery.
-func InlineActors(n *Node) int64 { return n.inline.count.Load() }
+func InlineActors(n *Node) int64 { return n.onReader.count.Load() }
 
 // WaitingRequests returns how many Request calls of n wait for a reply.
 func WaitingRequests(n *Node) int {

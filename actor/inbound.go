@@ -35,11 +35,11 @@ type inbound struct {
 	// needed (targetPID).
 	reply  bool
 	key    uint64
-	target *pa.PID        // the local actor (a reply's: made by targetPID)
-	proc   pa.Process     // its process (a reply's: replyProcess)
-	mb     *inlineMailbox // its inline mailbox, if it has one
-	typ    *typeRoute     // what the message's type allows
-	span   tracehook.Span // its receipt's
+	target *pa.PID          // the local actor (a reply's: made by targetPID)
+	proc   pa.Process       // its process (a reply's: replyProcess)
+	mb     *onReaderMailbox // its inline mailbox, if it has one
+	typ    *typeRoute       // what the message's type allows
+	span   tracehook.Span   // its receipt's
 }
 
 // targetPID returns the message's target; a reply's target is made here,
@@ -64,20 +64,20 @@ func (in *inbound) targetPID(n *Node) *pa.PID {
 type batch struct {
 	id     string
 	proc   pa.Process
-	mb     *inlineMailbox
-	heldMB *inlineMailbox
+	mb     *onReaderMailbox
+	heldMB *onReaderMailbox
 	held   []any
 }
 
 // actor returns the process of the local actor id and its inline mailbox
 // (nil if it has none), through the batch's last actor (b nil: none) and
 // the peer's route cache; false if there is no such actor.
-func (b *batch) actor(n *Node, rc *routeCache, id string) (pa.Process, *inlineMailbox, bool) {
+func (b *batch) actor(n *Node, rc *routeCache, id string) (pa.Process, *onReaderMailbox, bool) {
 	if b != nil && b.proc != nil && b.id == id {
 		return b.proc, b.mb, true
 	}
 	var proc pa.Process
-	mb := rc.inline(n, id)
+	mb := rc.onReaderMailbox(n, id)
 	if mb != nil {
 		proc = mb.proc // no lookup in protoactor's registry
 	} else if p, ok := n.system.ProcessRegistry.GetLocal(id); ok {
@@ -92,7 +92,7 @@ func (b *batch) actor(n *Node, rc *routeCache, id string) (pa.Process, *inlineMa
 }
 
 // hold keeps msg for mb, posting what was held for another mailbox first.
-func (b *batch) hold(mb *inlineMailbox, msg any) {
+func (b *batch) hold(mb *onReaderMailbox, msg any) {
 	if b.heldMB != mb {
 		b.flush()
 		b.heldMB = mb
@@ -186,9 +186,10 @@ func (n *Node) decodeLater(ps *peerState, in *inbound, b *batch) bool {
 	return true
 }
 
-// route puts msg's tensors back (inline ones now; those to fetch when the
-// budgets allow) and delivers it: at once when it has nothing to fetch and
-// nothing of its peer waits ahead of it, else through the engine.
+// route puts msg's tensors back (inline tensors now; those to fetch when
+// the budgets allow) and delivers it: at once, on the reader (deliverNow),
+// when it has nothing to fetch and nothing of its peer waits ahead of it,
+// else through the engine.
 func (n *Node) route(ps *peerState, in *inbound, b *batch, msg any) {
 	var inc *transfer.Incoming // nil: nothing to fetch
 	if len(in.m.Tensors) > 0 || !in.typ.plain {
@@ -218,7 +219,7 @@ func (n *Node) deliverNow(ps *peerState, in *inbound, b *batch, msg any) {
 	case b == nil && in.mb != nil && in.mb.registered.Load():
 		// Alone in its frame, to an inline mailbox still registered after
 		// the decode: run here if the actor is idle.
-		in.mb.postInline(envelope(in.sender, in.m.Header, msg), ps.peer.HandlerMayBlock)
+		in.mb.postOnReader(envelope(in.sender, in.m.Header, msg), ps.peer.HandlerMayBlock)
 	case b != nil && in.mb != nil:
 		b.hold(in.mb, envelope(in.sender, in.m.Header, msg))
 	default:
@@ -270,7 +271,7 @@ func (n *Node) refuse(ps *peerState, in *inbound, why refusal, err error) {
 
 // lazyMessage is a message of a batch held for an actor with inline
 // delivery, its body still encoded: the actor's goroutine decodes it as
-// its mailbox runs it (inlineMailbox.run), off the connection's reader.
+// its mailbox runs it (onReaderMailbox.run), off the connection's reader.
 // Its type carries no tensors and is not a lifecycle message.
 type lazyMessage struct {
 	n              *Node
@@ -363,16 +364,16 @@ func (im *inMessage) Deliver(err error) {
 // Anything else is delivered as Deliver does.
 func (im *inMessage) DeliverInline(err error, handoff func()) {
 	n := im.n
-	var mb *inlineMailbox
+	var mb *onReaderMailbox
 	if err == nil && !isReply(im.target.Id) {
-		mb = im.ps.route.inline(n, im.target.Id)
+		mb = im.ps.route.onReaderMailbox(n, im.target.Id)
 	}
 	if mb == nil {
 		im.Deliver(err)
 		return
 	}
 	dl := n.startDelivery(im.span, &im.header)
-	mb.postInline(envelope(im.sender, im.header, im.msg), handoff)
+	mb.postOnReader(envelope(im.sender, im.header, im.msg), handoff)
 	dl.end()
 }
 

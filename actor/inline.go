@@ -41,7 +41,8 @@ import (
 // connection's reader, which a burst keeps busy. Local senders and system
 // messages go through the dispatcher as usual; the actor still handles
 // one message at a time, in order. At most the dispatcher's throughput of
-// messages run inline at a time; the rest go to the dispatcher. With
+// messages run on the delivering goroutine at a time; the rest go to the
+// dispatcher. With
 // config transport.inline_delivery off, the actor gets protoactor's
 // default mailbox instead.
 //
@@ -51,15 +52,15 @@ func (n *Node) WithInlineDelivery() pa.PropsOption {
 		return pa.WithMailbox(pa.Unbounded())
 	}
 	return pa.WithMailbox(func() pa.Mailbox {
-		return &inlineMailbox{n: n, gone: make(chan struct{})}
+		return &onReaderMailbox{n: n, gone: make(chan struct{})}
 	})
 }
 
-// inlineMailboxes maps the ids of n's actors with inline delivery to their
+// onReaderMailboxes maps the ids of n's actors with inline delivery to their
 // mailboxes; an entry lives from spawn to the actor's Stop.
-type inlineMailboxes struct {
+type onReaderMailboxes struct {
 	count atomic.Int64
-	byID  sync.Map // string → *inlineMailbox
+	byID  sync.Map // string → *onReaderMailbox
 }
 
 // Mailbox states (as in protoactor's default mailbox).
@@ -68,9 +69,12 @@ const (
 	mailboxRunning
 )
 
-// inlineMailbox is protoactor's default unbounded mailbox, whose user
-// messages may also be run on the poster's goroutine (postInline).
-type inlineMailbox struct {
+// onReaderMailbox is the inline mailbox of WithInlineDelivery: protoactor's
+// default unbounded mailbox, whose user messages may also be run on the
+// goroutine that posts them (postOnReader: a connection's reader, or the
+// engine's goroutine that fetched the message's tensors), and in which
+// readers queue at most maxReaderBacklog user messages (waitRoom).
+type onReaderMailbox struct {
 	n          *Node
 	id         string
 	proc       pa.Process
@@ -86,7 +90,7 @@ type inlineMailbox struct {
 	suspended    atomic.Bool
 	registered   atomic.Bool
 
-	// A connection's reader that finds maxInlineBacklog user messages
+	// A connection's reader that finds maxReaderBacklog user messages
 	// queued waits (waitRoom) until the actor has run half of them: a
 	// peer cannot grow the mailbox without bound, and one that sends
 	// without reading the replies stalls its own connection (then loses
@@ -96,21 +100,22 @@ type inlineMailbox struct {
 	goneOnce sync.Once
 }
 
-// maxInlineBacklog bounds the user messages a connection's reader queues
-// in an inline mailbox (64 Ki messages) before it waits for the actor.
-const maxInlineBacklog = 1 << 16
+// maxReaderBacklog bounds the user messages a connection's reader (or the
+// engine's delivery) queues in an inline mailbox (64 Ki messages) before it
+// waits for the actor.
+const maxReaderBacklog = 1 << 16
 
 // waitRoom blocks the calling reader while the mailbox holds
-// maxInlineBacklog user messages or more, until the actor has run half of
+// maxReaderBacklog user messages or more, until the actor has run half of
 // them, the actor stops, or the node does. It reports whether it waited.
-func (m *inlineMailbox) waitRoom() bool {
-	if m.userMessages.Load() < maxInlineBacklog {
+func (m *onReaderMailbox) waitRoom() bool {
+	if m.userMessages.Load() < maxReaderBacklog {
 		return false
 	}
 	m.n.stats.InlineBackpressure.Add(1)
 	// Several readers (one per peer) may wait at once: a run that takes
 	// the backlog below half opens the gate to all of them (roomFreed).
-	for m.userMessages.Load() >= maxInlineBacklog {
+	for m.userMessages.Load() >= maxReaderBacklog {
 		if !m.room.Wait(m.hasRoom, m.gone, m.n.ctx.Done()) {
 			return true
 		}
@@ -118,22 +123,22 @@ func (m *inlineMailbox) waitRoom() bool {
 	return true
 }
 
-func (m *inlineMailbox) hasRoom() bool { return m.userMessages.Load() < maxInlineBacklog }
+func (m *onReaderMailbox) hasRoom() bool { return m.userMessages.Load() < maxReaderBacklog }
 
 // roomFreed wakes the readers waiting for room once the backlog is below
 // half; the run took the message off the count first (a read-modify-write,
 // as package park asks).
-func (m *inlineMailbox) roomFreed() {
-	if m.userMessages.Load() < maxInlineBacklog/2 {
+func (m *onReaderMailbox) roomFreed() {
+	if m.userMessages.Load() < maxReaderBacklog/2 {
 		m.room.Open()
 	}
 }
 
-var _ pa.Mailbox = (*inlineMailbox)(nil)
+var _ pa.Mailbox = (*onReaderMailbox)(nil)
 
 // RegisterHandlers implements pa.Mailbox. protoactor calls it once the
 // actor's PID is registered, which is when the mailbox learns its id.
-func (m *inlineMailbox) RegisterHandlers(invoker pa.MessageInvoker, dispatcher pa.Dispatcher) {
+func (m *onReaderMailbox) RegisterHandlers(invoker pa.MessageInvoker, dispatcher pa.Dispatcher) {
 	m.invoker, m.dispatcher = invoker, dispatcher
 	ctx, ok := invoker.(pa.Context)
 	if !ok || ctx.ActorSystem() != m.n.system || ctx.Self() == nil {
@@ -144,38 +149,38 @@ func (m *inlineMailbox) RegisterHandlers(invoker pa.MessageInvoker, dispatcher p
 		return
 	}
 	m.id, m.proc = ctx.Self().Id, proc
-	m.n.inline.byID.Store(m.id, m)
-	m.n.inline.count.Add(1)
+	m.n.onReader.byID.Store(m.id, m)
+	m.n.onReader.count.Add(1)
 	m.registered.Store(true)
 }
 
 // unregister forgets the mailbox when the actor is told to stop: later
 // messages take the dispatcher path, which the stopping actor still serves.
-func (m *inlineMailbox) unregister() {
+func (m *onReaderMailbox) unregister() {
 	m.goneOnce.Do(func() { close(m.gone) })
 	if m.registered.CompareAndSwap(true, false) {
-		if m.n.inline.byID.CompareAndDelete(m.id, m) {
-			m.n.inline.count.Add(-1)
+		if m.n.onReader.byID.CompareAndDelete(m.id, m) {
+			m.n.onReader.count.Add(-1)
 		}
 	}
 }
 
 // Start implements pa.Mailbox.
-func (m *inlineMailbox) Start() {}
+func (m *onReaderMailbox) Start() {}
 
 // UserMessageCount implements pa.Mailbox.
-func (m *inlineMailbox) UserMessageCount() int { return int(m.userMessages.Load()) }
+func (m *onReaderMailbox) UserMessageCount() int { return int(m.userMessages.Load()) }
 
 // PostUserMessage implements pa.Mailbox: the message is run by the
 // dispatcher.
-func (m *inlineMailbox) PostUserMessage(message any) { m.post(message) }
+func (m *onReaderMailbox) PostUserMessage(message any) { m.post(message) }
 
-// postInline posts message and, if the mailbox was idle, runs it (and up to
+// postOnReader posts message and, if the mailbox was idle, runs it (and up to
 // the dispatcher's throughput of messages) on the calling goroutine, after
 // calling mayBlock: the message has its place in the mailbox, so the
 // connection's reader may be taken over while the actor runs
 // (wire.Conn.MayBlock).
-func (m *inlineMailbox) postInline(message any, mayBlock func()) {
+func (m *onReaderMailbox) postOnReader(message any, mayBlock func()) {
 	m.waitRoom()
 	if isBatch(message) {
 		m.post(message) // unpacked, run by the dispatcher
@@ -189,7 +194,7 @@ func (m *inlineMailbox) postInline(message any, mayBlock func()) {
 	}
 }
 
-func (m *inlineMailbox) post(message any) {
+func (m *onReaderMailbox) post(message any) {
 	// Batches are unpacked as protoactor's default mailbox does: their
 	// messages, then the batch itself.
 	if batch, ok := message.(pa.MessageBatch); ok {
@@ -209,14 +214,14 @@ func (m *inlineMailbox) post(message any) {
 }
 
 // push queues message as a user message.
-func (m *inlineMailbox) push(message any) {
+func (m *onReaderMailbox) push(message any) {
 	m.user.push(message)
 	m.userMessages.Add(1)
 }
 
 // postMany posts msgs, in order, to be run by the dispatcher: one lock and
 // at most one schedule for the lot.
-func (m *inlineMailbox) postMany(msgs []any) {
+func (m *onReaderMailbox) postMany(msgs []any) {
 	m.waitRoom()
 	start := 0
 	for i, msg := range msgs {
@@ -229,7 +234,7 @@ func (m *inlineMailbox) postMany(msgs []any) {
 	m.pushMany(msgs[start:])
 }
 
-func (m *inlineMailbox) pushMany(msgs []any) {
+func (m *onReaderMailbox) pushMany(msgs []any) {
 	if len(msgs) == 0 {
 		return
 	}
@@ -249,7 +254,7 @@ func isBatch(msg any) bool {
 }
 
 // PostSystemMessage implements pa.Mailbox.
-func (m *inlineMailbox) PostSystemMessage(message any) {
+func (m *onReaderMailbox) PostSystemMessage(message any) {
 	if _, ok := message.(*pa.Stop); ok {
 		m.unregister()
 	}
@@ -258,20 +263,21 @@ func (m *inlineMailbox) PostSystemMessage(message any) {
 	m.schedule()
 }
 
-func (m *inlineMailbox) schedule() {
+func (m *onReaderMailbox) schedule() {
 	if m.status.CompareAndSwap(mailboxIdle, mailboxRunning) {
 		m.dispatcher.Schedule(m.processScheduled)
 	}
 }
 
-func (m *inlineMailbox) processScheduled() { m.process(false) }
+func (m *onReaderMailbox) processScheduled() { m.process(false) }
 
-// process runs messages until the mailbox is empty (or suspended). Run
-// inline, it stops after the dispatcher's throughput and leaves the rest to
-// the dispatcher, the mailbox still marked running.
-func (m *inlineMailbox) process(inline bool) {
+// process runs messages until the mailbox is empty (or suspended). Run on
+// the posting goroutine (onReader), it stops after the dispatcher's
+// throughput and leaves the rest to the dispatcher, the mailbox still
+// marked running.
+func (m *onReaderMailbox) process(onReader bool) {
 	for {
-		if !m.run(inline) {
+		if !m.run(onReader) {
 			m.dispatcher.Schedule(m.processScheduled)
 			return
 		}
@@ -290,9 +296,10 @@ func (m *inlineMailbox) process(inline bool) {
 }
 
 // run processes messages, system ones first, until none is left (true) or,
-// inline, until the throughput is spent (false). A panic in the actor is
+// on the posting goroutine (onReader), until the throughput is spent
+// (false). A panic in the actor is
 // escalated to its supervisor, as in protoactor's mailbox.
-func (m *inlineMailbox) run(inline bool) (drained bool) {
+func (m *onReaderMailbox) run(onReader bool) (drained bool) {
 	var msg any
 	defer func() {
 		if r := recover(); r != nil {
@@ -303,7 +310,7 @@ func (m *inlineMailbox) run(inline bool) (drained bool) {
 	i, t := 0, m.dispatcher.Throughput()
 	for {
 		if i > t {
-			if inline {
+			if onReader {
 				return false
 			}
 			i = 0
@@ -398,20 +405,20 @@ func (q *messageQueue) pop() any {
 	return v
 }
 
-// inlineRegistered returns the inline mailbox registered under id, if any:
+// onReaderRegistered returns the inline mailbox registered under id, if any:
 // registered, its process is the one protoactor's registry holds under id
 // (the mailbox leaves before the process does, and a name is taken again
 // only once the process has left), so a message alone in its frame needs
 // no lookup in protoactor's registry.
-func (n *Node) inlineRegistered(id string) *inlineMailbox {
-	if n.inline.count.Load() == 0 {
+func (n *Node) onReaderRegistered(id string) *onReaderMailbox {
+	if n.onReader.count.Load() == 0 {
 		return nil
 	}
-	v, ok := n.inline.byID.Load(id)
+	v, ok := n.onReader.byID.Load(id)
 	if !ok {
 		return nil
 	}
-	if mb := v.(*inlineMailbox); mb.registered.Load() {
+	if mb := v.(*onReaderMailbox); mb.registered.Load() {
 		return mb
 	}
 	return nil

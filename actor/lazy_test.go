@@ -56,7 +56,7 @@ func (p *Picky) UnmarshalMsg(b []byte) ([]byte, error) {
 		return nil, err
 	}
 	buf := make([]byte, 16<<10)
-	if strings.Contains(string(buf[:runtime.Stack(buf, false)]), "actor.(*inlineMailbox).run") {
+	if strings.Contains(string(buf[:runtime.Stack(buf, false)]), "actor.(*onReaderMailbox).run") {
 		pickyInMailbox.Add(1)
 	}
 	if p.Bad {

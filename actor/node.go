@@ -150,11 +150,11 @@ type Node struct {
 	// 1.8 M msg/s on 2 cores).
 	lazyDecode atomic.Bool
 
-	system  *pa.ActorSystem
-	members *cluster.Membership
-	eng     *transfer.Engine
-	inline  inlineMailboxes
-	replies replies // Request calls waiting for their reply
+	system   *pa.ActorSystem
+	members  *cluster.Membership
+	eng      *transfer.Engine
+	onReader onReaderMailboxes
+	replies  replies // Request calls waiting for their reply
 
 	ctx    context.Context
 	cancel context.CancelFunc

@@ -59,9 +59,10 @@ func (n *Node) current(ps *peerState) bool {
 // local actors it sends to, the type of its last message and the inline
 // mailbox its last message went to. The reader uses it, and so do the
 // engine's goroutines that deliver the peer's fetched messages
-// (DeliverInline), and a reader whose inline handler blocks hands reading
-// to a new goroutine (wire.ConnOptions.HandlerTakeover) with nothing
-// ordering the two, so its slots are atomic: no lock is taken per message.
+// (DeliverInline), and a reader whose handler, run there by inline
+// delivery, blocks hands reading to a new goroutine
+// (wire.ConnOptions.HandlerTakeover) with nothing ordering the two, so its
+// slots are atomic: no lock is taken per message.
 type routeCache struct {
 	// targets is a two-way set-associative table of local PIDs, so that
 	// memory stays bounded whatever ids a peer sends (an id that does not
@@ -69,8 +70,8 @@ type routeCache struct {
 	// are not kept.
 	targets  [targetSlots]atomic.Pointer[pa.PID]
 	lastType atomic.Pointer[typeRoute]
-	// lastInline is only ever a mailbox that was registered when stored.
-	lastInline atomic.Pointer[inlineMailbox]
+	// lastOnReader is only ever a mailbox that was registered when stored.
+	lastOnReader atomic.Pointer[onReaderMailbox]
 }
 
 // targetSlots is the size of a routeCache's targets (a power of two).
@@ -102,15 +103,15 @@ func (rc *routeCache) target(self, id string) *pa.PID {
 	return pid
 }
 
-// inline returns the inline mailbox registered under id, if any
-// (Node.inlineRegistered), through the last one.
-func (rc *routeCache) inline(n *Node, id string) *inlineMailbox {
-	if mb := rc.lastInline.Load(); mb != nil && mb.id == id && mb.registered.Load() {
+// onReaderMailbox returns the inline mailbox registered under id, if any
+// (Node.onReaderRegistered), through the last one.
+func (rc *routeCache) onReaderMailbox(n *Node, id string) *onReaderMailbox {
+	if mb := rc.lastOnReader.Load(); mb != nil && mb.id == id && mb.registered.Load() {
 		return mb
 	}
-	mb := n.inlineRegistered(id)
+	mb := n.onReaderRegistered(id)
 	if mb != nil {
-		rc.lastInline.Store(mb)
+		rc.lastOnReader.Store(mb)
 	}
 	return mb
 }

@@ -24,11 +24,14 @@ type stats struct {
 	// frames.
 	MessagesBatched atomic.Int64
 	BatchFrames     atomic.Int64
-	// MessagesInline counts received messages whose handler ran on the
-	// connection's reader (Node.WithInlineDelivery).
+	// MessagesInline counts received messages whose handler ran by inline
+	// delivery (Node.WithInlineDelivery) on the goroutine that delivered
+	// them: the connection's reader, or the engine's goroutine that
+	// fetched their tensors.
 	MessagesInline atomic.Int64
-	// InlineBackpressure counts the times a connection's reader waited
-	// because an inline mailbox held 64 Ki messages.
+	// InlineBackpressure counts the times a connection's reader (or the
+	// engine's delivery) waited because an inline mailbox held 64 Ki
+	// messages.
 	InlineBackpressure atomic.Int64
 }
 
@@ -46,8 +49,9 @@ type StatsSnapshot struct {
 	TensorsExported int64
 	// MessagesBatched counts received messages that came in a batch frame,
 	// BatchFrames those frames (MessagesBatched/BatchFrames is the mean
-	// batch); MessagesInline those whose handler ran on the connection's
-	// reader.
+	// batch); MessagesInline those whose handler ran by inline delivery
+	// on the goroutine that delivered them (the connection's reader, or
+	// the engine's goroutine that fetched their tensors).
 	MessagesBatched int64
 	BatchFrames     int64
 	MessagesInline  int64
