@@ -9,8 +9,12 @@
 //  1. plan.go: the tensor fields of a message type (*tensor.Tensor,
 //     tensor.Ref, nested) are found once per type; a walk visits only them.
 //  2. export.go: Export walks an outgoing message once: small tensors are
-//     copied, larger ones exported to the node's tensor.Store (lent) with
-//     each channel's offer; the result is the tensor table.
+//     copied into the table (inline tensors, up to
+//     Config.InlineThreshold, but for a small GPU tensor that
+//     rdma.DirectSmall moves device to device), larger ones exported to the
+//     node's tensor.Store (lent) with each channel's offer; the result is
+//     the tensor table. "Inline" here is about tensors only; InlineDelivery
+//     (inbox.go) is about which goroutine runs a received message's handler.
 //  3. table.go: the table travels beside the body (wire.Message.Tensors);
 //     in the body each field is only a reference [kind, id] (tensor/field.go).
 //  4. export.go: Send sends when the peer's credits allow (credits.go), in
