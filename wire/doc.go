@@ -18,12 +18,12 @@
 //	cfg := wire.HandshakeConfig{Cluster: "lab", Node: "n1", Incarnation: inc,
 //		Secret: secret, Purpose: wire.PurposeControl, Expect: "n2"}
 //	nc, _ := net.Dial("tcp", addr)
-//	peer, err := wire.Handshake(ctx, nc, cfg, true) // false on the accepting side
+//	remote, err := wire.Handshake(ctx, nc, cfg, true) // false on the accepting side
 //	if err != nil {
 //		return err // nc is closed; errors.Is(err, wire.ErrAuthFailed) etc.
 //	}
-//	c := wire.NewConn(nc, peer, wire.ConnOptions{
-//		Handler: func(f wire.Frame) { /* in order, on the reader goroutine */ },
+//	c := wire.NewConn(nc, remote, wire.ConnOptions{
+//		Handler: func(f wire.Frame) { /* in order, one at a time, on the reader */ },
 //		OnClose: func(err error) { /* once */ },
 //	})
 //	c.Start()

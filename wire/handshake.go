@@ -109,9 +109,9 @@ func (c *HandshakeConfig) validate(initiator bool) error {
 }
 
 // Handshake authenticates nc as the initiator (the side that dialed) or the
-// acceptor and returns the peer. Both sides prove knowledge of the shared
-// secret with an HMAC-SHA256 over a transcript of both fresh nonces, so a
-// recorded handshake cannot be replayed. The acceptor sends nothing but its
+// acceptor and returns the other end (Remote). Both sides prove knowledge of
+// the shared secret with an HMAC-SHA256 over a transcript of both fresh
+// nonces, so a recorded handshake cannot be replayed. The acceptor sends nothing but its
 // version and nonce until the initiator has proved itself, so a dialer
 // without the secret learns nothing. The initiator names itself in Auth to
 // whoever it dialed; an impostor acceptor learns that name and a MAC it
