@@ -31,7 +31,10 @@
 // reconnect_min, reconnect_max, membership, gossip and tls from the
 // cluster part, and the transport section (max_frame_size, send_queue,
 // handler_takeover, max_data_conns_per_peer, max_data_conns,
-// data_idle_timeout, idle_timeout, read_spin, shared_memory).
+// data_idle_timeout, idle_timeout, read_spin, read_spin_detach,
+// caller_reads, direct_write, shared_memory; package actor runs
+// burst_decode and inline_delivery, package transfer inline_threshold and
+// inline_device).
 //
 //	cfg, err := config.Load("cluster.yaml")
 //	if err != nil {

@@ -1062,7 +1062,8 @@ func (m *Membership) attach(nc net.Conn, wp wire.Remote, initiator string) {
 		MaxFrameSize: uint32(m.transport.MaxFrameSize),
 		SendQueue:    m.transport.SendQueue,
 		DirectWrite:  m.transport.DirectWrite.On(true),
-		// Handlers may run actor code inline (actor.WithInlineDelivery):
+		// Handlers may run actor code on the reader (inline delivery,
+		// actor.Node.WithInlineDelivery):
 		// one that blocks hands the reading to a new goroutine.
 		HandlerTakeover: m.transport.HandlerTakeover,
 		// Handler.HandleFrame's frame is valid only during the call.
