@@ -12,7 +12,8 @@ import (
 
 // DefaultReadSpin is the read spin (ConnOptions.ReadSpin) a node uses on
 // its control connections where the fast paths are on (fastpath.Spare: at
-// least fastpath.MinProcs processors, or TENSORFERRY_FASTPATHS=on): long
+// least fastpath.MinProcs processors and as many CPUs, or
+// TENSORFERRY_FASTPATHS=on): long
 // enough to catch the reply of a loopback or same-rack round trip that
 // follows a frame, short enough to cost little when none comes.
 const DefaultReadSpin = 50 * time.Microsecond
