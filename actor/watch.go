@@ -8,7 +8,7 @@ import (
 
 // MaxWatchesPerPeer bounds the watches one peer's actors hold on this
 // node's actors; a Watch beyond it is refused (its watcher gets a
-// DeadLetterResponse naming the reason).
+// *DeliveryFailed naming the reason).
 const MaxWatchesPerPeer = 1 << 16
 
 // watchers records, per peer, which local actors that peer's actors watch:
