@@ -38,10 +38,11 @@ type ConnOptions struct {
 	SendQueue int
 	// Logger receives the reason a connection closes (default: none).
 	Logger *zap.Logger
-	// Handler is called for every frame received, in order, one call at a
-	// time, on the goroutine holding the read role: the reader goroutine,
-	// a caller reading in Await (CallerReads), or the goroutine that took
-	// the reading over (HandlerTakeover). Frame bodies are decoded before the call and own
+	// Handler is called for every frame received, in order, on the
+	// goroutine holding the read role: the reader goroutine, a caller
+	// reading in Await (CallerReads), or the goroutine that took the
+	// reading over (HandlerTakeover); one call at a time, but for a call
+	// taken over, which may still run beside the later ones. Frame bodies are decoded before the call and own
 	// their memory, except UnknownFrame.Payload, the whole of a
 	// *MessagesFrame (the frame, its Messages and their Bodies) and, with
 	// TransientMessages, of a *MessageFrame, which are valid only until
