@@ -79,11 +79,11 @@ type Delivery interface {
 
 // InlineDelivery is a Delivery that may run the message's handling on the
 // goroutine that delivers it (an actor's inline mailbox) instead of handing
-// it to another goroutine. DeliverInline delivers as Deliver does and, once
+// it to another goroutine: inline delivery, unrelated to inline tensors. DeliverInline delivers as Deliver does and, once
 // the message has its place downstream and before anything that may block
 // runs, calls handoff (at most once); the calling goroutine is then the
 // handler's until DeliverInline returns. A DeliverInline that does not call
-// handoff ran nothing inline. The engine uses it for a message that
+// handoff ran no handler on the calling goroutine. The engine uses it for a message that
 // arrives alone (nothing else of its peer queued or being fetched):
 //   - delivered by the peer's delivery loop, handoff moves the loop to
 //     another goroutine, which gives the message's leases back while the
@@ -303,7 +303,7 @@ func (e *Engine) deliverLoop(p *PeerFlow) {
 }
 
 // loopState is a peer's delivery loop, which moves to another goroutine
-// when a handler runs inline on the one running it (InlineDelivery).
+// when a handler runs on the one running it (InlineDelivery).
 type loopState struct {
 	// order carries the messages whose fetches run concurrently to the
 	// goroutine that delivers them in order.
@@ -313,9 +313,10 @@ type loopState struct {
 }
 
 // runLoop is the delivery loop of p on this goroutine until p goes down,
-// or until a handler run inline takes the goroutine: the loop then goes on
-// in another one, which inherits the loop's place in e.wg (Close does not
-// wait for a handler, as it does not wait for an actor's goroutine).
+// or until a handler run there (InlineDelivery) takes the goroutine: the
+// loop then goes on in another one, which inherits the loop's place in
+// e.wg (Close does not wait for a handler, as it does not wait for an
+// actor's goroutine).
 func (e *Engine) runLoop(p *PeerFlow, st *loopState) {
 	movedOn := false
 	defer func() {
@@ -365,10 +366,11 @@ func (e *Engine) runLoop(p *PeerFlow, st *loopState) {
 }
 
 // deliverLone delivers a message that arrived alone, whose fetch ended with
-// err. When its Delivery runs the handler inline, the loop moves to a new
-// goroutine first (deliverLone then reports true, once the handler has
-// returned): a handler that blocks, waiting for a reply of the same peer
-// that carries tensors for one, must not block that peer's deliveries.
+// err. When its Delivery runs the handler on this goroutine
+// (InlineDelivery), the loop moves to a new goroutine first (deliverLone
+// then reports true, once the handler has returned): a handler that
+// blocks, waiting for a reply of the same peer that carries tensors for
+// one, must not block that peer's deliveries.
 func (e *Engine) deliverLone(p *PeerFlow, q *queued, err error, st *loopState) (movedOn bool) {
 	d, ok := q.deliver.(InlineDelivery)
 	if !ok || err != nil {
