@@ -283,8 +283,12 @@ func TestTracedStreamUnderFewCredits(t *testing.T) {
 		}
 		return m
 	}
+	// A delivery ends its deliver span before its receive span: wait for
+	// every one of each.
 	poll.Until(t, "every message's spans", func() bool {
-		return len(count(exp0.GetSpans(), "tensorferry.send")) == n && len(count(exp1.GetSpans(), "tensorferry.deliver")) == n
+		s1 := exp1.GetSpans()
+		return len(count(exp0.GetSpans(), "tensorferry.send")) == n && len(count(s1, "tensorferry.deliver")) == n &&
+			len(count(s1, "tensorferry.receive")) == n && len(count(s1, "tensorferry.fetch")) == n
 	})
 	sends := count(exp0.GetSpans(), "tensorferry.send")
 	spans1 := exp1.GetSpans()
