@@ -109,6 +109,35 @@ class MeshTest(unittest.TestCase):
         a.events.wait("up", "B", n=2)
         self.assertEqual(b.events.seen[0][:2], ("up", "A"))
 
+    def test_tls(self):
+        # Only A dials, under TLS, as in test_starts_later_and_restarts.
+        from tests.test_tls import make_pki
+        import shutil
+        import tempfile
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d)
+        tls = make_pki(d, "mesh")
+        aa, ba = free_address(), free_address()
+        b = self.start(self.node("B", ba, {"A": free_address()}, tls=tls))
+        a = self.start(self.node("A", aa, {"B": ba}, tls=tls))
+        a.wait_peer("B")
+        b.wait_peer("A")
+        with a.mu:
+            self.assertEqual(a.conns["B"].initiator, "A")
+            self.assertEqual(a.conns["B"].sock.version(), "TLSv1.3")
+        self.exchange(a, b)
+
+    def test_stop(self):
+        # stop returns with the node's threads ended and its addresses
+        # free: a node started again on them at once listens.
+        aa, da = free_address(), free_address()
+        a = self.start(self.node("A", aa, {"B": free_address()}, data_address=da))
+        with a.mu:  # its dialer is running
+            self.assertTrue(a.up_cv.wait_for(lambda: a.mesh.last_error.get("B"), 10))
+        a.stop()
+        self.assertEqual([t.name for t in a.threads if t.is_alive()], [])
+        self.start(self.node("A", aa, {"B": free_address()}, data_address=da))
+
     def test_refusals(self):
         n = self.node("B", free_address(), {"A": free_address(), "C": free_address()})
         m = n.mesh
