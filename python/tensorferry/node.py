@@ -1,10 +1,15 @@
 """A Python process as a node of a tensorferry cluster (the config mesh).
 
-The node listens on its address from the config and accepts the control
-connections the Go nodes dial (mesh membership: every node dials every
-other, with backoff): the mutual HMAC handshake as acceptor, its advert
-(capabilities) after it, heartbeats answered and sent, silence beyond the
-failure timeout a NodeDown. It sends to and requests from Go actors' PIDs
+The node joins the mesh as the Go nodes do (membership.py): it listens on
+its address from the config and accepts the control connections its
+peers dial, and dials every peer itself, redialing with backoff
+(reconnect_min doubling up to reconnect_max), so that either end may
+start first or restart, Go or Python; when both ends dial, both keep the
+same connection by Go's rules. Each connection runs the mutual HMAC
+handshake (as acceptor or initiator), the advert (capabilities) after it,
+heartbeats answered and sent; silence beyond the failure timeout or a
+lost connection is a NodeDown (on_down), the first advert of a
+connection a NodeUp (on_up). It sends to and requests from Go actors' PIDs
 and runs named Python handlers; a handler answers a request by returning
 a value. Tensors ride inline in the tensor table (at most the inline
 threshold each); larger ones go through staging: this node fetches Go's
@@ -15,8 +20,13 @@ handles both ways, the Go channel's protocol) with Go nodes of this host
 when both ends run it. A tensor.Ref field arrives as a Ref, fetched only
 when its holder calls fetch (from any thread, on a data connection of its
 own), else released (release, a with block, Node.stop, or its owner's
-lease deadline); Ref(tensor) sends one. Gossip membership is not spoken
-yet.
+lease deadline); Ref(tensor) sends one.
+
+Gossip membership is not spoken, and cannot be with the standard library:
+the Go nodes' gossip is encrypted with AES-GCM. Node() raises ValueError
+for a config that runs gossip (membership "gossip", more than 16 nodes
+with membership left out, or a discovery section, which Go runs only with
+gossip), saying so.
 
 With tls (the cluster's tls block: cert_file, key_file, ca_file, data),
 control connections run over TLS 1.3 under the HMAC handshake, and data
@@ -539,6 +549,14 @@ class Node:
     object with cert_file, key_file and ca_file (PEM paths) and data
     (default False): control connections, and data connections with data,
     then run over TLS 1.3 with certificates on both ends, as the Go nodes'.
+
+    dial_timeout (default 2.0), reconnect_min (0.1) and reconnect_max
+    (5.0), in seconds, are the config's: how long one dial and handshake
+    of a peer's control connection may take, and the backoff between
+    redials. membership and discovery are the config's membership key and
+    discovery section: the node runs the mesh (membership None, "" or
+    "mesh" with at most 16 nodes, no discovery) and raises ValueError,
+    saying why, for a config that runs gossip (membership.py).
     """
 
     def __init__(self, cluster, secret, name, address, peers, incarnation=None,
