@@ -114,7 +114,7 @@ class Mesh:
     def start(self):
         threads = []
         for peer in self.node.peers:
-            if self.node.peers[peer].get("address"):
+            if peer != self.node.name and self.node.peers[peer].get("address"):
                 t = threading.Thread(target=self._loop, args=(peer,), daemon=True,
                                      name="tensorferry-dial-" + peer)
                 t.start()

@@ -794,7 +794,7 @@ class Node:
         if not hmac.compare_digest(mac, want) or cluster != self.cluster:
             s.sendall(self._frame(F_GOAWAY, Struct(c=CODE_AUTH, r="authentication failed")))
             raise TensorferryError("tensorferry: handshake: initiator's proof is wrong")
-        if node not in self.peers:
+        if node not in self.peers or node == self.name:
             s.sendall(self._frame(F_GOAWAY, Struct(c=CODE_NOT_FOUND, r="node %r not in the config" % node)))
             raise TensorferryError("tensorferry: handshake: node %r is not in the config" % node)
         if want_purpose == "control":
@@ -809,8 +809,14 @@ class Node:
                 raise
         mac_a = _mac(self.secret, LABEL_A, PROTOCOL_VERSION, self.cluster, purpose, nonce_i,
                      nonce_a, node, inc, self.name, self.incarnation)
-        s.sendall(self._frame(F_WELCOME, Struct(n=self.name, i=self.incarnation, m=mac_a)))
-        s.settimeout(None)
+        try:
+            s.sendall(self._frame(F_WELCOME, Struct(n=self.name, i=self.incarnation, m=mac_a)))
+            s.settimeout(None)
+        except BaseException:
+            if want_purpose == "control":  # admitted: the set-up is over
+                with self.mu:
+                    self.mesh.done_accepting(node)
+            raise
         return node, inc
 
     @staticmethod

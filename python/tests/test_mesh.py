@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import torch  # noqa: E402
 
-from tensorferry import membership  # noqa: E402
+from tensorferry import membership, node as node_mod  # noqa: E402
 from tensorferry.node import Message, Node  # noqa: E402
 
 SECRET = b"0123456789abcdef0123"
@@ -137,6 +137,45 @@ class MeshTest(unittest.TestCase):
         a.stop()
         self.assertEqual([t.name for t in a.threads if t.is_alive()], [])
         self.start(self.node("A", aa, {"B": free_address()}, data_address=da))
+
+    def test_welcome_lost(self):
+        # B's welcome to A's dial cannot be sent: that dial fails, and the
+        # next one is served (no set-up left marked as in progress).
+        aa, ba = free_address(), free_address()
+        b = self.node("B", ba, {"A": free_address()})
+        frame, lost = b._frame, []
+
+        def failing(ftype, body, stream=0):
+            if ftype == node_mod.F_WELCOME and not lost:
+                lost.append(ftype)
+                raise OSError("welcome lost")
+            return frame(ftype, body, stream)
+
+        b._frame = failing
+        self.start(b)
+        a = self.start(self.node("A", aa, {"B": ba}))
+        a.wait_peer("B")
+        b.wait_peer("A")
+        self.assertEqual(lost, [node_mod.F_WELCOME])
+        self.assertEqual(list(b.mesh.refused), [])
+
+    def test_self_in_peers(self):
+        # The config's whole node list, this node included: it dials the
+        # others, not itself.
+        aa, ba = free_address(), free_address()
+        a = self.start(self.node("A", aa, {"A": aa, "B": ba}))
+        self.start(self.node("B", ba, {"A": aa, "B": ba}))
+        a.wait_peer("B")
+        self.assertEqual(sorted(t.name for t in a.threads if t.name.startswith("tensorferry-dial")),
+                         ["tensorferry-dial-B"])
+        self.assertNotIn("A", a.conns)
+        # A peer that claims A's own name is refused.
+        import socket as so
+        host, port = aa.rsplit(":", 1)
+        s = so.create_connection((host, int(port)), timeout=10)
+        self.addCleanup(s.close)
+        with self.assertRaisesRegex(node_mod.TensorferryError, "refused.*'A' not in the config"):
+            a._initiate(s, "control", "A")
 
     def test_refusals(self):
         n = self.node("B", free_address(), {"A": free_address(), "C": free_address()})
