@@ -140,19 +140,21 @@ class Mesh:
         self.accepting.add(peer)
 
     def place(self, c, initiator):
-        """Under the node's mu: make c the connection to its peer, or
-        return False when the current one keeps its place (Go's
-        placeLink). Returns (placed, old)."""
+        """Under the node's mu: make c the connection to its peer (Go's
+        placeLink). Returns (True, the connection it replaces or None), or
+        (False, why) when c is refused: the current one keeps its place, or
+        c is from an older incarnation."""
         n = self.node
         if initiator == c.peer:
             self.accepting.discard(c.peer)
         else:
             self.dialing.discard(c.peer)
         if c.inc < self.highest.get(c.peer, 0):
-            return False, None
+            return False, "%s: connection from incarnation %d closed: %d is connected" % (
+                c.peer, c.inc, self.highest[c.peer])
         cur = n.conns.get(c.peer)
         if cur is not None and cur.inc == c.inc and keeps(n.name, cur, initiator):
-            return False, None
+            return False, "%s: duplicate connection dialed by %s closed" % (c.peer, initiator)
         n.conns[c.peer] = c
         self.highest[c.peer] = max(self.highest.get(c.peer, 0), c.inc)
         n.up_cv.notify_all()

@@ -885,7 +885,7 @@ class Node:
                 with self.mu:
                     self.mesh.done_accepting(peer)
         if not placed:
-            self.mesh.refused.append("%s: duplicate connection dialed by %s closed" % (peer, initiator))
+            self.mesh.refused.append(old)
             c.closed = True
             s.close()
             return

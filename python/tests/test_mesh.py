@@ -197,6 +197,22 @@ class MeshTest(unittest.TestCase):
         with self.assertRaisesRegex(membership.Refused, "knows incarnation 9 of C; 5 is older"):
             m.admit("C", 5)
 
+        # Placing: an older incarnation, and a duplicate of an up
+        # connection, are closed; a higher incarnation replaces.
+        class C:
+            def __init__(self, peer, inc, initiator):
+                self.peer, self.inc, self.initiator, self.closed, self.caps = peer, inc, initiator, False, None
+
+        with n.mu:
+            self.assertEqual(m.place(C("C", 5, "C"), "C"),
+                             (False, "C: connection from incarnation 5 closed: 9 is connected"))
+            up = C("C", 9, "C")
+            self.assertEqual(m.place(up, "C"), (True, None))
+            up.caps = b""
+            self.assertEqual(m.place(C("C", 9, "B"), "B"), (False, "C: duplicate connection dialed by B closed"))
+            self.assertEqual(m.place(C("C", 10, "B"), "B"), (True, up))
+            self.assertEqual((n.conns["C"].inc, m.highest["C"]), (10, 10))
+
     def test_keeps(self):
         class C:
             def __init__(self, peer, initiator, up=False, closed=False):
