@@ -35,6 +35,7 @@ import collections
 import random
 import socket
 import threading
+import time
 
 AUTO_MESH_NODES = 16  # config.AutoMeshNodes
 CODE_UNAVAILABLE = 12  # wire.CodeUnavailable
@@ -159,6 +160,36 @@ class Mesh:
         self.highest[c.peer] = max(self.highest.get(c.peer, 0), c.inc)
         n.up_cv.notify_all()
         return True, cur
+
+    def claims_live(self, c):
+        """Whether c, a new connection, claims a node whose current
+        connection is up, from another incarnation, and live (Go's
+        placeLink and answers): a restarted node's old process is dead
+        and its connection silent, while a live one sends heartbeats. So
+        a holder of the secret cannot take a live node's name, and with it
+        raise the incarnation the real node is held to. Waits up to two
+        heartbeat intervals for a frame on the current connection; call
+        without the node's mu."""
+        n = self.node
+        with n.mu:
+            cur = n.conns.get(c.peer)
+        if cur is None or cur.inc == c.inc or cur.caps is None:
+            return False
+        heard = cur.last_heard
+        end = time.monotonic() + 2 * n.heartbeat
+        while not cur.closed:
+            if cur.last_heard != heard:
+                return True
+            left = end - time.monotonic()
+            if left <= 0 or n.stopped.wait(min(left, n.heartbeat / 16)):
+                return False
+        return False
+
+    def note(self, why):
+        """Record why a connection was refused or closed by these rules."""
+        with self.node.mu:
+            self.refused.append(why)
+            self.node.up_cv.notify_all()
 
     def done_accepting(self, peer):
         """Under the node's mu: an inbound connection of peer that admit

@@ -857,7 +857,7 @@ class Node:
             self._tls_handshake(s)
             peer, inc = self._handshake(s)
         except _membership.Refused as e:  # the mesh's rules: the dialer retries
-            self.mesh.refused.append(str(e))
+            self.mesh.note(str(e))
             s.close()
             return
         except (TensorferryError, BadBody, OSError, socket.timeout) as e:
@@ -878,14 +878,18 @@ class Node:
         c = _Conn(self, s, peer, inc, self.max_frame)
         c.initiator = initiator
         try:
-            with self.mu:
-                placed, old = self.mesh.place(c, initiator)
+            if self.mesh.claims_live(c):
+                placed, old = False, "%s: connection from incarnation %d refused: it claims a node whose " \
+                    "connection is live" % (peer, inc)
+            else:
+                with self.mu:
+                    placed, old = self.mesh.place(c, initiator)
         finally:
             if initiator == peer:
                 with self.mu:
                     self.mesh.done_accepting(peer)
         if not placed:
-            self.mesh.refused.append(old)
+            self.mesh.note(old)
             c.closed = True
             s.close()
             return

@@ -177,6 +177,23 @@ class MeshTest(unittest.TestCase):
         with self.assertRaisesRegex(node_mod.TensorferryError, "refused.*'A' not in the config"):
             a._initiate(s, "control", "A")
 
+    def test_impostor(self):
+        # A node of another incarnation that claims B while B's connection
+        # is live is refused; once B is gone, the new incarnation is let in.
+        aa, ba = free_address(), free_address()
+        a = self.start(self.node("A", aa, {"B": ba}))
+        b = self.start(self.node("B", ba, {"A": aa}))
+        a.wait_peer("B")
+        x = self.start(self.node("B", free_address(), {"A": aa}))
+        with a.mu:
+            self.assertTrue(a.up_cv.wait_for(lambda: any("claims a node whose connection is live" in r
+                                                         for r in a.mesh.refused), 10))
+            self.assertEqual(a.conns["B"].inc, b.incarnation)
+        b.stop()
+        x.wait_peer("A")
+        with a.mu:
+            self.assertEqual(a.conns["B"].inc, x.incarnation)
+
     def test_refusals(self):
         n = self.node("B", free_address(), {"A": free_address(), "C": free_address()})
         m = n.mesh
