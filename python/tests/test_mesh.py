@@ -109,6 +109,23 @@ class MeshTest(unittest.TestCase):
         a.events.wait("up", "B", n=2)
         self.assertEqual(b.events.seen[0][:2], ("up", "A"))
 
+    def test_staging(self):
+        # Tensors above the inline threshold between Python nodes: each
+        # fetches the other's export from its data address.
+        aa, ba, ad, bd = (free_address() for _ in range(4))
+        a = self.start(self.node("A", aa, {"B": {"address": ba, "data_address": bd}},
+                                 data_address=ad, inline_threshold=1024))
+        b = self.start(self.node("B", ba, {"A": {"address": aa, "data_address": ad}},
+                                 data_address=bd, inline_threshold=1024))
+        a.wait_peer("B")
+        for x, y in ((a, b), (b, a)):
+            t = torch.arange(10000, dtype=torch.float32)
+            r = x.request((y.name, "double"), Message("py.Vec", {"Scale": 1.0, "X": t, "Note": ""}), timeout=10)
+            self.assertTrue(torch.equal(r["X"], t * 2))
+            self.assertEqual([v for v in y.transfers if v[0] == "staging"][-1], ("staging", x.name, 40000))
+            self.assertEqual([v for v in x.transfers if v[0] == "staging"][-1], ("staging", y.name, 40000))
+        self.assertEqual(a.errors + b.errors, [])
+
     def test_tls(self):
         # Only A dials, under TLS, as in test_starts_later_and_restarts.
         from tests.test_tls import make_pki
