@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -90,6 +91,8 @@ func startPeerTLS(t *testing.T, cfg *config.Config, tc *config.TLSConfig, self, 
 			"address": cfg.Nodes[goNode].Address, "data_address": cfg.Nodes[goNode].DataAddress}},
 		"inline_threshold": cfg.Transport.InlineThreshold,
 		"heartbeat":        cfg.HeartbeatInterval.Seconds(), "failure_timeout": cfg.FailureTimeout.Seconds(),
+		"dial_timeout":  cfg.DialTimeout.Seconds(),
+		"reconnect_min": cfg.ReconnectMin.Seconds(), "reconnect_max": cfg.ReconnectMax.Seconds(),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -619,3 +622,93 @@ func (c *logCore) Write(e zapcore.Entry, f []zapcore.Field) error {
 }
 
 func (c *logCore) Sync() error { return nil }
+
+// TestPythonDials: the Python node dials the Go node's control connection
+// (mesh membership: both ends dial), so it joins a Go node that starts
+// after it and rejoins one that restarts. The Go node's config gives the
+// Python node an address where nothing listens: only the Python node's
+// dials can connect the two.
+func TestPythonDials(t *testing.T) {
+	cfg, err := config.LocalConfig("pydial", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startPeer(t, cfg, 1, 0)
+	goCfg := *cfg
+	goCfg.Nodes = slices.Clone(cfg.Nodes)
+	goCfg.Nodes[1].Address = closedAddress(t)
+	py := cfg.Nodes[1].Name
+	for run := 0; run < 2; run++ {
+		// The Python node is dialing (and failing) when the Go node starts.
+		node := startGo(t, &goCfg, zap.NewNop())
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		if err := node.WaitPeer(ctx, py); err != nil {
+			t.Fatalf("run %d: the Go node did not see the Python node up: %v", run, err)
+		}
+		p.do("wait", "ok wait")
+		want := fmt.Sprintf("conn dialed by %s incarnation %d", py, node.Incarnation())
+		if l := p.do("conn", "conn"); l != want {
+			t.Fatalf("run %d: python node: %q, want %q", run, l, want)
+		}
+		// Messages both ways over the connection the Python node dialed.
+		xt, err := tensor.FromFloat32s([]float32{1, -2, 3.5}, tensor.Shape{3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := node.Request(ctx, node.PID(py, "double"), &Vec{Scale: 1, X: xt})
+		if v, ok := res.(*Vec); err != nil || !ok || fmt.Sprint(v.X.Float32s()) != "[2 -4 7]" {
+			t.Fatalf("run %d: request to python: %#v, %v", run, res, err)
+		}
+		p.do("request 5", "ok request")
+		cancel()
+		// The Go node restarts (a new incarnation, on the same address).
+		if err := node.Stop(); err != nil {
+			t.Fatal(err)
+		}
+		p.expectLine("down " + cfg.Nodes[0].Name)
+	}
+	// Nothing went wrong but the Go node's goodbyes.
+	var errs []string
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(p.do("errors", "errors"), "errors ")), &errs); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range errs {
+		if !strings.Contains(e, "said goodbye: node "+cfg.Nodes[0].Name+" shutting down") {
+			t.Fatalf("python node's errors: %q", errs)
+		}
+	}
+}
+
+// closedAddress returns a loopback address where nothing listens.
+func closedAddress(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return addr
+}
+
+// expectLine waits for a line that starts with prefix, skipping the others.
+func (p *peer) expectLine(prefix string) string {
+	p.t.Helper()
+	timeout := time.NewTimer(20 * time.Second)
+	defer timeout.Stop()
+	for {
+		select {
+		case l, ok := <-p.lines:
+			if !ok {
+				p.t.Fatalf("python peer exited; wanted %q", prefix)
+			}
+			if strings.HasPrefix(l, prefix) {
+				return l
+			}
+		case <-timeout.C:
+			p.t.Fatalf("python peer: no %q in 20s", prefix)
+		}
+	}
+}

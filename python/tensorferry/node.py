@@ -1,10 +1,15 @@
 """A Python process as a node of a tensorferry cluster (the config mesh).
 
-The node listens on its address from the config and accepts the control
-connections the Go nodes dial (mesh membership: every node dials every
-other, with backoff): the mutual HMAC handshake as acceptor, its advert
-(capabilities) after it, heartbeats answered and sent, silence beyond the
-failure timeout a NodeDown. It sends to and requests from Go actors' PIDs
+The node joins the mesh as the Go nodes do (membership.py): it listens on
+its address from the config and accepts the control connections its
+peers dial, and dials every peer itself, redialing with backoff
+(reconnect_min doubling up to reconnect_max), so that either end may
+start first or restart, Go or Python; when both ends dial, both keep the
+same connection by Go's rules. Each connection runs the mutual HMAC
+handshake (as acceptor or initiator), the advert (capabilities) after it,
+heartbeats answered and sent; silence beyond the failure timeout or a
+lost connection is a NodeDown (on_down), the first advert of a
+connection a NodeUp (on_up). It sends to and requests from Go actors' PIDs
 and runs named Python handlers; a handler answers a request by returning
 a value. Tensors ride inline in the tensor table (at most the inline
 threshold each); larger ones go through staging: this node fetches Go's
@@ -15,8 +20,13 @@ handles both ways, the Go channel's protocol) with Go nodes of this host
 when both ends run it. A tensor.Ref field arrives as a Ref, fetched only
 when its holder calls fetch (from any thread, on a data connection of its
 own), else released (release, a with block, Node.stop, or its owner's
-lease deadline); Ref(tensor) sends one. Gossip membership is not spoken
-yet.
+lease deadline); Ref(tensor) sends one.
+
+Gossip membership is not spoken, and cannot be with the standard library:
+the Go nodes' gossip is encrypted with AES-GCM. Node() raises ValueError
+for a config that runs gossip (membership "gossip", more than 16 nodes
+with membership left out, or a discovery section, which Go runs only with
+gossip), saying so.
 
 With tls (the cluster's tls block: cert_file, key_file, ca_file, data),
 control connections run over TLS 1.3 under the HMAC handshake, and data
@@ -42,7 +52,7 @@ import time
 import weakref
 
 from .codec import BadBody, Struct, decode, encode
-from . import cuda as _cuda, ipc as _ipc, staging, tls as _tls
+from . import cuda as _cuda, ipc as _ipc, membership as _membership, staging, tls as _tls
 from .message import (DTYPES, DTYPE_SIZE, MAX_DIMS, BadTable, InlineTensor, RefEntry, SER_MSGPACK,
                       decode_body, decode_envelope, decode_table, encode_body,
                       encode_envelope, encode_table)
@@ -431,6 +441,7 @@ class _Conn:
         self.closed = False
         self.last_heard = time.monotonic()
         self.caps = None
+        self.initiator = None  # the node that dialed it
 
     def send(self, ftype, body, stream=0):
         b = body if isinstance(body, (bytes, bytearray)) else bytes(encode(body))
@@ -538,13 +549,23 @@ class Node:
     object with cert_file, key_file and ca_file (PEM paths) and data
     (default False): control connections, and data connections with data,
     then run over TLS 1.3 with certificates on both ends, as the Go nodes'.
+
+    dial_timeout (default 2.0), reconnect_min (0.1) and reconnect_max
+    (5.0), in seconds, are the config's: how long one dial and handshake
+    of a peer's control connection may take, and the backoff between
+    redials. membership and discovery are the config's membership key and
+    discovery section: the node runs the mesh (membership None, "" or
+    "mesh" with at most 16 nodes, no discovery) and raises ValueError,
+    saying why, for a config that runs gossip (membership.py).
     """
 
     def __init__(self, cluster, secret, name, address, peers, incarnation=None,
                  heartbeat_interval=1.0, failure_timeout=5.0, inline_threshold=64 << 10,
                  max_frame_size=16 << 20, receive_budget=1 << 30, fetch_timeout=60.0,
                  data_address=None, inbox_messages=4096, on_up=None, on_down=None,
-                 ipc=True, device=None, inline_device=False, shm_dir=None, ref_ttl=600.0, tls=None):
+                 ipc=True, device=None, inline_device=False, shm_dir=None, ref_ttl=600.0, tls=None,
+                 dial_timeout=2.0, reconnect_min=0.1, reconnect_max=5.0, membership=None, discovery=None):
+        _membership.check_membership(membership, discovery, len(peers) + (name not in peers))
         if isinstance(secret, str):
             secret = secret.encode()
         if len(secret) < 16:
@@ -611,6 +632,7 @@ class Node:
             except (_cuda.CudaError, RuntimeError) as e:
                 drv, why = None, str(e)
         self.ipc_status = why
+        self.mesh = _membership.Mesh(self, dial_timeout, reconnect_min, reconnect_max)
         if drv is not None:
             self.ipc_owner = _ipc.Owner(drv, self._lookup_export, self.incarnation, shm_dir=shm,
                                         served=self._ipc_served)
@@ -648,16 +670,24 @@ class Node:
             t = threading.Thread(target=fn, daemon=True, name="tensorferry-" + fn.__name__)
             t.start()
             self.threads.append(t)
+        self.threads += self.mesh.start()
         return self
 
     def stop(self):
-        self.stopped.set()
+        with self.mu:
+            self.stopped.set()
+            self.up_cv.notify_all()  # the dialers stop
         for s in (self.sock, getattr(self, "data_sock", None)):
-            try:
-                if s is not None:
-                    s.close()
-            except OSError:
-                pass
+            if s is None:
+                continue
+            # A listener whose accept loop is blocked in accept stays
+            # listening after close until that accept returns: shutdown
+            # wakes it, so that the address is free once stop returns.
+            for end in (lambda: s.shutdown(socket.SHUT_RDWR), s.close):
+                try:
+                    end()
+                except OSError:
+                    pass
         with self.mu:
             refs = list(self.refs)
         for r in refs:
@@ -677,6 +707,14 @@ class Node:
             self.inbox.put(None, timeout=1.0)
         except queue.Full:
             pass
+        # The node's threads end before stop returns (a dial in flight
+        # within its dial timeout): one that ran torch code and ends while
+        # the interpreter exits can abort the process.
+        me = threading.current_thread()
+        end = time.monotonic() + self.mesh.dial_timeout + 1.0
+        for t in self.threads:
+            if t is not me:
+                t.join(max(0.0, end - time.monotonic()))
 
     def wait_peer(self, name, timeout=10.0):
         """Wait until the named node is up; raise TensorferryError if not in time."""
@@ -756,13 +794,29 @@ class Node:
         if not hmac.compare_digest(mac, want) or cluster != self.cluster:
             s.sendall(self._frame(F_GOAWAY, Struct(c=CODE_AUTH, r="authentication failed")))
             raise TensorferryError("tensorferry: handshake: initiator's proof is wrong")
-        if node not in self.peers:
+        if node not in self.peers or node == self.name:
             s.sendall(self._frame(F_GOAWAY, Struct(c=CODE_NOT_FOUND, r="node %r not in the config" % node)))
             raise TensorferryError("tensorferry: handshake: node %r is not in the config" % node)
+        if want_purpose == "control":
+            try:
+                with self.mu:
+                    if self.stopped.is_set():
+                        raise _membership.Refused("node %s shutting down" % self.name)
+                    self.mesh.admit(node, inc)
+            except _membership.Refused as e:
+                code = CODE_SHUTDOWN if self.stopped.is_set() else _membership.CODE_UNAVAILABLE
+                s.sendall(self._frame(F_GOAWAY, Struct(c=code, r=str(e))))
+                raise
         mac_a = _mac(self.secret, LABEL_A, PROTOCOL_VERSION, self.cluster, purpose, nonce_i,
                      nonce_a, node, inc, self.name, self.incarnation)
-        s.sendall(self._frame(F_WELCOME, Struct(n=self.name, i=self.incarnation, m=mac_a)))
-        s.settimeout(None)
+        try:
+            s.sendall(self._frame(F_WELCOME, Struct(n=self.name, i=self.incarnation, m=mac_a)))
+            s.settimeout(None)
+        except BaseException:
+            if want_purpose == "control":  # admitted: the set-up is over
+                with self.mu:
+                    self.mesh.done_accepting(node)
+            raise
         return node, inc
 
     @staticmethod
@@ -802,6 +856,10 @@ class Node:
             s = self._secure(s, False, True)
             self._tls_handshake(s)
             peer, inc = self._handshake(s)
+        except _membership.Refused as e:  # the mesh's rules: the dialer retries
+            self.mesh.note(str(e))
+            s.close()
+            return
         except (TensorferryError, BadBody, OSError, socket.timeout) as e:
             self.errors.append(str(e))
             s.close()
@@ -810,10 +868,31 @@ class Node:
             self.errors.append("tensorferry: handshake: %r" % e)
             s.close()
             return
+        self._run_conn(s, peer, inc, peer)
+
+    def _run_conn(self, s, peer, inc, initiator):
+        """Serve the control connection s to peer (incarnation inc),
+        handshaken, dialed by initiator: placed as the peer's connection by
+        the mesh's rules (membership.py), or closed as a duplicate; then its
+        caps sent and its frames read until it closes."""
         c = _Conn(self, s, peer, inc, self.max_frame)
-        with self.mu:
-            old = self.conns.get(peer)
-            self.conns[peer] = c
+        c.initiator = initiator
+        try:
+            if self.mesh.claims_live(c):
+                placed, old = False, "%s: connection from incarnation %d refused: it claims a node whose " \
+                    "connection is live" % (peer, inc)
+            else:
+                with self.mu:
+                    placed, old = self.mesh.place(c, initiator)
+        finally:
+            if initiator == peer:
+                with self.mu:
+                    self.mesh.done_accepting(peer)
+        if not placed:
+            self.mesh.note(old)
+            c.closed = True
+            s.close()
+            return
         if old is not None:
             old.close("replaced by a new connection")
         try:
@@ -1308,6 +1387,7 @@ class Node:
             raise TensorferryError("tensorferry: handshake: acceptor's proof is wrong")
         if node != expect:
             raise TensorferryError("tensorferry: handshake: reached %r, expected %r" % (node, expect))
+        return inc
 
     def _deliver(self, c, env, table, now=False, after=None, waiter=None):
         """Complete a request or run a handler (now: on this thread, the
@@ -1366,6 +1446,7 @@ class Node:
             if self.conns.get(c.peer) is not c:
                 return
             del self.conns[c.peer]
+            self.up_cv.notify_all()  # the dialer of c.peer redials
             # What it held is released: its node is down.
             for k in [k for k, x in self.exports.items() if x[2] == c.peer]:
                 del self.exports[k]

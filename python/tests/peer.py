@@ -9,6 +9,7 @@ on stdin, one a line, printing one result line each:
   big              try to send a tensor above the inline threshold
   ipc              say whether the ipc channel runs ("ipc running" or why not)
   gpurequest <n>   request the Go actor "gpuscale" with a CUDA float32 tensor of n elements
+  conn             say which node dialed the control connection to the Go node, and its incarnation
   warnings         print what the node did another way than asked
   fetchkept        fetch, on this (main) thread, the Ref the actor "refkeep" kept
   refrequest <n>   request the Go actor "refsum" with a Ref to a float32 tensor of n elements
@@ -56,7 +57,9 @@ def main():
                    failure_timeout=cfg.get("failure_timeout", 2.0),
                    inline_threshold=cfg["inline_threshold"], data_address=cfg["data_address"],
                    on_up=lambda n, i: (ups.append(n), say("up", n)),
-                   on_down=lambda n, why: say("down", n, why), tls=cfg.get("tls"))
+                   on_down=lambda n, why: say("down", n, why), tls=cfg.get("tls"),
+                   dial_timeout=cfg.get("dial_timeout", 2.0), reconnect_min=cfg.get("reconnect_min", 0.1),
+                   reconnect_max=cfg.get("reconnect_max", 5.0))
 
     def double(m):
         x = m["X"]
@@ -180,6 +183,9 @@ def main():
                 ok = r["Scale"] == float(x.sum()) and r["Note"] == "fetched by go"
                 say("ok refrequest" if ok and not node.exports else "bad refrequest: %r, exports %r"
                     % (r, node.exports))
+            elif cmd[0] == "conn":
+                c = node._conn(gonode)
+                say("conn dialed by", c.initiator, "incarnation", c.inc)
             elif cmd[0] == "warnings":
                 say("warnings", json.dumps(node.warnings))
             elif cmd[0] == "transfers":
