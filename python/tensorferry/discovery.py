@@ -706,6 +706,10 @@ class Etcd:
         self.threads = []
         self.keepalive_paused = False  # tests: the node looks dead to etcd
         self.registrations = 0  # leases registered under (tests)
+        # Tests: when set, an Event the watch waits for before each
+        # reconnection.
+        self.resync_gate = None
+        self.watching = threading.Event()  # set while a watch stream is created and read (tests)
 
     def __str__(self):
         return "etcd(%s)" % ",".join(self.endpoints)
@@ -830,7 +834,7 @@ class Etcd:
                     lease = self._register(False)
                     with self.mu:
                         self.lease = lease
-            except EtcdError as e:
+            except Exception as e:  # EtcdError, or a bug: this keepalive only
                 if self.stopped.is_set():
                     return
                 self._err("lease keepalive: %s (retry in %.1fs)" % (e, delay))
@@ -871,36 +875,40 @@ class Etcd:
                 pass
             if self.c.replace(self.key, self.value, lease, kv["mod_revision"]):
                 self._err("own registration was overwritten: put back")
-        except EtcdError as e:
+        except Exception as e:  # EtcdError, or a bug: this check only
             self._err("check own registration: %s" % e)
 
     def _watch(self):
+        """Follow the registrations from the revision after the range. A
+        broken stream reconnects with backoff from the last revision
+        applied; a compacted history, or a batch beyond max_line, is read
+        again with a range and the difference reported."""
         delay = RETRY_MIN
         first = True
         while not self.stopped.is_set():
             if not first:
+                gate = self.resync_gate
+                if gate is not None:
+                    while not gate.wait(0.1):
+                        if self.stopped.is_set():
+                            return
                 if self.stopped.wait(delay / 2 + random.uniform(0, delay / 2)):
                     return
                 delay = min(2 * delay, RETRY_MAX)
             first = False
             try:
-                delay = self._follow(delay)
-            except (Compacted, TooLarge) as e:
-                # The history is gone, or a batch is beyond what this node
-                # reads: the registrations as they are now replace it.
-                self._err("watch: reading the registrations again from %d: %s" % (self.rev + 1, e))
                 try:
+                    delay = self._follow(delay)
+                except (Compacted, TooLarge) as e:
+                    self._err("watch: reading the registrations again from %d: %s" % (self.rev + 1, e))
                     cur, rev = self._read()
-                except EtcdError as e2:
-                    self._err("watch: %s" % e2)
-                    continue
-                self._resync(cur, lambda m: REASON_LEFT if m[1] else REASON_MISSED)
-                self.rev = rev
-                delay = RETRY_MIN
-                first = True
-            except (EtcdError, OSError, EOFError, http.client.HTTPException, ValueError) as e:
+                    self._resync(cur, lambda m: REASON_LEFT if m[1] else REASON_MISSED)
+                    self.rev = rev
+                    delay = RETRY_MIN
+                    first = True
+            except Exception as e:  # EtcdError, OSError, EOFError, ..., or a callback's failure
                 if not self.stopped.is_set():
-                    self._err("watch broken: reconnecting: %s" % e)
+                    self._err("watch broken: reconnecting: %s" % (e if isinstance(e, EtcdError) else repr(e)))
 
     def _follow(self, delay):
         conn, resp = self.c.watch(self.dir, self.rev + 1)
@@ -919,10 +927,12 @@ class Etcd:
                     raise
                 if created:
                     delay = RETRY_MIN
+                    self.watching.set()
                 for t, kv in events:
                     self._apply(t, kv)
                     self.rev = max(self.rev, kv["mod_revision"])
         finally:
+            self.watching.clear()
             with self.mu:
                 self.watch_conn = None
             conn.close()

@@ -196,6 +196,9 @@ class Mesh:
             self.accepting.discard(c.peer)
         else:
             self.dialing.discard(c.peer)
+        if c.peer not in n.peers:
+            # Discovery took it out while this connection was set up.
+            return False, "%s: connection closed: no longer a member (discovery)" % c.peer
         if c.inc < self.highest.get(c.peer, 0):
             return False, "%s: connection from incarnation %d closed: %d is connected" % (
                 c.peer, c.inc, self.highest[c.peer])

@@ -187,6 +187,27 @@ class EtcdTest(unittest.TestCase):
         a.wait_peer("b")
         self.exchange(a, b)
 
+    def test_compacted(self):
+        # Changes missed while the watch was down, whose history etcd
+        # compacted: the watch reads the registrations again and reports
+        # the difference.
+        z = json.dumps({"name": "z", "address": free_address()}).encode()
+        self.etcd.put(self.key("z"), z)
+        a = self.node("a")
+        with a.mu:
+            self.assertIn("z", a.peers)
+        self.assertTrue(a.discovery.watching.wait(10))
+        gate = a.discovery.resync_gate = threading.Event()
+        a.discovery._restart_watch()
+        wait_error(a, "watch broken")
+        self.etcd.delete(self.key("z"))
+        r = self.etcd.put(self.key("y"), json.dumps({"name": "y", "address": free_address()}).encode())
+        self.etcd.do("/v3/kv/compaction", {"revision": r["header"]["revision"], "physical": True})
+        gate.set()
+        wait_error(a, "reading the registrations again")
+        with a.mu:
+            self.assertTrue(a.up_cv.wait_for(lambda: set(a.peers) == {"y"}, 10), a.peers)
+
     def test_etcd_restarts(self):
         a, b = self.node("a"), self.node("b")
         a.wait_peer("b")
