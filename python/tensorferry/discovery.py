@@ -469,7 +469,7 @@ class Client:
         if resp.status != 200:
             try:
                 b = resp.read(MAX_KEEPALIVE_LINE + 1)
-            except (OSError, http.client.HTTPException) as e:
+            except (OSError, http.client.HTTPException):
                 b = b""
             finally:
                 conn.close()

@@ -136,6 +136,8 @@ class Mesh:
     def _spawn(self, peer):
         """Under the node's mu: the dialing thread of peer, started."""
         self.loops.add(peer)
+        n = self.node
+        n.threads[:] = [t for t in n.threads if t.is_alive()]  # peers come and go
         t = threading.Thread(target=self._loop, args=(peer,), daemon=True, name="tensorferry-dial-" + peer)
         t.start()
         self.node.threads.append(t)

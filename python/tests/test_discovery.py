@@ -102,6 +102,11 @@ class EtcdTest(unittest.TestCase):
         with a.mu:
             self.assertTrue(a.up_cv.wait_for(lambda: "b" not in a.peers, 10))
         self.assertIsNone(self.etcd.get(self.key("b")))
+        # b's discovery threads ended with it; a's dialer of b ends.
+        self.assertEqual([t.name for t in b.discovery.threads if t.is_alive()], [])
+        for t in [t for t in a.threads if t.name == "tensorferry-dial-b"]:
+            t.join(10)
+            self.assertFalse(t.is_alive())
         # A b that comes back is found again.
         b2 = self.node("b")
         a.events.wait("up", "b", n=2)
