@@ -84,7 +84,9 @@ class EtcdTest(unittest.TestCase):
         return "/tensorferry/c/nodes/" + name
 
     def test_find_and_exchange(self):
-        a, b = self.node("a"), self.node("b")
+        # b's first endpoint does not answer: it goes on to the next.
+        dead = {"etcd": dict(self.section["etcd"], endpoints=["http://" + free_address(), self.etcd.url])}
+        a, b = self.node("a"), self.node("b", section=dead)
         a.wait_peer("b")
         b.wait_peer("a")
         self.exchange(a, b)
@@ -92,6 +94,7 @@ class EtcdTest(unittest.TestCase):
         self.assertEqual(reg, {"name": "a", "address": a.address, "data_address": a.data_address,
                                "devices": ["cpu"]})
         self.assertEqual(a.errors + b.errors, [])
+        self.assertEqual(b.discovery.c.endpoint()[2], int(self.etcd.url.rsplit(":", 1)[1]))
 
     def test_stop_is_nodedown(self):
         a, b = self.node("a"), self.node("b")
