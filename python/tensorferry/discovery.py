@@ -219,8 +219,9 @@ def _bad_constant(s):
 def decode_node(b):
     """Read a registration, as hostile input (discovery/value.go's
     decodeNode): at most MAX_VALUE bytes, one JSON object whose known keys
-    (matched case-insensitively, the last of duplicates winning, as Go's
-    encoding/json does) have the right types, checked with check_node.
+    (matched case-insensitively, the last of duplicates winning, null
+    emptying devices and leaving the others, as Go's encoding/json does;
+    one difference: invalid UTF-8, which Go replaces, is refused) have the right types, checked with check_node.
     Returns (node dict, leaving); raises BadValue."""
     if not isinstance(b, (bytes, bytearray)):
         raise BadValue("value: not bytes")
@@ -238,9 +239,13 @@ def decode_node(b):
         raise BadValue("value: not a JSON object")
     r = {}
     for k, x in v:
-        f = k if k in _FIELDS else next((f for f in _FIELDS if f == k.lower()), None)
-        if f is None or x is None:
-            continue  # a field of a later version; null leaves a field as it is
+        f = k if k in _FIELDS else next((f for f in _FIELDS if f == k.casefold()), None)
+        if f is None:
+            continue  # a field of a later version
+        if x is None:
+            if f == "devices":
+                r.pop(f, None)  # null empties a list, as in Go
+            continue  # and leaves the other fields as they are
         if f == "leaving":
             if not isinstance(x, bool):
                 raise BadValue("value: leaving: not a boolean")

@@ -169,6 +169,20 @@ class EtcdTest(unittest.TestCase):
         self.assertEqual(json.loads(self.etcd.get(self.key("b")))["name"], "b")
         self.assertEqual([e for e in a.events.seen if e[0] == "down"], [])
 
+    def test_own_key_deleted(self):
+        # An operator deletes b's key: a takes b for gone, b puts its
+        # registration back under its lease, and a finds it again.
+        a, b = self.node("a"), self.node("b")
+        a.wait_peer("b")
+        self.etcd.delete(self.key("b"))
+        wait_error(b, "own registration was deleted: put back")
+        a.events.wait("down", "b")
+        a.events.wait("up", "b", n=2)
+        self.assertEqual(json.loads(self.etcd.get(self.key("b")))["name"], "b")
+        self.assertEqual(b.discovery.registrations, 1)  # the same lease
+        b.wait_peer("a")
+        self.exchange(a, b)
+
     def test_answer_too_large(self):
         # A value within MAX_VALUE but beyond what an answer may hold here.
         c = disc.Client([self.etcd.url], 1.0)
@@ -272,6 +286,9 @@ class DecodeTest(unittest.TestCase):
         self.assertEqual(n, {"name": "b", "address": "[::1]:80", "data_address": "[::1]:180",
                              "gossip_address": "[::1]:280", "devices": ["cuda:0", "cpu"]})
         self.assertTrue(leaving)
+        n, leaving = disc.decode_node(b'{"name":"a","addre\xc5\xbfs":"h:1","devices":["cuda:1"],"devices":null,'
+                                      b'"name":null,"leaving":null}')
+        self.assertEqual((n["name"], n["address"], n["devices"], leaving), ("a", "h:1", ["cpu"], False))
         for b, want in ((b"", "value"), (b"null", "name: required"), (b"{} {}", "value"),
                         (b'{"name":"a","address":"h:1","leaving":1}', "leaving"),
                         (b'{"name":"a","address":"h:1","devices":["cpu","host"]}', "duplicate"),
