@@ -80,6 +80,14 @@ class EtcdTest(unittest.TestCase):
                 self.assertEqual(r["Note"], "from " + y.name)
             self.assertEqual([v for v in x.transfers if v[0] == "staging"][-1], ("staging", y.name, 40000))
 
+    def observer(self):
+        """A bare discovery (no node) registered as "obs": its events, waited on."""
+        seen = Recorder()
+        d = disc.Etcd(self.section, "c", Recorder())
+        d.start({"name": "obs", "address": free_address()}, lambda kind, n, why: seen.append((kind, n["name"], why)))
+        self.addCleanup(d.stop)
+        return seen
+
     def key(self, name):
         return "/tensorferry/c/nodes/" + name
 
@@ -99,7 +107,10 @@ class EtcdTest(unittest.TestCase):
     def test_stop_is_nodedown(self):
         a, b = self.node("a"), self.node("b")
         a.wait_peer("b")
+        obs = self.observer()
+        obs.wait(lambda e: ("joined", "b", "") in e, "b joined")
         b.stop()
+        obs.wait(lambda e: ("left", "b", "left") in e, "b left")
         a.events.wait("down", "b")
         # The registration went, marked leaving: b is no longer a peer.
         with a.mu:
@@ -119,7 +130,9 @@ class EtcdTest(unittest.TestCase):
     def test_lease_expires(self):
         a, b = self.node("a"), self.node("b")
         a.wait_peer("b")
+        obs = self.observer()
         b.discovery.keepalive_paused = True  # b looks dead to etcd
+        obs.wait(lambda e: ("left", "b", "lease expired") in e, "b's lease expired")
         a.events.wait("down", "b")
         self.assertTrue(any(e[:2] == ("down", "b") and "lease expired" in e[2] for e in a.events.seen),
                         a.events.seen)
