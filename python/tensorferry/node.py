@@ -576,9 +576,10 @@ class Node:
     etcd (its name, address, data_address and devices) and takes the nodes
     registered there as peers besides those of peers; a node whose
     registration goes is a NodeDown. Troubles with etcd and registrations
-    skipped as invalid are recorded in errors. Give it a data_address: one
-    left out is announced as the control port + 100 (Go's default), where
-    nothing listens.
+    skipped as invalid are recorded in errors; start raises EtcdError when
+    etcd cannot register it (unreachable, or the name held by a live
+    process). Give it a data_address: one left out is announced as the
+    control port + 100 (Go's default), where nothing listens.
     """
 
     def __init__(self, cluster, secret, name, address, peers, incarnation=None,
