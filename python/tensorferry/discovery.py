@@ -43,6 +43,9 @@ MAX_VALUE = 16 << 10  # the value of one registration
 RANGE_PAGE = 512  # keys one range request asks for
 MAX_NODES = 1 << 16  # registrations read under the prefix
 MAX_NODE_DEVICES = 256  # config.MaxNodeDevices
+# Nodes a Python node takes from etcd, at most (the watch included): each
+# is a mesh peer with a dialing thread. The mesh suits a few nodes.
+MAX_PEERS = 1024
 
 RETRY_MIN, RETRY_MAX = 0.1, 5.0  # backoff of reconnections to etcd
 
@@ -628,13 +631,14 @@ class Client:
 
     def watch(self, prefix, start):
         """Open a watch of the keys under prefix from revision start:
-        (connection, response), read with read_line. No read timeout: it
-        ends when closed (the connection's socket shut down)."""
+        (connection, response, endpoint), read with read_line. No read
+        timeout: it ends when closed (the connection's socket shut down)."""
+        ep = self.endpoint()
         conn, resp = self.post("/v3/watch", {"create_request": {
             "key": _enc(prefix), "range_end": _enc(prefix_end(prefix)), "start_revision": str(start)}})
         if conn.sock is not None:
             conn.sock.settimeout(None)
-        return conn, resp
+        return conn, resp, ep
 
 
 # -- the discovery -----------------------------------------------------------
@@ -711,6 +715,9 @@ class Etcd:
         self.threads = []
         self.keepalive_paused = False  # tests: the node looks dead to etcd
         self.registrations = 0  # leases registered under (tests)
+        # Nodes this one takes from etcd, at most: each is a mesh peer
+        # with a dialing thread here.
+        self.max_peers = MAX_PEERS
         # Tests: when set, an Event the watch waits for before each
         # reconnection.
         self.resync_gate = None
@@ -916,7 +923,7 @@ class Etcd:
                     self._err("watch broken: reconnecting: %s" % (e if isinstance(e, EtcdError) else repr(e)))
 
     def _follow(self, delay):
-        conn, resp = self.c.watch(self.dir, self.rev + 1)
+        conn, resp, ep = self.c.watch(self.dir, self.rev + 1)
         with self.mu:
             self.watch_conn = conn
         try:
@@ -928,7 +935,7 @@ class Etcd:
                     created, events = decode_watch(line)
                 except EtcdError as e:
                     if e.code == CODE_UNAVAILABLE:
-                        self.c.failed(self.c.endpoint())
+                        self.c.failed(ep)  # this member lost its leader
                     raise
                 if created:
                     delay = RETRY_MIN
@@ -994,6 +1001,10 @@ class Etcd:
 
     def _update(self, name, m):
         old = self.known.get(name)
+        if old is None and len(self.known) >= self.max_peers:
+            self._err("skipping the registration of %s: %d nodes known, at most %d"
+                      % (name, len(self.known), self.max_peers))
+            return
         self.known[name] = m
         if old is None:
             self.fn("joined", m[0], "")

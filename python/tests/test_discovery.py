@@ -243,6 +243,21 @@ class EtcdTest(unittest.TestCase):
         with a.mu:
             self.assertTrue(a.up_cv.wait_for(lambda: set(a.peers) == {"y"}, 10), a.peers)
 
+    def test_max_peers(self):
+        # Registrations beyond max_peers are skipped with an error, in the
+        # range and the watch.
+        for k in ("p1", "p2"):
+            self.etcd.put(self.key(k), json.dumps({"name": k, "address": free_address()}).encode())
+        a = self.node("a", start=False)
+        a.discovery.max_peers = 1
+        a.start()
+        self.addCleanup(a.stop)
+        wait_error(a, "skipping the registration of p2: 1 nodes known, at most 1")
+        self.etcd.put(self.key("p3"), json.dumps({"name": "p3", "address": free_address()}).encode())
+        wait_error(a, "skipping the registration of p3")
+        with a.mu:
+            self.assertEqual(set(a.peers), {"p1"})
+
     def test_etcd_restarts(self):
         a, b = self.node("a"), self.node("b")
         a.wait_peer("b")
