@@ -61,8 +61,8 @@ import time
 import weakref
 
 from .codec import BadBody, Struct, decode, encode
-from . import cuda as _cuda, discovery as _discovery, ipc as _ipc, membership as _membership, staging, \
-    tls as _tls
+from . import cuda as _cuda, ipc as _ipc, membership as _membership, staging, tls as _tls
+from . import discovery as _discovery
 from .message import (DTYPES, DTYPE_SIZE, MAX_DIMS, BadTable, InlineTensor, RefEntry, SER_MSGPACK,
                       decode_body, decode_envelope, decode_table, encode_body,
                       encode_envelope, encode_table)
