@@ -271,6 +271,15 @@ class EtcdTest(unittest.TestCase):
         self.exchange(a, c)
         self.assertEqual([e for e in a.events.seen if e[0] == "down"], [])
 
+    def test_etcd_unreachable(self):
+        # No etcd answers: start fails with an EtcdError saying so, and the
+        # node's listener is closed again.
+        n = self.node("a", start=False, section={"etcd": {"endpoints": ["http://" + free_address()],
+                                                          "dial_timeout": 0.5}})
+        with self.assertRaisesRegex(disc.EtcdError, "lease/grant"):
+            n.start()
+        self.assertTrue(n.stopped.is_set())
+
     def test_name_taken(self):
         # A live node holds its key: another process of the same name is
         # refused once the previous registration does not expire.
