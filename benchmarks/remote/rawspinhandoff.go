@@ -1,0 +1,128 @@
+package main
+
+import (
+	"errors"
+	"runtime"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// raw-tcp-spin-detached-handoff is raw-tcp-spin-detached (both ends read
+// with a 50 µs spin out of the runtime's poller, as tensorferry's control
+// connections do on hosts with idle cores) plus the two goroutine
+// hand-offs of protoactor's RequestFuture to an actor with a default
+// mailbox, and nothing else: the server's reader starts a goroutine per
+// request that writes the response (a default mailbox starts one per
+// activation), the client's reader wakes the caller waiting on a
+// sync.Cond (a protoactor future), and each reader yields its processor
+// after a hand-off, as wire.Conn's reader does when its read spins. Beside
+// raw-tcp-spin-detached (no hand-off: what Node.Request to an actor with
+// inline delivery is built on), it is the floor of RequestFuture over a
+// spinning transport on this host.
+func init() {
+	extraPaths = append(extraPaths, path{name: "raw-tcp-spin-detached-handoff", rttOnly: true, open: openRawSpinHandoff})
+}
+
+type rawSpinHandoff struct {
+	client, server *detachedSocket
+	req            [payloadSize]byte
+	served         sync.WaitGroup // the server's reader and its goroutines
+	read           chan struct{}  // closed when the client's reader ends
+
+	mu   sync.Mutex
+	cond *sync.Cond
+	resp []byte // the response, once the client's reader has it
+	err  error  // why the client's reader ended
+}
+
+func openRawSpinHandoff() (*endpoints, error) {
+	c, s, err := loopbackPair()
+	if err != nil {
+		return nil, err
+	}
+	p := &rawSpinHandoff{read: make(chan struct{})}
+	p.cond = sync.NewCond(&p.mu)
+	for i := range p.req {
+		p.req[i] = byte(i)
+	}
+	if p.client, err = newDetachedSocket(c, rawSpin, 0); err == nil {
+		if p.server, err = newDetachedSocket(s, rawSpin, 0); err != nil {
+			_ = p.client.close()
+		}
+	}
+	if err != nil {
+		c.Close()
+		s.Close()
+		return nil, err
+	}
+	p.served.Add(1)
+	go p.serve()
+	go p.readResponses()
+	return &endpoints{pinger: p, close: p.close}, nil
+}
+
+// serve reads requests and starts a goroutine for each that writes the
+// response (the server's writes are ordered: one request is in flight).
+func (p *rawSpinHandoff) serve() {
+	defer p.served.Done()
+	for {
+		buf := make([]byte, payloadSize)
+		if p.server.readFull(buf) != nil {
+			return
+		}
+		p.served.Add(1)
+		go func() {
+			defer p.served.Done()
+			_ = p.server.writeAll(buf)
+		}()
+		runtime.Gosched()
+	}
+}
+
+// readResponses reads responses and hands each to the waiting caller.
+func (p *rawSpinHandoff) readResponses() {
+	defer close(p.read)
+	for {
+		buf := make([]byte, payloadSize)
+		err := p.client.readFull(buf)
+		p.mu.Lock()
+		p.resp, p.err = buf, err
+		p.mu.Unlock()
+		p.cond.Signal()
+		if err != nil {
+			return
+		}
+		runtime.Gosched()
+	}
+}
+
+// RoundTrip writes one request and waits for the client's reader to hand
+// over the response.
+func (p *rawSpinHandoff) RoundTrip() error {
+	if err := p.client.writeAll(p.req[:]); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	for p.resp == nil && p.err == nil {
+		p.cond.Wait()
+	}
+	resp, err := p.resp, p.err
+	p.resp = nil
+	p.mu.Unlock()
+	switch {
+	case err != nil:
+		return err
+	case [payloadSize]byte(resp) != p.req:
+		return errors.New("raw-tcp-spin-detached-handoff: response differs from request")
+	}
+	return nil
+}
+
+func (p *rawSpinHandoff) close() error {
+	// Both readers see EOF; the sockets close once they have ended.
+	err := unix.Shutdown(p.client.fd, unix.SHUT_RDWR)
+	p.served.Wait()
+	<-p.read
+	return errors.Join(err, p.client.close(), p.server.close())
+}
