@@ -19,12 +19,21 @@ import (
 // after a hand-off, as wire.Conn's reader does when its read spins. Beside
 // raw-tcp-spin-detached (no hand-off: what Node.Request to an actor with
 // inline delivery is built on), it is the floor of RequestFuture over a
-// spinning transport on this host.
+// spinning transport on this host. Its variants take one thing away:
+// "-noyield" the readers' yield after a hand-off (the woken goroutine then
+// waits in the reader's run queue until another processor steals it),
+// "-chan" the goroutine per request (the server's reader hands requests
+// over a channel to one long-lived goroutine, whose stack has grown
+// already: what a new goroutine's start and stack growth cost).
 func init() {
-	extraPaths = append(extraPaths, path{name: "raw-tcp-spin-detached-handoff", rttOnly: true, open: openRawSpinHandoff})
+	extraPaths = append(extraPaths,
+		path{name: "raw-tcp-spin-detached-handoff", rttOnly: true, open: func() (*endpoints, error) { return openRawSpinHandoff(true, false) }},
+		path{name: "raw-tcp-spin-detached-handoff-noyield", rttOnly: true, open: func() (*endpoints, error) { return openRawSpinHandoff(false, false) }},
+		path{name: "raw-tcp-spin-detached-handoff-chan", rttOnly: true, open: func() (*endpoints, error) { return openRawSpinHandoff(true, true) }})
 }
 
 type rawSpinHandoff struct {
+	yield, toChan  bool // yield after a hand-off; hand requests to one goroutine
 	client, server *detachedSocket
 	req            [payloadSize]byte
 	served         sync.WaitGroup // the server's reader and its goroutines
@@ -36,12 +45,13 @@ type rawSpinHandoff struct {
 	err  error  // why the client's reader ended
 }
 
-func openRawSpinHandoff() (*endpoints, error) {
+// openRawSpinHandoff opens raw-tcp-spin-detached-handoff or a variant.
+func openRawSpinHandoff(yield, toChan bool) (*endpoints, error) {
 	c, s, err := loopbackPair()
 	if err != nil {
 		return nil, err
 	}
-	p := &rawSpinHandoff{read: make(chan struct{})}
+	p := &rawSpinHandoff{yield: yield, toChan: toChan, read: make(chan struct{})}
 	p.cond = sync.NewCond(&p.mu)
 	for i := range p.req {
 		p.req[i] = byte(i)
@@ -63,20 +73,39 @@ func openRawSpinHandoff() (*endpoints, error) {
 }
 
 // serve reads requests and starts a goroutine for each that writes the
-// response (the server's writes are ordered: one request is in flight).
+// response (the server's writes are ordered: one request is in flight),
+// or hands them to one such goroutine (toChan).
 func (p *rawSpinHandoff) serve() {
 	defer p.served.Done()
+	var inbox chan []byte
+	if p.toChan {
+		inbox = make(chan []byte, 1)
+		defer close(inbox)
+		p.served.Add(1)
+		go func() {
+			defer p.served.Done()
+			for buf := range inbox {
+				_ = p.server.writeAll(buf)
+			}
+		}()
+	}
 	for {
 		buf := make([]byte, payloadSize)
 		if p.server.readFull(buf) != nil {
 			return
 		}
-		p.served.Add(1)
-		go func() {
-			defer p.served.Done()
-			_ = p.server.writeAll(buf)
-		}()
-		runtime.Gosched()
+		if inbox != nil {
+			inbox <- buf
+		} else {
+			p.served.Add(1)
+			go func() {
+				defer p.served.Done()
+				_ = p.server.writeAll(buf)
+			}()
+		}
+		if p.yield {
+			runtime.Gosched()
+		}
 	}
 }
 
@@ -93,7 +122,9 @@ func (p *rawSpinHandoff) readResponses() {
 		if err != nil {
 			return
 		}
-		runtime.Gosched()
+		if p.yield {
+			runtime.Gosched()
+		}
 	}
 }
 
