@@ -4,6 +4,7 @@ import (
 	"errors"
 	"runtime"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -25,11 +26,17 @@ import (
 // "-chan" the goroutine per request (the server's reader hands requests
 // over a channel to one long-lived goroutine, whose stack has grown
 // already: what a new goroutine's start and stack growth cost).
+// raw-tcp-pollspin-detached-handoff spins on poll(2) instead of read(2),
+// as raw-tcp-pollspin-detached does: read(2) holds the socket's lock, and
+// here another goroutine writes on the socket while its reader spins (a
+// writer that finds the lock held sleeps in the kernel until it is
+// released), which it does not in raw-tcp-spin-detached.
 func init() {
 	extraPaths = append(extraPaths,
-		path{name: "raw-tcp-spin-detached-handoff", rttOnly: true, open: func() (*endpoints, error) { return openRawSpinHandoff(true, false) }},
-		path{name: "raw-tcp-spin-detached-handoff-noyield", rttOnly: true, open: func() (*endpoints, error) { return openRawSpinHandoff(false, false) }},
-		path{name: "raw-tcp-spin-detached-handoff-chan", rttOnly: true, open: func() (*endpoints, error) { return openRawSpinHandoff(true, true) }})
+		path{name: "raw-tcp-spin-detached-handoff", rttOnly: true, open: func() (*endpoints, error) { return openRawSpinHandoff(rawSpin, true, false) }},
+		path{name: "raw-tcp-spin-detached-handoff-noyield", rttOnly: true, open: func() (*endpoints, error) { return openRawSpinHandoff(rawSpin, false, false) }},
+		path{name: "raw-tcp-spin-detached-handoff-chan", rttOnly: true, open: func() (*endpoints, error) { return openRawSpinHandoff(rawSpin, true, true) }},
+		path{name: "raw-tcp-pollspin-detached-handoff", rttOnly: true, open: func() (*endpoints, error) { return openRawSpinHandoff(-rawSpin, true, false) }})
 }
 
 type rawSpinHandoff struct {
@@ -45,8 +52,9 @@ type rawSpinHandoff struct {
 	err  error  // why the client's reader ended
 }
 
-// openRawSpinHandoff opens raw-tcp-spin-detached-handoff or a variant.
-func openRawSpinHandoff(yield, toChan bool) (*endpoints, error) {
+// openRawSpinHandoff opens raw-tcp-spin-detached-handoff or a variant:
+// spin is the sockets' (detachedSocket; negative: on poll(2)).
+func openRawSpinHandoff(spin time.Duration, yield, toChan bool) (*endpoints, error) {
 	c, s, err := loopbackPair()
 	if err != nil {
 		return nil, err
@@ -56,8 +64,8 @@ func openRawSpinHandoff(yield, toChan bool) (*endpoints, error) {
 	for i := range p.req {
 		p.req[i] = byte(i)
 	}
-	if p.client, err = newDetachedSocket(c, rawSpin, 0); err == nil {
-		if p.server, err = newDetachedSocket(s, rawSpin, 0); err != nil {
+	if p.client, err = newDetachedSocket(c, spin, 0); err == nil {
+		if p.server, err = newDetachedSocket(s, spin, 0); err != nil {
 			_ = p.client.close()
 		}
 	}
