@@ -29,7 +29,7 @@ func TestFastPathSwitches(t *testing.T) {
 				s, spin = config.SwitchOn, 50*time.Microsecond
 			}
 			tr := &cfg.Transport
-			tr.ReadSpin, tr.ReadSpinDetach, tr.CallerReads, tr.BurstDecode, tr.InlineDelivery, tr.DirectWrite = spin, s, s, s, s, s
+			tr.ReadSpin, tr.ReadSpinDetach, tr.ReadSpinPoll, tr.CallerReads, tr.BurstDecode, tr.InlineDelivery, tr.DirectWrite = spin, s, s, s, s, s, s
 			nodes := startNodes(t, cfg)
 			a, b := nodes[0], nodes[1]
 			if actor.LazyDecode(b) != on {
