@@ -31,6 +31,16 @@ func init() {
 		// actor's reply), in tensorferry it does not.
 		path{name: "tensorferry-pollspin", rttOnly: true, open: func() (*endpoints, error) { return openTensorferryRTT(tfRequest|tfInline, pollSpin) }},
 		path{name: "tensorferry-future-pollspin", rttOnly: true, open: func() (*endpoints, error) { return openTensorferryRTT(0, pollSpin) }},
+		// tensorferry-future with no timeout (-1): protoactor's future
+		// then arms no timer (a timer added to an empty timer heap may
+		// wake a thread to wait for it).
+		path{name: "tensorferry-future-notimer", rttOnly: true, open: func() (*endpoints, error) {
+			e, err := openTensorferryRTT(0, nil)
+			if e != nil {
+				e.pinger.(*tensorferryPath).timeout = -1
+			}
+			return e, err
+		}},
 		path{name: "tensorferry-future-inline", rttOnly: true, open: func() (*endpoints, error) { return openTensorferryRTT(tfInline, nil) }},
 		path{name: "tensorferry-request-mailbox", rttOnly: true, open: func() (*endpoints, error) { return openTensorferryRTT(tfRequest, nil) }})
 }
@@ -68,8 +78,9 @@ const (
 // interleaved with "tensorferry", what taking them out buys (nothing where
 // the read spin is off, below 8 processors).
 type tensorferryPath struct {
-	how            int  // tfRequest, tfInline
-	shm            bool // control connection over shared memory (shm.go)
+	how            int           // tfRequest, tfInline
+	timeout        time.Duration // of each request: requestTimeout unless set
+	shm            bool          // control connection over shared memory (shm.go)
 	client, server *tfactor.Node
 	echo, sink     *pa.PID
 	msg            *tfMsg
@@ -111,7 +122,7 @@ func openTensorferryWith(how int, sharedMemory bool, tune func(*config.Config)) 
 	if tune != nil {
 		tune(cfg)
 	}
-	p := &tensorferryPath{how: how, shm: sharedMemory, msg: &tfMsg{Payload: bytes.Repeat([]byte{0xab}, payloadSize)}}
+	p := &tensorferryPath{how: how, shm: sharedMemory, timeout: requestTimeout, msg: &tfMsg{Payload: bytes.Repeat([]byte{0xab}, payloadSize)}}
 	quiet := tfactor.WithSystemConfig(pa.WithLoggerFactory(quietLogger), pa.WithDeadLetterThrottleInterval(10*time.Millisecond))
 	transport := tfactor.WithSharedMemory(shmConfig(sharedMemory))
 	if p.server, err = tfactor.NewNode(cfg, cfg.Nodes[1].Name, quiet, transport); err != nil {
@@ -166,7 +177,7 @@ func (p *tensorferryPath) RoundTrip() error {
 	if p.how&tfRequest != 0 {
 		res, err = p.client.RequestTimeout(p.echo, p.msg, requestTimeout)
 	} else {
-		res, err = p.client.Root().RequestFuture(p.echo, p.msg, requestTimeout).Result()
+		res, err = p.client.Root().RequestFuture(p.echo, p.msg, p.timeout).Result()
 	}
 	if err != nil {
 		return err
