@@ -31,7 +31,7 @@ func TestFastPathSwitches(t *testing.T) {
 				s, spin = config.SwitchOn, 50*time.Microsecond
 			}
 			tr := &cfg.Transport
-			tr.ReadSpin, tr.ReadSpinDetach, tr.ReadSpinPoll, tr.CallerReads, tr.BurstDecode, tr.InlineDelivery, tr.DirectWrite = spin, s, s, s, s, s, s
+			tr.ReadSpin, tr.ReadSpinDetach, tr.CallerReads, tr.BurstDecode, tr.InlineDelivery, tr.DirectWrite = spin, s, s, s, s, s
 			nodes := startNodes(t, cfg, actor.WithSharedMemory(shm.Config{Disable: c.tcp}))
 			a, b := nodes[0], nodes[1]
 			if got := a.PeerTransport(b.Name()); c.tcp && got != "tcp" {

@@ -1069,7 +1069,6 @@ func (m *Membership) attach(nc net.Conn, wp wire.Remote, initiator string) {
 		TransientMessages: true,
 		ReadSpin:          m.readSpin,
 		ReadSpinInPoller:  !m.transport.ReadSpinDetach.On(true),
-		ReadSpinPoll:      m.transport.ReadSpinPoll.On(false),
 		CallerReads:       callerReads(m.transport.CallerReads),
 		Logger:            m.log,
 		Handler:           func(f wire.Frame) { m.frame(p, l, f) },

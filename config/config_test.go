@@ -71,7 +71,6 @@ transport:
   handler_takeover: 1ms
   read_spin: 20us
   read_spin_detach: off
-  read_spin_poll: on
   caller_reads: off
   burst_decode: on
   inline_delivery: false
@@ -166,7 +165,7 @@ func TestParseValid(t *testing.T) {
 				M MemoryConfig
 			}{
 				TransportConfig{MaxFrameSize: 1 << 30, InlineThreshold: 1024, InlineDevice: true, SendQueue: 16, HandlerTakeover: time.Millisecond, ReadSpin: 20 * time.Microsecond,
-					ReadSpinDetach: SwitchOff, ReadSpinPoll: SwitchOn, CallerReads: SwitchOff, BurstDecode: SwitchOn, InlineDelivery: SwitchOff, DirectWrite: SwitchOff,
+					ReadSpinDetach: SwitchOff, CallerReads: SwitchOff, BurstDecode: SwitchOn, InlineDelivery: SwitchOff, DirectWrite: SwitchOff,
 					MaxDataConnsPerPeer: 2, MaxDataConns: 3, DataIdleTimeout: 4 * time.Second, IdleTimeout: 40 * time.Second, SharedMemory: false},
 				FlowConfig{TransferTimeout: 2 * time.Hour, RefTTL: time.Hour, MaxInFlight: 5, MaxInFlightBytes: 6 << 20,
 					ReceiveBudget: 7 << 30, ReceiveBudgetPerPeer: 1 << 30, ReceiveWindow: 8, InboxMessages: 9, InboxBytes: 10 << 10, NoRelay: true, RelayMinBytes: 1 << 20, RelayFanout: 2, NoRelayStream: true, NoRelayPush: true},
@@ -603,7 +602,7 @@ func TestMarshalRoundTrip(t *testing.T) {
 		c.Staging.ChunkSize = 3000 // not a multiple of KiB
 		c.Transport.SharedMemory = false
 		c.Transport.ReadSpin = ReadSpinOff
-		c.Transport.ReadSpinDetach, c.Transport.ReadSpinPoll, c.Transport.BurstDecode, c.Transport.InlineDelivery = SwitchOff, SwitchOn, SwitchOn, SwitchOff
+		c.Transport.ReadSpinDetach, c.Transport.BurstDecode, c.Transport.InlineDelivery = SwitchOff, SwitchOn, SwitchOff
 		b, err := c.Marshal()
 		if err != nil {
 			t.Fatal(err)

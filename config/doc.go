@@ -47,7 +47,6 @@
 //	  handler_takeover: 10ms       # ≥ 1ms
 //	  read_spin: 50us              # ≤ 1ms, or off; default by the machine (50us with ≥ 8 processors or TENSORFERRY_FASTPATHS=on)
 //	  read_spin_detach: auto       # auto (on), on, off: a spinning TCP reader out of Go's poller (Linux)
-//	  read_spin_poll: auto         # auto (off), on, off: that reader spins on poll(2), not read(2)
 //	  caller_reads: auto           # auto (on), on, off: a waiting Request reads its own reply (the read role)
 //	  burst_decode: auto           # auto (on with ≥ 8 processors or TENSORFERRY_FASTPATHS=on), on, off
 //	  inline_delivery: auto        # auto (on), on, off: off gives WithInlineDelivery's actors protoactor's mailbox

@@ -97,14 +97,6 @@ type TransportConfig struct {
 	// Default SwitchAuto: on (wherever ReadSpin spins); SwitchOff spins
 	// through the poller.
 	ReadSpinDetach Switch
-	// ReadSpinPoll (YAML: read_spin_poll) makes the spin of a TCP reader
-	// out of the poller (ReadSpinDetach) poll the socket with poll(2) and
-	// read it once readable, instead of spinning on read(2), which holds
-	// the socket's lock that a write from another goroutine then waits
-	// for asleep (an actor with a default mailbox answering, a caller
-	// sending its RequestFuture while the reader spins). Default
-	// SwitchAuto: off.
-	ReadSpinPoll Switch
 	// CallerReads (YAML: caller_reads) lets a goroutine waiting for its
 	// reply (Node.Request) take the connection's read role and read the
 	// reply itself instead of being woken by the reader goroutine
@@ -197,7 +189,7 @@ func (t TransportConfig) validate(c *Config) error {
 	for _, s := range []struct {
 		field string
 		s     Switch
-	}{{"read_spin_detach", t.ReadSpinDetach}, {"read_spin_poll", t.ReadSpinPoll}, {"caller_reads", t.CallerReads}, {"burst_decode", t.BurstDecode}, {"inline_delivery", t.InlineDelivery}, {"direct_write", t.DirectWrite}} {
+	}{{"read_spin_detach", t.ReadSpinDetach}, {"caller_reads", t.CallerReads}, {"burst_decode", t.BurstDecode}, {"inline_delivery", t.InlineDelivery}, {"direct_write", t.DirectWrite}} {
 		if !s.s.valid() {
 			return c.errf(p+s.field, "%v is not auto, on or off", s.s)
 		}

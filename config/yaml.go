@@ -207,7 +207,6 @@ func (c *Config) decode(root *yaml.Node) error {
 				"idle_timeout":            durationOf(&t.IdleTimeout),
 				"read_spin":               readSpinOf(&t.ReadSpin),
 				"read_spin_detach":        switchOf(&t.ReadSpinDetach),
-				"read_spin_poll":          switchOf(&t.ReadSpinPoll),
 				"caller_reads":            switchOf(&t.CallerReads),
 				"burst_decode":            switchOf(&t.BurstDecode),
 				"inline_delivery":         switchOf(&t.InlineDelivery),
@@ -648,7 +647,6 @@ type fileTransport struct {
 	IdleTimeout         string `yaml:"idle_timeout,omitempty"`
 	ReadSpin            string `yaml:"read_spin,omitempty"`
 	ReadSpinDetach      string `yaml:"read_spin_detach,omitempty"`
-	ReadSpinPoll        string `yaml:"read_spin_poll,omitempty"`
 	CallerReads         string `yaml:"caller_reads,omitempty"`
 	BurstDecode         string `yaml:"burst_decode,omitempty"`
 	InlineDelivery      string `yaml:"inline_delivery,omitempty"`
@@ -782,7 +780,7 @@ func (c *Config) Marshal() ([]byte, error) {
 	for _, s := range []struct {
 		to *string
 		s  Switch
-	}{{&ft.ReadSpinDetach, t.ReadSpinDetach}, {&ft.ReadSpinPoll, t.ReadSpinPoll}, {&ft.CallerReads, t.CallerReads}, {&ft.BurstDecode, t.BurstDecode}, {&ft.InlineDelivery, t.InlineDelivery}, {&ft.DirectWrite, t.DirectWrite}} {
+	}{{&ft.ReadSpinDetach, t.ReadSpinDetach}, {&ft.CallerReads, t.CallerReads}, {&ft.BurstDecode, t.BurstDecode}, {&ft.InlineDelivery, t.InlineDelivery}, {&ft.DirectWrite, t.DirectWrite}} {
 		if s.s != SwitchAuto {
 			*s.to = s.s.String()
 		}

@@ -79,13 +79,6 @@ type ConnOptions struct {
 	// runtime's network poller: its reader spins through it
 	// (config transport.read_spin_detach: off).
 	ReadSpinInPoller bool
-	// ReadSpinPoll makes a TCP connection's read spin, out of the
-	// runtime's poller, poll the socket with poll(2) and read it once it
-	// is readable, instead of spinning on read(2), which holds the socket's
-	// lock: a write from another goroutine (a hand-off's reply or request)
-	// that finds it held sleeps in the kernel until it is released
-	// (config transport.read_spin_poll).
-	ReadSpinPoll bool
 	// OnClose is called once, with the cause, after the Conn's goroutines
 	// have exited. It must not call Close.
 	OnClose func(error)
@@ -235,9 +228,6 @@ func NewConn(nc net.Conn, peer Remote, opts ConnOptions) *Conn {
 	}
 	if dc := newDetachable(nc, opts.ReadSpin); dc != nil && !opts.ReadSpinInPoller {
 		nc = dc // it spins itself: no spinReader below
-		if p, ok := dc.(interface{ spinOnPolls() }); ok && opts.ReadSpinPoll {
-			p.spinOnPolls()
-		}
 	}
 	c := &Conn{
 		nc:          nc,

@@ -57,8 +57,6 @@ type detachedConn struct {
 	rpoll [2]unix.PollFd // Read's (one Read at a time)
 	rbuf  [8]byte        // Read's, to drain wake
 	rspin park.Spin      // Read's
-	// pollSpin: Read spins on poll(2), not read(2) (ConnOptions.ReadSpinPoll).
-	pollSpin bool
 }
 
 var _ InterruptibleReader = (*detachedConn)(nil)
@@ -154,7 +152,7 @@ func (d *detachedConn) Read(p []byte) (int, error) {
 		if dl != 0 && time.Now().UnixNano() >= dl {
 			return 0, os.ErrDeadlineExceeded
 		}
-		if d.rspin.Again() && (!d.pollSpin || d.spinOnPoll()) {
+		if d.rspin.Again() {
 			continue
 		}
 		if _, err := unix.Poll(d.rpoll[:], pollTimeout(dl, time.Now())); err != nil && err != unix.EINTR {
@@ -165,35 +163,6 @@ func (d *detachedConn) Read(p []byte) (int, error) {
 		}
 	}
 }
-
-// spinOnPoll is the rest of a Read's spin with ConnOptions.ReadSpinPoll:
-// it polls the socket (and wake) with a zero timeout until one is readable
-// or the read deadline has passed (true: read, which tells which) or the
-// spin is over (false). TCP's poll reads the
-// socket's state without taking its lock, which read(2) holds: a write to
-// the socket from another goroutine while the reader spins (an actor's
-// reply, a caller's request) that finds the lock held sleeps in the kernel
-// until it is released.
-func (d *detachedConn) spinOnPoll() bool {
-	for {
-		n, err := unix.Poll(d.rpoll[:], 0)
-		if n > 0 || (err != nil && err != unix.EINTR) {
-			if d.rpoll[1].Revents != 0 {
-				_, _ = unix.Read(d.wake, d.rbuf[:]) // a deadline changed, or Close
-			}
-			return true
-		}
-		if dl := d.rdl.Load(); dl != 0 && time.Now().UnixNano() >= dl {
-			return true
-		}
-		if !d.rspin.Again() {
-			return false
-		}
-	}
-}
-
-// spinOnPolls makes d's reads spin on poll(2) (ConnOptions.ReadSpinPoll).
-func (d *detachedConn) spinOnPolls() { d.pollSpin = true }
 
 func (d *detachedConn) Write(p []byte) (int, error) {
 	if !d.on.Load() {

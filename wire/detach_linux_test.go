@@ -31,18 +31,6 @@ func detached(t *testing.T, c net.Conn, spin time.Duration) *detachedConn {
 	return dc
 }
 
-// spinCases are the ways a detached connection's read spins: long (the
-// bytes come while it spins) or short (they come while it waits in poll),
-// on read(2) or on poll(2) (ConnOptions.ReadSpinPoll).
-var spinCases = []spinCase{{time.Hour, false}, {time.Nanosecond, false}, {time.Hour, true}, {time.Nanosecond, true}}
-
-type spinCase struct {
-	spin time.Duration
-	poll bool // spin on poll(2)
-}
-
-func (c spinCase) String() string { return fmt.Sprintf("spin %v poll %v", c.spin, c.poll) }
-
 func TestDetachableOnlyForTCPWithSpin(t *testing.T) {
 	a, b := net.Pipe()
 	defer a.Close()
@@ -63,15 +51,13 @@ func TestDetachableOnlyForTCPWithSpin(t *testing.T) {
 // connections goes back.
 func TestDetachedConnReadsAndWrites(t *testing.T) {
 	before := detachedConns.Load()
-	for _, sc := range spinCases {
-		spin := sc.spin
+	for _, spin := range []time.Duration{time.Hour, time.Nanosecond} {
 		c, d := tcpPair(t)
 		dc := detached(t, c, spin)
-		dc.pollSpin = sc.poll
 		if got := detachedConns.Load(); got != before+1 {
 			t.Fatalf("%d detached connections, want %d", got, before+1)
 		}
-		readsThenEOF(t, sc.String(), dc, d, func() {
+		readsThenEOF(t, fmt.Sprint("spin ", spin), dc, d, func() {
 			// A write larger than the socket's buffers waits for the peer
 			// to drain them.
 			big := bytes.Repeat([]byte{7}, 8<<20)
@@ -85,17 +71,17 @@ func TestDetachedConnReadsAndWrites(t *testing.T) {
 				read <- err
 			}()
 			if n, err := dc.Write(big); n != len(big) || err != nil {
-				t.Errorf("%v: wrote %d of %d: %v", sc, n, len(big), err)
+				t.Errorf("spin %v: wrote %d of %d: %v", spin, n, len(big), err)
 			}
 			if err := <-read; err != nil {
-				t.Errorf("%v: the peer read: %v", sc, err)
+				t.Errorf("spin %v: the peer read: %v", spin, err)
 			}
 		})
 		if err := dc.Close(); err != nil {
-			t.Errorf("%v: close: %v", sc, err)
+			t.Errorf("spin %v: close: %v", spin, err)
 		}
 		if err := dc.Close(); !errors.Is(err, net.ErrClosed) {
-			t.Errorf("%v: second close: %v", sc, err)
+			t.Errorf("spin %v: second close: %v", spin, err)
 		}
 		if got := detachedConns.Load(); got != before {
 			t.Errorf("%d detached connections after close, want %d", got, before)
@@ -106,12 +92,10 @@ func TestDetachedConnReadsAndWrites(t *testing.T) {
 // A read deadline set in the past from another goroutine ends a Read that
 // waits in poll, and one that spins; clearing it lets reads wait again.
 func TestDetachedConnReadDeadlineInterrupts(t *testing.T) {
-	for _, sc := range spinCases {
-		spin := sc.spin
+	for _, spin := range []time.Duration{time.Hour, time.Nanosecond} {
 		c, d := tcpPair(t)
 		defer d.Close()
 		dc := detached(t, c, spin)
-		dc.pollSpin = sc.poll
 		errc := make(chan error, 1)
 		go func() {
 			_, err := dc.Read(make([]byte, 4))
@@ -133,7 +117,7 @@ func TestDetachedConnReadDeadlineInterrupts(t *testing.T) {
 			}
 		}
 		if !errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Errorf("%v: interrupted read: %v", sc, err)
+			t.Errorf("spin %v: interrupted read: %v", spin, err)
 		}
 		if err := dc.SetReadDeadline(time.Time{}); err != nil {
 			t.Fatal(err)
@@ -150,14 +134,14 @@ func TestDetachedConnReadDeadlineInterrupts(t *testing.T) {
 			t.Fatal(err)
 		}
 		if err := <-errc; err != nil {
-			t.Errorf("%v: read after the deadline was cleared: %v", sc, err)
+			t.Errorf("spin %v: read after the deadline was cleared: %v", spin, err)
 		}
 		// A deadline in the future ends a read that gets nothing.
 		if err := dc.SetReadDeadline(time.Now().Add(20 * time.Millisecond)); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := dc.Read(make([]byte, 4)); !errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Errorf("%v: read past a future deadline: %v", sc, err)
+			t.Errorf("spin %v: read past a future deadline: %v", spin, err)
 		}
 	}
 }
@@ -225,15 +209,14 @@ func TestDetachedConnsAreBounded(t *testing.T) {
 }
 
 // A started Conn with a read spin runs detached, unless ReadSpinInPoller
-// keeps it in the runtime's poller, spinning on poll(2) with ReadSpinPoll,
-// and requests and replies flow through it either way.
+// keeps it in the runtime's poller, and requests and replies flow through
+// it either way.
 func TestConnDetachedRoundTrips(t *testing.T) {
-	for _, c := range []struct{ inPoller, poll bool }{{false, false}, {true, false}, {false, true}} {
-		inPoller := c.inPoller
-		t.Run(fmt.Sprintf("in poller %v poll %v", inPoller, c.poll), func(t *testing.T) {
+	for _, inPoller := range []bool{false, true} {
+		t.Run(fmt.Sprint("in poller ", inPoller), func(t *testing.T) {
 			a, b := tcpPair(t)
 			var server *Conn
-			server = NewConn(b, Remote{}, ConnOptions{ReadSpin: time.Millisecond, ReadSpinInPoller: inPoller, ReadSpinPoll: c.poll, DirectWrite: true, Handler: func(f Frame) {
+			server = NewConn(b, Remote{}, ConnOptions{ReadSpin: time.Millisecond, ReadSpinInPoller: inPoller, DirectWrite: true, Handler: func(f Frame) {
 				m := f.(*MessageFrame).Message
 				m.Target = "reply"
 				if err := server.SendMessage(context.Background(), &m); err != nil {
@@ -241,14 +224,13 @@ func TestConnDetachedRoundTrips(t *testing.T) {
 				}
 			}})
 			got := make(chan string, 1)
-			client := NewConn(a, Remote{}, ConnOptions{ReadSpin: time.Millisecond, ReadSpinInPoller: inPoller, ReadSpinPoll: c.poll, DirectWrite: true, Handler: func(f Frame) {
+			client := NewConn(a, Remote{}, ConnOptions{ReadSpin: time.Millisecond, ReadSpinInPoller: inPoller, DirectWrite: true, Handler: func(f Frame) {
 				got <- string(f.(*MessageFrame).Message.Body)
 			}})
 			server.Start()
 			client.Start()
 			defer server.Close(nil)
 			defer client.Close(nil)
-			poll := c.poll
 			for _, c := range []*Conn{client, server} {
 				dc, ok := c.nc.(*detachedConn)
 				if is := ok && dc.on.Load(); is == inPoller {
@@ -256,9 +238,6 @@ func TestConnDetachedRoundTrips(t *testing.T) {
 				}
 				if _, tcp := c.nc.(*net.TCPConn); inPoller && !tcp {
 					t.Fatalf("kept in the poller, the Conn reads a %T", c.nc)
-				}
-				if ok && dc.pollSpin != poll {
-					t.Fatalf("ReadSpinPoll %v: the detached reader spins on poll(2) %v", poll, dc.pollSpin)
 				}
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

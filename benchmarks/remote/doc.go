@@ -30,11 +30,9 @@
 // protoactor future and the server's default mailbox, and
 // raw-tcp-spin-detached-handoff (rawspinhandoff.go) is the floor of its two
 // goroutine hand-offs over a spinning transport, beside
-// raw-tcp-spin-detached. tensorferry-pollspin and tensorferry-future-pollspin
-// are tensorferry and tensorferry-future with the read spin on poll(2)
-// (transport.read_spin_poll: on); tensorferry-future-notimer is
-// tensorferry-future without a timeout, so that protoactor's future arms no
-// timer. tensorferry-poller is tensorferry with its spinning TCP
+// raw-tcp-spin-detached; tensorferry-future-notimer is tensorferry-future
+// without a timeout, so that protoactor's future arms no timer.
+// tensorferry-poller is tensorferry with its spinning TCP
 // readers left in the runtime's network poller (transport.read_spin_detach:
 // off), to time what detaching them buys. --read-spin sets the tensorferry paths' read spin on TCP
 // and shared memory (transport.read_spin; negative: off), to compare it on

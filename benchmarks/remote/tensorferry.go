@@ -25,32 +25,23 @@ func init() {
 		// The two halves of tensorferry-future, each with the other half
 		// as tensorferry has it: where its extra time goes, the client's
 		// protoactor future or the server's default mailbox.
-		// Both with the read spin on poll(2) (transport.read_spin_poll):
-		// in tensorferry-future the reader spins on the socket while
-		// another goroutine writes to it (the caller's request, the
-		// actor's reply), in tensorferry it does not.
-		path{name: "tensorferry-pollspin", rttOnly: true, open: func() (*endpoints, error) { return openTensorferryRTT(tfRequest|tfInline, pollSpin) }},
-		path{name: "tensorferry-future-pollspin", rttOnly: true, open: func() (*endpoints, error) { return openTensorferryRTT(0, pollSpin) }},
 		// tensorferry-future with no timeout (-1): protoactor's future
 		// then arms no timer (a timer added to an empty timer heap may
 		// wake a thread to wait for it).
 		path{name: "tensorferry-future-notimer", rttOnly: true, open: func() (*endpoints, error) {
-			e, err := openTensorferryRTT(0, nil)
+			e, err := openTensorferryRTT(0)
 			if e != nil {
 				e.pinger.(*tensorferryPath).timeout = -1
 			}
 			return e, err
 		}},
-		path{name: "tensorferry-future-inline", rttOnly: true, open: func() (*endpoints, error) { return openTensorferryRTT(tfInline, nil) }},
-		path{name: "tensorferry-request-mailbox", rttOnly: true, open: func() (*endpoints, error) { return openTensorferryRTT(tfRequest, nil) }})
+		path{name: "tensorferry-future-inline", rttOnly: true, open: func() (*endpoints, error) { return openTensorferryRTT(tfInline) }},
+		path{name: "tensorferry-request-mailbox", rttOnly: true, open: func() (*endpoints, error) { return openTensorferryRTT(tfRequest) }})
 }
 
-// pollSpin switches transport.read_spin_poll on.
-func pollSpin(cfg *config.Config) { cfg.Transport.ReadSpinPoll = config.SwitchOn }
-
 // openTensorferryRTT opens a tensorferry path for its round trips only.
-func openTensorferryRTT(how int, tune func(*config.Config)) (*endpoints, error) {
-	e, err := openTensorferryWith(how, false, tune)
+func openTensorferryRTT(how int) (*endpoints, error) {
+	e, err := openTensorferryWith(how, false, nil)
 	if e != nil {
 		e.sender = nil
 	}
