@@ -165,7 +165,7 @@ func (n *Node) resolveTarget(ps *peerState, in *inbound, b *batch) refusal {
 	if strings.HasPrefix(m.Target, "future") {
 		// A reply to a protoactor future, whose id is new for every
 		// request: no route cache remembers it (a lookup would only
-		// miss), and it has no inline mailbox.
+		// miss), and no mailbox of its own that the reader could run.
 		in.target = pa.NewPID(n.self.Name, m.Target)
 		if !n.claimFuture(ps, in.target) {
 			return refusedFutureFailed
