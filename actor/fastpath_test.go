@@ -10,16 +10,18 @@ import (
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/actor"
 	"github.com/tensorferry/tensorferry/config"
+	"github.com/tensorferry/tensorferry/shm"
 )
 
 // TestFastPathSwitches: with every fast path of the control path switched
 // off, and with every one switched on (whatever the host and
-// TENSORFERRY_FASTPATHS say), requests through Node.Request and
-// protoactor's RequestFuture are answered and a burst of one-way messages
-// arrives whole and in order.
+// TENSORFERRY_FASTPATHS say), over shared memory and over TCP, requests
+// through Node.Request and protoactor's RequestFuture are answered and a
+// burst of one-way messages arrives whole and in order.
 func TestFastPathSwitches(t *testing.T) {
-	for _, on := range []bool{false, true} {
-		t.Run(fmt.Sprint("on ", on), func(t *testing.T) {
+	for _, c := range []struct{ on, tcp bool }{{false, false}, {true, false}, {true, true}} {
+		on := c.on
+		t.Run(fmt.Sprintf("on %v tcp %v", on, c.tcp), func(t *testing.T) {
 			cfg, err := config.LocalConfig("test", 2)
 			if err != nil {
 				t.Fatal(err)
@@ -30,8 +32,11 @@ func TestFastPathSwitches(t *testing.T) {
 			}
 			tr := &cfg.Transport
 			tr.ReadSpin, tr.ReadSpinDetach, tr.CallerReads, tr.BurstDecode, tr.InlineDelivery, tr.DirectWrite = spin, s, s, s, s, s
-			nodes := startNodes(t, cfg)
+			nodes := startNodes(t, cfg, actor.WithSharedMemory(shm.Config{Disable: c.tcp}))
 			a, b := nodes[0], nodes[1]
+			if got := a.PeerTransport(b.Name()); c.tcp && got != "tcp" {
+				t.Fatalf("control connection over %q, want tcp", got)
+			}
 			if actor.LazyDecode(b) != on {
 				t.Errorf("burst decode %v, want %v", actor.LazyDecode(b), on)
 			}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/internal/tracehook"
@@ -160,11 +161,21 @@ func (n *Node) resolveTarget(ps *peerState, in *inbound, b *batch) refusal {
 		in.proc = (*replyProcess)(n)
 		return delivered
 	}
-	in.target = ps.route.target(n.self.Name, m.Target)
-	if isFuture(in.target) && !n.claimFuture(ps, in.target) {
-		return refusedFutureFailed
-	}
 	var ok bool
+	if strings.HasPrefix(m.Target, "future") {
+		// A reply to a protoactor future, whose id is new for every
+		// request: no route cache remembers it (a lookup would only
+		// miss), and no mailbox of its own that the reader could run.
+		in.target = pa.NewPID(n.self.Name, m.Target)
+		if !n.claimFuture(ps, in.target) {
+			return refusedFutureFailed
+		}
+		if in.proc, ok = n.system.ProcessRegistry.GetLocal(m.Target); !ok {
+			return refusedNoActor
+		}
+		return delivered
+	}
+	in.target = ps.route.target(n.self.Name, m.Target)
 	if in.proc, in.mb, ok = b.actor(n, &ps.route, m.Target); !ok {
 		return refusedNoActor
 	}

@@ -23,7 +23,16 @@
 // client waits with Node.Request (which reads its reply from the
 // connection itself: wire.Conn.Await). tensorferry-future is protoactor-go's
 // API unchanged over tensorferry's transport (default mailboxes,
-// RequestFuture). tensorferry-poller is tensorferry with its spinning TCP
+// RequestFuture); tensorferry-future-inline (RequestFuture to an actor with
+// inline delivery) and tensorferry-request-mailbox (Node.Request to an
+// actor with a default mailbox) each take one half of it, so that the gap
+// between tensorferry and tensorferry-future splits into the client's
+// protoactor future and the server's default mailbox, and
+// raw-tcp-spin-detached-handoff (rawspinhandoff.go) is the floor of its two
+// goroutine hand-offs over a spinning transport, beside
+// raw-tcp-spin-detached; tensorferry-future-notimer is tensorferry-future
+// without a timeout, so that protoactor's future arms no timer.
+// tensorferry-poller is tensorferry with its spinning TCP
 // readers left in the runtime's network poller (transport.read_spin_detach:
 // off), to time what detaching them buys. --read-spin sets the tensorferry paths' read spin on TCP
 // and shared memory (transport.read_spin; negative: off), to compare it on

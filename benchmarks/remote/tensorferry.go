@@ -20,8 +20,23 @@ func init() {
 		path{name: "tensorferry", open: func() (*endpoints, error) { return openTensorferry(true, false) }},
 		path{name: "tensorferry-future", open: func() (*endpoints, error) { return openTensorferry(false, false) }},
 		path{name: "tensorferry-poller", open: func() (*endpoints, error) {
-			return openTensorferryWith(true, false, func(cfg *config.Config) { cfg.Transport.ReadSpinDetach = config.SwitchOff })
-		}})
+			return openTensorferryWith(tfRequest|tfInline, false, func(cfg *config.Config) { cfg.Transport.ReadSpinDetach = config.SwitchOff })
+		}},
+		// The two halves of tensorferry-future, each with the other half
+		// as tensorferry has it: where its extra time goes, the client's
+		// protoactor future or the server's default mailbox.
+		// tensorferry-future with no timeout (-1): protoactor's future
+		// then arms no timer (a timer added to an empty timer heap may
+		// wake a thread to wait for it).
+		path{name: "tensorferry-future-notimer", rttOnly: true, open: func() (*endpoints, error) {
+			e, err := openTensorferryRTT(0)
+			if e != nil {
+				e.pinger.(*tensorferryPath).timeout = -1
+			}
+			return e, err
+		}},
+		path{name: "tensorferry-future-inline", rttOnly: true, open: func() (*endpoints, error) { return openTensorferryRTT(tfInline) }},
+		path{name: "tensorferry-request-mailbox", rttOnly: true, open: func() (*endpoints, error) { return openTensorferryRTT(tfRequest) }})
 	// One path per fast-path switch, "tensorferry" with that switch off:
 	// interleaved with "tensorferry", what each fast path buys on this host.
 	for _, off := range []struct {
@@ -35,10 +50,25 @@ func init() {
 		{"read-spin", func(t *config.TransportConfig) { t.ReadSpin = config.ReadSpinOff }},
 	} {
 		extraPaths = append(extraPaths, path{name: "tensorferry-no-" + off.name, open: func() (*endpoints, error) {
-			return openTensorferryWith(true, false, func(cfg *config.Config) { off.set(&cfg.Transport) })
+			return openTensorferryWith(tfRequest|tfInline, false, func(cfg *config.Config) { off.set(&cfg.Transport) })
 		}})
 	}
 }
+
+// openTensorferryRTT opens a tensorferry path for its round trips only.
+func openTensorferryRTT(how int) (*endpoints, error) {
+	e, err := openTensorferryWith(how, false, nil)
+	if e != nil {
+		e.sender = nil
+	}
+	return e, err
+}
+
+// How a tensorferry path's client asks and its server answers.
+const (
+	tfRequest = 1 << iota // the client waits with Node.RequestTimeout, not RequestFuture
+	tfInline              // the server's actors have inline delivery, not a default mailbox
+)
 
 // tensorferryPath is two tensorferry nodes of one loopback cluster in this
 // process, each with its own listeners, talking over tensorferry's own wire
@@ -47,13 +77,17 @@ func init() {
 // (Node.WithInlineDelivery) and the client waits with Node.Request. The
 // "tensorferry-future" path is protoactor-go's API unchanged over
 // tensorferry's transport: default mailboxes, RequestFuture.
+// "tensorferry-future-inline" (RequestFuture to an actor with inline
+// delivery) and "tensorferry-request-mailbox" (Node.Request to an actor
+// with a default mailbox) each take one half of "tensorferry-future".
 // "tensorferry-poller" is "tensorferry" with its spinning TCP readers left
 // in the Go runtime's network poller (transport.read_spin_detach: off):
 // interleaved with "tensorferry", what taking them out buys (nothing where
 // the read spin is off, below 8 processors).
 type tensorferryPath struct {
-	native         bool
-	shm            bool // control connection over shared memory (shm.go)
+	how            int           // tfRequest, tfInline
+	timeout        time.Duration // of each request: requestTimeout unless set
+	shm            bool          // control connection over shared memory (shm.go)
 	client, server *tfactor.Node
 	echo, sink     *pa.PID
 	msg            *tfMsg
@@ -74,13 +108,19 @@ func withReadSpin(cfg *config.Config) {
 	}
 }
 
+// openTensorferry opens "tensorferry" (native: Node.Request, inline
+// delivery) or "tensorferry-future" (RequestFuture, default mailboxes).
 func openTensorferry(native, sharedMemory bool) (*endpoints, error) {
-	return openTensorferryWith(native, sharedMemory, nil)
+	if native {
+		return openTensorferryWith(tfRequest|tfInline, sharedMemory, nil)
+	}
+	return openTensorferryWith(0, sharedMemory, nil)
 }
 
-// openTensorferryWith is openTensorferry with tune, when not nil, applied
+// openTensorferryWith opens a tensorferry path whose client and server
+// work as how says (tfRequest, tfInline), with tune, when not nil, applied
 // to the cluster's config last.
-func openTensorferryWith(native, sharedMemory bool, tune func(*config.Config)) (*endpoints, error) {
+func openTensorferryWith(how int, sharedMemory bool, tune func(*config.Config)) (*endpoints, error) {
 	cfg, err := config.LocalConfig("bench", 2)
 	if err != nil {
 		return nil, err
@@ -89,7 +129,7 @@ func openTensorferryWith(native, sharedMemory bool, tune func(*config.Config)) (
 	if tune != nil {
 		tune(cfg)
 	}
-	p := &tensorferryPath{native: native, shm: sharedMemory, msg: &tfMsg{Payload: bytes.Repeat([]byte{0xab}, payloadSize)}}
+	p := &tensorferryPath{how: how, shm: sharedMemory, timeout: requestTimeout, msg: &tfMsg{Payload: bytes.Repeat([]byte{0xab}, payloadSize)}}
 	quiet := tfactor.WithSystemConfig(pa.WithLoggerFactory(quietLogger), pa.WithDeadLetterThrottleInterval(10*time.Millisecond))
 	transport := tfactor.WithSharedMemory(shmConfig(sharedMemory))
 	if p.server, err = tfactor.NewNode(cfg, cfg.Nodes[1].Name, quiet, transport); err != nil {
@@ -111,7 +151,7 @@ func openTensorferryWith(native, sharedMemory bool, tune func(*config.Config)) (
 		return nil, errors.Join(err, p.close())
 	}
 	var opts []pa.PropsOption
-	if native {
+	if how&tfInline != 0 {
 		opts = append(opts, p.server.WithInlineDelivery())
 	}
 	echo := pa.PropsFromFunc(func(ctx pa.Context) {
@@ -141,10 +181,10 @@ func openTensorferryWith(native, sharedMemory bool, tune func(*config.Config)) (
 func (p *tensorferryPath) RoundTrip() error {
 	var res any
 	var err error
-	if p.native {
+	if p.how&tfRequest != 0 {
 		res, err = p.client.RequestTimeout(p.echo, p.msg, requestTimeout)
 	} else {
-		res, err = p.client.Root().RequestFuture(p.echo, p.msg, requestTimeout).Result()
+		res, err = p.client.Root().RequestFuture(p.echo, p.msg, p.timeout).Result()
 	}
 	if err != nil {
 		return err
@@ -160,8 +200,13 @@ func (p *tensorferryPath) name() string {
 	if p.shm {
 		return "tensorferry-shm"
 	}
-	if p.native {
+	switch p.how {
+	case tfRequest | tfInline:
 		return "tensorferry"
+	case tfInline:
+		return "tensorferry-future-inline"
+	case tfRequest:
+		return "tensorferry-request-mailbox"
 	}
 	return "tensorferry-future"
 }
