@@ -60,9 +60,18 @@ func (m *Membership) discovered(ev discovery.Event) {
 		}
 		m.seeds[name] = ev.Node
 		if !m.onDemand {
-			back := m.announced(ev.Node)
+			back, ok := m.announced(ev.Node)
+			if !ok {
+				delete(m.seeds, name)
+			}
 			m.mu.Unlock()
-			if back {
+			switch {
+			case !ok:
+				if m.announceWarn.Allow() {
+					m.log.Warn("discovery announces more nodes than the mesh dials: ignored",
+						zap.String("peer", name), zap.Int("max", MaxMeshAnnounced))
+				}
+			case back:
 				m.log.Info("member announced again", zap.String("peer", name))
 			}
 			return
@@ -96,13 +105,25 @@ func (m *Membership) discovered(ev discovery.Event) {
 	}
 }
 
+// MaxMeshAnnounced bounds the nodes the full mesh takes from a discovery
+// source besides the config's: each is dialed and kept connected, so
+// whoever may write under the source's prefix could otherwise make a node
+// hold a goroutine and a connection per name written. The mesh suits a
+// few nodes; gossip membership has no such bound.
+const MaxMeshAnnounced = 1024
+
 // announced makes n, which the discovery source announces, a node of the
 // full mesh: known, with its latest addresses, and dialed (a node that
 // restarted comes back with a new incarnation: placeLink). It reports
-// whether the node had been reported gone. m.mu is held.
-func (m *Membership) announced(n config.NodeConfig) (back bool) {
+// whether the node had been reported gone, and ok false when it is not
+// taken: MaxMeshAnnounced other announced nodes are known. m.mu is held.
+func (m *Membership) announced(n config.NodeConfig) (back, ok bool) {
 	s := m.slots[n.Name]
 	if s == nil {
+		// The config's other nodes keep their slots (forgetIfGone).
+		if len(m.slots)-(len(m.cfg.Nodes)-1) >= MaxMeshAnnounced {
+			return false, false
+		}
 		s = &slot{changed: make(chan struct{})}
 		m.slots[n.Name] = s
 	}
@@ -112,7 +133,7 @@ func (m *Membership) announced(n config.NodeConfig) (back bool) {
 	close(m.joined)
 	m.joined = make(chan struct{})
 	m.startDialer(s)
-	return back
+	return back, true
 }
 
 // evict takes a node the discovery source reports gone down, and keeps it

@@ -35,8 +35,8 @@
 // heartbeats, NodeUp), and one whose registration goes (it left, or its
 // lease expired) is a NodeDown and refused until it registers again. The
 // mesh with discovery (membership: mesh set) costs what the mesh costs
-// and suits a few nodes: Go services with a few PyTorch processes
-// (package python's tensorferry speaks the mesh, not gossip), say.
+// and suits a few nodes: Go services with a few PyTorch processes, say
+// (the Python package python/tensorferry speaks the mesh, not gossip).
 //
 // Settings used here: heartbeat_interval, failure_timeout, dial_timeout,
 // reconnect_min, reconnect_max, membership, gossip and tls from the

@@ -287,6 +287,7 @@ type Membership struct {
 	// their incarnation.
 	unknownWarn     logLimit
 	incarnationWarn logLimit
+	announceWarn    logLimit // announced nodes beyond MaxMeshAnnounced
 	// baseLog is the logger the node gave, without this node's name:
 	// for components that name the node themselves (gossip).
 	baseLog *zap.Logger
