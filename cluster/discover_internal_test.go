@@ -16,7 +16,9 @@ import (
 // unreachable is a Network where every dial fails at once.
 type unreachable struct{}
 
-func (unreachable) Listen(string) (net.Listener, error) { return nil, errors.New("unreachable: no listening") }
+func (unreachable) Listen(string) (net.Listener, error) {
+	return nil, errors.New("unreachable: no listening")
+}
 func (unreachable) DialContext(context.Context, string) (net.Conn, error) {
 	return nil, errors.New("unreachable: no route")
 }
