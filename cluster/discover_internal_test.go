@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"testing"
 
 	"github.com/tensorferry/tensorferry/config"
@@ -13,14 +14,15 @@ import (
 	"github.com/tensorferry/tensorferry/wire"
 )
 
-// unreachable is a Network where every dial fails at once.
+// unreachable is a Network where every dial fails at once, naming the
+// address.
 type unreachable struct{}
 
 func (unreachable) Listen(string) (net.Listener, error) {
 	return nil, errors.New("unreachable: no listening")
 }
-func (unreachable) DialContext(context.Context, string) (net.Conn, error) {
-	return nil, errors.New("unreachable: no route")
+func (unreachable) DialContext(_ context.Context, addr string) (net.Conn, error) {
+	return nil, fmt.Errorf("unreachable: no route to %s", addr)
 }
 
 // The full mesh takes at most MaxMeshAnnounced nodes from discovery: a
@@ -67,6 +69,23 @@ func TestMeshAnnouncedBounded(t *testing.T) {
 	m.discovered(discovery.Event{Kind: discovery.Joined, Node: node(MaxMeshAnnounced)})
 	if !m.Known(extra) || m.Known("n0") {
 		t.Fatalf("after n0 left: %s known %v, n0 known %v", extra, m.Known(extra), m.Known("n0"))
+	}
+	// A node registered again with other addresses (Left "changed", then
+	// Joined) stays known, at its new addresses.
+	moved := node(1)
+	moved.Address, moved.DataAddress = "10.0.0.3:1", "10.0.0.3:2"
+	m.discovered(discovery.Event{Kind: discovery.Left, Node: node(1), Reason: discovery.ReasonChanged})
+	if !m.Known("n1") {
+		t.Fatal("n1 not known while it changes addresses")
+	}
+	m.discovered(discovery.Event{Kind: discovery.Joined, Node: moved})
+	if _, err := m.DialData(context.Background(), "n1", "staging"); err == nil || !strings.Contains(err.Error(), "no route to "+moved.DataAddress) {
+		t.Fatalf("DialData n1: %v", err)
+	}
+	for _, n := range m.Members() {
+		if n.Name == "n1" && n.Address != moved.Address {
+			t.Errorf("n1 at %s, want %s", n.Address, moved.Address)
+		}
 	}
 	// The config's node reported gone keeps its slot, refused until
 	// announced again.

@@ -177,14 +177,28 @@ func TestMeshDiscoveryThroughEtcd(t *testing.T) {
 	send(waitUp(a, "node1", 1), 5)
 	poll.Until(t, "a frame after the new lease", func() bool { return ob.count("node0") == 2 })
 
-	// node1 restarts: down, then up with its new incarnation.
+	// node1 restarts on other ports: down, then up with its new
+	// incarnation, at its new addresses.
 	b.Close()
 	poll.Until(t, "node1 down at node0", func() bool { return oa.downsOf("node1") == 2 })
-	b2, ob2 := startGossip(t, cfgs[1], "node1", 2)
+	moved := *cfgs[1]
+	moved.Nodes = []config.NodeConfig{{Name: "node1", Address: etcdtest.FreeAddr(t), DataAddress: etcdtest.FreeAddr(t), GossipAddress: etcdtest.FreeAddr(t)}}
+	if err := moved.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	b2, ob2 := startGossip(t, &moved, "node1", 2)
 	defer b2.Close()
 	send(waitUp(a, "node1", 2), 6)
 	send(waitUp(b2, "node0", 1), 7)
 	poll.Until(t, "frames with the new incarnation", func() bool { return ob2.count("node0") == 1 && oa.count("node1") == 2 })
+	if ms := a.Members(); len(ms) != 1 || ms[0].Address != moved.Nodes[0].Address {
+		t.Errorf("node0's members %+v, want node1 at %s", ms, moved.Nodes[0].Address)
+	}
+	dc, err := a.DialData(ctx, "node1", "staging") // to the new data address
+	if err != nil {
+		t.Fatalf("data connection to the moved node: %v", err)
+	}
+	dc.Close()
 }
 
 // With the full mesh and discovery, a holder of the secret connects only
