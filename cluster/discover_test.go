@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"testing"
 	"time"
@@ -238,4 +239,58 @@ func TestMeshDiscoveryAdmitsOnlyAnnounced(t *testing.T) {
 	if _, err := rawDial(t, cfgs[0], addr, "mallory", 2, wire.PurposeControl); !errors.As(err, &ce) || ce.Code != wire.CodeNotFound {
 		t.Fatalf("name gone from etcd: %v, want a NotFound refusal", err)
 	}
+}
+
+// A mesh node whose discovery cannot start (etcd does not answer) fails
+// Start, and leaves nothing behind: a peer of its config that came up
+// meanwhile sees it go (goleak checks its goroutines).
+func TestMeshDiscoveryStartFails(t *testing.T) {
+	cfg, err := config.LocalConfig("m", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, eb := start(t, cfg, "node1", 1)
+	defer b.Close()
+	// "etcd" takes the first request and answers nothing until node1 has
+	// seen node0 up, then hangs up and stops listening.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	upAtB := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer ln.Close()
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		<-upAtB
+		c.Close()
+	}()
+	bad := *cfg
+	bad.Membership = config.MembershipMesh
+	bad.Discovery = &config.DiscoveryConfig{Etcd: &config.EtcdConfig{Endpoints: []string{"http://" + ln.Addr().String()}, DialTimeout: 10 * time.Second}}
+	if err := bad.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	a, err := cluster.NewMembership(&bad, "node0", 1, newEvents(), cluster.Options{Caps: []byte{0x80}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan error, 1)
+	go func() { started <- a.Start() }()
+	eb.expect(t, "up node0")
+	close(upAtB)
+	<-done
+	if err := <-started; err == nil {
+		a.Close()
+		t.Fatal("Start succeeded without etcd")
+	}
+	eb.expect(t, "down node0")
+	if len(a.Peers()) != 0 {
+		t.Errorf("peers up after a failed Start: %v", a.Peers())
+	}
+	a.Close()
 }

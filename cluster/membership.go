@@ -471,11 +471,9 @@ func (m *Membership) Start() error {
 	m.wg.Add(1)
 	go m.heartbeatLoop()
 	if err := m.startDiscovery(); err != nil {
-		m.cancel()
-		cl.Close()
-		dl.Close()
-		m.stopDiscovery()
-		m.wg.Wait()
+		// Peers may be up already (the config's, or inbound): closed
+		// as by Close.
+		_ = m.Close()
 		return err
 	}
 	return nil
