@@ -39,8 +39,8 @@
 // (the Python package python/tensorferry speaks the mesh, not gossip).
 //
 // Settings used here: heartbeat_interval, failure_timeout, dial_timeout,
-// reconnect_min, reconnect_max, membership, gossip and tls from the
-// cluster part, and the transport section (max_frame_size, send_queue,
+// reconnect_min, reconnect_max, membership, gossip, discovery and tls
+// from the cluster part, and the transport section (max_frame_size, send_queue,
 // handler_takeover, max_data_conns_per_peer, max_data_conns,
 // data_idle_timeout, idle_timeout, read_spin, read_spin_detach,
 // caller_reads, direct_write, shared_memory; package actor runs

@@ -44,8 +44,8 @@ type NodeUp struct {
 }
 
 // NodeDown is published when a peer that was up is gone: with the mesh,
-// its control connection is lost or it stayed silent longer than
-// FailureTimeout; with gossip membership, gossip declared it dead, it left
+// its control connection is lost, it stayed silent longer than
+// FailureTimeout, or discovery reported it gone; with gossip membership, gossip declared it dead, it left
 // or restarted, discovery reported it gone, or a control connection to it
 // broke (not one closed for idleness).
 type NodeDown struct {
