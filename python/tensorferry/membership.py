@@ -27,8 +27,14 @@ AES-GCM under a key derived from the cluster's secret; Python's standard
 library has no AES, and this package adds no compiled dependency, so a
 Python node cannot take part in gossip: check_membership refuses a
 config that runs it (membership: gossip, more than AutoMeshNodes nodes
-with membership left out, or a discovery section, which the Go side runs
-only with gossip).
+with membership left out, or a discovery section with membership left
+out, which the Go side resolves to gossip).
+
+With discovery (membership: mesh and an etcd discovery section,
+discovery.py), the peers are the nodes registered in etcd besides those
+given: add_peer starts dialing a node that registered, remove_peer stops
+dialing one whose registration went (left, or its lease expired) and
+closes its connection, which is a NodeDown.
 """
 
 import collections
@@ -49,18 +55,22 @@ def check_membership(membership, discovery, nodes):
     the config's membership key (None or "" for auto, "mesh", "gossip")
     and discovery section (None, or the section) give for a cluster of
     nodes nodes (this one included), as config.MembershipMode resolves
-    it."""
+    it: the mesh, with or without discovery."""
     if membership not in (None, "", "mesh", "gossip"):
         raise ValueError("tensorferry: membership %r: use 'mesh' (or leave it out)" % (membership,))
     if discovery is not None:
-        if membership == "mesh":
-            raise ValueError("tensorferry: membership 'mesh' with a discovery section: the mesh dials the "
-                             "nodes of the config; a discovery section needs gossip (as the Go config says)")
-        raise ValueError("tensorferry: a Python node cannot join a cluster with discovery: the Go nodes "
-                         "run discovery (etcd) only with gossip membership, and a Python node cannot "
-                         "gossip: %s. Run the cluster as a mesh instead: list every node, this one "
-                         "included, in the config's nodes and leave discovery out (membership: mesh)"
-                         % _GOSSIP_WHY)
+        if membership == "gossip":
+            raise ValueError("tensorferry: membership 'gossip' with a discovery section, and a Python node "
+                             "cannot join gossip: %s. Run the cluster with membership: mesh and the "
+                             "discovery section: every node registers in etcd and dials the nodes it "
+                             "finds there" % _GOSSIP_WHY)
+        if membership != "mesh":
+            raise ValueError("tensorferry: a discovery section with membership left out means gossip (as "
+                             "the Go config resolves it), and a Python node cannot join gossip: %s. Set "
+                             "membership: mesh in the cluster's config (and membership='mesh' here): "
+                             "every node registers in etcd and dials the nodes it finds there"
+                             % _GOSSIP_WHY)
+        return
     mode = membership or ("mesh" if nodes <= AUTO_MESH_NODES else "gossip")
     if mode == "gossip":
         why = "membership 'gossip'" if membership else (
@@ -111,16 +121,54 @@ class Mesh:
         # Why connections were refused or closed by the rules above, the latest.
         self.refused = collections.deque(maxlen=64)
         self.dials = 0  # dials that reached the peer and were placed (tests)
+        self.loops = set()  # peers a dialing thread runs for, under mu
+        self.started = False
 
     def start(self):
-        threads = []
-        for peer in self.node.peers:
-            if peer != self.node.name and self.node.peers[peer].get("address"):
-                t = threading.Thread(target=self._loop, args=(peer,), daemon=True,
-                                     name="tensorferry-dial-" + peer)
-                t.start()
-                threads.append(t)
-        return threads
+        """Start a dialing thread for every peer with an address; returns
+        the threads."""
+        n = self.node
+        with n.mu:
+            self.started = True
+            return [self._spawn(peer) for peer in list(n.peers)
+                    if peer != n.name and n.peers[peer].get("address") and peer not in self.loops]
+
+    def _spawn(self, peer):
+        """Under the node's mu: the dialing thread of peer, started."""
+        self.loops.add(peer)
+        n = self.node
+        n.threads[:] = [t for t in n.threads if t.is_alive()]  # peers come and go
+        t = threading.Thread(target=self._loop, args=(peer,), daemon=True, name="tensorferry-dial-" + peer)
+        t.start()
+        self.node.threads.append(t)
+        return t
+
+    # -- discovered peers ----------------------------------------------------
+
+    def add_peer(self, peer, info):
+        """Make peer (a node discovery announced; info: address and
+        data_address) a member: admitted when it dials, dialed until
+        connected. A known peer's addresses are updated; its connection, if
+        any, stays."""
+        n = self.node
+        if peer == n.name:
+            return
+        with n.mu:
+            n.peers[peer] = dict(info)
+            if self.started and not n.stopped.is_set() and peer not in self.loops:
+                self._spawn(peer)
+            n.up_cv.notify_all()
+
+    def remove_peer(self, peer, why):
+        """Stop admitting and dialing peer, a node discovery says is gone,
+        and close its connection (a NodeDown when it was up)."""
+        n = self.node
+        with n.mu:
+            n.peers.pop(peer, None)
+            c = n.conns.get(peer)
+            n.up_cv.notify_all()
+        if c is not None:
+            c.close(why)
 
     # -- accepting -----------------------------------------------------------
 
@@ -150,6 +198,9 @@ class Mesh:
             self.accepting.discard(c.peer)
         else:
             self.dialing.discard(c.peer)
+        if c.peer not in n.peers:
+            # Discovery took it out while this connection was set up.
+            return False, "%s: connection closed: no longer a member (discovery)" % c.peer
         if c.inc < self.highest.get(c.peer, 0):
             return False, "%s: connection from incarnation %d closed: %d is connected" % (
                 c.peer, c.inc, self.highest[c.peer])
@@ -204,10 +255,11 @@ class Mesh:
         backoff = self.rmin
         while True:
             with n.mu:
-                while not n.stopped.is_set() and (peer in n.conns or peer in self.accepting):
+                while not n.stopped.is_set() and peer in n.peers and (peer in n.conns or peer in self.accepting):
                     n.up_cv.wait()
                     backoff = self.rmin
-                if n.stopped.is_set():
+                if n.stopped.is_set() or peer not in n.peers:
+                    self.loops.discard(peer)
                     return
                 self.dialing.add(peer)
             try:
@@ -219,7 +271,7 @@ class Mesh:
                     n.up_cv.notify_all()
                     wait = backoff / 2 + random.uniform(0, backoff / 2)
                     backoff = min(2 * backoff, self.rmax)
-                    n.up_cv.wait_for(lambda: n.stopped.is_set() or peer in n.conns, wait)
+                    n.up_cv.wait_for(lambda: n.stopped.is_set() or peer in n.conns or peer not in n.peers, wait)
                 continue
             with n.mu:
                 self.last_error[peer] = None

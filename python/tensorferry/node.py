@@ -22,11 +22,20 @@ when its holder calls fetch (from any thread, on a data connection of its
 own), else released (release, a with block, Node.stop, or its owner's
 lease deadline); Ref(tensor) sends one.
 
+With discovery (membership="mesh" and the config's discovery section,
+{"etcd": {"endpoints": [...], "prefix", "lease_ttl", "dial_timeout"}}),
+the node joins by etcd as the Go nodes do (discovery.py): start registers
+it under {prefix}{cluster}/nodes/{name} with a lease kept alive, and the
+nodes registered there become its peers (dialed, admitted); one whose
+registration goes (it left, or its lease expired) is a NodeDown and is
+no longer admitted; stop marks the registration leaving and revokes it.
+peers may then be empty.
+
 Gossip membership is not spoken, and cannot be with the standard library:
 the Go nodes' gossip is encrypted with AES-GCM. Node() raises ValueError
 for a config that runs gossip (membership "gossip", more than 16 nodes
-with membership left out, or a discovery section, which Go runs only with
-gossip), saying so.
+with membership left out, or a discovery section with membership left
+out, which Go resolves to gossip), saying so.
 
 With tls (the cluster's tls block: cert_file, key_file, ca_file, data),
 control connections run over TLS 1.3 under the HMAC handshake, and data
@@ -53,6 +62,7 @@ import weakref
 
 from .codec import BadBody, Struct, decode, encode
 from . import cuda as _cuda, ipc as _ipc, membership as _membership, staging, tls as _tls
+from . import discovery as _discovery
 from .message import (DTYPES, DTYPE_SIZE, MAX_DIMS, BadTable, InlineTensor, RefEntry, SER_MSGPACK,
                       decode_body, decode_envelope, decode_table, encode_body,
                       encode_envelope, encode_table)
@@ -555,8 +565,21 @@ class Node:
     of a peer's control connection may take, and the backoff between
     redials. membership and discovery are the config's membership key and
     discovery section: the node runs the mesh (membership None, "" or
-    "mesh" with at most 16 nodes, no discovery) and raises ValueError,
-    saying why, for a config that runs gossip (membership.py).
+    "mesh" with at most 16 nodes, no discovery; or "mesh" with discovery)
+    and raises ValueError, saying why, for a config that runs gossip
+    (membership.py).
+
+    discovery (default None) is the config's discovery section, a dict:
+    {"etcd": {"endpoints": ["http://10.0.0.9:2379"], "prefix":
+    "/tensorferry/", "lease_ttl": 10, "dial_timeout": 2}} (durations in
+    seconds or as "10s"; Go's defaults). start then registers this node in
+    etcd (its name, address, data_address and devices) and takes the nodes
+    registered there as peers besides those of peers; a node whose
+    registration goes is a NodeDown. Troubles with etcd and registrations
+    skipped as invalid are recorded in errors; start raises EtcdError when
+    etcd cannot register it (unreachable, or the name held by a live
+    process). Give it a data_address: one left out is announced as the
+    control port + 100 (Go's default), where nothing listens.
     """
 
     def __init__(self, cluster, secret, name, address, peers, incarnation=None,
@@ -633,6 +656,7 @@ class Node:
                 drv, why = None, str(e)
         self.ipc_status = why
         self.mesh = _membership.Mesh(self, dial_timeout, reconnect_min, reconnect_max)
+        self.discovery = _discovery.Etcd(discovery, cluster, self.errors) if discovery is not None else None
         if drv is not None:
             self.ipc_owner = _ipc.Owner(drv, self._lookup_export, self.incarnation, shm_dir=shm,
                                         served=self._ipc_served)
@@ -670,10 +694,29 @@ class Node:
             t = threading.Thread(target=fn, daemon=True, name="tensorferry-" + fn.__name__)
             t.start()
             self.threads.append(t)
-        self.threads += self.mesh.start()
+        self.mesh.start()
+        if self.discovery is not None:
+            devices = [d["d"] for d in self.devices] or ["cpu"]
+            me = {"name": self.name, "address": self.address, "data_address": self.data_address, "devices": devices}
+            try:
+                self.discovery.start(me, self._discovered)
+            except BaseException:
+                self.stop()
+                raise
         return self
 
+    def _discovered(self, kind, node, reason):
+        """An event of the discovery: a node joined (a peer to dial and
+        admit) or left (its connection closed: a NodeDown)."""
+        if kind == "joined":
+            self.mesh.add_peer(node["name"], {"address": node["address"], "data_address": node["data_address"]})
+        elif reason != _discovery.REASON_CHANGED:  # else a joined with the new addresses follows
+            self.mesh.remove_peer(node["name"], "discovery: " + reason)
+
     def stop(self):
+        if self.discovery is not None:
+            # First: the others see this node leave, not its lease expire.
+            self.discovery.stop()
         with self.mu:
             self.stopped.set()
             self.up_cv.notify_all()  # the dialers stop
@@ -795,6 +838,11 @@ class Node:
             s.sendall(self._frame(F_GOAWAY, Struct(c=CODE_AUTH, r="authentication failed")))
             raise TensorferryError("tensorferry: handshake: initiator's proof is wrong")
         if node not in self.peers or node == self.name:
+            if self.discovery is not None and node != self.name:
+                # Maybe registered in etcd and not seen here yet: to retry.
+                s.sendall(self._frame(F_GOAWAY, Struct(c=_membership.CODE_UNAVAILABLE,
+                                                       r="node %r not announced at %s yet" % (node, self.name))))
+                raise _membership.Refused("node %r is not in the config nor announced by discovery" % node)
             s.sendall(self._frame(F_GOAWAY, Struct(c=CODE_NOT_FOUND, r="node %r not in the config" % node)))
             raise TensorferryError("tensorferry: handshake: node %r is not in the config" % node)
         if want_purpose == "control":

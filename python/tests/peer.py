@@ -1,6 +1,8 @@
 """A Python node that the Go test python/python_test.go runs as a cluster peer.
 
-The config comes as JSON in TF_PEER_CONFIG. It answers requests on its
+The config comes as JSON in TF_PEER_CONFIG (with "membership": "mesh"
+and "discovery": {"etcd": {...}}, peers may be empty: the node joins by
+etcd). It answers requests on its
 actor "double" (the tensor X times two), and runs the commands Go writes
 on stdin, one a line, printing one result line each:
 
@@ -59,7 +61,8 @@ def main():
                    on_up=lambda n, i: (ups.append(n), say("up", n)),
                    on_down=lambda n, why: say("down", n, why), tls=cfg.get("tls"),
                    dial_timeout=cfg.get("dial_timeout", 2.0), reconnect_min=cfg.get("reconnect_min", 0.1),
-                   reconnect_max=cfg.get("reconnect_max", 5.0))
+                   reconnect_max=cfg.get("reconnect_max", 5.0), membership=cfg.get("membership"),
+                   discovery=cfg.get("discovery"))
 
     def double(m):
         x = m["X"]

@@ -269,8 +269,11 @@ class MeshTest(unittest.TestCase):
             ({"membership": "gossip"}, "membership 'gossip'.*cannot join gossip.*AES.*membership: mesh"),
             ({}, "17 nodes, more than 16.*cannot join gossip"),
             ({"discovery": {"etcd": {"endpoints": ["http://127.0.0.1:2379"]}}},
-             "discovery.*only with gossip membership.*cannot gossip.*leave discovery out"),
-            ({"membership": "mesh", "discovery": {"etcd": {}}}, "a discovery section needs gossip"),
+             "discovery section with membership left out means gossip.*cannot join gossip.*membership: mesh"),
+            ({"membership": "gossip", "discovery": {"etcd": {"endpoints": ["http://127.0.0.1:2379"]}}},
+             "membership 'gossip' with a discovery section.*cannot join gossip"),
+            # mesh + discovery runs; its section is checked.
+            ({"membership": "mesh", "discovery": {"etcd": {}}}, "endpoints: at least one endpoint"),
             ({"membership": "swim"}, "membership 'swim'"),
         ):
             with self.subTest(kw=kw), self.assertRaisesRegex(ValueError, want):
