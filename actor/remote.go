@@ -72,10 +72,19 @@ func (n *Node) resolve(pid *pa.PID) (pa.Process, bool) {
 	return rp, rp != nil
 }
 
-// remote returns the remote process of node, nil if it is not another
-// node of the config.
+// remote returns the remote process of node, nil if it is neither
+// another node of the config nor one the membership knows now (a node
+// announced by discovery).
 func (n *Node) remote(node string) *remoteProcess {
-	return n.remotes[node] // one per node of the config, made once
+	if rp := n.remotes[node]; rp != nil {
+		return rp // one per node of the config, made once
+	}
+	if node == n.self.Name || n.members == nil || !n.members.Known(node) {
+		return nil
+	}
+	// Made per call, kept nowhere but in the PID that resolves to it:
+	// names that come and go leave nothing behind.
+	return &remoteProcess{n: n, node: node}
 }
 
 func (r *remoteProcess) SendUserMessage(pid *pa.PID, message any) {

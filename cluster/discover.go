@@ -11,11 +11,13 @@ import (
 	"go.uber.org/zap"
 )
 
-// Discovery (config section discovery, package discovery) with gossip
-// membership: the nodes a discovery source announces are gossip seeds,
-// and one it reports gone (its lease expired in etcd, say) is down at once
-// and stays down until the source announces it again, whatever gossip
-// says meanwhile.
+// Discovery (config section discovery, package discovery). With gossip
+// membership the nodes a discovery source announces are gossip seeds;
+// with the full mesh they are peers like the config's nodes, each dialed
+// with backoff and watched with heartbeats. With either, a node the
+// source reports gone (it left, or its lease expired in etcd) is down at
+// once and stays down until the source announces it again, whatever
+// gossip or a connection from it says meanwhile.
 
 // startDiscovery starts the discovery source of the config, when it has
 // one besides the node list.
@@ -39,8 +41,10 @@ func (m *Membership) startDiscovery() error {
 		return fmt.Errorf("cluster: discovery %v: %w", d, err)
 	}
 	m.log.Info("discovery started", zap.Stringer("source", d))
-	m.wg.Add(1)
-	go m.seedLoop()
+	if m.onDemand {
+		m.wg.Add(1)
+		go m.seedLoop()
+	}
 	return nil
 }
 
@@ -55,6 +59,23 @@ func (m *Membership) discovered(ev discovery.Event) {
 			m.seeds = map[string]config.NodeConfig{}
 		}
 		m.seeds[name] = ev.Node
+		if !m.onDemand {
+			back, ok := m.announced(ev.Node)
+			if !ok {
+				delete(m.seeds, name)
+			}
+			m.mu.Unlock()
+			switch {
+			case !ok:
+				if m.announceWarn.Allow() {
+					m.log.Warn("discovery announces more nodes than the mesh dials: ignored",
+						zap.String("peer", name), zap.Int("max", MaxMeshAnnounced))
+				}
+			case back:
+				m.log.Info("member announced again", zap.String("peer", name))
+			}
+			return
+		}
 		var back bool
 		if s := m.slots[name]; s != nil && s.evicted {
 			s.evicted = false
@@ -82,6 +103,37 @@ func (m *Membership) discovered(ev discovery.Event) {
 		}
 		m.evict(name, ev.Reason)
 	}
+}
+
+// MaxMeshAnnounced bounds the nodes the full mesh takes from a discovery
+// source besides the config's: each is dialed and kept connected, so
+// whoever may write under the source's prefix could otherwise make a node
+// hold a goroutine and a connection per name written. The mesh suits a
+// few nodes; gossip membership has no such bound.
+const MaxMeshAnnounced = 1024
+
+// announced makes n, which the discovery source announces, a node of the
+// full mesh: known, with its latest addresses, and dialed (a node that
+// restarted comes back with a new incarnation: placeLink). It reports
+// whether the node had been reported gone, and ok false when it is not
+// taken: MaxMeshAnnounced other announced nodes are known. m.mu is held.
+func (m *Membership) announced(n config.NodeConfig) (back, ok bool) {
+	s := m.slots[n.Name]
+	if s == nil {
+		// The config's other nodes keep their slots (forgetIfGone).
+		if len(m.slots)-(len(m.cfg.Nodes)-1) >= MaxMeshAnnounced {
+			return false, false
+		}
+		s = &slot{changed: make(chan struct{})}
+		m.slots[n.Name] = s
+	}
+	back = s.evicted
+	s.cfg, s.evicted, s.alive = n, false, true
+	s.signal()
+	close(m.joined)
+	m.joined = make(chan struct{})
+	m.startDialer(s)
+	return back, true
 }
 
 // evict takes a node the discovery source reports gone down, and keeps it

@@ -25,11 +25,22 @@
 //     the cluster.
 //
 // The default (membership left out) is the mesh up to
-// config.AutoMeshNodes nodes and gossip above.
+// config.AutoMeshNodes nodes and gossip above, and gossip with a
+// discovery section.
+//
+// Either runs with discovery (config section discovery, package
+// discovery: etcd), which announces the nodes that register besides the
+// config's: with gossip they seed the gossip; with the mesh each one
+// announced is a peer like a node of the config (dialed with backoff,
+// heartbeats, NodeUp), and one whose registration goes (it left, or its
+// lease expired) is a NodeDown and refused until it registers again. The
+// mesh with discovery (membership: mesh set) costs what the mesh costs
+// and suits a few nodes: Go services with a few PyTorch processes, say
+// (the Python package python/tensorferry speaks the mesh, not gossip).
 //
 // Settings used here: heartbeat_interval, failure_timeout, dial_timeout,
-// reconnect_min, reconnect_max, membership, gossip and tls from the
-// cluster part, and the transport section (max_frame_size, send_queue,
+// reconnect_min, reconnect_max, membership, gossip, discovery and tls
+// from the cluster part, and the transport section (max_frame_size, send_queue,
 // handler_takeover, max_data_conns_per_peer, max_data_conns,
 // data_idle_timeout, idle_timeout, read_spin, read_spin_detach,
 // caller_reads, direct_write, shared_memory; package actor runs

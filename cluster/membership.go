@@ -44,8 +44,8 @@ type NodeUp struct {
 }
 
 // NodeDown is published when a peer that was up is gone: with the mesh,
-// its control connection is lost or it stayed silent longer than
-// FailureTimeout; with gossip membership, gossip declared it dead, it left
+// its control connection is lost, it stayed silent longer than
+// FailureTimeout, or discovery reported it gone; with gossip membership, gossip declared it dead, it left
 // or restarted, discovery reported it gone, or a control connection to it
 // broke (not one closed for idleness).
 type NodeDown struct {
@@ -255,9 +255,11 @@ type slot struct {
 	inc   uint64
 	// gossipAlive: gossip says the node is alive; evicted: the discovery
 	// source said it is gone (discover.go). alive is gossipAlive and not
-	// evicted.
+	// evicted with gossip membership, not evicted with the full mesh.
 	gossipAlive bool
 	evicted     bool
+	// dialer: a dialLoop runs for the node (the full mesh).
+	dialer bool
 	// idle bookkeeping of the current Peer (ondemand.go): the send and
 	// received-frame counts last seen and when each last changed.
 	sends       uint64
@@ -285,6 +287,7 @@ type Membership struct {
 	// their incarnation.
 	unknownWarn     logLimit
 	incarnationWarn logLimit
+	announceWarn    logLimit // announced nodes beyond MaxMeshAnnounced
 	// baseLog is the logger the node gave, without this node's name:
 	// for components that name the node themselves (gossip).
 	baseLog *zap.Logger
@@ -306,7 +309,7 @@ type Membership struct {
 	// dialed on first use (ondemand.go); false: the full mesh.
 	onDemand bool
 	gossip   *gossip.Gossip
-	joined   chan struct{} // closed and replaced when a member joins (gossip)
+	joined   chan struct{} // closed and replaced when a member joins (gossip) or is announced (mesh)
 	disc     discovery.Discovery
 	seeds    map[string]config.NodeConfig // nodes the discovery source announces
 	seedWake chan struct{}
@@ -411,11 +414,9 @@ func NewMembership(cfg *config.Config, self string, incarnation uint64, h Handle
 	m.opts = opts
 	m.joined = make(chan struct{})
 	m.onDemand = cfg.MembershipMode() == config.MembershipGossip
-	if !m.onDemand && cfg.Discovery != nil {
-		return nil, errors.New("cluster: discovery needs gossip membership (membership: gossip, or leave membership out)")
-	}
 	if !m.onDemand {
-		// The full mesh: every node of the config, dialed from Start on.
+		// The full mesh: every node of the config, dialed from Start on
+		// (and, with discovery, every node announced: discover.go).
 		for _, n := range cfg.Nodes {
 			if n.Name != self {
 				m.slots[n.Name] = &slot{cfg: n, changed: make(chan struct{}), alive: true}
@@ -462,12 +463,19 @@ func (m *Membership) Start() error {
 		go m.idleLoop()
 		return nil
 	}
-	for name := range m.slots {
-		m.wg.Add(1)
-		go m.dialLoop(name)
+	m.mu.Lock()
+	for _, s := range m.slots {
+		m.startDialer(s)
 	}
+	m.mu.Unlock()
 	m.wg.Add(1)
 	go m.heartbeatLoop()
+	if err := m.startDiscovery(); err != nil {
+		// Peers may be up already (the config's, or inbound): closed
+		// as by Close.
+		_ = m.Close()
+		return err
+	}
 	return nil
 }
 
@@ -504,8 +512,9 @@ func (m *Membership) LastError(name string) error {
 	return fmt.Errorf("%w: %q", ErrUnknownNode, name)
 }
 
-// Known reports whether name is another node of the cluster now: in the
-// config with the full mesh, alive in gossip with gossip membership.
+// Known reports whether name is another node of the cluster now: with
+// the full mesh in the config or announced by discovery (and not reported
+// gone by it since), with gossip membership alive in gossip.
 func (m *Membership) Known(name string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -531,7 +540,9 @@ func (m *Membership) Peers() []*Peer {
 }
 
 // WaitUp blocks until the named peer is up or ctx is done. With gossip
-// membership it waits for the node to join and dials it (see Connect).
+// membership it waits for the node to join and dials it (see Connect);
+// with the full mesh and discovery, for a node neither the config nor the
+// discovery source names yet, it waits for the source to announce it.
 func (m *Membership) WaitUp(ctx context.Context, name string) (*Peer, error) {
 	if m.onDemand {
 		return m.waitMember(ctx, name)
@@ -540,8 +551,19 @@ func (m *Membership) WaitUp(ctx context.Context, name string) (*Peer, error) {
 		m.mu.Lock()
 		s, ok := m.slots[name]
 		if !ok {
+			joined := m.joined
 			m.mu.Unlock()
-			return nil, fmt.Errorf("%w: %q", ErrUnknownNode, name)
+			if m.cfg.Discovery == nil {
+				return nil, fmt.Errorf("%w: %q", ErrUnknownNode, name)
+			}
+			select {
+			case <-joined:
+				continue
+			case <-ctx.Done():
+				return nil, fmt.Errorf("cluster: waiting for %s: %w", name, ctx.Err())
+			case <-m.ctx.Done():
+				return nil, ErrClosed
+			}
 		}
 		cur, changed := s.cur, s.changed
 		m.mu.Unlock()
@@ -770,6 +792,7 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 			m.mu.Lock()
 			accepting.accepting = false
 			accepting.signal()
+			m.forgetIfGone(accepting)
 			m.mu.Unlock()
 		}
 		switch {
@@ -813,6 +836,7 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 		m.mu.Lock()
 		accepting.accepting = false
 		accepting.signal()
+		m.forgetIfGone(accepting)
 		m.mu.Unlock()
 		return
 	}
@@ -822,7 +846,8 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 // notMember is the refusal of a connection from name, which is not a live
 // member here: for good (CodeNotFound) when neither the config nor the
 // discovery source names it; to retry (CodeUnavailable) when one does but
-// gossip has not shown this node it alive yet, or shows it gone.
+// gossip has not shown this node it alive yet, or shows it gone, or (the
+// full mesh) the discovery source reported it gone.
 func (m *Membership) notMember(name string) error {
 	_, inConfig := m.cfg.Node(name)
 	m.mu.Lock()
@@ -832,19 +857,28 @@ func (m *Membership) notMember(name string) error {
 		return &wire.ConnError{Code: wire.CodeNotFound,
 			Reason: fmt.Sprintf("node %q is not in the config of cluster %q at node %q", name, m.cfg.Cluster, m.self.Name)}
 	}
+	why := reasonNotAliveYet
+	if !m.onDemand {
+		why = reasonGoneFromDiscovery
+	}
 	return &wire.ConnError{Code: wire.CodeUnavailable,
-		Reason: fmt.Sprintf("node %q of cluster %q is not a live member at node %q yet: %s", name, m.cfg.Cluster, m.self.Name, reasonNotAliveYet)}
+		Reason: fmt.Sprintf("node %q of cluster %q is not a live member at node %q yet: %s", name, m.cfg.Cluster, m.self.Name, why)}
 }
 
-// reasonNotAliveYet ends the reason of notMember's refusal to retry.
-const reasonNotAliveYet = "its gossip has not shown it alive"
+// The reasons that end notMember's refusal to retry.
+const (
+	reasonNotAliveYet       = "its gossip has not shown it alive"
+	reasonGoneFromDiscovery = "discovery reported it gone, and has not announced it again"
+)
 
 // notAliveYet reports whether err is notMember's refusal of a configured
-// or announced node that gossip has not shown alive yet (the dialer
-// retries: expected while a cluster starts, so not a warning).
+// or announced node that gossip has not shown alive yet, or that
+// discovery reported gone (the dialer retries: expected while a cluster
+// starts or a node comes back, so not a warning).
 func notAliveYet(err error) bool {
 	var ce *wire.ConnError
-	return errors.As(err, &ce) && ce.Code == wire.CodeUnavailable && strings.HasSuffix(ce.Reason, reasonNotAliveYet)
+	return errors.As(err, &ce) && ce.Code == wire.CodeUnavailable &&
+		(strings.HasSuffix(ce.Reason, reasonNotAliveYet) || strings.HasSuffix(ce.Reason, reasonGoneFromDiscovery))
 }
 
 // stopping reports whether err is the handshake refusal of a node that
@@ -980,13 +1014,34 @@ func (m *Membership) DialData(ctx context.Context, node, channel string) (net.Co
 	return nc, nil
 }
 
+// startDialer starts the dialLoop of s (the full mesh) unless one runs;
+// m.mu is held.
+func (m *Membership) startDialer(s *slot) {
+	if s.dialer || m.closed {
+		return
+	}
+	s.dialer = true
+	m.wg.Add(1)
+	go m.dialLoop(s.cfg.Name)
+}
+
+// dialLoop keeps the named node of the full mesh connected: it dials
+// while there is no connection to it, with backoff, until the node is
+// reported gone by discovery (evicted) or the membership closes.
 func (m *Membership) dialLoop(name string) {
 	defer m.wg.Done()
 	backoff := m.cfg.ReconnectMin
 	for {
 		m.mu.Lock()
-		s := m.slots[name]
-		cur, changed := s.cur, s.changed
+		s := m.slots[name] // kept while s.dialer (forgetIfGone)
+		if s.evicted {
+			// Dialed again once announced again (discover.go).
+			s.dialer = false
+			m.forgetIfGone(s)
+			m.mu.Unlock()
+			return
+		}
+		cur, changed, nc := s.cur, s.changed, s.cfg
 		s.dialing = cur == nil && !s.accepting
 		m.mu.Unlock()
 		if cur != nil || !s.dialing {
@@ -998,7 +1053,7 @@ func (m *Membership) dialLoop(name string) {
 				return
 			}
 		}
-		err := m.dial(s.cfg)
+		err := m.dial(nc)
 		m.mu.Lock()
 		s.dialing = false
 		s.lastErr = err
@@ -1051,6 +1106,7 @@ func (m *Membership) attach(nc net.Conn, wp wire.Remote, initiator string) {
 			m.mu.Lock()
 			if s := m.slots[wp.Node]; s != nil {
 				s.accepting = false
+				m.forgetIfGone(s)
 			}
 			m.mu.Unlock()
 			m.wake(wp.Node)
@@ -1121,6 +1177,12 @@ func (m *Membership) placeLink(nc net.Conn, l *link, wp wire.Remote, initiator s
 		case s == nil:
 			m.mu.Unlock()
 			m.log.Info("connection from a node that left refused", zap.String("peer", wp.Node))
+			return nil, nil, false
+		case !m.onDemand && s.evicted:
+			// Discovery reported it gone while this connection was set
+			// up (discover.go).
+			m.mu.Unlock()
+			m.log.Info("connection to a node gone from discovery closed", zap.String("peer", wp.Node))
 			return nil, nil, false
 		case wp.Incarnation < s.highest:
 			live, liveAddr := s.highest, "(not connected now)"

@@ -319,11 +319,20 @@ func (m *Membership) duplicate(cur *Peer, initiator string) bool {
 	return m.keeps(cur, initiator)
 }
 
-// forgetIfGone drops the slot of a node that left gossip once nothing
-// refers to it; m.mu is held.
+// forgetIfGone drops the slot of a node that left gossip, or (the full
+// mesh) a node not in the config that discovery reported gone, once
+// nothing refers to it; m.mu is held.
 func (m *Membership) forgetIfGone(s *slot) {
-	if m.onDemand && !s.gossipAlive && s.cur == nil && s.dataConns == 0 && !s.dialing && !s.accepting {
-		delete(m.slots, s.cfg.Name)
-		s.signal()
+	if s.cur != nil || s.dataConns != 0 || s.dialing || s.accepting || m.slots[s.cfg.Name] != s {
+		return
 	}
+	if m.onDemand {
+		if s.gossipAlive {
+			return
+		}
+	} else if _, inConfig := m.cfg.Node(s.cfg.Name); !s.evicted || s.dialer || inConfig {
+		return
+	}
+	delete(m.slots, s.cfg.Name)
+	s.signal()
 }

@@ -88,7 +88,12 @@ type Config struct {
 	// gossip (hashicorp/memberlist, section gossip) for liveness and dials
 	// control connections on first use, closing them after
 	// transport.idle_timeout. Default "" (MembershipAuto): the mesh up to
-	// AutoMeshNodes nodes in the node list, gossip above.
+	// AutoMeshNodes nodes in the node list, gossip above, and gossip with
+	// a discovery section. The mesh with a discovery section (membership:
+	// mesh set) keeps a connection to every node of the list and every
+	// node registered: n-1 connections and heartbeats per node, for a few
+	// nodes (Go services with a few PyTorch processes, which cannot
+	// gossip).
 	Membership string
 
 	// Transport tunes the control connections (YAML: transport).
@@ -107,8 +112,8 @@ type Config struct {
 	// gossip); its timings default to fractions of FailureTimeout.
 	Gossip GossipConfig
 	// Discovery, when set, is where nodes learn the cluster's members
-	// besides Nodes (YAML: discovery; package discovery). Default nil:
-	// Nodes is the whole cluster.
+	// besides Nodes (YAML: discovery; package discovery), with either
+	// membership. Default nil: Nodes is the whole cluster.
 	Discovery *DiscoveryConfig
 
 	// Nodes lists every node of the cluster; there is at least one, unless
@@ -377,9 +382,6 @@ func (c *Config) validateSettings() error {
 	case MembershipAuto, MembershipMesh, MembershipGossip:
 	default:
 		return c.errf("membership", "%q is not a membership: use %q or %q (or leave it out)", c.Membership, MembershipMesh, MembershipGossip)
-	}
-	if c.Membership == MembershipMesh && c.Discovery != nil {
-		return c.errf("membership", "the mesh dials the nodes of the file; a discovery section needs gossip (membership: gossip, or leave it out)")
 	}
 	if err := checkName(c.Cluster); err != nil {
 		return c.errf("cluster", "%w", err)

@@ -54,6 +54,32 @@ func TestParseDiscovery(t *testing.T) {
 	}
 }
 
+// A discovery section goes with either membership: gossip by default,
+// the mesh when the file says so (issue 33: a Python node cannot gossip).
+func TestDiscoveryMembership(t *testing.T) {
+	for _, tt := range []struct{ membership, want string }{
+		{"", MembershipGossip},
+		{"membership: gossip\n", MembershipGossip},
+		{"membership: mesh\n", MembershipMesh},
+	} {
+		c, err := Parse([]byte(tt.membership+etcdBase), secretDir(t, testSecret))
+		if err != nil {
+			t.Fatalf("%q: %v", tt.membership, err)
+		}
+		if got := c.MembershipMode(); got != tt.want {
+			t.Errorf("%q: membership %q, want %q", tt.membership, got, tt.want)
+		}
+		b, err := c.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := Parse(b, c.dir)
+		if err != nil || back.MembershipMode() != tt.want {
+			t.Errorf("%q: round trip: %v, membership %q", tt.membership, err, back.MembershipMode())
+		}
+	}
+}
+
 func TestParseDiscoveryInvalid(t *testing.T) {
 	for _, tt := range []struct{ name, yaml, want string }{
 		{"no nodes without discovery", "cluster: demo\nsecret_file: secret.key\n",

@@ -34,6 +34,7 @@
 //	reconnect_min: 100ms           # ≥ 1ms
 //	reconnect_max: 5s              # ≥ reconnect_min
 //	disable_channels: []           # channel names: [a-z][a-z0-9_-]{0,31}
+//	membership: ""                 # mesh or gossip; "": mesh up to 16 nodes, gossip above or with discovery
 //	tls:                           # optional, see TLSConfig
 //	  cert_file: node.crt
 //	  key_file: node.key
@@ -133,6 +134,14 @@
 //	    disable_channels: [verbs]  # this node only
 //	    metrics_address: ""        # reserved: host:port (or :port) of the Prometheus endpoint; "": off
 //	    pprof: false               # reserved: also serve net/http/pprof there
+//
+// membership and discovery combine freely. The mesh (one control
+// connection to every node, heartbeats on each) with a discovery section
+// dials the nodes of the list and every node registered in etcd, and
+// takes down a node whose registration goes; n nodes hold n-1
+// connections each, which suits a few nodes: Go services with a few
+// PyTorch processes, say, which speak the mesh but cannot gossip. Gossip
+// (the default with discovery) suits many.
 //
 // Settings left out take their defaults; a section may be left out whole.
 // The keys max_frame_size, inline_threshold, transfer_timeout,

@@ -17,7 +17,9 @@ import (
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/tensorferry/tensorferry/actor"
+	"github.com/tensorferry/tensorferry/cluster"
 	"github.com/tensorferry/tensorferry/config"
+	"github.com/tensorferry/tensorferry/internal/etcdtest"
 	"github.com/tensorferry/tensorferry/memory"
 	"github.com/tensorferry/tensorferry/tensor"
 	"go.uber.org/zap"
@@ -83,7 +85,13 @@ func startPeerTLS(t *testing.T, cfg *config.Config, tc *config.TLSConfig, self, 
 	if tc != nil {
 		tlsBlock = map[string]any{"cert_file": tc.CertFile, "key_file": tc.KeyFile, "ca_file": tc.CAFile, "data": tc.Data}
 	}
-	pc, err := json.Marshal(map[string]any{
+	return runPeer(t, py, peerConfig(cfg, tlsBlock, self, goNode), env...)
+}
+
+// peerConfig is the config of the Python node cfg.Nodes[self], whose
+// peer is the Go node cfg.Nodes[goNode] (TF_PEER_CONFIG of tests/peer.py).
+func peerConfig(cfg *config.Config, tlsBlock any, self, goNode int) map[string]any {
+	return map[string]any{
 		"tls":     tlsBlock,
 		"cluster": cfg.Cluster, "secret": string(cfg.Secret), "name": cfg.Nodes[self].Name,
 		"address": cfg.Nodes[self].Address, "data_address": cfg.Nodes[self].DataAddress, "go": cfg.Nodes[goNode].Name,
@@ -93,7 +101,14 @@ func startPeerTLS(t *testing.T, cfg *config.Config, tc *config.TLSConfig, self, 
 		"heartbeat":        cfg.HeartbeatInterval.Seconds(), "failure_timeout": cfg.FailureTimeout.Seconds(),
 		"dial_timeout":  cfg.DialTimeout.Seconds(),
 		"reconnect_min": cfg.ReconnectMin.Seconds(), "reconnect_max": cfg.ReconnectMax.Seconds(),
-	})
+	}
+}
+
+// runPeer runs tests/peer.py with py and the config conf, and waits until
+// it listens.
+func runPeer(t *testing.T, py string, conf map[string]any, env ...string) *peer {
+	t.Helper()
+	pc, err := json.Marshal(conf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -710,5 +725,79 @@ func (p *peer) expectLine(prefix string) string {
 		case <-timeout.C:
 			p.t.Fatalf("python peer: no %q in 20s", prefix)
 		}
+	}
+}
+
+// TestPythonEtcd runs a Go node (membership: mesh with etcd discovery) and
+// a Python node registered in the same etcd, neither named in the other's
+// config: they find each other, requests go both ways, and the Python
+// node's stop is a NodeDown on the Go side (issue 33).
+func TestPythonEtcd(t *testing.T) {
+	py := python(t)
+	etcd := etcdtest.Start(t)
+	cfg, err := config.LocalConfig("pyetcd", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	goCfg := *cfg
+	goCfg.Nodes = cfg.Nodes[:1]
+	goCfg.Membership = config.MembershipMesh
+	goCfg.Discovery = &config.DiscoveryConfig{Etcd: &config.EtcdConfig{Endpoints: []string{etcd.ClientURL}, LeaseTTL: 2 * time.Second}}
+	if err := goCfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	node := startGo(t, &goCfg, zap.NewNop())
+	pyName := cfg.Nodes[1].Name
+	downs := make(chan *cluster.NodeDown, 8)
+	sub := node.System().EventStream.Subscribe(func(ev any) {
+		if d, ok := ev.(*cluster.NodeDown); ok && d.Node == pyName {
+			downs <- d
+		}
+	})
+	defer node.System().EventStream.Unsubscribe(sub)
+	conf := peerConfig(cfg, nil, 1, 0)
+	conf["peers"] = map[string]any{} // it learns the Go node from etcd
+	conf["membership"] = config.MembershipMesh
+	conf["discovery"] = map[string]any{"etcd": map[string]any{
+		"endpoints": []string{etcd.ClientURL}, "prefix": goCfg.Discovery.Etcd.Prefix, "lease_ttl": 2}}
+	p := runPeer(t, py, conf)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := node.WaitPeer(ctx, pyName); err != nil {
+		t.Fatalf("the Go node did not see the Python node up: %v", err)
+	}
+	p.do("wait", "ok wait")
+	// Go -> Python, inline and above the inline threshold (staging).
+	for _, n := range []int{3, int(cfg.Transport.InlineThreshold)/4 + 5} {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(i % 7)
+		}
+		xt, err := tensor.FromFloat32s(x, tensor.Shape{int64(n)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := node.Request(ctx, node.PID(pyName, "double"), &Vec{Scale: 1, X: xt})
+		v, ok := res.(*Vec)
+		if err != nil || !ok {
+			t.Fatalf("request of %d elements to python: %#v, %v", n, res, err)
+		}
+		got := v.X.Float32s()
+		for i := range x {
+			if got[i] != 2*x[i] {
+				t.Fatalf("request of %d elements: element %d is %v, want %v", n, i, got[i], 2*x[i])
+			}
+		}
+	}
+	// Python -> Go.
+	p.do("request 5", "ok request")
+	p.do("big", "ok big")
+	// The Python node stops: deregistered, down at the Go node.
+	p.do("quit", "stopped")
+	select {
+	case d := <-downs:
+		t.Logf("down: %s", d.Reason)
+	case <-ctx.Done():
+		t.Fatal("no NodeDown of the Python node at the Go node")
 	}
 }
