@@ -422,7 +422,10 @@ try:
 except ImportError:  # pragma: no cover - the Python decoder alone
     _unpackb = None
 
-_FAST_MAX = 1 << 20  # larger values are mostly payload (bin), sliced by either decoder
+# Larger bytes are mostly payload (an inline tensor's bin), which the
+# Python decoder slices at once, while the two counts below read every
+# byte (64 KiB: tens of microseconds).
+_FAST_MAX = 4096
 _NOT_FAST = object()
 _CONTAINER = bytes(range(0x80, 0xA0)) + bytes((0xDC, 0xDD, 0xDE, 0xDF))
 _EXT = bytes((0xC7, 0xC8, 0xC9, 0xD4, 0xD5, 0xD6, 0xD7, 0xD8))

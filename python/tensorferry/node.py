@@ -484,6 +484,65 @@ def read_frame(sock, max_frame):
     return ftype, flags, stream, _read_exact(sock, n) if n else b""
 
 
+class FrameReader:
+    """Frames of a connection read through a buffer: one recv brings a
+    frame's header and body (often the frames behind it too), where
+    read_frame takes a recv for each and copies the body once more. The
+    same checks as read_frame: a length is checked against max_frame
+    before anything is read for it; a body larger than the buffer is read
+    into a bytearray of its checked length."""
+
+    SIZE = 256 << 10
+
+    def __init__(self, sock, max_frame):
+        self.sock, self.max_frame = sock, max_frame
+        self.buf = bytearray(self.SIZE)
+        self.view = memoryview(self.buf)
+        self.start = self.end = 0
+
+    def _fill(self, want):
+        """Read until want bytes past start are buffered (want <= SIZE)."""
+        if self.start + want > self.SIZE:  # move what is left to the front
+            n = self.end - self.start
+            self.buf[:n] = self.view[self.start:self.end]
+            self.start, self.end = 0, n
+        while self.end - self.start < want:
+            k = self.sock.recv_into(self.view[self.end:], self.SIZE - self.end)
+            if k == 0:
+                raise TensorferryError("tensorferry: connection closed by the peer")
+            self.end += k
+
+    def read(self):
+        """The next frame: (type, flags, stream, body)."""
+        if self.end - self.start < HEADER.size:
+            self._fill(HEADER.size)
+        n, ftype, flags, reserved, stream = HEADER.unpack_from(self.buf, self.start)
+        if reserved != 0:
+            raise BadBody("tensorferry: frame header's reserved bits set")
+        if n > self.max_frame:
+            raise BadBody("tensorferry: frame of %d bytes above the maximum %d" % (n, self.max_frame))
+        self.start += HEADER.size
+        if n <= self.SIZE:
+            if self.end - self.start < n:
+                self._fill(n)
+            body = bytes(self.view[self.start:self.start + n])
+            self.start += n
+        else:
+            have = self.end - self.start
+            big = bytearray(n)
+            big[:have] = self.view[self.start:self.end]
+            self.start = self.end = 0
+            view = memoryview(big)
+            while have < n:
+                k = self.sock.recv_into(view[have:], n - have)
+                if k == 0:
+                    raise TensorferryError("tensorferry: connection closed by the peer")
+                have += k
+            body = bytes(big)
+        if self.start == self.end:
+            self.start = self.end = 0
+        return ftype, flags, stream, body
+
 
 class Recent(list):
     """An append-only record that keeps only its last KEEP entries, so that
@@ -818,8 +877,9 @@ class Node:
             old.close("replaced by a new connection")
         try:
             c.send(F_CAPS, Struct(b=bytes(encode(self._advert()))))
+            frames = FrameReader(s, self.max_frame)
             while not c.closed:
-                ftype, flags, stream, body = read_frame(s, self.max_frame)
+                ftype, flags, stream, body = frames.read()
                 c.last_heard = time.monotonic()
                 self._frame_in(c, ftype, stream, body)
         except (TensorferryError, BadBody, BadTable, OSError) as e:

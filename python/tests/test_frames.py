@@ -1,0 +1,66 @@
+"""FrameReader: frames read through its buffer are read_frame's frames,
+however the bytes arrive; lengths are checked before anything is read."""
+
+import os
+import socket
+import sys
+import threading
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from tensorferry.codec import BadBody  # noqa: E402
+from tensorferry.node import HEADER, FrameReader, TensorferryError  # noqa: E402
+
+
+def frame(ftype, body, stream=0, reserved=0):
+    return HEADER.pack(len(body), ftype, 0, reserved, stream) + body
+
+
+class FrameReaderTest(unittest.TestCase):
+    def pair(self):
+        a, b = socket.socketpair()
+        self.addCleanup(a.close)
+        self.addCleanup(b.close)
+        return a, b
+
+    def feed(self, sock, data, step):
+        def run():
+            for i in range(0, len(data), step):
+                sock.sendall(data[i:i + step])
+        th = threading.Thread(target=run)
+        th.start()
+        self.addCleanup(th.join)
+
+    def test_frames_however_split(self):
+        bodies = [b"", b"x", os.urandom(1000), os.urandom(FrameReader.SIZE - HEADER.size),
+                  os.urandom(FrameReader.SIZE), os.urandom(3 * FrameReader.SIZE + 5), b"tail"]
+        data = b"".join(frame(5 + i, body, stream=i) for i, body in enumerate(bodies))
+        for step in (1, 7, 4096, 100000, len(data)):
+            a, b = self.pair()
+            self.feed(a, data, step)
+            r = FrameReader(b, 4 * FrameReader.SIZE)
+            for i, body in enumerate(bodies):
+                self.assertEqual(r.read(), (5 + i, 0, i, body), "step %d frame %d" % (step, i))
+
+    def test_length_checked_first(self):
+        a, b = self.pair()
+        a.sendall(HEADER.pack(1 << 30, 5, 0, 0, 0))  # no body follows: nothing may wait for it
+        with self.assertRaises(BadBody) as cm:
+            FrameReader(b, 16 << 20).read()
+        self.assertIn("above the maximum", str(cm.exception))
+        a.sendall(frame(5, b"x", reserved=1))
+        with self.assertRaises(BadBody):
+            FrameReader(b, 16 << 20).read()
+
+    def test_closed_mid_frame(self):
+        for cut in (3, HEADER.size + 2):
+            a, b = self.pair()
+            a.sendall(frame(5, b"hello")[:cut])
+            a.close()
+            with self.assertRaises(TensorferryError):
+                FrameReader(b, 1 << 20).read()
+
+
+if __name__ == "__main__":
+    unittest.main()
