@@ -353,6 +353,13 @@ def _torch_dtype(n):
     return _TORCH_OF[n]
 
 
+# Hand-offs to another thread of this process (a queued item, a reply to
+# its waiter): a reader does not spin on its socket after a frame that
+# woke a thread, which then wants the GIL the spinning would keep taking.
+# A racy count is enough for that.
+_handoffs = [0]
+
+
 class _Inbox:
     """A bounded FIFO between the connections' readers and the dispatch
     thread. A queue.SimpleQueue (its put and get are C, the get waits
@@ -372,6 +379,7 @@ class _Inbox:
             raise queue.Full
         with self.mu:
             self.pending += 1
+        _handoffs[0] += 1
         self.q.put(item)
 
     def done(self):
@@ -405,6 +413,7 @@ class _Reply:
         """Hand v to the waiter; called once, by whoever popped it from
         Node.pending."""
         self.value = v
+        _handoffs[0] += 1
         self.lock.release()
 
     def wait(self, timeout):
@@ -494,11 +503,31 @@ class FrameReader:
 
     SIZE = 256 << 10
 
-    def __init__(self, sock, max_frame):
+    def __init__(self, sock, max_frame, spin_us=0):
         self.sock, self.max_frame = sock, max_frame
         self.buf = bytearray(self.SIZE)
         self.view = memoryview(self.buf)
         self.start = self.end = 0
+        # spin_ns: how long a read polls the socket before it blocks
+        # (plain sockets only); spin: whether the next read may.
+        self.spin_ns = int(spin_us * 1000) if isinstance(sock, socket.socket) else 0
+        self.spin = True
+
+    def _recv(self):
+        """recv_into the buffer's free tail: polled for spin_ns first when
+        spin allows it (a thread blocked in recv waits for the scheduler
+        to wake it, a thread polling sees the bytes at once), then
+        blocking."""
+        view, n = self.view[self.end:], self.SIZE - self.end
+        if self.spin_ns and self.spin:
+            end = time.monotonic_ns() + self.spin_ns
+            while True:
+                try:
+                    return self.sock.recv_into(view, n, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    if time.monotonic_ns() >= end:
+                        break
+        return self.sock.recv_into(view, n)
 
     def _fill(self, want):
         """Read until want bytes past start are buffered (want <= SIZE)."""
@@ -507,7 +536,7 @@ class FrameReader:
             self.buf[:n] = self.view[self.start:self.end]
             self.start, self.end = 0, n
         while self.end - self.start < want:
-            k = self.sock.recv_into(self.view[self.end:], self.SIZE - self.end)
+            k = self._recv()
             if k == 0:
                 raise TensorferryError("tensorferry: connection closed by the peer")
             self.end += k
@@ -597,13 +626,22 @@ class Node:
     object with cert_file, key_file and ca_file (PEM paths) and data
     (default False): control connections, and data connections with data,
     then run over TLS 1.3 with certificates on both ends, as the Go nodes'.
+
+    spin_us (default 0: off) is how long, in microseconds, a connection's
+    reader polls its socket after a frame before it blocks in recv, as Go's
+    runtime spins before it parks: the next frame is seen without a
+    scheduler's wake-up, at the cost of a core busy while frames come
+    closer together than that. Not after a frame that handed work to
+    another thread (a reply to its requester, a queued message), which
+    then needs the GIL; not over TLS.
     """
 
     def __init__(self, cluster, secret, name, address, peers, incarnation=None,
                  heartbeat_interval=1.0, failure_timeout=5.0, inline_threshold=64 << 10,
                  max_frame_size=16 << 20, receive_budget=1 << 30, fetch_timeout=60.0,
                  data_address=None, inbox_messages=4096, on_up=None, on_down=None,
-                 ipc=True, device=None, inline_device=False, shm_dir=None, ref_ttl=600.0, tls=None):
+                 ipc=True, device=None, inline_device=False, shm_dir=None, ref_ttl=600.0, tls=None,
+                 spin_us=0):
         if isinstance(secret, str):
             secret = secret.encode()
         if len(secret) < 16:
@@ -613,6 +651,7 @@ class Node:
         # peers: name → address, or name → {"address", "data_address"}.
         self.peers = {k: v if isinstance(v, dict) else {"address": v} for k, v in peers.items()}
         self.receive_budget, self.fetch_timeout = receive_budget, fetch_timeout
+        self.spin_us = spin_us
         self.data_address = data_address
         self.tls_server, self.tls_client, self.tls_data = _tls.contexts(tls) if tls else (None, None, False)
         self.exports = {}  # export id → [lease, bytes, peer]: lent until released
@@ -877,11 +916,13 @@ class Node:
             old.close("replaced by a new connection")
         try:
             c.send(F_CAPS, Struct(b=bytes(encode(self._advert()))))
-            frames = FrameReader(s, self.max_frame)
+            frames = FrameReader(s, self.max_frame, self.spin_us)
             while not c.closed:
                 ftype, flags, stream, body = frames.read()
                 c.last_heard = time.monotonic()
+                h = _handoffs[0]
                 self._frame_in(c, ftype, stream, body)
+                frames.spin = _handoffs[0] == h
         except (TensorferryError, BadBody, BadTable, OSError) as e:
             if not c.closed:
                 self.errors.append("%s: %s" % (peer, e))
@@ -1047,6 +1088,7 @@ class Node:
                 w = self.ctl_pending.get(rid)
             if w is not None and w[0] == c.peer and not w[1].is_set():
                 w[2].append(env["body"])
+                _handoffs[0] += 1
                 w[1].set()
             return
         if env["target"] != "ipc" or self.ipc_owner is None:
