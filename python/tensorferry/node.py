@@ -440,6 +440,7 @@ class _Conn:
         self.closed = False
         self.last_heard = time.monotonic()
         self.caps = None
+        self.frames = None  # its FrameReader when requesters may read it too
 
     def send(self, ftype, body, stream=0):
         b = body if isinstance(body, (bytes, bytearray)) else bytes(encode(body))
@@ -512,6 +513,54 @@ class FrameReader:
         # (plain sockets only); spin: whether the next read may.
         self.spin_ns = int(spin_us * 1000) if isinstance(sock, socket.socket) else 0
         self.spin = True
+        # With spin_ns, the reader thread and requesters waiting for their
+        # replies share the reading (Node._pump): mu is held while a thread
+        # reads and handles frames, so that they are handled one at a time
+        # and in order; waiting counts the requesters polling.
+        self.mu = threading.Lock()
+        self.waiting = 0
+
+    def _header(self):
+        """The checked length of the frame whose header is buffered at
+        start, or None when no whole header is."""
+        if self.end - self.start < HEADER.size:
+            return None
+        n, _, _, reserved, _ = HEADER.unpack_from(self.buf, self.start)
+        if reserved != 0:
+            raise BadBody("tensorferry: frame header's reserved bits set")
+        if n > self.max_frame:
+            raise BadBody("tensorferry: frame of %d bytes above the maximum %d" % (n, self.max_frame))
+        return n
+
+    def take(self):
+        """The next frame when the buffer holds all of it (no recv), else
+        None."""
+        n = self._header()
+        if n is None or n > self.SIZE or self.end - self.start - HEADER.size < n:
+            return None
+        return self.read()
+
+    def big_pending(self):
+        """Whether the buffered header is of a frame larger than the
+        buffer (read reads the rest of it, blocking)."""
+        n = self._header()
+        return n is not None and n > self.SIZE
+
+    def pull(self):
+        """One recv that does not wait into the buffer's free tail: whether
+        it brought bytes."""
+        if self.end == self.SIZE:
+            n = self.end - self.start
+            self.buf[:n] = self.view[self.start:self.end]
+            self.start, self.end = 0, n
+        try:
+            k = self.sock.recv_into(self.view[self.end:], self.SIZE - self.end, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        if k == 0:
+            raise TensorferryError("tensorferry: connection closed by the peer")
+        self.end += k
+        return True
 
     def _recv(self):
         """recv_into the buffer's free tail: polled for spin_ns first when
@@ -652,6 +701,7 @@ class Node:
         self.peers = {k: v if isinstance(v, dict) else {"address": v} for k, v in peers.items()}
         self.receive_budget, self.fetch_timeout = receive_budget, fetch_timeout
         self.spin_us = spin_us
+        self._dispatch_thread = None
         self.data_address = data_address
         self.tls_server, self.tls_client, self.tls_data = _tls.contexts(tls) if tls else (None, None, False)
         self.exports = {}  # export id → [lease, bytes, peer]: lent until released
@@ -744,6 +794,8 @@ class Node:
             loops.append(self._data_accept_loop)
         for fn in loops:
             t = threading.Thread(target=fn, daemon=True, name="tensorferry-" + fn.__name__)
+            if fn == self._dispatch_loop:
+                self._dispatch_thread = t
             t.start()
             self.threads.append(t)
         return self
@@ -917,24 +969,79 @@ class Node:
         try:
             c.send(F_CAPS, Struct(b=bytes(encode(self._advert()))))
             frames = FrameReader(s, self.max_frame, self.spin_us)
+            if frames.spin_ns:
+                c.frames = frames
+                self._read_shared(c, frames)
             while not c.closed:
                 ftype, flags, stream, body = frames.read()
                 c.last_heard = time.monotonic()
                 h = _handoffs[0]
                 self._frame_in(c, ftype, stream, body)
                 frames.spin = _handoffs[0] == h
-        except (TensorferryError, BadBody, BadTable, OSError) as e:
+        except Exception as e:  # noqa: BLE001 - _conn_failed sorts them
+            self._conn_failed(c, e)
+
+    def _conn_failed(self, c, e):
+        """A frame of c could not be read or handled: the connection goes,
+        with the reason in errors (a goodbye naming it for bad input)."""
+        if isinstance(e, (TensorferryError, BadBody, BadTable, OSError)):
             if not c.closed:
-                self.errors.append("%s: %s" % (peer, e))
+                self.errors.append("%s: %s" % (c.peer, e))
                 if isinstance(e, (BadBody, BadTable)):
                     try:
                         c.send(F_GOAWAY, Struct(c=CODE_PROTOCOL, r=str(e)[:200]))
                     except Exception:
                         pass
             c.close(str(e))
-        except Exception as e:  # a bug, or input nothing above foresaw: this connection only
-            self.errors.append("%s: frame not handled: %r" % (peer, e))
+        else:  # a bug, or input nothing above foresaw: this connection only
+            self.errors.append("%s: frame not handled: %r" % (c.peer, e))
             c.close("frame not handled: %r" % e)
+
+    def _pump(self, c, frames, pull=True):
+        """Handle every frame the buffer holds whole, reading more without
+        waiting while pull and the socket has some (a frame larger than
+        the buffer: its rest, waiting for it); whether one was handled.
+        Called with frames.mu held; an error ends the connection (raised)."""
+        did = False
+        while not c.closed:
+            f = frames.take()
+            if f is None:
+                if frames.big_pending():
+                    f = frames.read()
+                elif pull and frames.pull():
+                    continue
+                else:
+                    return did
+            c.last_heard = time.monotonic()
+            h = _handoffs[0]
+            self._frame_in(c, *(f[0], f[2], f[3]))
+            frames.spin = _handoffs[0] == h
+            did = True
+        return did
+
+    def _read_shared(self, c, frames):
+        """The reader thread's loop when requesters may read too (spin_us
+        on a plain socket): it waits for the socket in poll, holding
+        nothing, then reads and handles what came under frames.mu; a
+        requester waiting for its reply polls the socket itself
+        (_await_reply), as Go's wire.Conn.Await does, so that the reply
+        needs no hand-off from this thread. After a frame that woke no
+        thread it polls for spin_us before it waits, unless a requester
+        is polling."""
+        import select
+        poller = select.poll()
+        poller.register(frames.sock, select.POLLIN | select.POLLERR | select.POLLHUP)
+        while not c.closed:
+            with frames.mu:
+                did = self._pump(c, frames)
+            if did and frames.spin and not frames.waiting:
+                end = time.monotonic_ns() + frames.spin_ns
+                while time.monotonic_ns() < end and not frames.waiting and not c.closed:
+                    with frames.mu:
+                        if self._pump(c, frames):
+                            end = time.monotonic_ns() + frames.spin_ns
+                continue
+            poller.poll()
 
     def _frame_in(self, c, ftype, stream, body):
         if ftype == F_PING:
@@ -1796,6 +1903,35 @@ class Node:
                 r._unforward()
             raise
 
+    def _await_reply(self, node, w, timeout):
+        """w.wait(timeout), reading the connection to node meanwhile for up
+        to spin_us when its reader shares the reading (_read_shared): the
+        reply is handled on this thread, no hand-off. Not on the dispatch
+        thread (a message it reads may need a place in the inbox that
+        only the dispatch thread frees)."""
+        with self.mu:
+            c = self.conns.get(node)
+        frames = getattr(c, "frames", None)
+        if frames is None or threading.current_thread() is self._dispatch_thread:
+            return w.wait(timeout)
+        start = time.monotonic_ns()
+        end = start + min(frames.spin_ns, int(timeout * 1e9))
+        frames.waiting += 1
+        try:
+            while time.monotonic_ns() < end and not c.closed:
+                if w.lock.acquire(False):
+                    return True
+                if frames.mu.acquire(False):
+                    try:
+                        self._pump(c, frames)
+                    except Exception as e:  # noqa: BLE001 - as the reader would
+                        self._conn_failed(c, e)
+                    finally:
+                        frames.mu.release()
+        finally:
+            frames.waiting -= 1
+        return w.wait(max(0.0, timeout - (time.monotonic_ns() - start) / 1e9))
+
     def request(self, pid, msg, timeout=10.0):
         """Send msg to pid and wait for the reply (a Message)."""
         key = next(self.keys)
@@ -1804,7 +1940,7 @@ class Node:
             self.pending[key] = w
         try:
             self.send(pid, msg, sender_id=reply_id(key))
-            got = w.wait(timeout)
+            got = self._await_reply(pid[0], w, timeout)
         except BaseException:
             with self.mu:
                 self.pending.pop(key, None)

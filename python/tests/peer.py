@@ -1,6 +1,7 @@
 """A Python node that the Go test python/python_test.go runs as a cluster peer.
 
-The config comes as JSON in TF_PEER_CONFIG. It answers requests on its
+The config comes as JSON in TF_PEER_CONFIG; TF_PEER_SPIN_US, when set, is
+the node's spin_us (its reader and requesters share the reading). It answers requests on its
 actor "double" (the tensor X times two), and runs the commands Go writes
 on stdin, one a line, printing one result line each:
 
@@ -56,7 +57,8 @@ def main():
                    failure_timeout=cfg.get("failure_timeout", 2.0),
                    inline_threshold=cfg["inline_threshold"], data_address=cfg["data_address"],
                    on_up=lambda n, i: (ups.append(n), say("up", n)),
-                   on_down=lambda n, why: say("down", n, why), tls=cfg.get("tls"))
+                   on_down=lambda n, why: say("down", n, why), tls=cfg.get("tls"),
+                   spin_us=int(os.environ.get("TF_PEER_SPIN_US", "0")))
 
     def double(m):
         x = m["X"]
