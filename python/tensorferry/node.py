@@ -775,7 +775,8 @@ class Node:
         fn run on the connection's reader thread instead when nothing else
         is queued or running and each of the message's tensors is inline or
         comes over ipc under a direct offer (a device copy, no round trip):
-        one thread hand-off less per message. Such a handler must not wait
+        one thread hand-off less per message (the node's ipc device is the
+        current CUDA device there). Such a handler must not wait
         for this node's messages (no request, no blocking on other
         handlers), since the reader that would read them is running it."""
         self.handlers[name] = fn
@@ -960,6 +961,7 @@ class Node:
             self.errors.append("tensorferry: handshake: %r" % e)
             s.close()
             return
+        self._own_thread_device()
         c = _Conn(self, s, peer, inc, self.max_frame)
         with self.mu:
             old = self.conns.get(peer)
@@ -1783,7 +1785,22 @@ class Node:
                 except (TensorferryError, OSError) as e:
                     c.close(str(e))
 
+    def _own_thread_device(self):
+        """Make the ipc device current on one of the node's own threads
+        (a reader, the dispatch thread): the fetch buffers torch allocates
+        there and the driver calls of their copies then find its context
+        current, where they would switch to it and back for every
+        message (torch's device guard; cuda.Driver's push and pop)."""
+        if self.device is not None:
+            try:
+                import torch
+                torch.cuda.set_device(self.device)
+            except Exception as e:  # noqa: BLE001 - only slower without it
+                self.warnings.append("tensorferry: cannot make %s current on %s: %s"
+                                     % (self.device, threading.current_thread().name, e))
+
     def _dispatch_loop(self):
+        self._own_thread_device()
         while True:
             item = self.inbox.get()
             if item is None:
