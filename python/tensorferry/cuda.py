@@ -214,6 +214,14 @@ class Driver:
             self._call("cuStreamSynchronize", ctypes.c_void_p(stream))
         self._in(ordinal, op)
 
+    def sync_current(self, ordinal):
+        """Wait for what torch queued on its current stream of device
+        ordinal: torch.cuda.current_stream(d).synchronize() without the
+        torch.cuda.Stream built for it (5.4 us against about 1.5 on an
+        H200 host)."""
+        stream = current_stream(ordinal)
+        self._in(ordinal, lambda: self._call("cuStreamSynchronize", ctypes.c_void_p(stream)))
+
 
 def current_stream(ordinal):
     """The raw handle of torch's current stream on device ordinal: torch's

@@ -1745,7 +1745,11 @@ class Node:
         t = t.detach().contiguous()
         # The fetcher copies on its own stream: what torch queued for t
         # must be done first.
-        torch.cuda.current_stream(t.device).synchronize()
+        sync = getattr(self.ipc_owner.driver, "sync_current", None)
+        if sync is not None:
+            sync(t.get_device())
+        else:  # a driver double
+            torch.cuda.current_stream(t.device).synchronize()
         offer = self.ipc_owner.offer(t, peer)
         self._push_revocations()
         eid = next(self.export_ids)

@@ -131,6 +131,21 @@ class DriverTest(unittest.TestCase):
             self.fake.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
         self.assertEqual(self.fake.fake_depth(), 0)
 
+    def test_sync_current(self):
+        # The current stream's raw handle (torch's, here a stand-in) is
+        # synchronized in the device's context, which is left as it was.
+        from tensorferry import cuda as cuda_mod
+        old = cuda_mod.current_stream
+        self.addCleanup(setattr, cuda_mod, "current_stream", old)
+        cuda_mod.current_stream = lambda ordinal: 0x5eed
+        self.d.sync_current(0)
+        self.assertEqual(self.fake.fake_depth(), 0)
+        cuda_mod.current_stream = lambda ordinal: 0x5eee
+        with self.assertRaises(CudaError) as cm:
+            self.d.sync_current(1)
+        self.assertIn("cuStreamSynchronize", str(cm.exception))
+        self.assertEqual(self.fake.fake_depth(), 0)
+
     def test_locate_cached(self):
         # A tensor of an allocation located before costs one query (its
         # buffer id); the answer is the same.
