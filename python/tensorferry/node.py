@@ -1038,7 +1038,7 @@ class Node:
                 did = self._pump(c, frames)
             if did and frames.spin and not frames.waiting:
                 end = time.monotonic_ns() + frames.spin_ns
-                while time.monotonic_ns() < end and not frames.waiting and not c.closed:
+                while time.monotonic_ns() < end and frames.spin and not frames.waiting and not c.closed:
                     with frames.mu:
                         if self._pump(c, frames):
                             end = time.monotonic_ns() + frames.spin_ns
@@ -1937,7 +1937,8 @@ class Node:
             return w.wait(timeout)
         start = time.monotonic_ns()
         end = start + min(frames.spin_ns, int(timeout * 1e9))
-        frames.waiting += 1
+        with self.mu:
+            frames.waiting += 1
         try:
             while time.monotonic_ns() < end and not c.closed:
                 if w.lock.acquire(False):
@@ -1950,7 +1951,8 @@ class Node:
                     finally:
                         frames.mu.release()
         finally:
-            frames.waiting -= 1
+            with self.mu:
+                frames.waiting -= 1
         return w.wait(max(0.0, timeout - (time.monotonic_ns() - start) / 1e9))
 
     def request(self, pid, msg, timeout=10.0):
