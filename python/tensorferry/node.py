@@ -999,11 +999,12 @@ class Node:
             self.errors.append("%s: frame not handled: %r" % (c.peer, e))
             c.close("frame not handled: %r" % e)
 
-    def _pump(self, c, frames, pull=True):
+    def _pump(self, c, frames, pull=True, until=None):
         """Handle every frame the buffer holds whole, reading more without
         waiting while pull and the socket has some (a frame larger than
-        the buffer: its rest, waiting for it); whether one was handled.
-        Called with frames.mu held; an error ends the connection (raised)."""
+        the buffer: its rest, waiting for it), and only the buffer's once
+        until() says so; whether one was handled. Called with frames.mu
+        held; an error ends the connection (raised)."""
         did = False
         while not c.closed:
             f = frames.take()
@@ -1019,6 +1020,8 @@ class Node:
             self._frame_in(c, *(f[0], f[2], f[3]))
             frames.spin = _handoffs[0] == h
             did = True
+            if until is not None and until():
+                pull = False
         return did
 
     def _read_shared(self, c, frames):
@@ -1945,7 +1948,9 @@ class Node:
                     return True
                 if frames.mu.acquire(False):
                     try:
-                        self._pump(c, frames)
+                        # Once the reply is in, only what the buffer holds
+                        # (the reader thread reads the rest).
+                        self._pump(c, frames, until=lambda: not w.lock.locked())
                     except Exception as e:  # noqa: BLE001 - as the reader would
                         self._conn_failed(c, e)
                     finally:
