@@ -676,13 +676,17 @@ class Node:
     (default False): control connections, and data connections with data,
     then run over TLS 1.3 with certificates on both ends, as the Go nodes'.
 
-    spin_us (default 0: off) is how long, in microseconds, a connection's
-    reader polls its socket after a frame before it blocks in recv, as Go's
-    runtime spins before it parks: the next frame is seen without a
-    scheduler's wake-up, at the cost of a core busy while frames come
-    closer together than that. Not after a frame that handed work to
-    another thread (a reply to its requester, a queued message), which
-    then needs the GIL; not over TLS.
+    spin_us (default 0: off), in microseconds, makes the node poll its
+    control connections (plain TCP; not over TLS) as Go's nodes do on
+    hosts with processors to spare: a connection's reader thread polls its
+    socket that long after a frame before it waits (not after a frame that
+    woke another thread, which then needs the GIL), and a request's caller
+    reads the connection itself for up to that long while it waits for
+    the reply, handling what comes on its own thread (its reply with no
+    hand-off from the reader; an inline handler's message may run there
+    too). Frames are seen without a scheduler's wake-up, at the cost of a
+    core busy while they come closer together than that, and of the GIL
+    taken often by the polling thread.
     """
 
     def __init__(self, cluster, secret, name, address, peers, incarnation=None,
