@@ -150,7 +150,7 @@ class Driver:
 
     def locate(self, t):
         """The Allocation of a CUDA tensor's memory."""
-        ordinal, ptr = t.device.index, t.data_ptr()
+        ordinal, ptr = t.get_device(), t.data_ptr()
 
         def q():
             bid = self._attr(_ATTR_BUFFER_ID, ptr, ctypes.c_uint64)

@@ -182,9 +182,9 @@ class _DeviceExport:
 
     __slots__ = ("t", "ipc_offer", "nbytes", "_host", "via")
 
-    def __init__(self, t, offer):
+    def __init__(self, t, offer, nbytes=None):
         self.t, self.ipc_offer, self._host, self.via = t, offer, None, None
-        self.nbytes = t.numel() * t.element_size()
+        self.nbytes = t.numel() * t.element_size() if nbytes is None else nbytes
 
     def host(self):
         if self._host is None:
@@ -343,6 +343,21 @@ class Ref(RefEntry):
             return "Ref(local %s%s)" % (self._local.dtype, list(self._local.shape))
         return "Ref(%s %s%s, %d bytes%s)" % (self._name(), self.dtype, self._desc["s"], self.nbytes,
                                            ", spent" if self._spent else "")
+
+
+_NUMBER_OF = {}
+
+
+def _dtype_number(dtype):
+    """The tensorferry dtype number of a torch dtype (TypeError for one
+    with no equivalent)."""
+    n = _NUMBER_OF.get(dtype)
+    if n is None:
+        name = str(dtype).replace("torch.", "")
+        if name not in DTYPES:
+            raise TypeError("tensorferry: dtype %s has no tensorferry equivalent" % dtype)
+        n = _NUMBER_OF[dtype] = DTYPES[name]
+    return n
 
 
 def _torch_dtype(n):
@@ -706,6 +721,7 @@ class Node:
         self.receive_budget, self.fetch_timeout = receive_budget, fetch_timeout
         self.spin_us = spin_us
         self._dispatch_thread = None
+        self._leases = []  # random leases fetched ahead (_lease), under mu
         self.data_address = data_address
         self.tls_server, self.tls_client, self.tls_data = _tls.contexts(tls) if tls else (None, None, False)
         self.exports = {}  # export id → [lease, bytes, peer]: lent until released
@@ -1705,7 +1721,7 @@ class Node:
     def _export(self, peer, t):
         """Lend t's bytes to peer until it releases them: its descriptor."""
         eid = next(self.export_ids)
-        lease = int.from_bytes(os.urandom(8), "big") or 1
+        lease = self._lease()
         with self.mu:
             self.exports[eid] = [lease, memoryview(t.data), peer]
         return Struct((("o", self.name), ("i", self.incarnation), ("e", eid), ("l", lease),
@@ -1746,27 +1762,38 @@ class Node:
         """Lend the CUDA tensor t to peer over ipc: its descriptor. Raises
         ipc.Refused for memory CUDA IPC cannot share."""
         import torch
-        name = str(t.dtype).replace("torch.", "")
-        if name not in DTYPES:
-            raise TypeError("tensorferry: dtype %s has no tensorferry equivalent" % t.dtype)
-        t = t.detach().contiguous()
+        dt = _dtype_number(t.dtype)
+        if t.requires_grad:
+            t = t.detach()
+        t = t.contiguous()
+        dev = t.get_device()
         # The fetcher copies on its own stream: what torch queued for t
         # must be done first.
         sync = getattr(self.ipc_owner.driver, "sync_current", None)
         if sync is not None:
-            sync(t.get_device())
+            sync(dev)
         else:  # a driver double
             torch.cuda.current_stream(t.device).synchronize()
         offer = self.ipc_owner.offer(t, peer)
-        self._push_revocations()
+        if self.ipc_owner.revoked:
+            self._push_revocations()
         eid = next(self.export_ids)
-        lease = int.from_bytes(os.urandom(8), "big") or 1
-        x = _DeviceExport(t, offer)
+        lease = self._lease()
+        x = _DeviceExport(t, offer, t.numel() * t.element_size())
         with self.mu:
             self.exports[eid] = [lease, x, peer]
         return Struct((("o", self.name), ("i", self.incarnation), ("e", eid), ("l", lease),
-                       ("t", DTYPES[name]), ("s", list(t.shape)), ("b", x.nbytes),
-                       ("d", "cuda:%d" % t.device.index), ("h", peer), ("f", {"ipc": offer})))
+                       ("t", dt), ("s", list(t.shape)), ("b", x.nbytes),
+                       ("d", "cuda:%d" % dev), ("h", peer), ("f", {"ipc": offer})))
+
+    def _lease(self):
+        """A fresh lease: 8 random bytes from the kernel (never 0), taken
+        from 64 fetched at once (one getrandom for 8 leases)."""
+        with self.mu:
+            if not self._leases:
+                b = os.urandom(64)
+                self._leases = [int.from_bytes(b[i:i + 8], "big") or 1 for i in range(0, 64, 8)]
+            return self._leases.pop()
 
     def _push_revocations(self):
         """Tell peers to close their mappings of allocations this process's

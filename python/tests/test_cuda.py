@@ -46,6 +46,9 @@ class Buf:
     def data_ptr(self):
         return ctypes.addressof(self.mem)
 
+    def get_device(self):
+        return self.device.index
+
 
 class DriverTest(unittest.TestCase):
     @classmethod
