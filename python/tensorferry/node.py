@@ -462,10 +462,19 @@ class _Conn:
         if len(b) > self.max_frame:
             raise TensorferryError("tensorferry: frame of %d bytes above the maximum %d"
                                    % (len(b), self.max_frame))
+        frame = HEADER.pack(len(b), ftype, 0, 0, stream) + b
+        corked = getattr(self.node._tl, "cork", None)
+        if corked is not None:  # this thread's frames go out together (Node._run)
+            corked.setdefault(self, []).append(frame)
+            return
+        self.write(frame)
+
+    def write(self, frames):
+        """Write whole frames (bytes) to the connection."""
         with self.wlock:
             if self.closed:
                 raise TensorferryError("tensorferry: connection to %s closed" % self.peer)
-            self.sock.sendall(HEADER.pack(len(b), ftype, 0, 0, stream) + b)
+            self.sock.sendall(frames)
 
     def close(self, why):
         with self.wlock:
@@ -1854,6 +1863,7 @@ class Node:
                     self.inbox.done()
 
     def _run(self, target, msg, after=None):
+        corked = False
         try:
             try:
                 out = self.handlers[target](msg)
@@ -1861,13 +1871,27 @@ class Node:
                 self.errors.append("handler %s: %r" % (target, e))
                 return
             if out is not None and msg.sender[1]:
+                if after is not None:
+                    # The reply and what after sends (the leases given
+                    # back) leave in one write: one send, one wake-up of
+                    # the peer's reader, where there were two.
+                    self._tl.cork, corked = {}, True
                 try:
                     self.send(msg.sender, out, sender_id=target)
                 except TensorferryError as e:
                     self.errors.append("reply from %s: %s" % (target, e))
         finally:
-            if after is not None:
-                after()
+            try:
+                if after is not None:
+                    after()
+            finally:
+                if corked:
+                    frames, self._tl.cork = self._tl.cork, None
+                    for c, fs in frames.items():
+                        try:
+                            c.write(b"".join(fs))
+                        except (TensorferryError, OSError) as e:
+                            self.errors.append("reply from %s: %s" % (target, e))
 
     # -- sending -----------------------------------------------------------
 

@@ -77,3 +77,42 @@ class FrameReaderTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class CorkTest(unittest.TestCase):
+    """A handler's reply and the leases given back after it leave in one
+    write (Node._run), in that order."""
+
+    def test_reply_and_release_in_one_write(self):
+        from tensorferry.node import F_MESSAGE, F_RELEASE, Message, Node, _Conn, read_frame
+        from tensorferry.message import decode_envelope
+
+        class Counting:
+            def __init__(self, s):
+                self.s, self.writes = s, 0
+
+            def sendall(self, b):
+                self.writes += 1
+                self.s.sendall(b)
+
+        a, b = socket.socketpair()
+        self.addCleanup(a.close)
+        self.addCleanup(b.close)
+        node = Node("c", b"0123456789abcdef", "py", "127.0.0.1:0", {"go": "127.0.0.1:1"}, ipc=False)
+        sock = Counting(a)
+        c = _Conn(node, sock, "go", 5, 1 << 20)
+        c.caps = b"\x80"
+        node.conns["go"] = c
+        node.handle("h", lambda m: Message("t.Ack", {"V": 1}))
+        desc = {"e": 3, "l": 4, "i": 5}
+        node._run("h", Message("t.Q", {}, ("go", "future#1")), after=lambda: node._release_all(c, [desc]))
+        self.assertEqual(sock.writes, 1)
+        ftype, _, _, body = read_frame(b, 1 << 20)
+        self.assertEqual((ftype, decode_envelope(body)["type_name"]), (F_MESSAGE, "t.Ack"))
+        self.assertEqual(read_frame(b, 1 << 20)[0], F_RELEASE)
+        # Without a reply (or without anything after it) nothing waits.
+        node.handle("h", lambda m: None)
+        node._run("h", Message("t.Q", {}, ("go", "future#1")), after=lambda: node._release_all(c, [desc]))
+        self.assertEqual(sock.writes, 2)
+        self.assertEqual(read_frame(b, 1 << 20)[0], F_RELEASE)
+        self.assertIsNone(getattr(node._tl, "cork", None))
