@@ -176,6 +176,9 @@ def _enc(out, v, depth):
         raise TypeError("tensorferry: cannot encode %s" % type(v).__name__)
 
 
+_KEYS = {}  # a Struct's field name -> its encoding (names repeat: fields of a few types)
+
+
 def _enc_struct(out, v, depth):
     if depth > MAX_DEPTH:
         raise ValueError("tensorferry: value nested deeper than %d" % MAX_DEPTH)
@@ -188,12 +191,14 @@ def _enc_struct(out, v, depth):
         _len(out, n, 0x80, 15, None, 0xDE, 0xDF)
     depth += 1
     for k, x in v.items():
-        b = k.encode("utf-8")
-        if len(b) <= 31:
-            out.append(0xA0 | len(b))
-            out += b
-        else:
-            _str(out, k)
+        kb = _KEYS.get(k)
+        if kb is None:
+            kb = bytearray()
+            _str(kb, k)
+            kb = bytes(kb)
+            if len(_KEYS) < 4096:
+                _KEYS[k] = kb
+        out += kb
         f = _FAST_ENC.get(type(x))
         if f is not None:
             f(out, x, depth)
