@@ -52,24 +52,50 @@ def time_stages(path, nodes):
         setattr(cls, name, timed)
 
     for cls, names in ((node.Node, ("_message_in", "_deliver", "_release_all", "_envelope",
-                                    "_export_device", "request", "_ctl_call", "_control_in")),
+                                    "_export_device", "request", "_ctl_call", "_control_in",
+                                    "_inline", "_deliver_fetched")),
                        (node._Conn, ("send",)), (ipc.Owner, ("offer",)),
-                       (ipc.Fetcher, ("fetch",)), (cuda.Driver, ("locate", "copy"))):
+                       (ipc.Fetcher, ("fetch", "fetch_direct")), (cuda.Driver, ("locate", "copy"))):
         for name in names:
             wrap(cls, name)
     wrap(node.Node, "_fetch", "reader frame -> _fetch starts (handoff)")
     wrap(node.Node, "_run", "reader frame -> handler starts")
     frame_in = node.Node._frame_in
+    last_msg, sent = [0.0], [0.0]
 
     def arrival(self, c, ftype, stream, body):
         last[0] = clock()
+        if ftype in (node.F_MESSAGE, node.F_MESSAGES):
+            last_msg[0] = last[0]
         return frame_in(self, c, ftype, stream, body)
     node.Node._frame_in = arrival
+    run = node.Node._run
+
+    def timed_run(self, *a, **k):
+        # The handler's reply went out: Python's share of a go-python
+        # message, from its frame's arrival (inline: all on the reader).
+        try:
+            return run(self, *a, **k)
+        finally:
+            times["message frame -> handler and reply done"].append(clock() - last_msg[0])
+    node.Node._run = timed_run
+    send = node.Node.send
+
+    def timed_send(self, *a, **k):
+        try:
+            return send(self, *a, **k)
+        finally:
+            sent[0] = clock()
+    node.Node.send = timed_send
     request = node.Node.request
 
     def timed_request(self, *a, **k):
+        start = clock()
         r = request(self, *a, **k)
-        times["reply frame -> request returns"].append(clock() - last[0])
+        end = clock()
+        times["request -> its send returns"].append(sent[0] - start)
+        times["send returns -> reply frame (Go and the wire)"].append(last_msg[0] - sent[0])
+        times["reply frame -> request returns"].append(end - last_msg[0])
         return r
     node.Node.request = timed_request
 
@@ -95,7 +121,8 @@ def main():
     node = tf.Node(cfg["cluster"], cfg["secret"], cfg["name"], cfg["address"], cfg["peers"],
                    data_address=cfg["data_address"], inline_threshold=cfg["inline_threshold"],
                    heartbeat_interval=cfg["heartbeat"], failure_timeout=cfg["failure_timeout"],
-                   receive_budget=2 << 30, device=cfg.get("device") if cfg.get("cuda") else None)
+                   receive_budget=2 << 30, device=cfg.get("device") if cfg.get("cuda") else None,
+                   spin_us=cfg.get("spin_us", 0))
     nodes.append(node)
     seen = [0]
 

@@ -150,7 +150,7 @@ class Driver:
 
     def locate(self, t):
         """The Allocation of a CUDA tensor's memory."""
-        ordinal, ptr = t.device.index, t.data_ptr()
+        ordinal, ptr = t.get_device(), t.data_ptr()
 
         def q():
             bid = self._attr(_ATTR_BUFFER_ID, ptr, ctypes.c_uint64)
@@ -206,14 +206,32 @@ class Driver:
         wait for the copy."""
         ordinal = dst.device.index
         if stream is None:
-            import torch
-            stream = torch.cuda.current_stream(dst.device).cuda_stream
+            stream = current_stream(ordinal)
 
         def op():
             self._call("cuMemcpyDtoDAsync_v2", ctypes.c_uint64(dst.data_ptr()), ctypes.c_uint64(src_ptr),
                        ctypes.c_size_t(n), ctypes.c_void_p(stream))
             self._call("cuStreamSynchronize", ctypes.c_void_p(stream))
         self._in(ordinal, op)
+
+    def sync_current(self, ordinal):
+        """Wait for what torch queued on its current stream of device
+        ordinal: torch.cuda.current_stream(d).synchronize() without the
+        torch.cuda.Stream built for it (5.4 us against about 1.5 on an
+        H200 host)."""
+        stream = current_stream(ordinal)
+        self._in(ordinal, lambda: self._call("cuStreamSynchronize", ctypes.c_void_p(stream)))
+
+
+def current_stream(ordinal):
+    """The raw handle of torch's current stream on device ordinal: torch's
+    C call where it has one (a few microseconds less than building a
+    torch.cuda.Stream for its cuda_stream)."""
+    import torch
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(ordinal)
+    return torch.cuda.current_stream(ordinal).cuda_stream
 
 
 def available():

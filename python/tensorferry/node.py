@@ -202,9 +202,9 @@ class _DeviceExport:
 
     __slots__ = ("t", "ipc_offer", "nbytes", "_host", "via")
 
-    def __init__(self, t, offer):
+    def __init__(self, t, offer, nbytes=None):
         self.t, self.ipc_offer, self._host, self.via = t, offer, None, None
-        self.nbytes = t.numel() * t.element_size()
+        self.nbytes = t.numel() * t.element_size() if nbytes is None else nbytes
 
     def host(self):
         if self._host is None:
@@ -365,12 +365,34 @@ class Ref(RefEntry):
                                            ", spent" if self._spent else "")
 
 
+_NUMBER_OF = {}
+
+
+def _dtype_number(dtype):
+    """The tensorferry dtype number of a torch dtype (TypeError for one
+    with no equivalent)."""
+    n = _NUMBER_OF.get(dtype)
+    if n is None:
+        name = str(dtype).replace("torch.", "")
+        if name not in DTYPES:
+            raise TypeError("tensorferry: dtype %s has no tensorferry equivalent" % dtype)
+        n = _NUMBER_OF[dtype] = DTYPES[name]
+    return n
+
+
 def _torch_dtype(n):
     import torch
     if not _TORCH_OF:
         for name, k in DTYPES.items():
             _TORCH_OF[k] = getattr(torch, name)
     return _TORCH_OF[n]
+
+
+# Hand-offs to another thread of this process (a queued item, a reply to
+# its waiter): a reader does not spin on its socket after a frame that
+# woke a thread, which then wants the GIL the spinning would keep taking.
+# A racy count is enough for that.
+_handoffs = [0]
 
 
 class _Inbox:
@@ -392,6 +414,7 @@ class _Inbox:
             raise queue.Full
         with self.mu:
             self.pending += 1
+        _handoffs[0] += 1
         self.q.put(item)
 
     def done(self):
@@ -425,6 +448,7 @@ class _Reply:
         """Hand v to the waiter; called once, by whoever popped it from
         Node.pending."""
         self.value = v
+        _handoffs[0] += 1
         self.lock.release()
 
     def wait(self, timeout):
@@ -452,16 +476,26 @@ class _Conn:
         self.last_heard = time.monotonic()
         self.caps = None
         self.initiator = None  # the node that dialed it
+        self.frames = None  # its FrameReader when requesters may read it too
 
     def send(self, ftype, body, stream=0):
         b = body if isinstance(body, (bytes, bytearray)) else bytes(encode(body))
         if len(b) > self.max_frame:
             raise TensorferryError("tensorferry: frame of %d bytes above the maximum %d"
                                    % (len(b), self.max_frame))
+        frame = HEADER.pack(len(b), ftype, 0, 0, stream) + b
+        corked = getattr(self.node._tl, "cork", None)
+        if corked is not None:  # this thread's frames go out together (Node._run)
+            corked.setdefault(self, []).append(frame)
+            return
+        self.write(frame)
+
+    def write(self, frames):
+        """Write whole frames (bytes) to the connection."""
         with self.wlock:
             if self.closed:
                 raise TensorferryError("tensorferry: connection to %s closed" % self.peer)
-            self.sock.sendall(HEADER.pack(len(b), ftype, 0, 0, stream) + b)
+            self.sock.sendall(frames)
 
     def close(self, why):
         with self.wlock:
@@ -504,6 +538,133 @@ def read_frame(sock, max_frame):
         raise BadBody("tensorferry: frame of %d bytes above the maximum %d" % (n, max_frame))
     return ftype, flags, stream, _read_exact(sock, n) if n else b""
 
+
+class FrameReader:
+    """Frames of a connection read through a buffer: one recv brings a
+    frame's header and body (often the frames behind it too), where
+    read_frame takes a recv for each and copies the body once more. The
+    same checks as read_frame: a length is checked against max_frame
+    before anything is read for it; a body larger than the buffer is read
+    into a bytearray of its checked length."""
+
+    SIZE = 256 << 10
+
+    def __init__(self, sock, max_frame, spin_us=0):
+        self.sock, self.max_frame = sock, max_frame
+        self.buf = bytearray(self.SIZE)
+        self.view = memoryview(self.buf)
+        self.start = self.end = 0
+        # spin_ns: how long a read polls the socket before it blocks
+        # (plain sockets only); spin: whether the next read may.
+        self.spin_ns = int(spin_us * 1000) if isinstance(sock, socket.socket) else 0
+        self.spin = True
+        # With spin_ns, the reader thread and requesters waiting for their
+        # replies share the reading (Node._pump): mu is held while a thread
+        # reads and handles frames, so that they are handled one at a time
+        # and in order; waiting counts the requesters polling.
+        self.mu = threading.Lock()
+        self.waiting = 0
+
+    def _header(self):
+        """The checked length of the frame whose header is buffered at
+        start, or None when no whole header is."""
+        if self.end - self.start < HEADER.size:
+            return None
+        n, _, _, reserved, _ = HEADER.unpack_from(self.buf, self.start)
+        if reserved != 0:
+            raise BadBody("tensorferry: frame header's reserved bits set")
+        if n > self.max_frame:
+            raise BadBody("tensorferry: frame of %d bytes above the maximum %d" % (n, self.max_frame))
+        return n
+
+    def take(self):
+        """The next frame when the buffer holds all of it (no recv), else
+        None."""
+        n = self._header()
+        if n is None or n > self.SIZE or self.end - self.start - HEADER.size < n:
+            return None
+        return self.read()
+
+    def big_pending(self):
+        """Whether the buffered header is of a frame larger than the
+        buffer (read reads the rest of it, blocking)."""
+        n = self._header()
+        return n is not None and n > self.SIZE
+
+    def pull(self):
+        """One recv that does not wait into the buffer's free tail: whether
+        it brought bytes."""
+        if self.end == self.SIZE:
+            n = self.end - self.start
+            self.buf[:n] = self.view[self.start:self.end]
+            self.start, self.end = 0, n
+        try:
+            k = self.sock.recv_into(self.view[self.end:], self.SIZE - self.end, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        if k == 0:
+            raise TensorferryError("tensorferry: connection closed by the peer")
+        self.end += k
+        return True
+
+    def _recv(self):
+        """recv_into the buffer's free tail: polled for spin_ns first when
+        spin allows it (a thread blocked in recv waits for the scheduler
+        to wake it, a thread polling sees the bytes at once), then
+        blocking."""
+        view, n = self.view[self.end:], self.SIZE - self.end
+        if self.spin_ns and self.spin:
+            end = time.monotonic_ns() + self.spin_ns
+            while True:
+                try:
+                    return self.sock.recv_into(view, n, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    if time.monotonic_ns() >= end:
+                        break
+        return self.sock.recv_into(view, n)
+
+    def _fill(self, want):
+        """Read until want bytes past start are buffered (want <= SIZE)."""
+        if self.start + want > self.SIZE:  # move what is left to the front
+            n = self.end - self.start
+            self.buf[:n] = self.view[self.start:self.end]
+            self.start, self.end = 0, n
+        while self.end - self.start < want:
+            k = self._recv()
+            if k == 0:
+                raise TensorferryError("tensorferry: connection closed by the peer")
+            self.end += k
+
+    def read(self):
+        """The next frame: (type, flags, stream, body)."""
+        if self.end - self.start < HEADER.size:
+            self._fill(HEADER.size)
+        n, ftype, flags, reserved, stream = HEADER.unpack_from(self.buf, self.start)
+        if reserved != 0:
+            raise BadBody("tensorferry: frame header's reserved bits set")
+        if n > self.max_frame:
+            raise BadBody("tensorferry: frame of %d bytes above the maximum %d" % (n, self.max_frame))
+        self.start += HEADER.size
+        if n <= self.SIZE:
+            if self.end - self.start < n:
+                self._fill(n)
+            body = bytes(self.view[self.start:self.start + n])
+            self.start += n
+        else:
+            have = self.end - self.start
+            big = bytearray(n)
+            big[:have] = self.view[self.start:self.end]
+            self.start = self.end = 0
+            view = memoryview(big)
+            while have < n:
+                k = self.sock.recv_into(view[have:], n - have)
+                if k == 0:
+                    raise TensorferryError("tensorferry: connection closed by the peer")
+                have += k
+            body = bytes(big)
+        if self.start == self.end:
+            self.start = self.end = 0
+        return ftype, flags, stream, body
 
 
 class Recent(list):
@@ -580,6 +741,18 @@ class Node:
     etcd cannot register it (unreachable, or the name held by a live
     process). Give it a data_address: one left out is announced as the
     control port + 100 (Go's default), where nothing listens.
+
+    spin_us (default 0: off), in microseconds, makes the node poll its
+    control connections (plain TCP; not over TLS) as Go's nodes do on
+    hosts with processors to spare: a connection's reader thread polls its
+    socket that long after a frame before it waits (not after a frame that
+    woke another thread, which then needs the GIL), and a request's caller
+    reads the connection itself for up to that long while it waits for
+    the reply, handling what comes on its own thread (its reply with no
+    hand-off from the reader; an inline handler's message may run there
+    too). Frames are seen without a scheduler's wake-up, at the cost of a
+    core busy while they come closer together than that, and of the GIL
+    taken often by the polling thread.
     """
 
     def __init__(self, cluster, secret, name, address, peers, incarnation=None,
@@ -587,7 +760,8 @@ class Node:
                  max_frame_size=16 << 20, receive_budget=1 << 30, fetch_timeout=60.0,
                  data_address=None, inbox_messages=4096, on_up=None, on_down=None,
                  ipc=True, device=None, inline_device=False, shm_dir=None, ref_ttl=600.0, tls=None,
-                 dial_timeout=2.0, reconnect_min=0.1, reconnect_max=5.0, membership=None, discovery=None):
+                 dial_timeout=2.0, reconnect_min=0.1, reconnect_max=5.0, membership=None, discovery=None,
+                 spin_us=0):
         _membership.check_membership(membership, discovery, len(peers) + (name not in peers))
         if isinstance(secret, str):
             secret = secret.encode()
@@ -598,6 +772,9 @@ class Node:
         # peers: name → address, or name → {"address", "data_address"}.
         self.peers = {k: v if isinstance(v, dict) else {"address": v} for k, v in peers.items()}
         self.receive_budget, self.fetch_timeout = receive_budget, fetch_timeout
+        self.spin_us = spin_us
+        self._dispatch_thread = None
+        self._leases = []  # random leases fetched ahead (_lease), under mu
         self.data_address = data_address
         self.tls_server, self.tls_client, self.tls_data = _tls.contexts(tls) if tls else (None, None, False)
         self.exports = {}  # export id → [lease, bytes, peer]: lent until released
@@ -673,7 +850,8 @@ class Node:
         fn run on the connection's reader thread instead when nothing else
         is queued or running and each of the message's tensors is inline or
         comes over ipc under a direct offer (a device copy, no round trip):
-        one thread hand-off less per message. Such a handler must not wait
+        one thread hand-off less per message (the node's ipc device is the
+        current CUDA device there). Such a handler must not wait
         for this node's messages (no request, no blocking on other
         handlers), since the reader that would read them is running it."""
         self.handlers[name] = fn
@@ -692,6 +870,8 @@ class Node:
             loops.append(self._data_accept_loop)
         for fn in loops:
             t = threading.Thread(target=fn, daemon=True, name="tensorferry-" + fn.__name__)
+            if fn == self._dispatch_loop:
+                self._dispatch_thread = t
             t.start()
             self.threads.append(t)
         self.mesh.start()
@@ -923,6 +1103,7 @@ class Node:
         handshaken, dialed by initiator: placed as the peer's connection by
         the mesh's rules (membership.py), or closed as a duplicate; then its
         caps sent and its frames read until it closes."""
+        self._own_thread_device()
         c = _Conn(self, s, peer, inc, self.max_frame)
         c.initiator = initiator
         try:
@@ -945,22 +1126,83 @@ class Node:
             old.close("replaced by a new connection")
         try:
             c.send(F_CAPS, Struct(b=bytes(encode(self._advert()))))
+            frames = FrameReader(s, self.max_frame, self.spin_us)
+            if frames.spin_ns:
+                c.frames = frames
+                self._read_shared(c, frames)
             while not c.closed:
-                ftype, flags, stream, body = read_frame(s, self.max_frame)
+                ftype, flags, stream, body = frames.read()
                 c.last_heard = time.monotonic()
+                h = _handoffs[0]
                 self._frame_in(c, ftype, stream, body)
-        except (TensorferryError, BadBody, BadTable, OSError) as e:
+                frames.spin = _handoffs[0] == h
+        except Exception as e:  # noqa: BLE001 - _conn_failed sorts them
+            self._conn_failed(c, e)
+
+    def _conn_failed(self, c, e):
+        """A frame of c could not be read or handled: the connection goes,
+        with the reason in errors (a goodbye naming it for bad input)."""
+        if isinstance(e, (TensorferryError, BadBody, BadTable, OSError)):
             if not c.closed:
-                self.errors.append("%s: %s" % (peer, e))
+                self.errors.append("%s: %s" % (c.peer, e))
                 if isinstance(e, (BadBody, BadTable)):
                     try:
                         c.send(F_GOAWAY, Struct(c=CODE_PROTOCOL, r=str(e)[:200]))
                     except Exception:
                         pass
             c.close(str(e))
-        except Exception as e:  # a bug, or input nothing above foresaw: this connection only
-            self.errors.append("%s: frame not handled: %r" % (peer, e))
+        else:  # a bug, or input nothing above foresaw: this connection only
+            self.errors.append("%s: frame not handled: %r" % (c.peer, e))
             c.close("frame not handled: %r" % e)
+
+    def _pump(self, c, frames, pull=True, until=None):
+        """Handle every frame the buffer holds whole, reading more without
+        waiting while pull and the socket has some (a frame larger than
+        the buffer: its rest, waiting for it), and only the buffer's once
+        until() says so; whether one was handled. Called with frames.mu
+        held; an error ends the connection (raised)."""
+        did = False
+        while not c.closed:
+            f = frames.take()
+            if f is None:
+                if frames.big_pending():
+                    f = frames.read()
+                elif pull and frames.pull():
+                    continue
+                else:
+                    return did
+            c.last_heard = time.monotonic()
+            h = _handoffs[0]
+            self._frame_in(c, *(f[0], f[2], f[3]))
+            frames.spin = _handoffs[0] == h
+            did = True
+            if until is not None and until():
+                pull = False
+        return did
+
+    def _read_shared(self, c, frames):
+        """The reader thread's loop when requesters may read too (spin_us
+        on a plain socket): it waits for the socket in poll, holding
+        nothing, then reads and handles what came under frames.mu; a
+        requester waiting for its reply polls the socket itself
+        (_await_reply), as Go's wire.Conn.Await does, so that the reply
+        needs no hand-off from this thread. After a frame that woke no
+        thread it polls for spin_us before it waits, unless a requester
+        is polling."""
+        import select
+        poller = select.poll()
+        poller.register(frames.sock, select.POLLIN | select.POLLERR | select.POLLHUP)
+        while not c.closed:
+            with frames.mu:
+                did = self._pump(c, frames)
+            if did and frames.spin and not frames.waiting:
+                end = time.monotonic_ns() + frames.spin_ns
+                while time.monotonic_ns() < end and frames.spin and not frames.waiting and not c.closed:
+                    with frames.mu:
+                        if self._pump(c, frames):
+                            end = time.monotonic_ns() + frames.spin_ns
+                continue
+            poller.poll()
 
     def _frame_in(self, c, ftype, stream, body):
         if ftype == F_PING:
@@ -1114,6 +1356,7 @@ class Node:
                 w = self.ctl_pending.get(rid)
             if w is not None and w[0] == c.peer and not w[1].is_set():
                 w[2].append(env["body"])
+                _handoffs[0] += 1
                 w[1].set()
             return
         if env["target"] != "ipc" or self.ipc_owner is None:
@@ -1616,7 +1859,7 @@ class Node:
     def _export(self, peer, t):
         """Lend t's bytes to peer until it releases them: its descriptor."""
         eid = next(self.export_ids)
-        lease = int.from_bytes(os.urandom(8), "big") or 1
+        lease = self._lease()
         with self.mu:
             self.exports[eid] = [lease, memoryview(t.data), peer]
         return Struct((("o", self.name), ("i", self.incarnation), ("e", eid), ("l", lease),
@@ -1657,23 +1900,38 @@ class Node:
         """Lend the CUDA tensor t to peer over ipc: its descriptor. Raises
         ipc.Refused for memory CUDA IPC cannot share."""
         import torch
-        name = str(t.dtype).replace("torch.", "")
-        if name not in DTYPES:
-            raise TypeError("tensorferry: dtype %s has no tensorferry equivalent" % t.dtype)
-        t = t.detach().contiguous()
+        dt = _dtype_number(t.dtype)
+        if t.requires_grad:
+            t = t.detach()
+        t = t.contiguous()
+        dev = t.get_device()
         # The fetcher copies on its own stream: what torch queued for t
         # must be done first.
-        torch.cuda.current_stream(t.device).synchronize()
+        sync = getattr(self.ipc_owner.driver, "sync_current", None)
+        if sync is not None:
+            sync(dev)
+        else:  # a driver double
+            torch.cuda.current_stream(t.device).synchronize()
         offer = self.ipc_owner.offer(t, peer)
-        self._push_revocations()
+        if self.ipc_owner.revoked:
+            self._push_revocations()
         eid = next(self.export_ids)
-        lease = int.from_bytes(os.urandom(8), "big") or 1
-        x = _DeviceExport(t, offer)
+        lease = self._lease()
+        x = _DeviceExport(t, offer, t.numel() * t.element_size())
         with self.mu:
             self.exports[eid] = [lease, x, peer]
         return Struct((("o", self.name), ("i", self.incarnation), ("e", eid), ("l", lease),
-                       ("t", DTYPES[name]), ("s", list(t.shape)), ("b", x.nbytes),
-                       ("d", "cuda:%d" % t.device.index), ("h", peer), ("f", {"ipc": offer})))
+                       ("t", dt), ("s", list(t.shape)), ("b", x.nbytes),
+                       ("d", "cuda:%d" % dev), ("h", peer), ("f", {"ipc": offer})))
+
+    def _lease(self):
+        """A fresh lease: 8 random bytes from the kernel (never 0), taken
+        from 64 fetched at once (one getrandom for 8 leases)."""
+        with self.mu:
+            if not self._leases:
+                b = os.urandom(64)
+                self._leases = [int.from_bytes(b[i:i + 8], "big") or 1 for i in range(0, 64, 8)]
+            return self._leases.pop()
 
     def _push_revocations(self):
         """Tell peers to close their mappings of allocations this process's
@@ -1703,7 +1961,22 @@ class Node:
                 except (TensorferryError, OSError) as e:
                     c.close(str(e))
 
+    def _own_thread_device(self):
+        """Make the ipc device current on one of the node's own threads
+        (a reader, the dispatch thread): the fetch buffers torch allocates
+        there and the driver calls of their copies then find its context
+        current, where they would switch to it and back for every
+        message (torch's device guard; cuda.Driver's push and pop)."""
+        if self.device is not None:
+            try:
+                import torch
+                torch.cuda.set_device(self.device)
+            except Exception as e:  # noqa: BLE001 - only slower without it
+                self.warnings.append("tensorferry: cannot make %s current on %s: %s"
+                                     % (self.device, threading.current_thread().name, e))
+
     def _dispatch_loop(self):
+        self._own_thread_device()
         while True:
             item = self.inbox.get()
             if item is None:
@@ -1719,6 +1992,7 @@ class Node:
                     self.inbox.done()
 
     def _run(self, target, msg, after=None):
+        corked = False
         try:
             try:
                 out = self.handlers[target](msg)
@@ -1726,13 +2000,27 @@ class Node:
                 self.errors.append("handler %s: %r" % (target, e))
                 return
             if out is not None and msg.sender[1]:
+                if after is not None:
+                    # The reply and what after sends (the leases given
+                    # back) leave in one write: one send, one wake-up of
+                    # the peer's reader, where there were two.
+                    self._tl.cork, corked = {}, True
                 try:
                     self.send(msg.sender, out, sender_id=target)
                 except TensorferryError as e:
                     self.errors.append("reply from %s: %s" % (target, e))
         finally:
-            if after is not None:
-                after()
+            try:
+                if after is not None:
+                    after()
+            finally:
+                if corked:
+                    frames, self._tl.cork = self._tl.cork, None
+                    for c, fs in frames.items():
+                        try:
+                            c.write(b"".join(fs))
+                        except (TensorferryError, OSError) as e:
+                            self.errors.append("reply from %s: %s" % (target, e))
 
     # -- sending -----------------------------------------------------------
 
@@ -1823,6 +2111,39 @@ class Node:
                 r._unforward()
             raise
 
+    def _await_reply(self, node, w, timeout):
+        """w.wait(timeout), reading the connection to node meanwhile for up
+        to spin_us when its reader shares the reading (_read_shared): the
+        reply is handled on this thread, no hand-off. Not on the dispatch
+        thread (a message it reads may need a place in the inbox that
+        only the dispatch thread frees)."""
+        with self.mu:
+            c = self.conns.get(node)
+        frames = getattr(c, "frames", None)
+        if frames is None or threading.current_thread() is self._dispatch_thread:
+            return w.wait(timeout)
+        start = time.monotonic_ns()
+        end = start + min(frames.spin_ns, int(timeout * 1e9))
+        with self.mu:
+            frames.waiting += 1
+        try:
+            while time.monotonic_ns() < end and not c.closed:
+                if w.lock.acquire(False):
+                    return True
+                if frames.mu.acquire(False):
+                    try:
+                        # Once the reply is in, only what the buffer holds
+                        # (the reader thread reads the rest).
+                        self._pump(c, frames, until=lambda: not w.lock.locked())
+                    except Exception as e:  # noqa: BLE001 - as the reader would
+                        self._conn_failed(c, e)
+                    finally:
+                        frames.mu.release()
+        finally:
+            with self.mu:
+                frames.waiting -= 1
+        return w.wait(max(0.0, timeout - (time.monotonic_ns() - start) / 1e9))
+
     def request(self, pid, msg, timeout=10.0):
         """Send msg to pid and wait for the reply (a Message)."""
         key = next(self.keys)
@@ -1831,7 +2152,7 @@ class Node:
             self.pending[key] = w
         try:
             self.send(pid, msg, sender_id=reply_id(key))
-            got = w.wait(timeout)
+            got = self._await_reply(pid[0], w, timeout)
         except BaseException:
             with self.mu:
                 self.pending.pop(key, None)

@@ -58,6 +58,9 @@ class FakeDriver:
         if not self.open.pop((ordinal, ptr), None):
             raise CudaError("tensorferry: cuda: cuIpcCloseMemHandle: CUDA_ERROR_INVALID_VALUE")
 
+    def sync_current(self, ordinal):
+        self.syncs = getattr(self, "syncs", 0) + 1
+
     def copy(self, dst, src_ptr, n):
         for base, (a, _, _) in self.allocs.items():
             if base <= src_ptr and src_ptr + n <= base + a.numel():

@@ -8,6 +8,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from tensorferry import codec  # noqa: E402
 from tensorferry import (BadBody, BadTable, F32, InlineTensor, Struct,  # noqa: E402
                          TensorRef, decode, decode_body, decode_envelope, decode_table,
                          encode, encode_envelope, encode_table)
@@ -105,6 +106,36 @@ class HostileTest(unittest.TestCase):
     def test_bad_utf8(self):
         self.refused(b"\xa2\xff\xfe", "not UTF-8")
 
+    @unittest.skipIf(codec._unpackb is None, "no msgpack package: the Python decoder alone")
+    def test_fast_path(self):
+        # An envelope goes through the C unpacker; what it cannot vouch
+        # for (deep nesting, ext bytes anywhere) through the Python
+        # decoder, which refuses it by name.
+        env = bytes(encode(Struct(t="sink", ty="bench.Msg", s=1, b=b"\x81\xa1T\x92\x01\x01", r=7)))
+        self.assertIsNot(codec._fast(env, None), codec._NOT_FAST)
+        refs = []
+        self.assertEqual(decode(b"\x81\xa1T\x92\x01\x05", refs), {"T": TensorRef(1, 5)})
+        self.assertEqual(refs, [TensorRef(1, 5)])
+        self.assertIs(codec._fast(b"\x91" * 33 + b"\x00", None), codec._NOT_FAST)
+        self.assertIs(codec._fast(b"\xd6\xff" + bytes(4), None), codec._NOT_FAST)
+        self.refused(b"\xd6\xff" + bytes(4), "ext type")  # a Timestamp to the C unpacker
+        self.refused(b"\x91" * 32 + b"\x91\x00", "nested deeper")
+        self.refused(b"\x82\x01\x02\x01\x03", "duplicate map key")
+        self.refused(b"\x81\x92\x01\x01\x01", "map key of type")
+
+    def test_encode_depth(self):
+        # Structs (encode's fast encoders) nested as deep as the decoder
+        # takes are written; one more level is refused, as _enc refuses it.
+        for deep, ok in ((32, True), (33, False)):
+            v = 7
+            for _ in range(deep):
+                v = Struct(n=v)
+            if ok:
+                self.assertEqual(decode(encode(v)) is not None, True)
+            else:
+                with self.assertRaises(ValueError):
+                    encode(v)
+
     def test_map_keys(self):
         self.refused(b"\x82\xa1a\x01\xa1a\x02", "duplicate map key")
         self.refused(b"\x81\x90\x01", "map key of type list")
@@ -196,6 +227,46 @@ if given is not None:
             cut = data.draw(st.integers(0, len(b) - 1))
             with self.assertRaises(BadBody):
                 decode(b[:cut])
+
+        @settings(max_examples=1000, deadline=None)
+        @given(st.one_of(st.binary(max_size=64), values.map(lambda v: bytes(encode(v)))), st.data())
+        def test_fast_path_agrees(self, b, data):
+            # The C unpacker's path (codec._fast) and the Python decoder
+            # accept the same bytes, with the same value and the same
+            # tensor references, and refuse the same; a mutated encoding
+            # too, and arrays that look like [kind, id].
+            if data.draw(st.booleans()) and b:
+                i = data.draw(st.integers(0, len(b) - 1))
+                b = b[:i] + bytes((data.draw(st.integers(0, 255)),)) + b[i + 1:]
+            for refs in (None, []):
+                try:
+                    want = codec._decode_python(b, [] if refs is not None else None)
+                    want_refs = []
+                    if refs is not None:
+                        codec._decode_python(b, want_refs)
+                except BadBody:
+                    with self.assertRaises(BadBody):
+                        decode(b, refs)
+                    continue
+                got = decode(b, refs)
+                self.assertEqual(repr(got), repr(want))
+                if refs is not None:
+                    self.assertEqual(refs, want_refs)
+
+        @settings(max_examples=500, deadline=None)
+        @given(st.recursive(leaves, lambda c: st.lists(c, max_size=4)
+                            | st.dictionaries(st.text(max_size=40), c, max_size=4).map(Struct), max_leaves=40))
+        def test_fast_encoder_agrees(self, v):
+            # encode's encoders by type (codec._FAST_ENC) write the bytes
+            # of _enc's checks in order, and refuse the same depth.
+            try:
+                want = bytearray()
+                codec._enc(want, v, 0)
+            except ValueError:
+                with self.assertRaises(ValueError):
+                    encode(v)
+                return
+            self.assertEqual(bytes(encode(v)), bytes(want))
 
         def test_float_nan(self):
             self.assertTrue(math.isnan(decode(encode(float("nan")))))

@@ -46,6 +46,9 @@ class Buf:
     def data_ptr(self):
         return ctypes.addressof(self.mem)
 
+    def get_device(self):
+        return self.device.index
+
 
 class DriverTest(unittest.TestCase):
     @classmethod
@@ -129,6 +132,21 @@ class DriverTest(unittest.TestCase):
             self.assertEqual(self.fake.fake_depth(), 1)
         finally:
             self.fake.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+        self.assertEqual(self.fake.fake_depth(), 0)
+
+    def test_sync_current(self):
+        # The current stream's raw handle (torch's, here a stand-in) is
+        # synchronized in the device's context, which is left as it was.
+        from tensorferry import cuda as cuda_mod
+        old = cuda_mod.current_stream
+        self.addCleanup(setattr, cuda_mod, "current_stream", old)
+        cuda_mod.current_stream = lambda ordinal: 0x5eed
+        self.d.sync_current(0)
+        self.assertEqual(self.fake.fake_depth(), 0)
+        cuda_mod.current_stream = lambda ordinal: 0x5eee
+        with self.assertRaises(CudaError) as cm:
+            self.d.sync_current(1)
+        self.assertIn("cuStreamSynchronize", str(cm.exception))
         self.assertEqual(self.fake.fake_depth(), 0)
 
     def test_locate_cached(self):

@@ -112,6 +112,37 @@ class NodeControlTest(unittest.TestCase):
             with self.assertRaises(BadTable):
                 self.node._check_descriptor(self.conn, dict(base, **bad))
 
+    def test_export_device(self):
+        # An export over ipc (a CPU tensor of the driver double stands in
+        # for a CUDA one): the stream waited for, an offer, a lease, a
+        # descriptor of the tensor's dtype, shape and bytes.
+        import torch
+        drv = self.node.ipc_owner.driver
+        t = drv.alloc(64)[:48].view(torch.float32).reshape(3, 4).requires_grad_(False)
+        d = self.node._export_device("go", t)
+        self.assertEqual(drv.syncs, 1)
+        self.assertEqual((d["t"], d["s"], d["b"], d["h"]), (1, [3, 4], 48, "go"))
+        self.assertEqual(ipc.decode_offer(d["f"]["ipc"])[1:3], (0, 48))
+        lease, x, peer = self.node.exports[d["e"]]
+        self.assertEqual((lease, peer, x.nbytes), (d["l"], "go", 48))
+        with self.assertRaises(TypeError):
+            self.node._export_device("go", drv.alloc(16).view(torch.complex64))
+
+    def test_leases(self):
+        # Leases are random, never 0, and not repeated (fetched 8 at a
+        # time from the kernel).
+        got = [self.node._lease() for _ in range(200)]
+        self.assertEqual(len(set(got)), 200)
+        self.assertTrue(all(0 < x < 1 << 64 for x in got))
+
+    def test_dtype_numbers(self):
+        import torch
+        from tensorferry.node import _dtype_number
+        self.assertEqual(_dtype_number(torch.float32), 1)
+        self.assertEqual(_dtype_number(torch.bool), 10)
+        with self.assertRaises(TypeError):
+            _dtype_number(torch.complex64)
+
     def test_peer_caps(self):
         c = FakeConn("go")
         for caps in (None, 3, b"\xc1", b"\x90"):
