@@ -6,11 +6,13 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -830,6 +832,8 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 	if nc, err = m.upgrade(m.ctx, nc, peer, false); err != nil {
 		if m.ctx.Err() != nil { // the node is stopping
 			m.log.Debug("shared memory upgrade ended by the node's stop", zap.String("peer", peer.Node), zap.Error(err))
+		} else if peerClosed(err) { // the peer stopped or dropped it meanwhile: it redials if it still wants to
+			m.log.Info("shared memory upgrade ended: the peer closed the connection", zap.String("peer", peer.Node), zap.String("remote", remote), zap.Error(err))
 		} else {
 			m.log.Warn("shared memory upgrade failed", zap.String("peer", peer.Node), zap.String("remote", remote), zap.Error(err))
 		}
@@ -879,6 +883,12 @@ func notAliveYet(err error) bool {
 	var ce *wire.ConnError
 	return errors.As(err, &ce) && ce.Code == wire.CodeUnavailable &&
 		(strings.HasSuffix(ce.Reason, reasonNotAliveYet) || strings.HasSuffix(ce.Reason, reasonGoneFromDiscovery))
+}
+
+// peerClosed reports whether err says that the other end closed or reset
+// the connection: what a peer that stops does, not a fault to warn of.
+func peerClosed(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // stopping reports whether err is the handshake refusal of a node that

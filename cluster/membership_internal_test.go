@@ -3,6 +3,8 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"os"
 	"strings"
@@ -172,5 +174,26 @@ func TestNotMemberSaysWhatIsTrue(t *testing.T) {
 	}
 	if notAliveYet(nil) || notAliveYet(errors.New(reasonNotAliveYet)) {
 		t.Error("notAliveYet of an error that is not a refusal")
+	}
+}
+
+// TestPeerClosed: a shared-memory upgrade that fails because the peer
+// closed or reset the connection (it stopped) is told from a fault.
+func TestPeerClosed(t *testing.T) {
+	reset := &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{fmt.Errorf("shm: read offer: %w", reset), true},
+		{fmt.Errorf("shm: read offer: %w", io.EOF), true},
+		{fmt.Errorf("shm: read offer: %w", io.ErrUnexpectedEOF), true},
+		{fmt.Errorf("shm: send offer: %w", syscall.EPIPE), true},
+		{fmt.Errorf("shm: upgrade: %w", context.DeadlineExceeded), false},
+		{errors.New("shm: the offer's nonce is wrong"), false},
+	} {
+		if got := peerClosed(c.err); got != c.want {
+			t.Errorf("peerClosed(%v) = %v, want %v", c.err, got, c.want)
+		}
 	}
 }
