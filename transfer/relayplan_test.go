@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -27,6 +28,8 @@ func TestPlanRelay(t *testing.T) {
 		// One fetch per other host; the rest of h1 from its head.
 		{"two hosts", []RelayMember{m("h1", 0), m("h1", 0), m("h0", 1), m("h1", 1)}, 2, []int{RelayOwner, 0, RelayOwner, 0}},
 		{"three hosts, chain of heads", []RelayMember{m("h1", 0), m("h2", 0), m("h3", 0)}, 1, []int{RelayOwner, 0, 1}},
+		// GPU heads chain whatever the fanout: each GPU's link out carries it once.
+		{"three other GPUs, a chain", []RelayMember{m("h0", 1), m("h0", 2), m("h0", 3), m("h0", 2)}, 4, []int{RelayOwner, 0, 1, 1}},
 		{"fanout below one is a chain", []RelayMember{m("h0", 1), m("h0", 1)}, 0, []int{RelayOwner, 0}},
 		{"host memory", []RelayMember{m("h0", -1), m("h0", -1), m("h1", -1)}, 1, []int{RelayOwner, 0, RelayOwner}},
 	} {
@@ -93,6 +96,9 @@ func checkPlan(t *testing.T, o RelayMember, rs []RelayMember, fanout int, parent
 		}
 	}
 	for k, n := range kids {
+		if strings.HasSuffix(k, "nvlink") && n > 1 {
+			t.Fatalf("holder %s: %d children on other GPUs, want a chain", k, n)
+		}
 		if n > max(fanout, 1) {
 			t.Fatalf("holder/link %s: %d children, fanout %d", k, n, fanout)
 		}
