@@ -158,6 +158,19 @@ func runPeer(t *testing.T, py string, conf map[string]any, env ...string) *peer 
 // fails unless it starts with prefix. It returns the line.
 func (p *peer) expect(prefix string) string {
 	p.t.Helper()
+	return p.nextLine(prefix, func(l string) bool { return strings.HasPrefix(l, "up ") || strings.HasPrefix(l, "down ") }, true)
+}
+
+// expectLine waits for a line that starts with prefix, skipping the others.
+func (p *peer) expectLine(prefix string) string {
+	p.t.Helper()
+	return p.nextLine(prefix, func(l string) bool { return !strings.HasPrefix(l, prefix) }, false)
+}
+
+// nextLine returns the first line from the peer that skip does not skip,
+// within 20s; with strict, that line must start with prefix.
+func (p *peer) nextLine(prefix string, skip func(string) bool, strict bool) string {
+	p.t.Helper()
 	timeout := time.NewTimer(20 * time.Second)
 	defer timeout.Stop()
 	for {
@@ -166,10 +179,10 @@ func (p *peer) expect(prefix string) string {
 			if !ok {
 				p.t.Fatalf("python peer exited; wanted %q", prefix)
 			}
-			if strings.HasPrefix(l, "up ") || strings.HasPrefix(l, "down ") {
+			if skip(l) {
 				continue
 			}
-			if !strings.HasPrefix(l, prefix) {
+			if strict && !strings.HasPrefix(l, prefix) {
 				p.t.Fatalf("python peer said %q, want %q", l, prefix)
 			}
 			return l
@@ -706,26 +719,6 @@ func closedAddress(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return addr
-}
-
-// expectLine waits for a line that starts with prefix, skipping the others.
-func (p *peer) expectLine(prefix string) string {
-	p.t.Helper()
-	timeout := time.NewTimer(20 * time.Second)
-	defer timeout.Stop()
-	for {
-		select {
-		case l, ok := <-p.lines:
-			if !ok {
-				p.t.Fatalf("python peer exited; wanted %q", prefix)
-			}
-			if strings.HasPrefix(l, prefix) {
-				return l
-			}
-		case <-timeout.C:
-			p.t.Fatalf("python peer: no %q in 20s", prefix)
-		}
-	}
 }
 
 // TestPythonEtcd runs a Go node (membership: mesh with etcd discovery) and
