@@ -78,17 +78,7 @@ func gpuCluster(t *testing.T, env ...string) (*actor.Node, *config.Config, *peer
 	}
 	cfg.Nodes[0].Devices = []memory.Device{memory.CUDA(0)}
 	p := startPeer(t, cfg, 1, 0, env...)
-	node, err := actor.NewNode(cfg, cfg.Nodes[0].Name, actor.WithLogger(zap.NewNop()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := node.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = node.Stop() })
-	if _, err := node.Root().SpawnNamed(gpuScaleProps(), "gpuscale"); err != nil {
-		t.Fatal(err)
-	}
+	node := startGoWith(t, cfg, zap.NewNop(), "gpuscale", gpuScaleProps())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := node.WaitPeer(ctx, cfg.Nodes[1].Name); err != nil {

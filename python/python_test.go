@@ -229,17 +229,7 @@ func TestPythonPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := startPeer(t, cfg, 1, 0)
-	node, err := actor.NewNode(cfg, cfg.Nodes[0].Name, actor.WithLogger(zap.NewNop()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := node.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = node.Stop() })
-	if _, err := node.Root().SpawnNamed(scaleProps(), "scale"); err != nil {
-		t.Fatal(err)
-	}
+	node := startGo(t, cfg, zap.NewNop())
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := node.WaitPeer(ctx, cfg.Nodes[1].Name); err != nil {
@@ -387,17 +377,7 @@ func TestPythonRef(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := startPeer(t, cfg, 1, 0)
-	node, err := actor.NewNode(cfg, cfg.Nodes[0].Name, actor.WithLogger(zap.NewNop()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := node.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = node.Stop() })
-	if _, err := node.Root().SpawnNamed(refSumProps(), "refsum"); err != nil {
-		t.Fatal(err)
-	}
+	node := startGoWith(t, cfg, zap.NewNop(), "refsum", refSumProps())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := node.WaitPeer(ctx, cfg.Nodes[1].Name); err != nil {
@@ -502,6 +482,13 @@ func TestPythonRef(t *testing.T) {
 // startGo starts the Go node cfg.Nodes[0] with the actor "scale".
 func startGo(t *testing.T, cfg *config.Config, log *zap.Logger) *actor.Node {
 	t.Helper()
+	return startGoWith(t, cfg, log, "scale", scaleProps())
+}
+
+// startGoWith starts the Go node cfg.Nodes[0] with one actor, name of
+// props; the node stops at the end of the test.
+func startGoWith(t *testing.T, cfg *config.Config, log *zap.Logger, name string, props *pa.Props) *actor.Node {
+	t.Helper()
 	node, err := actor.NewNode(cfg, cfg.Nodes[0].Name, actor.WithLogger(log))
 	if err != nil {
 		t.Fatal(err)
@@ -510,7 +497,7 @@ func startGo(t *testing.T, cfg *config.Config, log *zap.Logger) *actor.Node {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = node.Stop() })
-	if _, err := node.Root().SpawnNamed(scaleProps(), "scale"); err != nil {
+	if _, err := node.Root().SpawnNamed(props, name); err != nil {
 		t.Fatal(err)
 	}
 	return node
