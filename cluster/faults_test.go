@@ -305,22 +305,31 @@ func TestFaultCutConnectionRedialed(t *testing.T) {
 	nodes[1].r.awaitMessage(t, 7)
 }
 
-// TestFaultMessagesInOrderAcrossDelayedLink: every write of the link waits
-// a random time before it can be read; the messages still arrive all and
-// in the order sent, single and in batches.
-func TestFaultMessagesInOrderAcrossDelayedLink(t *testing.T) {
-	nw := memnet.New(4)
-	nw.Delay("node0", "node1", 0, time.Millisecond)
-	cfg := memConfig(t, 2, slowHeartbeat, slowFailure)
-	nodes := startNodes(t, nw, cfg)
+// twoNodesDelayed starts node0 and node1 on a memnet (seeded) whose link
+// delays every write by up to maxDelay, and returns them with node0's Peer
+// of node1, up.
+func twoNodesDelayed(t *testing.T, seed int64, maxDelay time.Duration) ([]memNode, *cluster.Peer) {
+	t.Helper()
+	nw := memnet.New(seed)
+	nw.Delay("node0", "node1", 0, maxDelay)
+	nodes := startNodes(t, nw, memConfig(t, 2, slowHeartbeat, slowFailure))
 	awaitUpEverywhere(t, nodes)
-
 	ctx, cancel := context.WithTimeout(t.Context(), guard)
 	defer cancel()
 	p, err := nodes[0].m.WaitUp(ctx, "node1")
 	if err != nil {
 		t.Fatal(err)
 	}
+	return nodes, p
+}
+
+// TestFaultMessagesInOrderAcrossDelayedLink: every write of the link waits
+// a random time before it can be read; the messages still arrive all and
+// in the order sent, single and in batches.
+func TestFaultMessagesInOrderAcrossDelayedLink(t *testing.T) {
+	nodes, p := twoNodesDelayed(t, 4, time.Millisecond)
+	ctx, cancel := context.WithTimeout(t.Context(), guard)
+	defer cancel()
 	const n = 500
 	for i := range uint64(n) {
 		if err := p.SendMessage(ctx, &wire.Message{Target: "x", Request: i + 1}); err != nil {
@@ -344,18 +353,9 @@ func TestFaultMessagesInOrderAcrossDelayedLink(t *testing.T) {
 // a socket, across a link that delays every write; every reply reaches its
 // caller, in turn.
 func TestFaultRequestsReadByTheirCallers(t *testing.T) {
-	nw := memnet.New(6)
-	nw.Delay("node0", "node1", 0, 200*time.Microsecond)
-	cfg := memConfig(t, 2, slowHeartbeat, slowFailure)
-	nodes := startNodes(t, nw, cfg)
-	awaitUpEverywhere(t, nodes)
-
+	nodes, p := twoNodesDelayed(t, 6, 200*time.Microsecond)
 	ctx, cancel := context.WithTimeout(t.Context(), guard)
 	defer cancel()
-	p, err := nodes[0].m.WaitUp(ctx, "node1")
-	if err != nil {
-		t.Fatal(err)
-	}
 	// node1 answers every message with one of the same id; node0 hands
 	// each answer to the caller waiting for it.
 	echo := func(p *cluster.Peer, id uint64) {
