@@ -142,6 +142,21 @@ def parse_device(s):
     raise BadValue("unknown device %.40r: want cpu, pinned or cuda:N" % (s,))
 
 
+
+def _side_address(n, key, host, port, offset, what, hint):
+    """n[key] checked and written as host:port, or by default the control
+    address's host with its port + offset (BadValue when that passes
+    65535)."""
+    if not n.get(key):
+        if port + offset > 65535:
+            raise BadValue("address: port %d leaves no room for the default %s (+%d)%s" % (port, what, offset, hint))
+        return join_host_port(host, port + offset)
+    try:
+        return join_host_port(*split_addr(n[key]))
+    except BadValue as e:
+        raise BadValue("%s: %s" % (key, e)) from None
+
+
 def check_node(n):
     """config.CheckNode on n, a dict of name, address, data_address,
     gossip_address and devices: checks and completes it (default data port
@@ -156,28 +171,11 @@ def check_node(n):
     except BadValue as e:
         raise BadValue("address: %s" % e) from None
     n["address"] = join_host_port(host, port)
-    if not n.get("data_address"):
-        if port + DATA_PORT_OFFSET > 65535:
-            raise BadValue("address: port %d leaves no room for the default data port (+%d)"
-                           % (port, DATA_PORT_OFFSET))
-        n["data_address"] = join_host_port(host, port + DATA_PORT_OFFSET)
-    else:
-        try:
-            n["data_address"] = join_host_port(*split_addr(n["data_address"]))
-        except BadValue as e:
-            raise BadValue("data_address: %s" % e) from None
+    n["data_address"] = _side_address(n, "data_address", host, port, DATA_PORT_OFFSET, "data port", "")
     if n["data_address"] == n["address"]:
         raise BadValue("data_address: same as address (%.80r)" % n["address"])
-    if not n.get("gossip_address"):
-        if port + GOSSIP_PORT_OFFSET > 65535:
-            raise BadValue("address: port %d leaves no room for the default gossip port (+%d): set "
-                           "gossip_address" % (port, GOSSIP_PORT_OFFSET))
-        n["gossip_address"] = join_host_port(host, port + GOSSIP_PORT_OFFSET)
-    else:
-        try:
-            n["gossip_address"] = join_host_port(*split_addr(n["gossip_address"]))
-        except BadValue as e:
-            raise BadValue("gossip_address: %s" % e) from None
+    n["gossip_address"] = _side_address(n, "gossip_address", host, port, GOSSIP_PORT_OFFSET, "gossip port",
+                                        ": set gossip_address")
     if n["gossip_address"] in (n["address"], n["data_address"]):
         raise BadValue("gossip_address: same as address or data_address (%.80r)" % n["gossip_address"])
     devs = n.get("devices") or ["cpu"]
