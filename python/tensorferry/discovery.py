@@ -142,7 +142,6 @@ def parse_device(s):
     raise BadValue("unknown device %.40r: want cpu, pinned or cuda:N" % (s,))
 
 
-
 def _side_address(n, key, host, port, offset, what, hint):
     """n[key] checked and written as host:port, or by default the control
     address's host with its port + offset (BadValue when that passes
