@@ -106,6 +106,12 @@ def time_stages(path, nodes):
                 v = sorted(times[k])
                 f.write("%-42s %6d %9.1f %9.1f %9.1f\n" % (k, len(v), v[len(v) // 2] * 1e6,
                                                          v[len(v) // 10] * 1e6, v[len(v) * 9 // 10] * 1e6))
+            if torch.cuda.is_available():
+                for d in range(torch.cuda.device_count()):
+                    st = torch.cuda.memory_stats(d)
+                    f.write("cuda:%d allocator: %d cudaMalloc, %d cudaFree, peak %d MiB\n" % (
+                        d, st.get("num_device_alloc", -1), st.get("num_device_free", -1),
+                        st.get("allocated_bytes.all.peak", 0) >> 20))
             for n in nodes:
                 for side in ("ipc_owner", "ipc_fetcher"):
                     if getattr(n, side, None) is not None:
