@@ -8,7 +8,6 @@
 //	pytorch --python /usr/bin/python3 --reps 20 --json
 //	pytorch --peer-gpu 1                 # the receiving Go node and the Python node on cuda:1
 //	pytorch --python-inline=false        # the Python sink on the dispatch thread (one hand-off more)
-//	pytorch --python-spin 200us          # the Python node's readers poll their sockets 200 us before blocking
 //	pytorch --go-shm=false               # Go <-> Go control frames over TCP too, as Go <-> Python's go
 //
 // It starts three nodes of one cluster on loopback: node0 here, node1 a
@@ -97,7 +96,6 @@ func main() {
 	out := flag.String("out", "", "also write DIR/pytorch.jsonl and DIR/pytorch.csv")
 	timeout := flag.Duration("timeout", 2*time.Minute, "deadline of one message")
 	inline := flag.Bool("python-inline", true, "the Python sink is an inline handler (Node.handle(..., inline=True): it may run on the connection's reader)")
-	spin := flag.Duration("python-spin", 0, "the Python node's spin_us: how long its connections' readers poll their sockets after a frame before they block (0: off)")
 	goShm := flag.Bool("go-shm", true, "Go <-> Go control connections over shared-memory rings (transport.shared_memory, the default); false: over TCP, as the Python node's always are")
 	peerGPU := flag.Int("peer-gpu", 0, "with CUDA: the GPU of the receiving Go node and of the Python node (node0 stays on cuda:0), e.g. 1 for messages between two GPUs")
 	flag.Parse()
@@ -106,7 +104,7 @@ func main() {
 		fatal(err)
 	}
 	o.reps, o.python, o.peer, o.timeout, o.inline = *reps, *py, peerScript(*peer), *timeout, *inline
-	o.spin, o.goTCP = *spin, !*goShm
+	o.goTCP = !*goShm
 	if o.peerDevice = o.device; o.device.Kind == memory.KindCUDA {
 		if n, _ := memory.CUDADeviceCount(); *peerGPU < 0 || *peerGPU >= n {
 			fatal(fmt.Errorf("--peer-gpu %d: this host has %d GPUs", *peerGPU, n))
@@ -136,9 +134,8 @@ type opts struct {
 	// tensors: device, or another GPU (--peer-gpu).
 	peerDevice memory.Device
 	python     string
-	inline     bool          // the Python sink runs inline
-	spin       time.Duration // the Python node's spin_us
-	goTCP      bool          // the Go nodes' transport.shared_memory off
+	inline     bool // the Python sink runs inline
+	goTCP      bool // the Go nodes' transport.shared_memory off
 	peer       string
 	timeout    time.Duration
 }
@@ -293,7 +290,6 @@ func start(o opts) (c *cluster, err error) {
 		"peers": map[string]any{cfg.Nodes[0].Name: map[string]string{
 			"address": cfg.Nodes[0].Address, "data_address": cfg.Nodes[0].DataAddress}},
 		"inline_threshold": cfg.Transport.InlineThreshold, "cuda": o.device.Kind == memory.KindCUDA, "device": o.peerDevice.String(), "inline": o.inline,
-		"spin_us":   o.spin.Microseconds(),
 		"heartbeat": cfg.HeartbeatInterval.Seconds(), "failure_timeout": cfg.FailureTimeout.Seconds(),
 	})
 	c.py = exec.Command(o.python, o.peer)

@@ -127,8 +127,7 @@ def main():
     node = tf.Node(cfg["cluster"], cfg["secret"], cfg["name"], cfg["address"], cfg["peers"],
                    data_address=cfg["data_address"], inline_threshold=cfg["inline_threshold"],
                    heartbeat_interval=cfg["heartbeat"], failure_timeout=cfg["failure_timeout"],
-                   receive_budget=2 << 30, device=cfg.get("device") if cfg.get("cuda") else None,
-                   spin_us=cfg.get("spin_us", 0))
+                   receive_budget=2 << 30, device=cfg.get("device") if cfg.get("cuda") else None)
     nodes.append(node)
     seen = [0]
 

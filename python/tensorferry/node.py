@@ -388,13 +388,6 @@ def _torch_dtype(n):
     return _TORCH_OF[n]
 
 
-# Hand-offs to another thread of this process (a queued item, a reply to
-# its waiter): a reader does not spin on its socket after a frame that
-# woke a thread, which then wants the GIL the spinning would keep taking.
-# A racy count is enough for that.
-_handoffs = [0]
-
-
 class _Inbox:
     """A bounded FIFO between the connections' readers and the dispatch
     thread. A queue.SimpleQueue (its put and get are C, the get waits
@@ -414,7 +407,6 @@ class _Inbox:
             raise queue.Full
         with self.mu:
             self.pending += 1
-        _handoffs[0] += 1
         self.q.put(item)
 
     def done(self):
@@ -448,7 +440,6 @@ class _Reply:
         """Hand v to the waiter; called once, by whoever popped it from
         Node.pending."""
         self.value = v
-        _handoffs[0] += 1
         self.lock.release()
 
     def wait(self, timeout):
@@ -476,7 +467,6 @@ class _Conn:
         self.last_heard = time.monotonic()
         self.caps = None
         self.initiator = None  # the node that dialed it
-        self.frames = None  # its FrameReader when requesters may read it too
 
     def send(self, ftype, body, stream=0):
         b = body if isinstance(body, (bytes, bytearray)) else bytes(encode(body))
@@ -549,79 +539,11 @@ class FrameReader:
 
     SIZE = 256 << 10
 
-    def __init__(self, sock, max_frame, spin_us=0):
+    def __init__(self, sock, max_frame):
         self.sock, self.max_frame = sock, max_frame
         self.buf = bytearray(self.SIZE)
         self.view = memoryview(self.buf)
         self.start = self.end = 0
-        # spin_ns: how long a read polls the socket before it blocks
-        # (plain sockets only); spin: whether the next read may.
-        self.spin_ns = int(spin_us * 1000) if isinstance(sock, socket.socket) else 0
-        self.spin = True
-        # With spin_ns, the reader thread and requesters waiting for their
-        # replies share the reading (Node._pump): mu is held while a thread
-        # reads and handles frames, so that they are handled one at a time
-        # and in order; waiting counts the requesters polling.
-        self.mu = threading.Lock()
-        self.waiting = 0
-
-    def _header(self):
-        """The checked length of the frame whose header is buffered at
-        start, or None when no whole header is."""
-        if self.end - self.start < HEADER.size:
-            return None
-        n, _, _, reserved, _ = HEADER.unpack_from(self.buf, self.start)
-        if reserved != 0:
-            raise BadBody("tensorferry: frame header's reserved bits set")
-        if n > self.max_frame:
-            raise BadBody("tensorferry: frame of %d bytes above the maximum %d" % (n, self.max_frame))
-        return n
-
-    def take(self):
-        """The next frame when the buffer holds all of it (no recv), else
-        None."""
-        n = self._header()
-        if n is None or n > self.SIZE or self.end - self.start - HEADER.size < n:
-            return None
-        return self.read()
-
-    def big_pending(self):
-        """Whether the buffered header is of a frame larger than the
-        buffer (read reads the rest of it, blocking)."""
-        n = self._header()
-        return n is not None and n > self.SIZE
-
-    def pull(self):
-        """One recv that does not wait into the buffer's free tail: whether
-        it brought bytes."""
-        if self.end == self.SIZE:
-            n = self.end - self.start
-            self.buf[:n] = self.view[self.start:self.end]
-            self.start, self.end = 0, n
-        try:
-            k = self.sock.recv_into(self.view[self.end:], self.SIZE - self.end, socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return False
-        if k == 0:
-            raise TensorferryError("tensorferry: connection closed by the peer")
-        self.end += k
-        return True
-
-    def _recv(self):
-        """recv_into the buffer's free tail: polled for spin_ns first when
-        spin allows it (a thread blocked in recv waits for the scheduler
-        to wake it, a thread polling sees the bytes at once), then
-        blocking."""
-        view, n = self.view[self.end:], self.SIZE - self.end
-        if self.spin_ns and self.spin:
-            end = time.monotonic_ns() + self.spin_ns
-            while True:
-                try:
-                    return self.sock.recv_into(view, n, socket.MSG_DONTWAIT)
-                except BlockingIOError:
-                    if time.monotonic_ns() >= end:
-                        break
-        return self.sock.recv_into(view, n)
 
     def _fill(self, want):
         """Read until want bytes past start are buffered (want <= SIZE)."""
@@ -630,7 +552,7 @@ class FrameReader:
             self.buf[:n] = self.view[self.start:self.end]
             self.start, self.end = 0, n
         while self.end - self.start < want:
-            k = self._recv()
+            k = self.sock.recv_into(self.view[self.end:], self.SIZE - self.end)
             if k == 0:
                 raise TensorferryError("tensorferry: connection closed by the peer")
             self.end += k
@@ -742,17 +664,6 @@ class Node:
     process). Give it a data_address: one left out is announced as the
     control port + 100 (Go's default), where nothing listens.
 
-    spin_us (default 0: off), in microseconds, makes the node poll its
-    control connections (plain TCP; not over TLS) as Go's nodes do on
-    hosts with processors to spare: a connection's reader thread polls its
-    socket that long after a frame before it waits (not after a frame that
-    woke another thread, which then needs the GIL), and a request's caller
-    reads the connection itself for up to that long while it waits for
-    the reply, handling what comes on its own thread (its reply with no
-    hand-off from the reader; an inline handler's message may run there
-    too). Frames are seen without a scheduler's wake-up, at the cost of a
-    core busy while they come closer together than that, and of the GIL
-    taken often by the polling thread.
     """
 
     def __init__(self, cluster, secret, name, address, peers, incarnation=None,
@@ -760,8 +671,7 @@ class Node:
                  max_frame_size=16 << 20, receive_budget=1 << 30, fetch_timeout=60.0,
                  data_address=None, inbox_messages=4096, on_up=None, on_down=None,
                  ipc=True, device=None, inline_device=False, shm_dir=None, ref_ttl=600.0, tls=None,
-                 dial_timeout=2.0, reconnect_min=0.1, reconnect_max=5.0, membership=None, discovery=None,
-                 spin_us=0):
+                 dial_timeout=2.0, reconnect_min=0.1, reconnect_max=5.0, membership=None, discovery=None):
         _membership.check_membership(membership, discovery, len(peers) + (name not in peers))
         if isinstance(secret, str):
             secret = secret.encode()
@@ -772,8 +682,6 @@ class Node:
         # peers: name → address, or name → {"address", "data_address"}.
         self.peers = {k: v if isinstance(v, dict) else {"address": v} for k, v in peers.items()}
         self.receive_budget, self.fetch_timeout = receive_budget, fetch_timeout
-        self.spin_us = spin_us
-        self._dispatch_thread = None
         self._leases = []  # random leases fetched ahead (_lease), under mu
         self.data_address = data_address
         self.tls_server, self.tls_client, self.tls_data = _tls.contexts(tls) if tls else (None, None, False)
@@ -870,8 +778,6 @@ class Node:
             loops.append(self._data_accept_loop)
         for fn in loops:
             t = threading.Thread(target=fn, daemon=True, name="tensorferry-" + fn.__name__)
-            if fn == self._dispatch_loop:
-                self._dispatch_thread = t
             t.start()
             self.threads.append(t)
         self.mesh.start()
@@ -1126,16 +1032,11 @@ class Node:
             old.close("replaced by a new connection")
         try:
             c.send(F_CAPS, Struct(b=bytes(encode(self._advert()))))
-            frames = FrameReader(s, self.max_frame, self.spin_us)
-            if frames.spin_ns:
-                c.frames = frames
-                self._read_shared(c, frames)
+            frames = FrameReader(s, self.max_frame)
             while not c.closed:
                 ftype, flags, stream, body = frames.read()
                 c.last_heard = time.monotonic()
-                h = _handoffs[0]
                 self._frame_in(c, ftype, stream, body)
-                frames.spin = _handoffs[0] == h
         except Exception as e:  # noqa: BLE001 - _conn_failed sorts them
             self._conn_failed(c, e)
 
@@ -1154,55 +1055,6 @@ class Node:
         else:  # a bug, or input nothing above foresaw: this connection only
             self.errors.append("%s: frame not handled: %r" % (c.peer, e))
             c.close("frame not handled: %r" % e)
-
-    def _pump(self, c, frames, pull=True, until=None):
-        """Handle every frame the buffer holds whole, reading more without
-        waiting while pull and the socket has some (a frame larger than
-        the buffer: its rest, waiting for it), and only the buffer's once
-        until() says so; whether one was handled. Called with frames.mu
-        held; an error ends the connection (raised)."""
-        did = False
-        while not c.closed:
-            f = frames.take()
-            if f is None:
-                if frames.big_pending():
-                    f = frames.read()
-                elif pull and frames.pull():
-                    continue
-                else:
-                    return did
-            c.last_heard = time.monotonic()
-            h = _handoffs[0]
-            self._frame_in(c, *(f[0], f[2], f[3]))
-            frames.spin = _handoffs[0] == h
-            did = True
-            if until is not None and until():
-                pull = False
-        return did
-
-    def _read_shared(self, c, frames):
-        """The reader thread's loop when requesters may read too (spin_us
-        on a plain socket): it waits for the socket in poll, holding
-        nothing, then reads and handles what came under frames.mu; a
-        requester waiting for its reply polls the socket itself
-        (_await_reply), as Go's wire.Conn.Await does, so that the reply
-        needs no hand-off from this thread. After a frame that woke no
-        thread it polls for spin_us before it waits, unless a requester
-        is polling."""
-        import select
-        poller = select.poll()
-        poller.register(frames.sock, select.POLLIN | select.POLLERR | select.POLLHUP)
-        while not c.closed:
-            with frames.mu:
-                did = self._pump(c, frames)
-            if did and frames.spin and not frames.waiting:
-                end = time.monotonic_ns() + frames.spin_ns
-                while time.monotonic_ns() < end and frames.spin and not frames.waiting and not c.closed:
-                    with frames.mu:
-                        if self._pump(c, frames):
-                            end = time.monotonic_ns() + frames.spin_ns
-                continue
-            poller.poll()
 
     def _frame_in(self, c, ftype, stream, body):
         if ftype == F_PING:
@@ -1356,7 +1208,6 @@ class Node:
                 w = self.ctl_pending.get(rid)
             if w is not None and w[0] == c.peer and not w[1].is_set():
                 w[2].append(env["body"])
-                _handoffs[0] += 1
                 w[1].set()
             return
         if env["target"] != "ipc" or self.ipc_owner is None:
@@ -2111,39 +1962,6 @@ class Node:
                 r._unforward()
             raise
 
-    def _await_reply(self, node, w, timeout):
-        """w.wait(timeout), reading the connection to node meanwhile for up
-        to spin_us when its reader shares the reading (_read_shared): the
-        reply is handled on this thread, no hand-off. Not on the dispatch
-        thread (a message it reads may need a place in the inbox that
-        only the dispatch thread frees)."""
-        with self.mu:
-            c = self.conns.get(node)
-        frames = getattr(c, "frames", None)
-        if frames is None or threading.current_thread() is self._dispatch_thread:
-            return w.wait(timeout)
-        start = time.monotonic_ns()
-        end = start + min(frames.spin_ns, int(timeout * 1e9))
-        with self.mu:
-            frames.waiting += 1
-        try:
-            while time.monotonic_ns() < end and not c.closed:
-                if w.lock.acquire(False):
-                    return True
-                if frames.mu.acquire(False):
-                    try:
-                        # Once the reply is in, only what the buffer holds
-                        # (the reader thread reads the rest).
-                        self._pump(c, frames, until=lambda: not w.lock.locked())
-                    except Exception as e:  # noqa: BLE001 - as the reader would
-                        self._conn_failed(c, e)
-                    finally:
-                        frames.mu.release()
-        finally:
-            with self.mu:
-                frames.waiting -= 1
-        return w.wait(max(0.0, timeout - (time.monotonic_ns() - start) / 1e9))
-
     def request(self, pid, msg, timeout=10.0):
         """Send msg to pid and wait for the reply (a Message)."""
         key = next(self.keys)
@@ -2152,7 +1970,7 @@ class Node:
             self.pending[key] = w
         try:
             self.send(pid, msg, sender_id=reply_id(key))
-            got = self._await_reply(pid[0], w, timeout)
+            got = w.wait(timeout)
         except BaseException:
             with self.mu:
                 self.pending.pop(key, None)

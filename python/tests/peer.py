@@ -2,9 +2,7 @@
 
 The config comes as JSON in TF_PEER_CONFIG (with "membership": "mesh"
 and "discovery": {"etcd": {...}}, peers may be empty: the node joins by
-etcd); TF_PEER_SPIN_US, when set, is the node's spin_us (its reader and
-requesters share the reading). It answers requests on its
-actor "double" (the tensor X times two), and runs the commands Go writes
+etcd). It answers requests on its actor "double" (the tensor X times two), and runs the commands Go writes
 on stdin, one a line, printing one result line each:
 
   request <size>   request the Go actor "scale" with a float32 tensor of size elements
@@ -63,8 +61,7 @@ def main():
                    on_down=lambda n, why: say("down", n, why), tls=cfg.get("tls"),
                    dial_timeout=cfg.get("dial_timeout", 2.0), reconnect_min=cfg.get("reconnect_min", 0.1),
                    reconnect_max=cfg.get("reconnect_max", 5.0), membership=cfg.get("membership"),
-                   discovery=cfg.get("discovery"),
-                   spin_us=int(os.environ.get("TF_PEER_SPIN_US", "0")))
+                   discovery=cfg.get("discovery"))
 
     def double(m):
         x = m["X"]

@@ -36,25 +36,12 @@ class FrameReaderTest(unittest.TestCase):
         bodies = [b"", b"x", os.urandom(1000), os.urandom(FrameReader.SIZE - HEADER.size),
                   os.urandom(FrameReader.SIZE), os.urandom(3 * FrameReader.SIZE + 5), b"tail"]
         data = b"".join(frame(5 + i, body, stream=i) for i, body in enumerate(bodies))
-        for spin in (0, 30):
-            for step in (1, 7, 4096, 100000, len(data)):
-                a, b = self.pair()
-                self.feed(a, data, step)
-                r = FrameReader(b, 4 * FrameReader.SIZE, spin_us=spin)
-                self.assertEqual(r.spin_ns, spin * 1000)
-                for i, body in enumerate(bodies):
-                    r.spin = i % 2 == 0  # polling, then blocking, in turn
-                    self.assertEqual(r.read(), (5 + i, 0, i, body), "spin %d step %d frame %d" % (spin, step, i))
-
-    def test_spin_then_block(self):
-        # A spinning read with nothing to read blocks once its spin is
-        # over, and returns the frame that comes later.
-        a, b = self.pair()
-        r = FrameReader(b, 1 << 20, spin_us=200)
-        th = threading.Timer(0.05, lambda: a.sendall(frame(9, b"late")))
-        th.start()
-        self.addCleanup(th.join)
-        self.assertEqual(r.read(), (9, 0, 0, b"late"))
+        for step in (1, 7, 4096, 100000, len(data)):
+            a, b = self.pair()
+            self.feed(a, data, step)
+            r = FrameReader(b, 4 * FrameReader.SIZE)
+            for i, body in enumerate(bodies):
+                self.assertEqual(r.read(), (5 + i, 0, i, body), "step %d frame %d" % (step, i))
 
     def test_length_checked_first(self):
         a, b = self.pair()
