@@ -184,32 +184,38 @@ def encode_body(fields, tensor_of=None):
     the function returns (body bytes, [(id, InlineTensor)]).
     """
     table = []
-
-    def conv(v, depth=0):
-        if depth > 32:
-            raise ValueError("tensorferry: message nested deeper than 32")
-        if isinstance(v, RefEntry):  # sent lazily: the caller exports it
-            wid = new_wire_id()
-            table.append((wid, v))
-            return TensorRef(TensorRef.REF, wid)
-        if isinstance(v, InlineTensor) or (tensor_of is not None and not isinstance(
-                v, (int, float, str, bytes, bool, type(None), dict, list, tuple))):
-            t = v if isinstance(v, InlineTensor) else tensor_of(v)
-            if t is None:
-                return v
-            wid = new_wire_id()
-            table.append((wid, t))
-            return TensorRef(TensorRef.TENSOR, wid)
-        if isinstance(v, Struct):
-            return Struct((k, conv(x, depth + 1)) for k, x in v.items())
-        if isinstance(v, dict):
-            return {k: conv(x, depth + 1) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return [conv(x, depth + 1) for x in v]
-        return v
-
-    body = encode(Struct((k, conv(x)) for k, x in fields.items()))
+    body = encode(Struct((k, _conv(x, 0, table, tensor_of)) for k, x in fields.items()))
     return bytes(body), table
+
+
+_PLAIN = (int, float, str, bytes, bool, type(None), dict, list, tuple)
+
+
+def _conv(v, depth, table, tensor_of):
+    """encode_body's value v with its tensors replaced by references to
+    the entries appended to table. A function of the module, not a
+    closure that calls itself: such a closure is a reference cycle, which
+    keeps the message's tensors alive until the garbage collector runs."""
+    if depth > 32:
+        raise ValueError("tensorferry: message nested deeper than 32")
+    if isinstance(v, RefEntry):  # sent lazily: the caller exports it
+        wid = new_wire_id()
+        table.append((wid, v))
+        return TensorRef(TensorRef.REF, wid)
+    if isinstance(v, InlineTensor) or (tensor_of is not None and not isinstance(v, _PLAIN)):
+        t = v if isinstance(v, InlineTensor) else tensor_of(v)
+        if t is None:
+            return v
+        wid = new_wire_id()
+        table.append((wid, t))
+        return TensorRef(TensorRef.TENSOR, wid)
+    if isinstance(v, Struct):
+        return Struct((k, _conv(x, depth + 1, table, tensor_of)) for k, x in v.items())
+    if isinstance(v, dict):
+        return {k: _conv(x, depth + 1, table, tensor_of) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_conv(x, depth + 1, table, tensor_of) for x in v]
+    return v
 
 
 def decode_body(body, table):
@@ -234,13 +240,16 @@ def decode_body(body, table):
         raise BadTable("tensorferry: bad tensor table: %d entries, body refers to %d"
                        % (len(table), len(used)))
 
-    def sub(x):
-        if isinstance(x, TensorRef):
-            return table[x.id] if x.id in table else [x.kind, x.id]
-        if isinstance(x, dict):
-            return {k: sub(y) for k, y in x.items()}
-        if isinstance(x, list):
-            return [sub(y) for y in x]
-        return x
+    return _sub(v, table) if used or refs else v
 
-    return sub(v) if used or refs else v
+
+def _sub(x, table):
+    """decode_body's value x with its references replaced by the table's
+    entries (a function of the module: see _conv)."""
+    if isinstance(x, TensorRef):
+        return table[x.id] if x.id in table else [x.kind, x.id]
+    if isinstance(x, dict):
+        return {k: _sub(y, table) for k, y in x.items()}
+    if isinstance(x, list):
+        return [_sub(y, table) for y in x]
+    return x
