@@ -66,6 +66,7 @@ class Driver:
         except OSError as e:
             raise CudaError("tensorferry: cuda: no driver (%s): %s" % (path, e)) from None
         self._ctx = {}
+        self._ctx_value = {}  # ordinal -> its primary context's address (an int)
         self._mu = threading.Lock()
         # (device, buffer id) -> Allocation of a driver allocation seen
         # before: the driver's buffer ids are unique for the process's
@@ -82,10 +83,13 @@ class Driver:
     def _call(self, name, *args):
         rc = self._fn(name)(*args)
         if rc != 0:
-            s = ctypes.c_char_p()
-            self.lib.cuGetErrorName(rc, ctypes.byref(s))
-            raise CudaError("tensorferry: cuda: %s: %s" % (name.split("_v")[0],
-                            s.value.decode() if s.value else "error %d" % rc))
+            self._failed(name, rc)
+
+    def _failed(self, name, rc):
+        s = ctypes.c_char_p()
+        self.lib.cuGetErrorName(rc, ctypes.byref(s))
+        raise CudaError("tensorferry: cuda: %s: %s" % (name.split("_v")[0],
+                        s.value.decode() if s.value else "error %d" % rc))
 
     def device_count(self):
         n = ctypes.c_int()
@@ -121,19 +125,27 @@ class Driver:
                 if ctx is None:
                     ctx = ctypes.c_void_p()
                     self._call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), self._dev(ordinal))
+                    self._ctx_value[ordinal] = ctx.value
                     self._ctx[ordinal] = ctx
         return ctx
 
-    def _in(self, ordinal, fn):
-        """fn() with the device's primary context current on this thread."""
-        ctx = self._primary(ordinal)
+    def _in(self, ordinal, fn, *args):
+        """fn(*args) with the device's primary context current on this
+        thread: one cuCtxGetCurrent when it is (no closure to build for
+        it), a push and a pop around fn otherwise."""
+        want = self._ctx_value.get(ordinal)
+        if want is None:
+            self._primary(ordinal)
+            want = self._ctx_value[ordinal]
         cur = ctypes.c_void_p()
-        self._call("cuCtxGetCurrent", ctypes.byref(cur))
-        if cur.value == ctx.value:
-            return fn()
-        self._call("cuCtxPushCurrent_v2", ctx)
+        rc = self.lib.cuCtxGetCurrent(ctypes.byref(cur))
+        if rc != 0:
+            self._failed("cuCtxGetCurrent", rc)
+        if cur.value == want:
+            return fn(*args)
+        self._call("cuCtxPushCurrent_v2", self._ctx[ordinal])
         try:
-            return fn()
+            return fn(*args)
         finally:
             self._call("cuCtxPopCurrent_v2", ctypes.byref(cur))
 
@@ -148,27 +160,34 @@ class Driver:
         self._call("cuMemGetAddressRange_v2", ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr))
         return base.value, size.value
 
-    def locate(self, t):
-        """The Allocation of a CUDA tensor's memory."""
-        ordinal, ptr = t.get_device(), t.data_ptr()
+    def locate(self, t, sync=False):
+        """The Allocation of a CUDA tensor's memory. With sync, first wait
+        for what torch queued on its current stream of t's device (as
+        sync_current), under the same entry into the device's context."""
+        ordinal = t.get_device()
+        return self._in(ordinal, self._locate, ordinal, t.data_ptr(), current_stream(ordinal) if sync else None)
 
-        def q():
-            bid = self._attr(_ATTR_BUFFER_ID, ptr, ctypes.c_uint64)
-            a = self._allocs.get((ordinal, bid))
-            if a is None:
-                legacy = self._attr(_ATTR_LEGACY_IPC, ptr, ctypes.c_int)
-                if not legacy:  # cuMemMap'd memory: the rest does not matter
-                    a = Allocation(ordinal, 0, 0, 0, bid, False)
-                else:
-                    base, size = self._range(ptr)
-                    a = Allocation(ordinal, 0, base, size, bid, True)
-                if len(self._allocs) >= MAX_CACHED_ALLOCS:
-                    self._allocs.clear()
-                self._allocs[(ordinal, bid)] = a
-            if not a.legacy_ipc:
-                return Allocation(ordinal, ptr, ptr, 0, 0, False)
-            return Allocation(ordinal, ptr, a.base, a.size, bid, True)
-        return self._in(ordinal, q)
+    def _locate(self, ordinal, ptr, stream):
+        if stream is not None:
+            self._call("cuStreamSynchronize", ctypes.c_void_p(stream))
+        # The buffer id on every call: the driver's ids are unique for the
+        # process's lifetime, so an address freed and reused by another
+        # allocation is never taken for the old one.
+        bid = self._attr(_ATTR_BUFFER_ID, ptr, ctypes.c_uint64)
+        a = self._allocs.get((ordinal, bid))
+        if a is None:
+            legacy = self._attr(_ATTR_LEGACY_IPC, ptr, ctypes.c_int)
+            if not legacy:  # cuMemMap'd memory: the rest does not matter
+                a = Allocation(ordinal, 0, 0, 0, bid, False)
+            else:
+                base, size = self._range(ptr)
+                a = Allocation(ordinal, 0, base, size, bid, True)
+            if len(self._allocs) >= MAX_CACHED_ALLOCS:
+                self._allocs.clear()
+            self._allocs[(ordinal, bid)] = a
+        if not a.legacy_ipc:
+            return Allocation(ordinal, ptr, ptr, 0, 0, False)
+        return Allocation(ordinal, ptr, a.base, a.size, bid, True)
 
     def ipc_handle(self, ordinal, base):
         """The cuIpcMemHandle (64 bytes) of the allocation at base."""
@@ -219,8 +238,7 @@ class Driver:
         ordinal: torch.cuda.current_stream(d).synchronize() without the
         torch.cuda.Stream built for it (5.4 us against about 1.5 on an
         H200 host)."""
-        stream = current_stream(ordinal)
-        self._in(ordinal, lambda: self._call("cuStreamSynchronize", ctypes.c_void_p(stream)))
+        self._in(ordinal, self._call, "cuStreamSynchronize", ctypes.c_void_p(current_stream(ordinal)))
 
 
 def current_stream(ordinal):

@@ -343,12 +343,14 @@ class Owner:
         self.ids = itertools.count(int.from_bytes(os.urandom(4), "little") + 1)
         self.stats = {"handles": 0, "begins": 0, "ends": 0, "proofs": 0, "direct_offers": 0}
 
-    def offer(self, t, holder=None):
+    def offer(self, t, holder=None, sync=False):
         """The ipc offer of t, a contiguous CUDA tensor whose kernels are
-        done, lent to holder: direct when holder proved it shares this
-        host and got the allocation's handle already (and direct offers
-        are on). Raises Refused for memory without a legacy IPC handle."""
-        a = self.driver.locate(t)
+        done (with sync: after waiting for torch's current stream of its
+        device, in the same driver entry as locating it), lent to holder:
+        direct when holder proved it shares this host and got the
+        allocation's handle already (and direct offers are on). Raises
+        Refused for memory without a legacy IPC handle."""
+        a = self.driver.locate(t, sync=True) if sync else self.driver.locate(t)
         if not a.legacy_ipc:
             raise Refused("tensorferry: ipc: the tensor's memory (%#x on cuda:%d) has no legacy CUDA IPC "
                           "handle: PyTorch's expandable segments (PYTORCH_CUDA_ALLOC_CONF="

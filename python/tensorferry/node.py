@@ -1750,26 +1750,20 @@ class Node:
     def _export_device(self, peer, t):
         """Lend the CUDA tensor t to peer over ipc: its descriptor. Raises
         ipc.Refused for memory CUDA IPC cannot share."""
-        import torch
         dt = _dtype_number(t.dtype)
         if t.requires_grad:
             t = t.detach()
         t = t.contiguous()
         dev = t.get_device()
         # The fetcher copies on its own stream: what torch queued for t
-        # must be done first.
-        sync = getattr(self.ipc_owner.driver, "sync_current", None)
-        if sync is not None:
-            sync(dev)
-        else:  # a driver double
-            torch.cuda.current_stream(t.device).synchronize()
-        offer = self.ipc_owner.offer(t, peer)
+        # must be done first (sync: in the driver entry that locates t).
+        offer = self.ipc_owner.offer(t, peer, sync=True)
         if self.ipc_owner.revoked:
             self._push_revocations()
         eid = next(self.export_ids)
-        lease = self._lease()
         x = _DeviceExport(t, offer, t.numel() * t.element_size())
         with self.mu:
+            lease = self._lease_locked()
             self.exports[eid] = [lease, x, peer]
         return Struct((("o", self.name), ("i", self.incarnation), ("e", eid), ("l", lease),
                        ("t", dt), ("s", list(t.shape)), ("b", x.nbytes),
@@ -1779,10 +1773,13 @@ class Node:
         """A fresh lease: 8 random bytes from the kernel (never 0), taken
         from 64 fetched at once (one getrandom for 8 leases)."""
         with self.mu:
-            if not self._leases:
-                b = os.urandom(64)
-                self._leases = [int.from_bytes(b[i:i + 8], "big") or 1 for i in range(0, 64, 8)]
-            return self._leases.pop()
+            return self._lease_locked()
+
+    def _lease_locked(self):
+        if not self._leases:
+            b = os.urandom(64)
+            self._leases = [int.from_bytes(b[i:i + 8], "big") or 1 for i in range(0, 64, 8)]
+        return self._leases.pop()
 
     def _push_revocations(self):
         """Tell peers to close their mappings of allocations this process's

@@ -28,7 +28,9 @@ class FakeDriver:
     def free(self, t):
         self.allocs.pop(t.data_ptr(), None)
 
-    def locate(self, t):
+    def locate(self, t, sync=False):
+        if sync:
+            self.sync_current(t.get_device())
         p = t.data_ptr()
         for base, (a, bid, legacy) in self.allocs.items():
             if base <= p < base + a.numel():

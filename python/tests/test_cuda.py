@@ -149,6 +149,27 @@ class DriverTest(unittest.TestCase):
         self.assertIn("cuStreamSynchronize", str(cm.exception))
         self.assertEqual(self.fake.fake_depth(), 0)
 
+    def test_locate_synced(self):
+        # locate(sync=True) waits for the current stream first, in the
+        # same entry into the device's context (one push for both when
+        # it is not current), and leaves the context as it was.
+        from tensorferry import cuda as cuda_mod
+        old = cuda_mod.current_stream
+        self.addCleanup(setattr, cuda_mod, "current_stream", old)
+        a = Buf(256, device=1)
+        self.fake.fake_register(a.data_ptr(), 256, 1)
+        pushes = ctypes.c_int.in_dll(self.fake, "fake_pushes")
+        cuda_mod.current_stream = lambda ordinal: 0x5eed
+        before = pushes.value
+        loc = self.d.locate(a, sync=True)
+        self.assertEqual((loc.ptr, loc.base, loc.size, loc.legacy_ipc), (a.data_ptr(), a.data_ptr(), 256, True))
+        self.assertEqual((pushes.value, self.fake.fake_depth()), (before + 1, 0))
+        cuda_mod.current_stream = lambda ordinal: 0x5eee
+        with self.assertRaises(CudaError) as cm:
+            self.d.locate(a, sync=True)
+        self.assertIn("cuStreamSynchronize", str(cm.exception))
+        self.assertEqual(self.fake.fake_depth(), 0)
+
     def test_locate_cached(self):
         # A tensor of an allocation located before costs one query (its
         # buffer id); the answer is the same.
