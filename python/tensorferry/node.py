@@ -218,12 +218,11 @@ def _nbytes(x):
 
 
 def _dev_to_tensor(buf, dtype, shape):
-    """A torch tensor of a message from the uint8 CUDA buffer fetched for it."""
-    import torch
-    if not _TORCH_OF:
-        for name, n in DTYPES.items():
-            _TORCH_OF[n] = getattr(torch, name)
-    return buf.view(_TORCH_OF[dtype]).reshape(shape)
+    """A torch tensor of a message from the uint8 CUDA buffer fetched for
+    it (the buffer itself for a vector of bytes: no torch call)."""
+    if dtype == _UINT8 and len(shape) == 1:
+        return buf
+    return buf.view(_torch_dtype(dtype)).reshape(shape)
 
 
 class RefSpent(TensorferryError):
@@ -366,6 +365,7 @@ class Ref(RefEntry):
 
 
 _NUMBER_OF = {}
+_UINT8 = DTYPES["uint8"]
 
 
 def _dtype_number(dtype):
@@ -1298,15 +1298,12 @@ class Node:
 
     def _check_descriptor(self, c, d):
         """Check a descriptor from c's peer; return its byte size."""
-        def u64(k):
+        # Content ("c", tensor.Descriptor's omitempty): carried, not used here.
+        for k in ("e", "l", "i", "c") if "c" in d else ("e", "l", "i"):
             v = d.get(k)
             if type(v) is not int or not 0 <= v < 1 << 64:
                 raise BadTable("tensorferry: bad descriptor: field %s is %r" % (k, v))
-            return v
-        u64("e"), u64("l")
-        if "c" in d:  # Content (tensor.Descriptor's omitempty "c"): carried, not used here
-            u64("c")
-        if d.get("o") != c.peer or u64("i") != c.inc:
+        if d.get("o") != c.peer or d["i"] != c.inc:
             raise BadTable("tensorferry: bad descriptor: owner %r#%r is not the sender %s#%d"
                            % (d.get("o"), d.get("i"), c.peer, c.inc))
         dt, shape, n = d.get("t"), d.get("s"), d.get("b")
@@ -1543,7 +1540,10 @@ class Node:
         except (BadBody, BadTable):
             self._drop_refs(table)
             raise
-        fields = _tensors_out(fields)
+        for v in table.values():
+            if type(v) is InlineTensor:  # else the fields hold none
+                fields = _tensors_out(fields)
+                break
         key = env["request"] if env["request"] and not env["target"] else reply_key(env["target"])
         msg = Message(env["type_name"], fields, (env["sender_node"] or c.peer, env["sender_id"]))
         if key is not None:
