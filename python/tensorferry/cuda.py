@@ -157,8 +157,8 @@ class Driver:
                 if ctx is None:
                     ctx = ctypes.c_void_p()
                     self._call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), self._dev(ordinal))
-                    self._ctx_value[ordinal] = ctx.value
                     self._ctx[ordinal] = ctx
+                    self._ctx_value[ordinal] = ctx.value  # after _ctx: _in reads them in this order
         return ctx
 
     def _in(self, ordinal, fn, *args):
