@@ -8,14 +8,6 @@ call and popped after it, so torch's own state is left as it was.
 Errors name the call: ``tensorferry: cuda: cuIpcOpenMemHandle:
 CUDA_ERROR_INVALID_VALUE``.
 
-Calls that return at once (the current context, its push and pop, a
-pointer's attributes, a stream's query) keep the GIL: a ctypes call
-through CDLL releases it, and when another thread of the process waits
-for it (a connection's reader with a frame to handle) each release is a
-hand-off there and back, tens of microseconds on the requester's path.
-Calls that may wait (a stream's synchronize, copies, IPC mappings)
-release it.
-
 Driver is the real driver; ipc.py also runs over a host-memory double of
 the same methods (tests/fakecuda.py) where there is no GPU.
 """
@@ -30,7 +22,6 @@ _ATTR_BUFFER_ID = 7
 _ATTR_LEGACY_IPC = 10
 
 _LAZY_ENABLE_PEER_ACCESS = 1
-_NOT_READY = 600  # CUDA_ERROR_NOT_READY
 
 MAX_CACHED_ALLOCS = 4096
 
@@ -72,8 +63,6 @@ class Driver:
     def __init__(self, path="libcuda.so.1"):
         try:
             self.lib = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
-            # The same library, its calls made holding the GIL (_quick).
-            self.quick = ctypes.PyDLL(path, mode=ctypes.RTLD_LOCAL)
         except OSError as e:
             raise CudaError("tensorferry: cuda: no driver (%s): %s" % (path, e)) from None
         self._ctx = {}
@@ -95,27 +84,6 @@ class Driver:
         rc = self._fn(name)(*args)
         if rc != 0:
             self._failed(name, rc)
-
-    def _quick(self, name, *args):
-        """_call of a driver call that returns at once, the GIL kept."""
-        try:
-            fn = getattr(self.quick, name)
-        except AttributeError:
-            raise CudaError("tensorferry: cuda: the driver has no %s" % name) from None
-        rc = fn(*args)
-        if rc != 0:
-            self._failed(name, rc)
-
-    def _sync(self, stream):
-        """Wait for the work queued on stream: a query (the GIL kept) and,
-        only when work is still queued, a synchronize (the GIL released
-        while it waits)."""
-        s = ctypes.c_void_p(stream)
-        rc = self.quick.cuStreamQuery(s)
-        if rc == _NOT_READY:
-            self._call("cuStreamSynchronize", s)
-        elif rc != 0:
-            self._failed("cuStreamQuery", rc)
 
     def _failed(self, name, rc):
         s = ctypes.c_char_p()
@@ -170,26 +138,26 @@ class Driver:
             self._primary(ordinal)
             want = self._ctx_value[ordinal]
         cur = ctypes.c_void_p()
-        rc = self.quick.cuCtxGetCurrent(ctypes.byref(cur))
+        rc = self.lib.cuCtxGetCurrent(ctypes.byref(cur))
         if rc != 0:
             self._failed("cuCtxGetCurrent", rc)
         if cur.value == want:
             return fn(*args)
-        self._quick("cuCtxPushCurrent_v2", self._ctx[ordinal])
+        self._call("cuCtxPushCurrent_v2", self._ctx[ordinal])
         try:
             return fn(*args)
         finally:
-            self._quick("cuCtxPopCurrent_v2", ctypes.byref(cur))
+            self._call("cuCtxPopCurrent_v2", ctypes.byref(cur))
 
     def _attr(self, attr, ptr, ctype):
         v = ctype()
-        self._quick("cuPointerGetAttribute", ctypes.byref(v), ctypes.c_int(attr), ctypes.c_uint64(ptr))
+        self._call("cuPointerGetAttribute", ctypes.byref(v), ctypes.c_int(attr), ctypes.c_uint64(ptr))
         return v.value
 
     def _range(self, ptr):
         """The driver allocation holding ptr: (base, size)."""
         base, size = ctypes.c_uint64(), ctypes.c_size_t()
-        self._quick("cuMemGetAddressRange_v2", ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr))
+        self._call("cuMemGetAddressRange_v2", ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr))
         return base.value, size.value
 
     def locate(self, t, sync=False):
@@ -201,7 +169,7 @@ class Driver:
 
     def _locate(self, ordinal, ptr, stream):
         if stream is not None:
-            self._sync(stream)
+            self._call("cuStreamSynchronize", ctypes.c_void_p(stream))
         # The buffer id on every call: the driver's ids are unique for the
         # process's lifetime, so an address freed and reused by another
         # allocation is never taken for the old one.
@@ -270,7 +238,7 @@ class Driver:
         ordinal: torch.cuda.current_stream(d).synchronize() without the
         torch.cuda.Stream built for it (5.4 us against about 1.5 on an
         H200 host)."""
-        self._in(ordinal, self._sync, current_stream(ordinal))
+        self._in(ordinal, self._call, "cuStreamSynchronize", ctypes.c_void_p(current_stream(ordinal)))
 
 
 def current_stream(ordinal):

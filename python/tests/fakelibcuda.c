@@ -15,7 +15,7 @@ typedef void *CUcontext;
 typedef void *CUstream;
 typedef struct { unsigned char reserved[64]; } CUipcMemHandle;
 
-enum { OK = 0, INVALID_VALUE = 1, NOT_INITIALIZED = 3, INVALID_CONTEXT = 201, INVALID_DEVICE = 101, ALREADY_MAPPED = 208, NOT_READY = 600 };
+enum { OK = 0, INVALID_VALUE = 1, NOT_INITIALIZED = 3, INVALID_CONTEXT = 201, INVALID_DEVICE = 101, ALREADY_MAPPED = 208 };
 
 static int inited;
 static int ctxs[2] = {1, 2};
@@ -113,18 +113,4 @@ CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstre
 	fake_copies++;
 	return OK;
 }
-/* fake_stream_busy: how many cuStreamQuery calls find the stream with
- * work queued (NOT_READY) before it is done; fake_syncs counts the waits. */
-int fake_stream_busy;
-uint64_t fake_syncs;
-CUresult cuStreamSynchronize(CUstream s) {
-	if (s != (CUstream)0x5eed) return INVALID_VALUE;
-	fake_syncs++;
-	fake_stream_busy = 0;
-	return OK;
-}
-CUresult cuStreamQuery(CUstream s) {
-	if (s != (CUstream)0x5eed) return INVALID_VALUE;
-	if (fake_stream_busy) { fake_stream_busy--; return NOT_READY; }
-	return OK;
-}
+CUresult cuStreamSynchronize(CUstream s) { return s == (CUstream)0x5eed ? OK : INVALID_VALUE; }
