@@ -14,7 +14,6 @@ was wrong.
 """
 
 import struct
-import threading
 
 MAX_DEPTH = 32  # as wire.MaxMsgpackDepth
 
@@ -299,51 +298,6 @@ def encode(v, out=None):
     else:
         _enc(out, v, 0)
     return out
-
-
-def encode_ordered(v):
-    """encode(v) as bytes, by msgpack's C packer when it is there (four
-    times faster on a message's envelope and tensor table).
-
-    The caller vouches that every plain dict in v (a Go map) has its keys
-    in sorted order (at most one key, or built sorted), and that v is
-    nested at most MAX_DEPTH deep: the C packer writes a dict in its own
-    order, where encode sorts a plain dict's keys. A Struct is written in
-    its order, a tuple as a list; any other value the C packer would not
-    write as encode does (a subclass: F32, the Fixed ints; TensorRef;
-    anything it refuses) makes the whole value go through encode."""
-    if _Packer is not None:
-        p = getattr(_packers, "p", None)
-        if p is None:
-            p = _packers.p = _Packer(use_bin_type=True, strict_types=True, default=_ordered, autoreset=True)
-        try:
-            return p.pack(v)
-        except Exception:  # noqa: BLE001 - encode writes it, or says what is wrong
-            pass
-    return bytes(encode(v))
-
-
-class _NotOrdered(TypeError):
-    pass
-
-
-def _ordered(o):
-    """The C packer's hook for what it does not write itself (exact types
-    only, strict_types): a Struct as a dict in its order, a tuple as a
-    list; else encode_ordered falls back to encode."""
-    t = type(o)
-    if t is Struct:
-        return dict(o)
-    if t is tuple:
-        return list(o)
-    raise _NotOrdered(t.__name__)
-
-
-try:
-    from msgpack import Packer as _Packer
-except ImportError:  # pragma: no cover - encode alone
-    _Packer = None
-_packers = threading.local()  # a Packer per thread: its buffer is its own
 
 
 _unpack_f32 = struct.Struct(">f").unpack_from

@@ -9,7 +9,7 @@ travels beside the body (inline bytes here; exports are the channels').
 
 import itertools
 
-from .codec import BadBody, Struct, TensorRef, decode, encode, encode_ordered
+from .codec import BadBody, Struct, TensorRef, decode, encode
 
 SER_MSGPACK = 1  # wire.SerMsgpack
 
@@ -62,13 +62,13 @@ def new_wire_id():
 def encode_envelope(target="", sender_node="", sender_id="", type_name="", ser=0,
                     body=b"", header=None, request=0, tensors=b""):
     """The bytes of a wire.Message: zero fields omitted, header keys sorted."""
-    m = {}  # in the struct's order; encode_ordered keeps it
+    m = Struct()
     for k, v in (("t", target), ("sn", sender_node), ("si", sender_id), ("ty", type_name),
-                 ("s", ser), ("b", bytes(body)), ("h", dict(sorted(header.items())) if header else None),
-                 ("r", request), ("x", bytes(tensors))):
+                 ("s", ser), ("b", bytes(body)), ("h", header or {}), ("r", request),
+                 ("x", bytes(tensors))):
         if v:
             m[k] = v
-    return encode_ordered(m)
+    return bytes(encode(m))
 
 
 _ENVELOPE = {"t": ("target", str), "sn": ("sender_node", str), "si": ("sender_id", str),
@@ -107,35 +107,18 @@ def encode_table(entries):
     if len(entries) > MAX_TABLE_ENTRIES:
         raise ValueError("tensorferry: %d tensors in one message, at most %d"
                          % (len(entries), MAX_TABLE_ENTRIES))
-    rows, ordered = [], True
+    rows = []
     for wid, t in entries:
         if isinstance(t, tuple) and t[0] == "ref":  # a Ref's export: fetched when the receiver asks
             rows.append(Struct((("i", wid), ("k", ENTRY_REF), ("t", 0), ("s", None),
                                 ("b", None), ("d", t[1]))))
-            ordered = ordered and _ordered_descriptor(t[1])
         elif isinstance(t, InlineTensor):
             rows.append(Struct((("i", wid), ("k", ENTRY_INLINE), ("t", t.dtype),
                                 ("s", list(t.shape)), ("b", bytes(t.data)), ("d", None))))
         else:  # the descriptor of an export, fetched before delivery
             rows.append(Struct((("i", wid), ("k", ENTRY_FETCH), ("t", 0), ("s", None),
                                 ("b", None), ("d", t))))
-            ordered = ordered and _ordered_descriptor(t)
-    return encode_ordered(rows) if ordered else bytes(encode(rows))
-
-
-def _ordered_descriptor(d):
-    """Whether encode_ordered writes the descriptor d as encode does: a
-    Struct (as the node builds them) whose dicts (its offers) have at most
-    one key and whose lists hold no containers. A descriptor received and
-    forwarded is a plain dict in the sender's order: not."""
-    if type(d) is not Struct:
-        return False
-    for v in d.values():
-        if type(v) is dict and len(v) > 1:
-            return False
-        if type(v) is list and any(type(x) in (dict, list, Struct) for x in v):
-            return False
-    return True
+    return bytes(encode(rows))
 
 
 def decode_table(b):

@@ -173,20 +173,6 @@ class HostileTest(unittest.TestCase):
         with self.assertRaises(BadTable):
             decode_table(b"\xdd\x00\x00\x04\x01" + b"\xc0" * 1025)
 
-    def test_table_forwarded_descriptor(self):
-        # A descriptor received and forwarded (a plain dict in its
-        # sender's order, offers of several keys) is written with its
-        # keys sorted, as encode writes a Go map, not in its order.
-        d = {"o": "go", "f": {"x": b"2", "ipc": b"1"}, "e": 3}
-        rows = [Struct((("i", 5), ("k", 3), ("t", 0), ("s", None), ("b", None), ("d", d)))]
-        self.assertEqual(encode_table([(5, ("ref", d))]), bytes(encode(rows)))
-        s = Struct((("o", "go"), ("e", 3), ("f", {"x": b"2", "ipc": b"1"})))
-        rows = [Struct((("i", 5), ("k", 2), ("t", 0), ("s", None), ("b", None), ("d", s)))]
-        self.assertEqual(encode_table([(5, s)]), bytes(encode(rows)))
-        self.assertEqual(decode_table(encode_table([(5, s)]))[5][1]["f"], {"ipc": b"1", "x": b"2"})
-        env = encode_envelope(target="a", header={"z": "1", "b": "2"}, body=b"x", ser=1)
-        self.assertEqual(env, bytes(encode(Struct((("t", "a"), ("s", 1), ("b", b"x"), ("h", {"b": "2", "z": "1"}))))))
-
     def test_body_refs_match_table(self):
         t = InlineTensor(9, (1,), b"\x07")
         body = bytes(encode(Struct(W=TensorRef(1, 5))))
@@ -281,25 +267,6 @@ if given is not None:
                     encode(v)
                 return
             self.assertEqual(bytes(encode(v)), bytes(want))
-
-        @settings(max_examples=500, deadline=None)
-        @given(st.recursive(leaves | st.integers(0, 2**64 - 1).map(codec.U64) | st.floats(width=32).map(F32)
-                            | st.tuples(st.integers(0, 9), st.integers(0, 99)).map(lambda x: TensorRef(*x)),
-                            lambda c: st.lists(c, max_size=4) | st.lists(c, max_size=4).map(tuple)
-                            | st.dictionaries(st.text(max_size=8), c, max_size=4).map(Struct)
-                            | st.dictionaries(st.text(max_size=8), c, max_size=4).map(lambda d: dict(sorted(d.items()))),
-                            max_leaves=40))
-        def test_encode_ordered_agrees(self, v):
-            # The C packer's bytes are encode's for values whose plain
-            # dicts are in sorted order (the callers' promise), Fixed ints,
-            # F32, TensorRef and tuples among them (through encode).
-            try:
-                want = bytes(encode(v))
-            except ValueError:
-                with self.assertRaises(ValueError):
-                    codec.encode_ordered(v)
-                return
-            self.assertEqual(codec.encode_ordered(v), want)
 
         def test_float_nan(self):
             self.assertTrue(math.isnan(decode(encode(float("nan")))))
