@@ -184,32 +184,37 @@ def encode_body(fields, tensor_of=None):
     the function returns (body bytes, [(id, InlineTensor)]).
     """
     table = []
-
-    def conv(v, depth=0):
-        if depth > 32:
-            raise ValueError("tensorferry: message nested deeper than 32")
-        if isinstance(v, RefEntry):  # sent lazily: the caller exports it
-            wid = new_wire_id()
-            table.append((wid, v))
-            return TensorRef(TensorRef.REF, wid)
-        if isinstance(v, InlineTensor) or (tensor_of is not None and not isinstance(
-                v, (int, float, str, bytes, bool, type(None), dict, list, tuple))):
-            t = v if isinstance(v, InlineTensor) else tensor_of(v)
-            if t is None:
-                return v
-            wid = new_wire_id()
-            table.append((wid, t))
-            return TensorRef(TensorRef.TENSOR, wid)
-        if isinstance(v, Struct):
-            return Struct((k, conv(x, depth + 1)) for k, x in v.items())
-        if isinstance(v, dict):
-            return {k: conv(x, depth + 1) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return [conv(x, depth + 1) for x in v]
-        return v
-
-    body = encode(Struct((k, conv(x)) for k, x in fields.items()))
+    body = encode(Struct((k, _tensors_in(x, tensor_of, table, 0)) for k, x in fields.items()))
     return bytes(body), table
+
+
+# _tensors_in and _tensors_sub are module functions, not closures of
+# encode_body and decode_body: a recursive closure refers to itself, and
+# that cycle would keep a message's tensors (GPU memory) alive until
+# Python's cycle collector ran (2xH200: 12 GiB held, a cudaMalloc per
+# message of 4 MiB to 1 GiB).
+def _tensors_in(v, tensor_of, table, depth):
+    if depth > 32:
+        raise ValueError("tensorferry: message nested deeper than 32")
+    if isinstance(v, RefEntry):  # sent lazily: the caller exports it
+        wid = new_wire_id()
+        table.append((wid, v))
+        return TensorRef(TensorRef.REF, wid)
+    if isinstance(v, InlineTensor) or (tensor_of is not None and not isinstance(
+            v, (int, float, str, bytes, bool, type(None), dict, list, tuple))):
+        t = v if isinstance(v, InlineTensor) else tensor_of(v)
+        if t is None:
+            return v
+        wid = new_wire_id()
+        table.append((wid, t))
+        return TensorRef(TensorRef.TENSOR, wid)
+    if isinstance(v, Struct):
+        return Struct((k, _tensors_in(x, tensor_of, table, depth + 1)) for k, x in v.items())
+    if isinstance(v, dict):
+        return {k: _tensors_in(x, tensor_of, table, depth + 1) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_tensors_in(x, tensor_of, table, depth + 1) for x in v]
+    return v
 
 
 def decode_body(body, table):
@@ -234,13 +239,14 @@ def decode_body(body, table):
         raise BadTable("tensorferry: bad tensor table: %d entries, body refers to %d"
                        % (len(table), len(used)))
 
-    def sub(x):
-        if isinstance(x, TensorRef):
-            return table[x.id] if x.id in table else [x.kind, x.id]
-        if isinstance(x, dict):
-            return {k: sub(y) for k, y in x.items()}
-        if isinstance(x, list):
-            return [sub(y) for y in x]
-        return x
+    return _tensors_sub(v, table) if used or refs else v
 
-    return sub(v) if used or refs else v
+
+def _tensors_sub(x, table):
+    if isinstance(x, TensorRef):
+        return table[x.id] if x.id in table else [x.kind, x.id]
+    if isinstance(x, dict):
+        return {k: _tensors_sub(y, table) for k, y in x.items()}
+    if isinstance(x, list):
+        return [_tensors_sub(y, table) for y in x]
+    return x
