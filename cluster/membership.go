@@ -889,7 +889,7 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 // gossip has not shown this node it alive yet, or shows it gone, or (the
 // full mesh) the discovery source reported it gone.
 func (m *Membership) notMember(name string) error {
-	n, inConfig := m.cfg.Node(name)
+	_, inConfig := m.cfg.Node(name)
 	m.mu.Lock()
 	_, announced := m.seeds[name]
 	m.mu.Unlock()
@@ -898,7 +898,7 @@ func (m *Membership) notMember(name string) error {
 			Reason: fmt.Sprintf("node %q is not in the config of cluster %q at node %q", name, m.cfg.Cluster, m.self.Name)}
 	}
 	why := reasonNotAliveYet
-	if !m.onDemand || n.MeshOnly {
+	if !m.onDemand {
 		why = reasonGoneFromDiscovery
 	}
 	return &wire.ConnError{Code: wire.CodeUnavailable,
@@ -907,7 +907,7 @@ func (m *Membership) notMember(name string) error {
 
 // The reasons that end notMember's refusal to retry.
 const (
-	reasonNotAliveYet       = "its gossip has not shown it alive"
+	reasonNotAliveYet       = "its gossip has not shown it alive (a node that does not gossip, such as a Python node, is marked mesh_only in the config)"
 	reasonGoneFromDiscovery = "discovery reported it gone, and has not announced it again"
 )
 

@@ -93,7 +93,8 @@ type Config struct {
 	// mesh set) keeps a connection to every node of the list and every
 	// node registered: n-1 connections and heartbeats per node, for a few
 	// nodes (Go services with a few PyTorch processes, which cannot
-	// gossip).
+	// gossip). Under gossip, nodes marked NodeConfig.MeshOnly (PyTorch
+	// processes) are kept by the mesh's rules.
 	Membership string
 
 	// Transport tunes the control connections (YAML: transport).
