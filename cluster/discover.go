@@ -124,7 +124,7 @@ func (m *Membership) announced(n config.NodeConfig) (back, ok bool) {
 		if len(m.slots)-(len(m.cfg.Nodes)-1) >= MaxMeshAnnounced {
 			return false, false
 		}
-		s = &slot{changed: make(chan struct{})}
+		s = &slot{changed: make(chan struct{}), mesh: true}
 		m.slots[n.Name] = s
 	}
 	back = s.evicted

@@ -28,6 +28,16 @@
 // config.AutoMeshNodes nodes and gossip above, and gossip with a
 // discovery section.
 //
+// A gossip cluster may hold nodes that do not gossip: a node marked
+// mesh_only in the config (a Python node, which cannot speak the
+// encrypted gossip) has no gossip address; every gossiping node keeps a
+// control connection to it by the mesh's rules (dialed and accepted,
+// heartbeats, failure_timeout, never closed for idleness; gossip's view
+// does not decide whether it is up: Peer.Mesh), and it starts no gossip
+// and keeps one to every node of the config. The gossiping nodes among
+// themselves run gossip as above. (Not with a discovery section:
+// config.Validate refuses mesh_only there.)
+//
 // Either runs with discovery (config section discovery, package
 // discovery: etcd), which announces the nodes that register besides the
 // config's: with gossip they seed the gossip; with the mesh each one

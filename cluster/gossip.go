@@ -43,7 +43,7 @@ func (m *Membership) startGossip() error {
 	m.mu.Unlock()
 	var seeds []string
 	for _, n := range m.cfg.Nodes {
-		if n.Name != m.self.Name {
+		if n.Name != m.self.Name && !n.MeshOnly {
 			seeds = append(seeds, n.GossipAddress)
 		}
 	}
@@ -96,6 +96,15 @@ func (m *Membership) memberJoin(g gossip.Member) {
 		return
 	}
 	s := m.slots[g.Name]
+	if s != nil && s.mesh {
+		// A mesh_only node does not gossip: its connection, not gossip,
+		// says whether it is up.
+		m.mu.Unlock()
+		if m.unknownWarn.Allow() {
+			m.log.Warn("gossip announces a node of the config that is mesh_only: ignored", zap.String("peer", g.Name))
+		}
+		return
+	}
 	if s == nil {
 		s = &slot{changed: make(chan struct{})}
 		// With discovery, a name the source has not announced (yet)
@@ -130,9 +139,9 @@ func (m *Membership) memberJoin(g gossip.Member) {
 func (m *Membership) memberLeave(g gossip.Member, why string) {
 	m.mu.Lock()
 	s := m.slots[g.Name]
-	if s == nil || g.Incarnation < s.inc {
+	if s == nil || s.mesh || g.Incarnation < s.inc {
 		m.mu.Unlock()
-		return // an older incarnation, already replaced
+		return // an older incarnation, already replaced; or mesh_only (memberJoin)
 	}
 	s.alive, s.gossipAlive = false, false
 	p := s.cur
@@ -165,7 +174,10 @@ func (m *Membership) Members() []config.NodeConfig {
 }
 
 // OnDemand reports whether control connections are dialed on first use
-// (gossip membership) rather than kept to every node.
+// (gossip membership) rather than kept to every node: false with the
+// full mesh and on a mesh_only node; true on the gossiping nodes of a
+// gossip cluster, which still keep one to each mesh_only node
+// (Peer.Mesh).
 func (m *Membership) OnDemand() bool { return m.onDemand }
 
 // leaveGossip tells the other members this node leaves, so that they see

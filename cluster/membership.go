@@ -38,8 +38,9 @@ var (
 // NodeUp is published when a peer has connected, authenticated and sent its
 // capabilities: with the mesh as soon as the connection to it is up, with
 // gossip membership when this node first reaches it (a node never written
-// to is a member — Membership.Members — but not up here). A peer that
-// restarted comes back with a new Incarnation.
+// to is a member — Membership.Members — but not up here), and for a
+// mesh_only peer as with the mesh. A peer that restarted comes back with a
+// new Incarnation.
 type NodeUp struct {
 	Node        string
 	Incarnation uint64
@@ -49,7 +50,7 @@ type NodeUp struct {
 // its control connection is lost, it stayed silent longer than
 // FailureTimeout, or discovery reported it gone; with gossip membership, gossip declared it dead, it left
 // or restarted, discovery reported it gone, or a control connection to it
-// broke (not one closed for idleness).
+// broke (not one closed for idleness); a mesh_only peer as with the mesh.
 type NodeDown struct {
 	Node        string
 	Incarnation uint64
@@ -78,7 +79,9 @@ type Handler interface {
 // its one control connection; with gossip membership the control
 // connection is dialed on first use and closed after the transport's
 // idle_timeout, and the Peer outlives it: a send after an idle close dials
-// again (see Send).
+// again (see Send). A node of the config marked mesh_only (a Python node)
+// is kept by the mesh's rules in a gossip cluster too, and a mesh_only
+// node keeps every peer so (Mesh).
 type Peer struct {
 	Name        string
 	Incarnation uint64
@@ -87,6 +90,7 @@ type Peer struct {
 
 	link      atomic.Pointer[link] // the current control connection; nil while idle (gossip)
 	initiator string               // which end dialed the first connection
+	mesh      bool                 // kept by the mesh's rules (slot.mesh)
 	// lastSeen is when the last frame from it came, at most one check of
 	// the heartbeat loop early: frames only count themselves (frames), and
 	// the loop, finding the count moved, stamps the time of its previous
@@ -146,11 +150,17 @@ func (p *Peer) conn() *wire.Conn {
 	return nil
 }
 
+// Mesh reports whether p is kept by the mesh's rules: one control
+// connection for its life, heartbeats, never closed for idleness. It is
+// so with the full mesh, and with gossip membership for a peer whose
+// config entry is mesh_only, or on a node whose own entry is.
+func (p *Peer) Mesh() bool { return p.mesh }
+
 // Send queues a frame to the peer; it blocks while the connection's queue is
 // full (backpressure) until ctx is done. With gossip membership a peer
 // whose control connection was closed for idleness is dialed again first.
 func (p *Peer) Send(ctx context.Context, t wire.FrameType, flags wire.Flags, stream uint32, body any) error {
-	if !p.m.onDemand {
+	if p.mesh {
 		return p.link.Load().conn.Send(ctx, t, flags, stream, body)
 	}
 	c, err := p.acquire(ctx)
@@ -166,7 +176,7 @@ func (p *Peer) Send(ctx context.Context, t wire.FrameType, flags wire.Flags, str
 // it blocks while the queue is full until ctx is done. It dials as Send
 // does.
 func (p *Peer) SendMessage(ctx context.Context, m *wire.Message) error {
-	if !p.m.onDemand {
+	if p.mesh {
 		return p.link.Load().conn.SendMessage(ctx, m)
 	}
 	c, err := p.acquire(ctx)
@@ -262,6 +272,11 @@ type slot struct {
 	evicted     bool
 	// dialer: a dialLoop runs for the node (the full mesh).
 	dialer bool
+	// mesh: the node is kept by the mesh's rules (a dialLoop, heartbeats,
+	// alive unless evicted): every node with the full mesh; with gossip
+	// membership a node of the config marked mesh_only, which gossip does
+	// not speak for. Set when the slot is made, never changed.
+	mesh bool
 	// idle bookkeeping of the current Peer (ondemand.go): the send and
 	// received-frame counts last seen and when each last changed.
 	sends       uint64
@@ -274,7 +289,9 @@ type slot struct {
 // Membership tracks the other nodes of the cluster and the control
 // connections to them: with the mesh, one to every node of the config,
 // with heartbeats and reconnection with backoff; with gossip membership,
-// the members gossip reports, connected on demand. It reports NodeUp and
+// the members gossip reports, connected on demand, and the config's
+// mesh_only nodes as with the mesh (a mesh_only node itself runs the
+// mesh to every node). It reports NodeUp and
 // NodeDown (to its Handler, as PeerUp and PeerDown).
 type Membership struct {
 	cfg         *config.Config
@@ -308,7 +325,8 @@ type Membership struct {
 	// shmLimits: one upgrade in flight per peer, regions within the budget.
 	shmLimits *shm.Limits
 	// onDemand: gossip membership (gossip.go) with control connections
-	// dialed on first use (ondemand.go); false: the full mesh.
+	// dialed on first use (ondemand.go), but to the slots marked mesh;
+	// false: the full mesh (also a mesh_only node of a gossip cluster).
 	onDemand bool
 	gossip   *gossip.Gossip
 	joined   chan struct{} // closed and replaced when a member joins (gossip) or is announced (mesh)
@@ -415,14 +433,15 @@ func NewMembership(cfg *config.Config, self string, incarnation uint64, h Handle
 	m.shmLimits = shm.NewLimits(m.shm)
 	m.opts = opts
 	m.joined = make(chan struct{})
-	m.onDemand = cfg.MembershipMode() == config.MembershipGossip
-	if !m.onDemand {
-		// The full mesh: every node of the config, dialed from Start on
-		// (and, with discovery, every node announced: discover.go).
-		for _, n := range cfg.Nodes {
-			if n.Name != self {
-				m.slots[n.Name] = &slot{cfg: n, changed: make(chan struct{}), alive: true}
-			}
+	// A mesh_only node of a gossip cluster starts no gossip and keeps
+	// every peer by the mesh's rules, as a Python node does.
+	m.onDemand = cfg.MembershipMode() == config.MembershipGossip && !nc.MeshOnly
+	// The full mesh: every node of the config, dialed from Start on (and,
+	// with discovery, every node announced: discover.go). Gossip: the
+	// config's mesh_only nodes only; gossip makes the others known.
+	for _, n := range cfg.Nodes {
+		if n.Name != self && (!m.onDemand || n.MeshOnly) {
+			m.slots[n.Name] = &slot{cfg: n, changed: make(chan struct{}), alive: true, mesh: true}
 		}
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
@@ -463,15 +482,23 @@ func (m *Membership) Start() error {
 		}
 		m.wg.Add(1)
 		go m.idleLoop()
-		return nil
 	}
+	mesh := false
 	m.mu.Lock()
 	for _, s := range m.slots {
-		m.startDialer(s)
+		if s.mesh {
+			m.startDialer(s)
+			mesh = true
+		}
 	}
 	m.mu.Unlock()
-	m.wg.Add(1)
-	go m.heartbeatLoop()
+	if mesh || !m.onDemand {
+		m.wg.Add(1)
+		go m.heartbeatLoop()
+	}
+	if m.onDemand {
+		return nil
+	}
 	if err := m.startDiscovery(); err != nil {
 		// Peers may be up already (the config's, or inbound): closed
 		// as by Close.
@@ -546,7 +573,7 @@ func (m *Membership) Peers() []*Peer {
 // with the full mesh and discovery, for a node neither the config nor the
 // discovery source names yet, it waits for the source to announce it.
 func (m *Membership) WaitUp(ctx context.Context, name string) (*Peer, error) {
-	if m.onDemand {
+	if m.onDemand && !m.meshSlot(name) {
 		return m.waitMember(ctx, name)
 	}
 	for {
@@ -587,6 +614,15 @@ func (m *Membership) WaitUp(ctx context.Context, name string) (*Peer, error) {
 			return nil, ErrClosed
 		}
 	}
+}
+
+// meshSlot reports whether the named node is kept by the mesh's rules
+// (slot.mesh).
+func (m *Membership) meshSlot(name string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.slots[name]
+	return s != nil && s.mesh
 }
 
 // waitMember waits until the named node is a member (gossip), then
@@ -752,7 +788,7 @@ func (m *Membership) accept(nc net.Conn, data bool) {
 				Reason: fmt.Sprintf("node %q is not a member of cluster %q at node %q (yet)", p.Node, m.cfg.Cluster, m.self.Name)}
 			return admitErr
 		}
-		if m.onDemand && s.inc != p.Incarnation {
+		if !s.mesh && s.inc != p.Incarnation {
 			admitErr = &wire.ConnError{Code: wire.CodeUnavailable,
 				Reason: fmt.Sprintf("node %s knows incarnation %d of %s, not %d (yet)", m.self.Name, s.inc, p.Node, p.Incarnation)}
 			return admitErr
@@ -871,7 +907,7 @@ func (m *Membership) notMember(name string) error {
 
 // The reasons that end notMember's refusal to retry.
 const (
-	reasonNotAliveYet       = "its gossip has not shown it alive"
+	reasonNotAliveYet       = "its gossip has not shown it alive (a node that does not gossip, such as a Python node, is marked mesh_only in the config)"
 	reasonGoneFromDiscovery = "discovery reported it gone, and has not announced it again"
 )
 
@@ -1188,7 +1224,7 @@ func (m *Membership) placeLink(nc net.Conn, l *link, wp wire.Remote, initiator s
 			m.mu.Unlock()
 			m.log.Info("connection from a node that left refused", zap.String("peer", wp.Node))
 			return nil, nil, false
-		case !m.onDemand && s.evicted:
+		case s.mesh && s.evicted:
 			// Discovery reported it gone while this connection was set
 			// up (discover.go).
 			m.mu.Unlock()
@@ -1208,7 +1244,7 @@ func (m *Membership) placeLink(nc net.Conn, l *link, wp wire.Remote, initiator s
 			return nil, nil, false
 		}
 		cur := s.cur
-		if !m.onDemand && cur != nil && cur.Incarnation != wp.Incarnation && !proved {
+		if s.mesh && cur != nil && cur.Incarnation != wp.Incarnation && !proved {
 			// Another incarnation claims a node whose connection is up.
 			// A restarted node's old process is dead, and its connection
 			// silent; a live one sends heartbeats. The live, older
@@ -1228,7 +1264,7 @@ func (m *Membership) placeLink(nc net.Conn, l *link, wp wire.Remote, initiator s
 			continue
 		}
 		if cur != nil && cur.Incarnation == wp.Incarnation {
-			if m.onDemand {
+			if !s.mesh {
 				if cur.link.Load() == nil {
 					cur.setLink(l)
 					m.mu.Unlock()
@@ -1258,7 +1294,7 @@ func (m *Membership) placeLink(nc net.Conn, l *link, wp wire.Remote, initiator s
 				return nil, nil, false
 			}
 		}
-		p = &Peer{Name: wp.Node, Incarnation: wp.Incarnation, initiator: initiator, up: make(chan struct{}), m: m}
+		p = &Peer{Name: wp.Node, Incarnation: wp.Incarnation, initiator: initiator, mesh: s.mesh, up: make(chan struct{}), m: m}
 		p.setLink(l)
 		if cur != nil {
 			cur.gone.Store(true)
@@ -1374,7 +1410,7 @@ func (m *Membership) frame(p *Peer, l *link, f wire.Frame) {
 		_ = l.conn.Send(m.ctx, wire.FramePong, 0, 0, &wire.Pong{Seq: f.Ping.Seq, UnixNano: f.Ping.UnixNano})
 	case *wire.PongFrame:
 	case *wire.GoAwayFrame:
-		if f.GoAway.Code == wire.CodeIdle && m.onDemand {
+		if f.GoAway.Code == wire.CodeIdle && !p.mesh {
 			m.heardIdle(p, l)
 			return
 		}
@@ -1395,7 +1431,7 @@ func (m *Membership) connClosed(p *Peer, l *link, err error) {
 	if p == nil {
 		return // refused before it served a Peer
 	}
-	if m.onDemand && l.idleDone() {
+	if !p.mesh && l.idleDone() {
 		p.link.CompareAndSwap(l, nil)
 		p.gate.And(^gateDrain)
 		m.log.Debug("idle control connection closed", zap.String("peer", p.Name))
@@ -1505,7 +1541,7 @@ func (m *Membership) heartbeatLoop() {
 			m.mu.Lock()
 			var peers []*Peer
 			for _, s := range m.slots {
-				if s.cur != nil {
+				if s.cur != nil && s.mesh {
 					peers = append(peers, s.cur)
 				}
 			}

@@ -89,11 +89,11 @@ func (l *link) idleDone() bool {
 }
 
 // Connect returns the named peer once it is up with a control connection
-// open, dialing it if needed (with the full mesh, it waits for the dial
-// loop). With gossip membership the node must be alive in gossip. ctx
+// open, dialing it if needed (with the full mesh, and for a mesh_only
+// peer, it waits for the dial loop). With gossip membership the node must be alive in gossip. ctx
 // bounds the wait; without a deadline, dial_timeout does.
 func (m *Membership) Connect(ctx context.Context, name string) (*Peer, error) {
-	if !m.onDemand {
+	if !m.onDemand || m.meshSlot(name) {
 		return m.WaitUp(ctx, name)
 	}
 	return m.connect(ctx, name, nil)
@@ -202,7 +202,7 @@ func (m *Membership) idleLoop() {
 			m.mu.Lock()
 			for _, s := range m.slots {
 				p := s.cur
-				if p == nil || p.link.Load() == nil || !isUp(p) {
+				if p == nil || p.mesh || p.link.Load() == nil || !isUp(p) {
 					continue
 				}
 				v := p.gate.Load()
@@ -313,7 +313,7 @@ func (m *Membership) answerIdle(p *Peer, l *link) {
 // mesh by the tie-break of keeps, with gossip membership while cur's link
 // is open and not closing for idleness. m.mu is held.
 func (m *Membership) duplicate(cur *Peer, initiator string) bool {
-	if m.onDemand {
+	if !cur.mesh {
 		return cur.usable()
 	}
 	return m.keeps(cur, initiator)
@@ -326,7 +326,7 @@ func (m *Membership) forgetIfGone(s *slot) {
 	if s.cur != nil || s.dataConns != 0 || s.dialing || s.accepting || m.slots[s.cfg.Name] != s {
 		return
 	}
-	if m.onDemand {
+	if !s.mesh {
 		if s.gossipAlive {
 			return
 		}

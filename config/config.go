@@ -93,7 +93,8 @@ type Config struct {
 	// mesh set) keeps a connection to every node of the list and every
 	// node registered: n-1 connections and heartbeats per node, for a few
 	// nodes (Go services with a few PyTorch processes, which cannot
-	// gossip).
+	// gossip). Under gossip, nodes marked NodeConfig.MeshOnly (PyTorch
+	// processes) are kept by the mesh's rules.
 	Membership string
 
 	// Transport tunes the control connections (YAML: transport).
@@ -167,8 +168,19 @@ type NodeConfig struct {
 	DataAddress string
 	// GossipAddress is the host:port (UDP and TCP) of the node's gossip
 	// membership (package cluster/gossip; YAML: gossip_address). Validate
-	// sets it, when empty, to the control port + 200 on the same host.
+	// sets it, when empty, to the control port + 200 on the same host;
+	// a MeshOnly node has none.
 	GossipAddress string
+	// MeshOnly marks a node that does not gossip (YAML: mesh_only), such
+	// as a Python node (python/tensorferry), which cannot speak the
+	// encrypted gossip. When the cluster's membership resolves to gossip,
+	// every other node keeps a control connection to it by the mesh's
+	// rules (dialed and accepted, heartbeats, failure_timeout, reconnection
+	// with backoff, never closed for idleness), and it starts no gossip and
+	// keeps one to every node of the list itself. With mesh membership it
+	// changes nothing. It must not have a GossipAddress, nor be used with a
+	// discovery section under gossip membership. Default false.
+	MeshOnly bool
 	// Devices lists the devices the node offers; Validate sets [cpu] when
 	// empty.
 	Devices []memory.Device
@@ -627,12 +639,19 @@ func (c *Config) validateNodes() error {
 			}
 			n.DataAddress = net.JoinHostPort(dh, strconv.Itoa(dp))
 		}
-		gossipDefault := n.GossipAddress == ""
-		if gossipDefault {
+		gossipDefault := n.GossipAddress == "" && !n.MeshOnly
+		switch {
+		case n.MeshOnly && n.GossipAddress != "":
+			return c.errf(p+".gossip_address", "set on a mesh_only node, which does not gossip: leave it out")
+		case n.MeshOnly:
+			if c.Discovery != nil && c.MembershipMode() == MembershipGossip {
+				return c.errf(p+".mesh_only", "not supported with a discovery section and gossip membership: set membership: mesh, or list the gossiping nodes without discovery")
+			}
+		case gossipDefault:
 			if n.GossipAddress, err = defaultGossipAddress(host, port); err != nil {
 				return c.errf(p+".address", "%w", err)
 			}
-		} else {
+		default:
 			gh, gp, err := splitAddr(n.GossipAddress)
 			if err != nil {
 				return c.errf(p+".gossip_address", "%w", err)
@@ -640,6 +659,9 @@ func (c *Config) validateNodes() error {
 			n.GossipAddress = net.JoinHostPort(gh, strconv.Itoa(gp))
 		}
 		for _, a := range []struct{ field, addr string }{{"address", n.Address}, {"data_address", n.DataAddress}, {"gossip_address", n.GossipAddress}} {
+			if a.addr == "" {
+				continue // a mesh_only node's gossip_address
+			}
 			if o, dup := addrs[a.addr]; dup {
 				of := fmt.Sprintf("nodes[%d]", o.node)
 				if o.field != a.field {

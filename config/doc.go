@@ -129,7 +129,9 @@
 //	  - name: a
 //	    address: 127.0.0.1:7001    # control listener
 //	    data_address: 127.0.0.1:7101  # default: control port + 100
-//	    gossip_address: 127.0.0.1:7201  # UDP and TCP; default: control port + 200
+//	    gossip_address: 127.0.0.1:7201  # UDP and TCP; default: control port + 200 (none when mesh_only)
+//	    mesh_only: false           # true: does not gossip (a Python node); with gossip membership the
+//	                               # others keep a mesh connection to it, heartbeats on it, and it dials them all
 //	    devices: [cuda:0, cuda:1]  # default [cpu]
 //	    disable_channels: [verbs]  # this node only
 //	    metrics_address: ""        # reserved: host:port (or :port) of the Prometheus endpoint; "": off

@@ -152,3 +152,53 @@ func TestCheckAddress(t *testing.T) {
 		t.Error("CheckName accepted a slash")
 	}
 }
+
+func TestParseMeshOnly(t *testing.T) {
+	dir := secretDir(t, testSecret)
+	c, err := Parse([]byte(strings.Replace(base, "nodes:", "membership: gossip\nnodes:", 1)+"    mesh_only: true\n"), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := c.Nodes[0], c.Nodes[1]; a.MeshOnly || a.GossipAddress != "127.0.0.1:7201" || !b.MeshOnly || b.GossipAddress != "" {
+		t.Errorf("nodes %+v %+v: want a gossiping with the default address, b mesh-only without one", a, b)
+	}
+	// Its default gossip port stays free for another node.
+	if _, err := Parse([]byte(base+"    mesh_only: true\n  - name: c\n    address: 127.0.0.1:7003\n    data_address: 127.0.0.1:7202\n"), dir); err != nil {
+		t.Errorf("a mesh-only node's default gossip port taken: %v", err)
+	}
+	b, err := c.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := Parse(b, dir)
+	if err != nil {
+		t.Fatalf("%v in\n%s", err, b)
+	}
+	if !reflect.DeepEqual(public(back), public(c)) {
+		t.Errorf("round trip\n%+v\n%+v\n%s", public(back), public(c), b)
+	}
+}
+
+func TestParseMeshOnlyInvalid(t *testing.T) {
+	dir := secretDir(t, testSecret)
+	disc := "membership: gossip\ndiscovery:\n  etcd:\n    endpoints: [http://127.0.0.1:2379]\nnodes:"
+	for _, tc := range []struct{ name, yaml, want string }{
+		{"gossip address", base + "    mesh_only: true\n    gossip_address: 127.0.0.1:7999\n",
+			`config: line 9: nodes[1].gossip_address: set on a mesh_only node, which does not gossip: leave it out`},
+		{"not a boolean", base + "    mesh_only: yes please\n",
+			`config: line 8: nodes[1].mesh_only: `},
+		{"discovery with gossip", strings.Replace(base, "nodes:", disc, 1) + "    mesh_only: true\n",
+			`config: line 12: nodes[1].mesh_only: not supported with a discovery section and gossip membership`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.yaml), dir)
+			if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+				t.Fatalf("got  %v\nwant %s", err, tc.want)
+			}
+		})
+	}
+	// With mesh membership and discovery it is allowed (and changes nothing).
+	if _, err := Parse([]byte(strings.Replace(strings.Replace(base, "nodes:", disc, 1), "gossip", "mesh", 1)+"    mesh_only: true\n"), dir); err != nil {
+		t.Errorf("mesh membership, discovery: %v", err)
+	}
+}

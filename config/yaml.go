@@ -473,6 +473,8 @@ func (c *Config) decodeNodes(v *yaml.Node, field string) error {
 				n.DataAddress, err = scalar(v, field)
 			case "gossip_address":
 				n.GossipAddress, err = scalar(v, field)
+			case "mesh_only":
+				n.MeshOnly, err = boolean(v, field)
 			case "devices":
 				n.Devices, err = c.devices(v, field)
 			case "disable_channels":
@@ -723,6 +725,7 @@ type fileNode struct {
 	Address         string   `yaml:"address"`
 	DataAddress     string   `yaml:"data_address,omitempty"`
 	GossipAddress   string   `yaml:"gossip_address,omitempty"`
+	MeshOnly        bool     `yaml:"mesh_only,omitempty"`
 	Devices         []string `yaml:"devices,omitempty,flow"`
 	DisableChannels []string `yaml:"disable_channels,omitempty,flow"`
 	MetricsAddress  string   `yaml:"metrics_address,omitempty"`
@@ -834,7 +837,7 @@ func (c *Config) Marshal() ([]byte, error) {
 		f.TLS = &fileTLS{CertFile: t.CertFile, KeyFile: t.KeyFile, CAFile: t.CAFile, Data: t.Data}
 	}
 	for i, n := range c.Nodes {
-		fn := fileNode{Name: n.Name, Address: n.Address, DataAddress: n.DataAddress, GossipAddress: n.GossipAddress, DisableChannels: n.DisableChannels,
+		fn := fileNode{Name: n.Name, Address: n.Address, DataAddress: n.DataAddress, GossipAddress: n.GossipAddress, MeshOnly: n.MeshOnly, DisableChannels: n.DisableChannels,
 			MetricsAddress: n.MetricsAddress, Pprof: n.Pprof}
 		for _, d := range n.Devices {
 			fn.Devices = append(fn.Devices, d.String())

@@ -163,8 +163,19 @@ func cluster(t testing.TB, n int, opts ...nodeOpt) []*node {
 			}
 		}
 	}
+	// Members may list a node a moment before its Join reaches the
+	// handler: wait for both.
 	for _, nd := range nodes {
 		poll.Until(t, nd.Self().Name+" sees every member", func() bool { return len(nd.Members()) == n })
+		poll.Until(t, nd.Self().Name+" was told of every join", func() bool {
+			joins := 0
+			for _, e := range nd.rec.all() {
+				if e.join {
+					joins++
+				}
+			}
+			return joins >= n-1
+		})
 	}
 	return nodes
 }

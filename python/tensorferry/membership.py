@@ -1,5 +1,5 @@
 """How a Python node joins its cluster: the mesh, as the Go nodes run it
-(cluster/membership.go), and why not gossip.
+(cluster/membership.go), also as a mesh-only member of a gossip cluster.
 
 Mesh membership: every node dials every other node of the config and
 accepts their dials, so either end may start first or restart. A node
@@ -25,10 +25,18 @@ Admit sends them; the refused dialer retries after its backoff.
 Gossip membership (SWIM, hashicorp/memberlist) is encrypted with
 AES-GCM under a key derived from the cluster's secret; Python's standard
 library has no AES, and this package adds no compiled dependency, so a
-Python node cannot take part in gossip: check_membership refuses a
-config that runs it (membership: gossip, more than AutoMeshNodes nodes
-with membership left out, or a discovery section with membership left
-out, which the Go side resolves to gossip).
+Python node cannot take part in gossip. It joins a gossip cluster
+(membership: gossip, or more than AutoMeshNodes nodes with membership
+left out) as a mesh-only member: its entry in the cluster's config says
+mesh_only: true (and has no gossip_address), and the node is made with
+mesh_only=True. Every Go node then keeps a control connection to it by
+the mesh's rules (dialed and accepted, heartbeats, failure_timeout,
+never closed for idleness), and it dials every node it is given, as
+above; the Go nodes gossip among themselves. check_membership refuses a
+gossip cluster without mesh_only=True, saying so, and a discovery
+section under gossip membership (membership: gossip, or left out with
+discovery), which the Go config refuses for mesh_only nodes too: run
+such a cluster with membership: mesh.
 
 With discovery (membership: mesh and an etcd discovery section,
 discovery.py), the peers are the nodes registered in etcd besides those
@@ -50,34 +58,42 @@ _GOSSIP_WHY = ("the Go nodes' gossip (hashicorp/memberlist) is encrypted with AE
                "derived from the secret, and Python's standard library has no AES")
 
 
-def check_membership(membership, discovery, nodes):
+_NOT_WITH_DISCOVERY = ("mesh_only nodes are not supported with a discovery section under gossip "
+                       "membership (the Go config refuses them there too)")
+
+
+def check_membership(membership, discovery, nodes, mesh_only=False):
     """Raise ValueError unless a Python node can run the membership that
     the config's membership key (None or "" for auto, "mesh", "gossip")
     and discovery section (None, or the section) give for a cluster of
     nodes nodes (this one included), as config.MembershipMode resolves
-    it: the mesh, with or without discovery."""
+    it: the mesh, with or without discovery; or gossip without discovery
+    when this node's entry in the config is marked mesh_only (mesh_only
+    True), so that the Go nodes keep a mesh connection to it."""
     if membership not in (None, "", "mesh", "gossip"):
-        raise ValueError("tensorferry: membership %r: use 'mesh' (or leave it out)" % (membership,))
+        raise ValueError("tensorferry: membership %r: use 'mesh' or 'gossip' (or leave it out)" % (membership,))
     if discovery is not None:
         if membership == "gossip":
             raise ValueError("tensorferry: membership 'gossip' with a discovery section, and a Python node "
-                             "cannot join gossip: %s. Run the cluster with membership: mesh and the "
+                             "cannot join gossip (%s), and %s. Run the cluster with membership: mesh and the "
                              "discovery section: every node registers in etcd and dials the nodes it "
-                             "finds there" % _GOSSIP_WHY)
+                             "finds there" % (_GOSSIP_WHY, _NOT_WITH_DISCOVERY))
         if membership != "mesh":
             raise ValueError("tensorferry: a discovery section with membership left out means gossip (as "
-                             "the Go config resolves it), and a Python node cannot join gossip: %s. Set "
-                             "membership: mesh in the cluster's config (and membership='mesh' here): "
+                             "the Go config resolves it), and a Python node cannot join gossip (%s), and %s. "
+                             "Set membership: mesh in the cluster's config (and membership='mesh' here): "
                              "every node registers in etcd and dials the nodes it finds there"
-                             % _GOSSIP_WHY)
+                             % (_GOSSIP_WHY, _NOT_WITH_DISCOVERY))
         return
     mode = membership or ("mesh" if nodes <= AUTO_MESH_NODES else "gossip")
-    if mode == "gossip":
+    if mode == "gossip" and not mesh_only:
         why = "membership 'gossip'" if membership else (
             "%d nodes, more than %d, make membership left out gossip" % (nodes, AUTO_MESH_NODES))
-        raise ValueError("tensorferry: %s, and a Python node cannot join gossip: %s. Run the cluster with "
-                         "membership: mesh (every node dials every other node of the config, heartbeats "
-                         "on each connection), which Go and Python nodes both speak" % (why, _GOSSIP_WHY))
+        raise ValueError("tensorferry: %s, and a Python node cannot join gossip: %s. Mark this node "
+                         "mesh_only: true in the cluster's config (its entry under nodes, without a "
+                         "gossip_address) and pass mesh_only=True here: the Go nodes then keep a control "
+                         "connection with heartbeats to it, and it dials every node; or run the cluster "
+                         "with membership: mesh" % (why, _GOSSIP_WHY))
 
 
 class Refused(Exception):

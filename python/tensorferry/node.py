@@ -32,10 +32,13 @@ no longer admitted; stop marks the registration leaving and revokes it.
 peers may then be empty.
 
 Gossip membership is not spoken, and cannot be with the standard library:
-the Go nodes' gossip is encrypted with AES-GCM. Node() raises ValueError
-for a config that runs gossip (membership "gossip", more than 16 nodes
-with membership left out, or a discovery section with membership left
-out, which Go resolves to gossip), saying so.
+the Go nodes' gossip is encrypted with AES-GCM. The node joins a gossip
+cluster (membership "gossip", or more than 16 nodes with membership left
+out) as a mesh-only member: its entry in the config says mesh_only: true,
+and Node() gets mesh_only=True; the Go nodes keep a mesh connection to it
+(membership.py). Node() raises ValueError, saying so, for a gossip config
+without mesh_only=True, and for one with a discovery section (membership
+"gossip", or left out with discovery, which Go resolves to gossip).
 
 With tls (the cluster's tls block: cert_file, key_file, ca_file, data),
 control connections run over TLS 1.3 under the HMAC handshake, and data
@@ -650,7 +653,9 @@ class Node:
     discovery section: the node runs the mesh (membership None, "" or
     "mesh" with at most 16 nodes, no discovery; or "mesh" with discovery)
     and raises ValueError, saying why, for a config that runs gossip
-    (membership.py).
+    (membership.py), unless mesh_only (default False) says this node's
+    entry in the config is marked mesh_only: then it joins a gossip
+    cluster without discovery as a mesh member of every node.
 
     discovery (default None) is the config's discovery section, a dict:
     {"etcd": {"endpoints": ["http://10.0.0.9:2379"], "prefix":
@@ -671,8 +676,9 @@ class Node:
                  max_frame_size=16 << 20, receive_budget=1 << 30, fetch_timeout=60.0,
                  data_address=None, inbox_messages=4096, on_up=None, on_down=None,
                  ipc=True, device=None, inline_device=False, shm_dir=None, ref_ttl=600.0, tls=None,
-                 dial_timeout=2.0, reconnect_min=0.1, reconnect_max=5.0, membership=None, discovery=None):
-        _membership.check_membership(membership, discovery, len(peers) + (name not in peers))
+                 dial_timeout=2.0, reconnect_min=0.1, reconnect_max=5.0, membership=None, discovery=None,
+                 mesh_only=False):
+        _membership.check_membership(membership, discovery, len(peers) + (name not in peers), mesh_only)
         if isinstance(secret, str):
             secret = secret.encode()
         if len(secret) < 16:

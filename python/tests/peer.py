@@ -61,7 +61,7 @@ def main():
                    on_down=lambda n, why: say("down", n, why), tls=cfg.get("tls"),
                    dial_timeout=cfg.get("dial_timeout", 2.0), reconnect_min=cfg.get("reconnect_min", 0.1),
                    reconnect_max=cfg.get("reconnect_max", 5.0), membership=cfg.get("membership"),
-                   discovery=cfg.get("discovery"))
+                   discovery=cfg.get("discovery"), mesh_only=cfg.get("mesh_only", False))
 
     def double(m):
         x = m["X"]

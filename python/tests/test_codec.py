@@ -182,6 +182,36 @@ class HostileTest(unittest.TestCase):
         with self.assertRaises(BadTable):
             decode_body(bytes(encode(Struct(A=TensorRef(1, 5), B=TensorRef(1, 5)))), {5: t})
 
+    def test_bodies_keep_no_tensor_alive(self):
+        """Neither codec keeps a message's tensors in a reference cycle:
+        they go as soon as the message does, without Python's cycle
+        collector (which ran every few messages and held GBs of GPU
+        memory before)."""
+        import gc
+        import weakref
+
+        from tensorferry.message import encode_body
+
+        class Tensor:  # what tensor_of turns into an InlineTensor
+            pass
+        gc.disable()
+        try:
+            x = Tensor()
+            ref = weakref.ref(x)
+            # tensor_of's result holds the tensor, as the node's does.
+            body, table = encode_body({"A": {"B": [x]}}, lambda v: [v] if isinstance(v, Tensor) else None)
+            wid = table[0][0]
+            del x, table
+            self.assertIsNone(ref(), "encode_body keeps a sent tensor alive")
+            t = Tensor()
+            ref = weakref.ref(t)
+            fields = decode_body(body, {wid: t})
+            self.assertIs(fields["A"]["B"][0], t)
+            del t, fields
+            self.assertIsNone(ref(), "decode_body keeps a received tensor alive")
+        finally:
+            gc.enable()
+
 
 if given is not None:
     leaves = (st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1)

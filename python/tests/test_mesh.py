@@ -1,6 +1,7 @@
 """Mesh membership between Python nodes (membership.py): both ends dial,
 either may start first or restart, the two keep one connection; the
-admission rules; and the memberships a Python node refuses (gossip)."""
+admission rules; and the memberships a Python node refuses (gossip,
+unless marked mesh_only)."""
 
 import os
 import socket
@@ -284,6 +285,34 @@ class MeshTest(unittest.TestCase):
         Node("c", SECRET, "py", "127.0.0.1:0", peers, ipc=False, membership="mesh")
         with self.assertRaisesRegex(ValueError, "reconnect_min"):
             Node("c", SECRET, "py", "127.0.0.1:0", peers, ipc=False, reconnect_min=1.0, reconnect_max=0.5)
+
+    def test_gossip_mesh_only(self):
+        # A node marked mesh_only joins a gossip cluster without discovery;
+        # an unmarked one is told to mark itself, with the key's name.
+        disc = {"etcd": {"endpoints": ["http://127.0.0.1:2379"]}}
+        check = membership.check_membership
+        for args in (("gossip", None, 3), (None, None, 17), ("", None, 40), ("mesh", None, 3), (None, None, 3),
+                     ("mesh", disc, 3)):
+            with self.subTest(args=args):
+                check(*args, mesh_only=True)
+        for args in (("gossip", None, 3), (None, None, 17)):
+            with self.subTest(args=args), self.assertRaisesRegex(
+                    ValueError, "cannot join gossip.*Mark this node mesh_only: true.*mesh_only=True"):
+                check(*args)
+        # Not with discovery under gossip, marked or not.
+        for args, want in ((("gossip", disc, 3), "with a discovery section.*mesh_only nodes are not supported"),
+                           ((None, disc, 3), "left out means gossip.*mesh_only nodes are not supported")):
+            for mesh_only in (False, True):
+                with self.subTest(args=args, mesh_only=mesh_only), self.assertRaisesRegex(ValueError, want):
+                    check(*args, mesh_only=mesh_only)
+        with self.assertRaisesRegex(ValueError, "membership 'swim'"):
+            check("swim", None, 3, mesh_only=True)
+        # Node passes it on.
+        peers = {"n%d" % i: "127.0.0.1:%d" % (7000 + i) for i in range(20)}
+        Node("c", SECRET, "py", "127.0.0.1:0", peers, ipc=False, mesh_only=True)
+        Node("c", SECRET, "py", "127.0.0.1:0", peers, ipc=False, membership="gossip", mesh_only=True)
+        with self.assertRaisesRegex(ValueError, "21 nodes, more than 16.*mesh_only"):
+            Node("c", SECRET, "py", "127.0.0.1:0", peers, ipc=False)
 
 
 if __name__ == "__main__":
