@@ -228,64 +228,9 @@ def _enc_bytes(out, v, depth):
     out += v
 
 
-def _enc_list(out, v, depth):
-    """A list or tuple: an array (_enc_struct's depth checks)."""
-    if depth > MAX_DEPTH:
-        raise ValueError("tensorferry: value nested deeper than %d" % MAX_DEPTH)
-    n = len(v)
-    if n and depth >= MAX_DEPTH:
-        raise ValueError("tensorferry: value nested deeper than %d" % MAX_DEPTH)
-    if n <= 15:
-        out.append(0x90 | n)
-    else:
-        _len(out, n, 0x90, 15, None, 0xDC, 0xDD)
-    depth += 1
-    for x in v:
-        f = _FAST_ENC.get(type(x))
-        if f is not None:
-            f(out, x, depth)
-        else:
-            _enc(out, x, depth)
-
-
-def _enc_dict(out, v, depth):
-    """A plain dict (a Go map): its keys sorted."""
-    if depth > MAX_DEPTH:
-        raise ValueError("tensorferry: value nested deeper than %d" % MAX_DEPTH)
-    n = len(v)
-    if n and depth >= MAX_DEPTH:
-        raise ValueError("tensorferry: value nested deeper than %d" % MAX_DEPTH)
-    if n <= 15:
-        out.append(0x80 | n)
-    else:
-        _len(out, n, 0x80, 15, None, 0xDE, 0xDF)
-    depth += 1
-    for k in sorted(v):
-        for x in (k, v[k]):
-            f = _FAST_ENC.get(type(x))
-            if f is not None:
-                f(out, x, depth)
-            else:
-                _enc(out, x, depth)
-
-
-def _enc_none(out, v, depth):
-    out.append(0xC0)
-
-
-def _enc_bool(out, v, depth):
-    out.append(0xC3 if v else 0xC2)
-
-
-def _enc_float(out, v, depth):
-    out += b"\xcb" + _pack_f64(v)
-
-
-# Encoders by exact type for the common values; any other type,
-# subclasses included (F32, the Fixed ints), goes through _enc's checks in
-# order, which write the same bytes (the codec's tests compare the two).
-_FAST_ENC = {Struct: _enc_struct, str: _enc_str, int: _enc_int, bytes: _enc_bytes, list: _enc_list,
-             tuple: _enc_list, dict: _enc_dict, type(None): _enc_none, bool: _enc_bool, float: _enc_float}
+# Encoders by exact type for the common values (a Struct's fields); any
+# other type, subclasses included, goes through _enc's checks in order.
+_FAST_ENC = {Struct: _enc_struct, str: _enc_str, int: _enc_int, bytes: _enc_bytes}
 
 
 def encode(v, out=None):
