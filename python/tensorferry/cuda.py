@@ -66,7 +66,6 @@ class Driver:
         except OSError as e:
             raise CudaError("tensorferry: cuda: no driver (%s): %s" % (path, e)) from None
         self._ctx = {}
-        self._ctx_value = {}  # ordinal -> its primary context's address (an int)
         self._mu = threading.Lock()
         # (device, buffer id) -> Allocation of a driver allocation seen
         # before: the driver's buffer ids are unique for the process's
@@ -83,13 +82,10 @@ class Driver:
     def _call(self, name, *args):
         rc = self._fn(name)(*args)
         if rc != 0:
-            self._failed(name, rc)
-
-    def _failed(self, name, rc):
-        s = ctypes.c_char_p()
-        self.lib.cuGetErrorName(rc, ctypes.byref(s))
-        raise CudaError("tensorferry: cuda: %s: %s" % (name.split("_v")[0],
-                        s.value.decode() if s.value else "error %d" % rc))
+            s = ctypes.c_char_p()
+            self.lib.cuGetErrorName(rc, ctypes.byref(s))
+            raise CudaError("tensorferry: cuda: %s: %s" % (name.split("_v")[0],
+                            s.value.decode() if s.value else "error %d" % rc))
 
     def device_count(self):
         n = ctypes.c_int()
@@ -126,24 +122,17 @@ class Driver:
                     ctx = ctypes.c_void_p()
                     self._call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), self._dev(ordinal))
                     self._ctx[ordinal] = ctx
-                    self._ctx_value[ordinal] = ctx.value  # after _ctx: _in reads them in this order
         return ctx
 
     def _in(self, ordinal, fn, *args):
         """fn(*args) with the device's primary context current on this
-        thread: one cuCtxGetCurrent when it is (no closure to build for
-        it), a push and a pop around fn otherwise."""
-        want = self._ctx_value.get(ordinal)
-        if want is None:
-            self._primary(ordinal)
-            want = self._ctx_value[ordinal]
+        thread (the arguments passed: no closure built for each call)."""
+        ctx = self._primary(ordinal)
         cur = ctypes.c_void_p()
-        rc = self.lib.cuCtxGetCurrent(ctypes.byref(cur))
-        if rc != 0:
-            self._failed("cuCtxGetCurrent", rc)
-        if cur.value == want:
+        self._call("cuCtxGetCurrent", ctypes.byref(cur))
+        if cur.value == ctx.value:
             return fn(*args)
-        self._call("cuCtxPushCurrent_v2", self._ctx[ordinal])
+        self._call("cuCtxPushCurrent_v2", ctx)
         try:
             return fn(*args)
         finally:

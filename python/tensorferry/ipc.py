@@ -350,7 +350,7 @@ class Owner:
         direct when holder proved it shares this host and got the
         allocation's handle already (and direct offers are on). Raises
         Refused for memory without a legacy IPC handle."""
-        a = self.driver.locate(t, sync=True) if sync else self.driver.locate(t)
+        a = self.driver.locate(t, sync=sync)
         if not a.legacy_ipc:
             raise Refused("tensorferry: ipc: the tensor's memory (%#x on cuda:%d) has no legacy CUDA IPC "
                           "handle: PyTorch's expandable segments (PYTORCH_CUDA_ALLOC_CONF="
