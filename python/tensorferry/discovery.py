@@ -156,11 +156,13 @@ def _side_address(n, key, host, port, offset, what, hint):
         raise BadValue("%s: %s" % (key, e)) from None
 
 
-def check_node(n):
+def check_node(n, gossips=True):
     """config.CheckNode on n, a dict of name, address, data_address,
     gossip_address and devices: checks and completes it (default data port
     +100, gossip port +200, devices [cpu]; addresses written host:port).
-    Raises BadValue naming the field."""
+    Raises BadValue naming the field. gossips False: the node does not
+    gossip (this Python node): no gossip address is defaulted or checked,
+    so none can collide with its other ports."""
     try:
         check_name(n["name"])
     except BadValue as e:
@@ -173,10 +175,13 @@ def check_node(n):
     n["data_address"] = _side_address(n, "data_address", host, port, DATA_PORT_OFFSET, "data port", "")
     if n["data_address"] == n["address"]:
         raise BadValue("data_address: same as address (%.80r)" % n["address"])
-    n["gossip_address"] = _side_address(n, "gossip_address", host, port, GOSSIP_PORT_OFFSET, "gossip port",
-                                        ": set gossip_address")
-    if n["gossip_address"] in (n["address"], n["data_address"]):
-        raise BadValue("gossip_address: same as address or data_address (%.80r)" % n["gossip_address"])
+    if not gossips:
+        n.pop("gossip_address", None)
+    else:
+        n["gossip_address"] = _side_address(n, "gossip_address", host, port, GOSSIP_PORT_OFFSET, "gossip port",
+                                            ": set gossip_address")
+        if n["gossip_address"] in (n["address"], n["data_address"]):
+            raise BadValue("gossip_address: same as address or data_address (%.80r)" % n["gossip_address"])
     devs = n.get("devices") or ["cpu"]
     if len(devs) > MAX_NODE_DEVICES:
         raise BadValue("devices: %d devices, at most %d" % (len(devs), MAX_NODE_DEVICES))
@@ -731,8 +736,7 @@ class Etcd:
         deliver the cluster's other nodes to fn. timeout (default lease
         TTL + dial timeout) bounds the wait for a previous registration of
         this name to expire."""
-        self.self = check_node(dict(self_node, gossip_address=self_node.get("gossip_address") or ""))
-        self.self.pop("gossip_address")  # a Python node does not gossip
+        self.self = check_node(dict(self_node), gossips=False)  # a Python node does not gossip
         self.key = self.dir + self.self["name"].encode()
         self.value = encode_node(self.self)
         self.fn = fn

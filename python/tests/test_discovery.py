@@ -316,6 +316,20 @@ class SettingsTest(unittest.TestCase):
             membership.check_membership("gossip", sec, 2)
 
 
+class SelfNodeTest(unittest.TestCase):
+    def test_no_gossip_port_for_a_python_node(self):
+        # A data port that happens to be the address's port + 200 (the
+        # default gossip port) is fine for a node that does not gossip;
+        # TestPythonEtcd failed so once with random ports.
+        n = {"name": "py", "address": "127.0.0.1:34131", "data_address": "127.0.0.1:34331"}
+        with self.assertRaises(disc.BadValue):
+            disc.check_node(dict(n))
+        got = disc.check_node(dict(n), gossips=False)
+        self.assertNotIn("gossip_address", got)
+        self.assertEqual(got["data_address"], "127.0.0.1:34331")
+        self.assertNotIn(b"gossip", disc.encode_node(got))
+
+
 class DecodeTest(unittest.TestCase):
     def test_node(self):
         n, leaving = disc.decode_node(b'{"NAME":"a","name":"b","address":"[::1]:80","devices":["cuda","host"],'
