@@ -81,17 +81,7 @@ nodes:`, 1)+"    gossip_address: 10.0.0.2:9999\n"), dir)
 
 	// Marshal writes them and Parse reads them back.
 	c.Nodes[1].GossipAddress = "[::1]:7999"
-	b, err := c.Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	back, err := Parse(b, dir)
-	if err != nil {
-		t.Fatalf("%v in\n%s", err, b)
-	}
-	if !reflect.DeepEqual(public(back), public(c)) {
-		t.Errorf("round trip\n%+v\n%+v\n%s", public(back), public(c), b)
-	}
+	roundTrip(t, c, dir)
 }
 
 func TestParseGossipInvalid(t *testing.T) {
@@ -166,17 +156,7 @@ func TestParseMeshOnly(t *testing.T) {
 	if _, err := Parse([]byte(base+"    mesh_only: true\n  - name: c\n    address: 127.0.0.1:7003\n    data_address: 127.0.0.1:7202\n"), dir); err != nil {
 		t.Errorf("a mesh-only node's default gossip port taken: %v", err)
 	}
-	b, err := c.Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	back, err := Parse(b, dir)
-	if err != nil {
-		t.Fatalf("%v in\n%s", err, b)
-	}
-	if !reflect.DeepEqual(public(back), public(c)) {
-		t.Errorf("round trip\n%+v\n%+v\n%s", public(back), public(c), b)
-	}
+	roundTrip(t, c, dir)
 }
 
 func TestParseMeshOnlyInvalid(t *testing.T) {
@@ -200,5 +180,21 @@ func TestParseMeshOnlyInvalid(t *testing.T) {
 	// With mesh membership and discovery it is allowed (and changes nothing).
 	if _, err := Parse([]byte(strings.Replace(strings.Replace(base, "nodes:", disc, 1), "gossip", "mesh", 1)+"    mesh_only: true\n"), dir); err != nil {
 		t.Errorf("mesh membership, discovery: %v", err)
+	}
+}
+
+// roundTrip checks that Marshal writes c and Parse reads it back unchanged.
+func roundTrip(t *testing.T, c *Config, dir string) {
+	t.Helper()
+	b, err := c.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := Parse(b, dir)
+	if err != nil {
+		t.Fatalf("%v in\n%s", err, b)
+	}
+	if !reflect.DeepEqual(public(back), public(c)) {
+		t.Errorf("round trip\n%+v\n%+v\n%s", public(back), public(c), b)
 	}
 }
