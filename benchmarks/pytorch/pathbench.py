@@ -42,9 +42,11 @@ SIZE = 64 << 10
 
 
 def fake_driver():
-    lib = os.path.join(tempfile.mkdtemp(), "libfakecuda.so")
-    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", lib, os.path.join(ROOT, "python/tests/fakelibcuda.c")],
-                   check=True)
+    lib = os.environ.get("TF_FAKECUDA")
+    if not lib:
+        lib = os.path.join(tempfile.mkdtemp(), "libfakecuda.so")
+        subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", lib,
+                        os.path.join(ROOT, "python/tests/fakelibcuda.c")], check=True)
     fake = ctypes.CDLL(lib)
     fake.fake_register.argtypes = [ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int]
     cuda.current_stream = lambda ordinal: 0x5eed  # the stand-in's stream
@@ -172,6 +174,28 @@ def main():
             fn()
         pr.disable()
         pstats.Stats(pr).sort_stats("tottime").print_stats(30)
+        return
+    if "--idle" in sys.argv or "--busy" in sys.argv:
+        busy = "--busy" in sys.argv
+        idle = float(sys.argv[sys.argv.index("--busy" if busy else "--idle") + 1]) / 1e6
+        for name, fn in bench.cases.items():
+            for _ in range(200):
+                fn()
+            times = []
+            for _ in range(n):
+                if busy:
+                    end = time.perf_counter() + idle
+                    while time.perf_counter() < end:
+                        pass
+                else:
+                    time.sleep(idle)
+                s = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - s)
+            times.sort()
+            print("%-7s %7.1f us  (median of %d calls, each after %.0f us %s; p90 %.1f)"
+                  % (name, times[n // 2] * 1e6, n, idle * 1e6, "spinning" if busy else "asleep",
+                     times[n * 9 // 10] * 1e6))
         return
     in_gc = [0.0, 0.0]
 

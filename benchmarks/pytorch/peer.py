@@ -12,6 +12,10 @@ With TF_BENCH_STAGES=FILE in its environment it also times the node's
 per-message stages (decoding on the reader, the handoffs between
 threads, the ipc fetch and export, encoding, sends) and appends their
 medians to FILE when it exits: where the Python side's time goes.
+With TF_BENCH_TIMELINE=FILE it writes every call of those stages, on
+every thread, to FILE when it exits: one line "ns thread event" each
+(the entry and exit of each, the waits for a socket, the frames read
+by type), for benchmarks/pytorch/timeline.py to lay out per message.
 """
 
 import atexit
@@ -119,8 +123,53 @@ def time_stages(path, nodes):
     atexit.register(dump)
 
 
+def trace_timeline(path):
+    """Record the entry and exit of the node's per-message calls, on every
+    thread, and write them to path at exit (see the module's doc)."""
+    import threading
+    from tensorferry import cuda, ipc, node
+    events = []
+    clock = time.perf_counter_ns
+    ident = threading.get_ident
+
+    def wrap(cls, name, label=None):
+        fn = getattr(cls, name)
+        label = label or name
+
+        def traced(*a, **k):
+            events.append((clock(), ident(), label + ">"))
+            try:
+                return fn(*a, **k)
+            finally:
+                events.append((clock(), ident(), label + "<"))
+        setattr(cls, name, traced)
+
+    for cls, names in ((node.Node, ("request", "_message_in", "_deliver", "_release_all", "_envelope",
+                                    "_export_device", "_inline", "_run", "_fetch", "_released")),
+                       (node._Conn, ("write",)), (node.FrameReader, ("_fill",)),
+                       (node._Reply, ("set", "wait")), (ipc.Owner, ("offer",)),
+                       (ipc.Fetcher, ("fetch_direct",)), (cuda.Driver, ("locate", "copy"))):
+        for name in names:
+            wrap(cls, name)
+    frame_in = node.Node._frame_in
+
+    def arrival(self, c, ftype, stream, body):
+        events.append((clock(), ident(), "frame%d" % ftype))
+        return frame_in(self, c, ftype, stream, body)
+    node.Node._frame_in = arrival
+
+    def dump():
+        names = {}
+        with open(path, "w") as f:
+            for t, tid, ev in events:
+                f.write("%d %d %s\n" % (t, names.setdefault(tid, len(names)), ev))
+    atexit.register(dump)
+
+
 def main():
     nodes = []
+    if os.environ.get("TF_BENCH_TIMELINE"):
+        trace_timeline(os.environ["TF_BENCH_TIMELINE"])
     if os.environ.get("TF_BENCH_STAGES"):
         time_stages(os.environ["TF_BENCH_STAGES"], nodes)
     cfg = json.loads(os.environ["TF_BENCH_PEER"])
