@@ -402,6 +402,65 @@ def decode(b, refs=None):
     return _decode_python(b, refs)
 
 
+def split_array(b, max_items):
+    """The encoded bytes of each item of the msgpack array b (a message
+    batch: each item is then decoded on its own), without decoding them
+    twice: msgpack's C unpacker skips over each item where it is there,
+    else the Python decoder reads it. Raises BadBody when b is not one
+    array of at most max_items well-formed items."""
+    if type(b) is not bytes:
+        b = bytes(b)
+    n = len(b)
+    if _Unpacker is None:  # pragma: no cover - the Python decoder alone
+        return _split_python(b, n, max_items)
+    u = _Unpacker(max_buffer_size=max(n, 1))
+    u.feed(b)
+    try:
+        k = u.read_array_header()
+        if k > max_items or k > n:
+            raise BadBody("tensorferry: array of %d items in %d bytes (at most %d)" % (k, n, max_items))
+        out, start = [], u.tell()
+        for _ in range(k):
+            u.skip()
+            end = u.tell()
+            out.append(b[start:end])
+            start = end
+    except BadBody:
+        raise
+    except Exception as e:  # noqa: BLE001 - the unpacker's errors are several types
+        raise BadBody("tensorferry: bad msgpack array: %s" % (str(e)[:200] or type(e).__name__)) from None
+    if start != n:
+        raise BadBody("tensorferry: %d bytes after the msgpack array" % (n - start))
+    return out
+
+
+def _split_python(b, n, max_items):
+    """split_array by the Python decoder (it decodes each item to find
+    its end)."""
+    if not n:
+        raise BadBody("tensorferry: empty msgpack array")
+    c, i = b[0], 1
+    if 0x90 <= c <= 0x9F:
+        k = c & 0x0F
+    elif c in (0xDC, 0xDD):
+        w = 2 if c == 0xDC else 4
+        if n < 1 + w:
+            raise BadBody("tensorferry: truncated array header")
+        k, i = int.from_bytes(b[1:1 + w], "big"), 1 + w
+    else:
+        raise BadBody("tensorferry: not a msgpack array (byte %#x)" % c)
+    if k > max_items or k > n - i:
+        raise BadBody("tensorferry: array of %d items in %d bytes (at most %d)" % (k, n, max_items))
+    out = []
+    for _ in range(k):
+        _, j = _dec(b, i, n, 1, None)
+        out.append(b[i:j])
+        i = j
+    if i != n:
+        raise BadBody("tensorferry: %d bytes after the msgpack array" % (n - i))
+    return out
+
+
 def _decode_python(b, refs=None):
     """decode by the Python decoder alone (b: bytes)."""
     n = len(b)
@@ -423,9 +482,9 @@ def _decode_python(b, refs=None):
 # checked by the pairs hook; bad UTF-8, truncation, counts beyond the
 # input, reserved bytes and trailing bytes make the C unpacker raise.
 try:
-    from msgpack import unpackb as _unpackb
+    from msgpack import Unpacker as _Unpacker, unpackb as _unpackb
 except ImportError:  # pragma: no cover - the Python decoder alone
-    _unpackb = None
+    _Unpacker = _unpackb = None
 
 # Larger bytes are mostly payload (an inline tensor's bin), which the
 # Python decoder slices at once, while the two counts below read every

@@ -213,6 +213,47 @@ class HostileTest(unittest.TestCase):
             gc.enable()
 
 
+class SplitArrayTest(unittest.TestCase):
+    """codec.split_array: a message batch's items as their own bytes, by
+    msgpack's unpacker and by the Python decoder alike."""
+
+    def both(self, fn):
+        fn()
+        saved = codec._Unpacker
+        codec._Unpacker = None
+        try:
+            fn()
+        finally:
+            codec._Unpacker = saved
+
+    def test_items(self):
+        items = [{"t": "a", "b": b"x" * 300}, [1, [2, {"k": None}]], "s", 7, 2**64 - 1]
+        b = bytes(encode(items))
+
+        def check():
+            self.assertEqual(codec.split_array(b, 1024), [bytes(encode(v)) for v in items])
+            self.assertEqual(codec.split_array(bytes(encode([])), 1024), [])
+        self.both(check)
+
+    def test_hostile(self):
+        cases = {
+            "not an array": bytes(encode({"a": 1})),
+            "empty": b"",
+            "more items than bytes": b"\xdd\xff\xff\xff\xff" + b"\xc0" * 8,
+            "more items than allowed": bytes(encode([0] * 5)),
+            "truncated item": bytes(encode(["abcdef"]))[:-2],
+            "truncated header": b"\xdc\x00",
+            "trailing bytes": bytes(encode([1])) + b"\xc0",
+            "reserved byte": b"\x91\xc1",
+            "deep item": b"\x91" + b"\x91" * 100000 + b"\xc0",
+        }
+        for what, b in cases.items():
+            def check(b=b, what=what):
+                with self.assertRaises(BadBody, msg=what):
+                    codec.split_array(b, 4)
+            self.both(check)
+
+
 if given is not None:
     leaves = (st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1)
               | st.floats(allow_nan=False) | st.text(max_size=300) | st.binary(max_size=300))
@@ -282,6 +323,44 @@ if given is not None:
                 self.assertEqual(repr(got), repr(want))
                 if refs is not None:
                     self.assertEqual(refs, want_refs)
+
+        @settings(max_examples=300, deadline=None)
+        @given(st.lists(values, max_size=5), st.data())
+        def test_split_array(self, items, data):
+            # A batch splits into its items' encodings, by either path; any
+            # mutation of it splits the same way by both, or is refused by
+            # both, or (the unpacker skips items without checking their
+            # strings and depth) an item the unpacker let through is one
+            # that decode refuses, as the node does next.
+            b = bytes(encode(items))
+            self.assertEqual(codec.split_array(b, 8), [bytes(encode(v)) for v in items])
+            if b and data.draw(st.booleans()):
+                i = data.draw(st.integers(0, len(b) - 1))
+                b = b[:i] + bytes((data.draw(st.integers(0, 255)),)) + b[i + 1:]
+            else:
+                b = b[:data.draw(st.integers(0, len(b)))]
+            try:
+                got = codec.split_array(b, 8)
+            except BadBody:
+                got = BadBody
+            saved = codec._Unpacker
+            codec._Unpacker = None
+            try:
+                want = codec.split_array(b, 8)
+            except BadBody:
+                want = BadBody
+            finally:
+                codec._Unpacker = saved
+            if got is not BadBody and want is BadBody:
+                refused = 0
+                for item in got:
+                    try:
+                        decode(item)
+                    except BadBody:
+                        refused += 1
+                self.assertTrue(refused, "the unpacker's split of bytes the Python decoder refuses")
+                return
+            self.assertEqual(got, want)
 
         @settings(max_examples=500, deadline=None)
         @given(st.recursive(leaves, lambda c: st.lists(c, max_size=4)
