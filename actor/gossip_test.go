@@ -1,6 +1,7 @@
 package actor_test
 
 import (
+	"context"
 	"errors"
 	"math/rand/v2"
 	"sync/atomic"
@@ -138,5 +139,53 @@ func TestGossipNodeDownWhileIdle(t *testing.T) {
 	}
 	if _, err := a.Root().RequestFuture(remote, &Ping{}, 10*time.Second).Result(); !errors.Is(err, pa.ErrDeadLetter) {
 		t.Fatalf("request to the node that left: %v", err)
+	}
+}
+
+// A send to a mesh_only node that is down fails at once on a gossip node,
+// as on the full mesh (the mesh's dial loop keeps trying), instead of
+// waiting dial_timeout for a connection.
+func TestGossipSendToMeshOnlyNodeDown(t *testing.T) {
+	cfg, err := config.LocalConfig("gossip", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Membership = config.MembershipGossip
+	cfg.Nodes[2].MeshOnly = true
+	cfg.Nodes[2].GossipAddress = ""
+	cfg.DialTimeout = 10 * time.Minute // longer than the test's deadline
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	var nodes []*actor.Node
+	for _, nc := range cfg.Nodes[:2] { // node2 never starts: the mesh dials it in vain
+		n, err := actor.NewNode(cfg, nc.Name, testLogger())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = n.Stop() })
+		nodes = append(nodes, n)
+	}
+	a := nodes[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := a.WaitPeer(ctx, nodes[1].Name()); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.Root().RequestFuture(a.PID(cfg.Nodes[2].Name, "echo"), &Ping{N: 1}, 5*time.Minute).Result()
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, pa.ErrDeadLetter) {
+			t.Fatalf("request to a mesh_only node that is down: %v, want a dead letter", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("a request to a mesh_only node that is down still waits after a minute")
 	}
 }

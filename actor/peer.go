@@ -277,12 +277,14 @@ func (n *Node) peer(name string) *peerState {
 // connectedPeer returns the state of the named peer, connecting to it
 // first with gossip membership, where control connections are dialed on
 // first use (bounded by the cluster's dial_timeout); otherwise the error
-// says why there is none.
+// says why there is none. A peer whose connection the mesh keeps (a
+// mesh_only node under gossip) that is not up fails at once, as with the
+// full mesh: its dial loop is already at work.
 func (n *Node) connectedPeer(name string) (*peerState, error) {
 	if ps := n.peer(name); ps != nil {
 		return ps, nil
 	}
-	if n.members == nil || !n.members.OnDemand() || name == n.self.Name {
+	if n.members == nil || n.members.HeldByMesh(name) || name == n.self.Name {
 		return nil, fmt.Errorf("%w: %s", ErrNodeDown, name)
 	}
 	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.DialTimeout)

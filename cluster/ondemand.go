@@ -99,6 +99,15 @@ func (m *Membership) Connect(ctx context.Context, name string) (*Peer, error) {
 	return m.connect(ctx, name, nil)
 }
 
+// HeldByMesh reports whether the connection to the named node is kept by
+// the mesh's rules (dialed and redialed by this node's dial loop,
+// heartbeats): every peer with the full mesh, a mesh_only node (and every
+// peer of one) under gossip. A send to such a peer that is not up fails
+// at once, as with the full mesh, instead of waiting in Connect.
+func (m *Membership) HeldByMesh(name string) bool {
+	return !m.onDemand || m.meshSlot(name)
+}
+
 // connect waits until the named node's Peer is up with a usable link,
 // starting a dial when none is open or in flight. With want set, it fails
 // as soon as want is no longer the node's Peer (it went down).
