@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/tensorferry/tensorferry/config"
@@ -20,6 +21,16 @@ func printControl(w io.Writer, cfg *config.Config, p localProbe, sc shm.Config) 
 	switch mode := cfg.MembershipMode(); mode {
 	case config.MembershipGossip:
 		fmt.Fprintf(tw, "\nMEMBERSHIP\tgossip: liveness by SWIM gossip; control connections dialed on first use, closed after %v idle\n", cfg.Transport.IdleTimeout)
+		var meshOnly []string
+		for _, n := range cfg.Nodes {
+			if n.MeshOnly {
+				meshOnly = append(meshOnly, n.Name)
+			}
+		}
+		if len(meshOnly) > 0 {
+			fmt.Fprintf(tw, "MESH ONLY\t%s: not in gossip (PyTorch nodes, say); every node holds a control connection to each, redialed, heartbeats every %v, down after %v silent, never closed as idle\n",
+				strings.Join(meshOnly, ", "), cfg.HeartbeatInterval, cfg.FailureTimeout)
+		}
 	default:
 		fmt.Fprintf(tw, "\nMEMBERSHIP\t%s: a control connection to every node, heartbeats every %v\n", mode, cfg.HeartbeatInterval)
 	}

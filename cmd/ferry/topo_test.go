@@ -7,7 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tensorferry/tensorferry/config"
 	"github.com/tensorferry/tensorferry/internal/pcitopo"
+	"github.com/tensorferry/tensorferry/shm"
 )
 
 // sysfsTree writes a two-socket sysfs: a GPU on socket 1 at 0000:81:00.0,
@@ -129,5 +131,34 @@ func TestPrintNICs(t *testing.T) {
 	}
 	if s := out.String(); !strings.Contains(s, "0    0000:1b:00.0  0     none  -      mlx5_0,mlx5_1") {
 		t.Errorf("no usable NIC:\n%s", s)
+	}
+}
+
+// Under gossip, topo names the mesh_only nodes and how they are kept.
+func TestTopoMeshOnly(t *testing.T) {
+	cfg, err := config.LocalConfig("mixed", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := printControl(&out, cfg, probeLocal(), shm.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out.String(), "MESH ONLY") {
+		t.Fatalf("a mesh cluster has no mesh_only line:\n%s", out.String())
+	}
+	cfg.Membership = config.MembershipGossip
+	cfg.Nodes[2].MeshOnly = true
+	cfg.Nodes[2].GossipAddress = ""
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if err := printControl(&out, cfg, probeLocal(), shm.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	want := cfg.Nodes[2].Name + ": not in gossip"
+	if !strings.Contains(out.String(), "MESH ONLY") || !strings.Contains(out.String(), want) {
+		t.Fatalf("topo output lacks %q:\n%s", want, out.String())
 	}
 }
