@@ -114,7 +114,9 @@ func TestDecodeNode(t *testing.T) {
 	if n, leaving, err := decodeNode([]byte(meshOnlyValue)); err != nil || !leaving || !sameNode(n, m) {
 		t.Errorf("decodeNode(mesh_only): %+v %v %v", n, leaving, err)
 	}
-	if o := m; func() bool { o.MeshOnly = false; return sameNode(m, o) }() {
+	o := m
+	o.MeshOnly = false
+	if sameNode(m, o) {
 		t.Error("sameNode ignores the mesh_only mark")
 	}
 	for _, tc := range []struct{ name, value, want string }{
