@@ -12,9 +12,11 @@ import (
 )
 
 // Discovery (config section discovery, package discovery). With gossip
-// membership the nodes a discovery source announces are gossip seeds;
-// with the full mesh they are peers like the config's nodes, each dialed
-// with backoff and watched with heartbeats. With either, a node the
+// membership the nodes a discovery source announces are gossip seeds,
+// but for those it announces mesh_only (PyTorch nodes), which are kept by
+// the mesh's rules as the config's mesh_only nodes are; with the full
+// mesh they are peers like the config's nodes, each dialed with backoff
+// and watched with heartbeats. With either, a node the
 // source reports gone (it left, or its lease expired in etcd) is down at
 // once and stays down until the source announces it again, whatever
 // gossip or a connection from it says meanwhile.
@@ -55,27 +57,37 @@ func (m *Membership) discovered(ev discovery.Event) {
 	switch ev.Kind {
 	case discovery.Joined:
 		m.mu.Lock()
-		if m.seeds == nil {
-			m.seeds = map[string]config.NodeConfig{}
-		}
-		m.seeds[name] = ev.Node
-		if !m.onDemand {
-			back, ok := m.announced(ev.Node)
-			if !ok {
-				delete(m.seeds, name)
-			}
+		if !m.onDemand || ev.Node.MeshOnly {
+			// The full mesh takes every announced node; gossip, those
+			// that do not gossip.
+			back, refused := m.announced(ev.Node)
 			m.mu.Unlock()
 			switch {
-			case !ok:
+			case refused != "":
 				if m.announceWarn.Allow() {
-					m.log.Warn("discovery announces more nodes than the mesh dials: ignored",
-						zap.String("peer", name), zap.Int("max", MaxMeshAnnounced))
+					m.log.Warn("discovery announces a node the mesh does not take: ignored",
+						zap.String("peer", name), zap.String("why", refused))
 				}
 			case back:
 				m.log.Info("member announced again", zap.String("peer", name))
 			}
 			return
 		}
+		if s := m.slots[name]; s != nil && s.mesh {
+			// Announced mesh_only before, or one of the config's
+			// mesh_only nodes: a name's mark holds while this node
+			// knows it.
+			m.mu.Unlock()
+			if m.announceWarn.Allow() {
+				m.log.Warn("discovery announces a mesh_only node as gossiping: ignored while it is known",
+					zap.String("peer", name))
+			}
+			return
+		}
+		if m.seeds == nil {
+			m.seeds = map[string]config.NodeConfig{}
+		}
+		m.seeds[name] = ev.Node
 		var back bool
 		if s := m.slots[name]; s != nil && s.evicted {
 			s.evicted = false
@@ -105,24 +117,35 @@ func (m *Membership) discovered(ev discovery.Event) {
 	}
 }
 
-// MaxMeshAnnounced bounds the nodes the full mesh takes from a discovery
-// source besides the config's: each is dialed and kept connected, so
+// MaxMeshAnnounced bounds the nodes the mesh's rules take from a discovery
+// source besides the config's (every announced node with the full mesh,
+// the mesh_only ones with gossip): each is dialed and kept connected, so
 // whoever may write under the source's prefix could otherwise make a node
 // hold a goroutine and a connection per name written. The mesh suits a
 // few nodes; gossip membership has no such bound.
 const MaxMeshAnnounced = 1024
 
-// announced makes n, which the discovery source announces, a node of the
-// full mesh: known, with its latest addresses, and dialed (a node that
+// announced makes n, which the discovery source announces, a node kept by
+// the mesh's rules (every node with the full mesh, a mesh_only one with
+// gossip): known, with its latest addresses, and dialed (a node that
 // restarted comes back with a new incarnation: placeLink). It reports
-// whether the node had been reported gone, and ok false when it is not
-// taken: MaxMeshAnnounced other announced nodes are known. m.mu is held.
-func (m *Membership) announced(n config.NodeConfig) (back, ok bool) {
+// whether the node had been reported gone, and why it is not taken:
+// MaxMeshAnnounced other announced nodes are kept so, or (gossip) a
+// gossiping node has the name. m.mu is held.
+func (m *Membership) announced(n config.NodeConfig) (back bool, refused string) {
 	s := m.slots[n.Name]
-	if s == nil {
-		// The config's other nodes keep their slots (forgetIfGone).
-		if len(m.slots)-(len(m.cfg.Nodes)-1) >= MaxMeshAnnounced {
-			return false, false
+	switch {
+	case s != nil && !s.mesh:
+		return false, "a gossiping node has the name"
+	case s == nil:
+		kept := 0
+		for name, o := range m.slots {
+			if _, inConfig := m.cfg.Node(name); o.mesh && !inConfig {
+				kept++
+			}
+		}
+		if kept >= MaxMeshAnnounced {
+			return false, fmt.Sprintf("%d announced nodes are dialed already, at most", kept)
 		}
 		s = &slot{changed: make(chan struct{}), mesh: true}
 		m.slots[n.Name] = s
@@ -133,7 +156,7 @@ func (m *Membership) announced(n config.NodeConfig) (back, ok bool) {
 	close(m.joined)
 	m.joined = make(chan struct{})
 	m.startDialer(s)
-	return back, true
+	return back, ""
 }
 
 // evict takes a node the discovery source reports gone down, and keeps it

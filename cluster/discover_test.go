@@ -299,3 +299,64 @@ func TestMeshDiscoveryStartFails(t *testing.T) {
 	}
 	a.Close()
 }
+
+// With gossip and discovery, a mesh_only node (a PyTorch node, which
+// cannot gossip) that only etcd names: the gossiping nodes keep a mesh
+// connection to it (dialed, heartbeats), it runs the mesh to every node
+// it finds, frames go both ways, and its lease's end is a NodeDown at the
+// gossiping nodes until it registers again.
+func TestGossipDiscoveryMeshOnly(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	cfgs := discoveryConfigs(t, 3, etcd.ClientURL)
+	py := cfgs[2]
+	py.Nodes[0].MeshOnly, py.Nodes[0].GossipAddress = true, ""
+	if err := py.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	a, oa := startGossip(t, cfgs[0], "node0", 1)
+	defer a.Close()
+	b, ob := startGossip(t, cfgs[1], "node1", 1)
+	defer b.Close()
+	waitMembers(t, a, b)
+	c, oc := startGossip(t, py, "node2", 1)
+	defer c.Close()
+	for _, m := range []*cluster.Membership{a, b} {
+		p, err := m.WaitUp(ctx, "node2")
+		if err != nil {
+			t.Fatalf("%s WaitUp node2: %v", m.Self().Name, err)
+		}
+		if !p.Mesh() {
+			t.Errorf("%s: node2 not kept by the mesh's rules", m.Self().Name)
+		}
+		if err := p.Send(ctx, wire.FrameRelease, 0, 0, &wire.Release{ExportID: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, name := range []string{"node0", "node1"} {
+		p, err := c.WaitUp(ctx, name)
+		if err != nil {
+			t.Fatalf("node2 WaitUp %s: %v", name, err)
+		}
+		if err := p.Send(ctx, wire.FrameRelease, 0, 0, &wire.Release{ExportID: uint64(10 + i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	poll.Until(t, "frames both ways", func() bool {
+		return oc.count("node0") == 1 && oc.count("node1") == 1 && oa.count("node2") == 1 && ob.count("node2") == 1
+	})
+	if c.OnDemand() || !a.OnDemand() {
+		t.Errorf("on demand: node2 %v, node0 %v; want the mesh at node2 only", c.OnDemand(), a.OnDemand())
+	}
+	// Its lease ends while it runs: down at both gossiping nodes, then up
+	// again once it registered again.
+	revokeLease(t, etcd, py.Discovery.Etcd.Prefix+"disc/nodes/node2")
+	for _, o := range []*orderLog{oa, ob} {
+		poll.Until(t, "node2 down", func() bool { return o.downsOf("node2") == 1 })
+		poll.Until(t, "node2 up again", func() bool { return o.upsOf("node2") == 2 })
+	}
+	// It leaves: down, and no longer known.
+	c.Close()
+	poll.Until(t, "node2 gone at node0", func() bool { return oa.downsOf("node2") == 2 && !a.Known("node2") })
+}

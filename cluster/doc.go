@@ -35,8 +35,10 @@
 // heartbeats, failure_timeout, never closed for idleness; gossip's view
 // does not decide whether it is up: Peer.Mesh), and it starts no gossip
 // and keeps one to every node of the config. The gossiping nodes among
-// themselves run gossip as above. (Not with a discovery section:
-// config.Validate refuses mesh_only there.)
+// themselves run gossip as above. With a discovery section the same holds
+// for a node whose registration carries the mark (a Python node always
+// registers so): the gossiping nodes that find it keep a mesh connection
+// to it, and it runs the mesh to every node it finds.
 //
 // Either runs with discovery (config section discovery, package
 // discovery: etcd), which announces the nodes that register besides the

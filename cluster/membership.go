@@ -491,6 +491,8 @@ func (m *Membership) Start() error {
 			mesh = true
 		}
 	}
+	// With gossip, discovery may announce mesh_only nodes later.
+	mesh = mesh || m.disc != nil
 	m.mu.Unlock()
 	if mesh || !m.onDemand {
 		m.wg.Add(1)

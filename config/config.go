@@ -94,7 +94,8 @@ type Config struct {
 	// node registered: n-1 connections and heartbeats per node, for a few
 	// nodes (Go services with a few PyTorch processes, which cannot
 	// gossip). Under gossip, nodes marked NodeConfig.MeshOnly (PyTorch
-	// processes) are kept by the mesh's rules.
+	// processes), in the list or registered through discovery, are kept by
+	// the mesh's rules.
 	Membership string
 
 	// Transport tunes the control connections (YAML: transport).
@@ -178,8 +179,9 @@ type NodeConfig struct {
 	// rules (dialed and accepted, heartbeats, failure_timeout, reconnection
 	// with backoff, never closed for idleness), and it starts no gossip and
 	// keeps one to every node of the list itself. With mesh membership it
-	// changes nothing. It must not have a GossipAddress, nor be used with a
-	// discovery section under gossip membership. Default false.
+	// changes nothing. It must not have a GossipAddress. With a discovery
+	// section the node registers the mark, and the gossiping nodes that
+	// find it there keep a connection to it the same way. Default false.
 	MeshOnly bool
 	// Devices lists the devices the node offers; Validate sets [cpu] when
 	// empty.
@@ -644,9 +646,6 @@ func (c *Config) validateNodes() error {
 		case n.MeshOnly && n.GossipAddress != "":
 			return c.errf(p+".gossip_address", "set on a mesh_only node, which does not gossip: leave it out")
 		case n.MeshOnly:
-			if c.Discovery != nil && c.MembershipMode() == MembershipGossip {
-				return c.errf(p+".mesh_only", "not supported with a discovery section and gossip membership: set membership: mesh, or list the gossiping nodes without discovery")
-			}
 		case gossipDefault:
 			if n.GossipAddress, err = defaultGossipAddress(host, port); err != nil {
 				return c.errf(p+".address", "%w", err)

@@ -151,8 +151,9 @@ func CheckName(s string) error { return checkName(s) }
 // CheckNode checks a node's public part as another process announced it
 // (through discovery): its name, address, data address and devices, the
 // way Validate checks the nodes of a file, and completes it the same way
-// (DataAddress, when empty, is the control port + 100; Devices, when
-// empty, [cpu]; addresses are written host:port). The settings that only
+// (DataAddress, when empty, is the control port + 100; GossipAddress, the
+// control port + 200 unless the node is MeshOnly, which has none; Devices,
+// when empty, [cpu]; addresses are written host:port). The settings that only
 // the node itself reads (DisableChannels, MetricsAddress, Pprof) must be
 // unset. Errors are plain errors naming the field.
 func CheckNode(n *NodeConfig) error {
@@ -179,18 +180,22 @@ func CheckNode(n *NodeConfig) error {
 	if n.DataAddress == n.Address {
 		return fmt.Errorf("data_address: same as address (%q)", n.Address)
 	}
-	if n.GossipAddress == "" {
+	switch {
+	case n.MeshOnly && n.GossipAddress != "":
+		return fmt.Errorf("gossip_address: set on a mesh_only node, which does not gossip")
+	case n.MeshOnly:
+	case n.GossipAddress == "":
 		if n.GossipAddress, err = defaultGossipAddress(host, port); err != nil {
 			return fmt.Errorf("address: %w", err)
 		}
-	} else {
+	default:
 		gh, gp, err := splitAddr(n.GossipAddress)
 		if err != nil {
 			return fmt.Errorf("gossip_address: %w", err)
 		}
 		n.GossipAddress = net.JoinHostPort(gh, strconv.Itoa(gp))
 	}
-	if n.GossipAddress == n.Address || n.GossipAddress == n.DataAddress {
+	if n.GossipAddress != "" && (n.GossipAddress == n.Address || n.GossipAddress == n.DataAddress) {
 		return fmt.Errorf("gossip_address: same as address or data_address (%q)", n.GossipAddress)
 	}
 	if len(n.DisableChannels) > 0 || n.MetricsAddress != "" || n.Pprof {

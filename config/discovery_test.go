@@ -134,11 +134,18 @@ func TestCheckNode(t *testing.T) {
 	if n.DataAddress != "localhost:7100" || n.GossipAddress != "localhost:7200" || !reflect.DeepEqual(n.Devices, []memory.Device{memory.CPU}) {
 		t.Errorf("completed as %+v", n)
 	}
+	// A mesh_only node has no gossip address (its default port may be
+	// another's).
+	m := NodeConfig{Name: "m", Address: "localhost:65400", DataAddress: "localhost:7000", MeshOnly: true}
+	if err := CheckNode(&m); err != nil || m.GossipAddress != "" {
+		t.Errorf("mesh_only node: %v, completed as %+v", err, m)
+	}
 	for _, tt := range []struct {
 		n    NodeConfig
 		want string
 	}{
 		{NodeConfig{Address: "h:1"}, "name: required"},
+		{NodeConfig{Name: "a", Address: "h:1", GossipAddress: "h:7", MeshOnly: true}, "gossip_address: set on a mesh_only node"},
 		{NodeConfig{Name: "a/b", Address: "h:1"}, "name: "},
 		{NodeConfig{Name: "a", Address: "h"}, "address: "},
 		{NodeConfig{Name: "a", Address: "h:65500"}, "no room for the default data port"},

@@ -167,8 +167,6 @@ func TestParseMeshOnlyInvalid(t *testing.T) {
 			`config: line 9: nodes[1].gossip_address: set on a mesh_only node, which does not gossip: leave it out`},
 		{"not a boolean", base + "    mesh_only: yes please\n",
 			`config: line 8: nodes[1].mesh_only: `},
-		{"discovery with gossip", strings.Replace(base, "nodes:", disc, 1) + "    mesh_only: true\n",
-			`config: line 12: nodes[1].mesh_only: not supported with a discovery section and gossip membership`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse([]byte(tc.yaml), dir)
@@ -177,9 +175,17 @@ func TestParseMeshOnlyInvalid(t *testing.T) {
 			}
 		})
 	}
-	// With mesh membership and discovery it is allowed (and changes nothing).
+	// With mesh membership and discovery it is allowed (and changes
+	// nothing); with gossip and discovery the node registers the mark.
 	if _, err := Parse([]byte(strings.Replace(strings.Replace(base, "nodes:", disc, 1), "gossip", "mesh", 1)+"    mesh_only: true\n"), dir); err != nil {
 		t.Errorf("mesh membership, discovery: %v", err)
+	}
+	c, err := Parse([]byte(strings.Replace(base, "nodes:", disc, 1)+"    mesh_only: true\n"), dir)
+	if err != nil {
+		t.Fatalf("gossip membership, discovery: %v", err)
+	}
+	if b := c.Nodes[1]; !b.MeshOnly || b.GossipAddress != "" {
+		t.Errorf("node %+v: want mesh-only without a gossip address", b)
 	}
 }
 

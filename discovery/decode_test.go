@@ -103,8 +103,26 @@ func TestDecodeNode(t *testing.T) {
 	if got := string(b); got != wantValue {
 		t.Errorf("encodeNode: %s", got)
 	}
+	// A mesh_only node: no gossip address derived; the same bytes as
+	// python/tests/test_discovery.py's test_mesh_only_mark.
+	m := config.NodeConfig{Name: "py", Address: "127.0.0.1:7001", DataAddress: "127.0.0.1:7201", MeshOnly: true,
+		Devices: []memory.Device{memory.CUDA(1)}}
+	meshOnlyValue := `{"name":"py","address":"127.0.0.1:7001","data_address":"127.0.0.1:7201","devices":["cuda:1"],"mesh_only":true,"leaving":true}`
+	if b, err := encodeNode(m, true); err != nil || string(b) != meshOnlyValue {
+		t.Errorf("encodeNode(mesh_only): %s %v", b, err)
+	}
+	if n, leaving, err := decodeNode([]byte(meshOnlyValue)); err != nil || !leaving || !sameNode(n, m) {
+		t.Errorf("decodeNode(mesh_only): %+v %v %v", n, leaving, err)
+	}
+	o := m
+	o.MeshOnly = false
+	if sameNode(m, o) {
+		t.Error("sameNode ignores the mesh_only mark")
+	}
 	for _, tc := range []struct{ name, value, want string }{
 		{"not json", `{`, "value"},
+		{"mesh_only not a boolean", `{"name":"a","address":"127.0.0.1:1","mesh_only":1}`, "value"},
+		{"mesh_only with a gossip address", `{"name":"a","address":"127.0.0.1:1","gossip_address":"127.0.0.1:7","mesh_only":true}`, "gossip_address: set on a mesh_only node"},
 		{"no name", `{"address":"127.0.0.1:1"}`, "name: required"},
 		{"bad address", `{"name":"a","address":"127.0.0.1"}`, "address"},
 		{"bad data address", `{"name":"a","address":"127.0.0.1:1","data_address":":x"}`, "data_address"},

@@ -21,12 +21,16 @@ type registration struct {
 	// from a registration without it: the control port + 200.
 	GossipAddress string   `json:"gossip_address,omitempty"`
 	Devices       []string `json:"devices"`
-	Leaving       bool     `json:"leaving,omitempty"`
+	// MeshOnly marks a node that does not gossip (config's mesh_only):
+	// gossiping nodes keep a mesh connection to it. Absent: false.
+	MeshOnly bool `json:"mesh_only,omitempty"`
+	Leaving  bool `json:"leaving,omitempty"`
 }
 
 // encodeNode returns the registration of n.
 func encodeNode(n config.NodeConfig, leaving bool) ([]byte, error) {
-	r := registration{Name: n.Name, Address: n.Address, DataAddress: n.DataAddress, GossipAddress: n.GossipAddress, Leaving: leaving}
+	r := registration{Name: n.Name, Address: n.Address, DataAddress: n.DataAddress, GossipAddress: n.GossipAddress,
+		MeshOnly: n.MeshOnly, Leaving: leaving}
 	for _, d := range n.Devices {
 		r.Devices = append(r.Devices, d.String())
 	}
@@ -58,7 +62,7 @@ func decodeNode(b []byte) (config.NodeConfig, bool, error) {
 	if len(r.Devices) > config.MaxNodeDevices {
 		return config.NodeConfig{}, false, fmt.Errorf("devices: %d devices, at most %d", len(r.Devices), config.MaxNodeDevices)
 	}
-	n := config.NodeConfig{Name: r.Name, Address: r.Address, DataAddress: r.DataAddress, GossipAddress: r.GossipAddress}
+	n := config.NodeConfig{Name: r.Name, Address: r.Address, DataAddress: r.DataAddress, GossipAddress: r.GossipAddress, MeshOnly: r.MeshOnly}
 	for i, s := range r.Devices {
 		dev, err := memory.ParseDevice(s)
 		if err != nil {
@@ -72,9 +76,11 @@ func decodeNode(b []byte) (config.NodeConfig, bool, error) {
 	return n, r.Leaving, nil
 }
 
-// sameNode reports whether a and b announce the same addresses and devices.
+// sameNode reports whether a and b announce the same addresses, devices
+// and mesh_only mark.
 func sameNode(a, b config.NodeConfig) bool {
-	if a.Name != b.Name || a.Address != b.Address || a.DataAddress != b.DataAddress || a.GossipAddress != b.GossipAddress || len(a.Devices) != len(b.Devices) {
+	if a.Name != b.Name || a.Address != b.Address || a.DataAddress != b.DataAddress || a.GossipAddress != b.GossipAddress ||
+		a.MeshOnly != b.MeshOnly || len(a.Devices) != len(b.Devices) {
 		return false
 	}
 	for i := range a.Devices {
@@ -87,5 +93,6 @@ func sameNode(a, b config.NodeConfig) bool {
 
 // public returns the part of n that other nodes learn.
 func public(n config.NodeConfig) config.NodeConfig {
-	return config.NodeConfig{Name: n.Name, Address: n.Address, DataAddress: n.DataAddress, GossipAddress: n.GossipAddress, Devices: n.Devices}
+	return config.NodeConfig{Name: n.Name, Address: n.Address, DataAddress: n.DataAddress, GossipAddress: n.GossipAddress,
+		MeshOnly: n.MeshOnly, Devices: n.Devices}
 }

@@ -708,43 +708,64 @@ func closedAddress(t *testing.T) string {
 	return addr
 }
 
-// TestPythonEtcd runs a Go node (membership: mesh with etcd discovery) and
-// a Python node registered in the same etcd, neither named in the other's
-// config: they find each other, requests go both ways, and the Python
-// node's stop is a NodeDown on the Go side (issue 33).
+// TestPythonEtcd runs Go nodes with etcd discovery (one on membership:
+// mesh; two on gossip, which gossip among themselves) and a Python node
+// registered in the same etcd, none named in another's config: they find
+// each other, requests go both ways, and the Python node's stop is a
+// NodeDown on the Go side (issue 33).
 func TestPythonEtcd(t *testing.T) {
 	py := python(t)
+	for _, tc := range []struct {
+		membership string
+		goNodes    int
+	}{{config.MembershipMesh, 1}, {config.MembershipGossip, 2}} {
+		t.Run(tc.membership, func(t *testing.T) { pythonEtcd(t, py, tc.membership, tc.goNodes) })
+	}
+}
+
+// pythonEtcd runs goNodes Go nodes on membership with etcd discovery, each
+// config listing only itself, and a Python node that finds them in etcd
+// (under gossip, as a mesh_only node: it registers the mark, and the
+// gossiping nodes keep a mesh connection to it).
+func pythonEtcd(t *testing.T, py, membership string, goNodes int) {
 	etcd := etcdtest.Start(t)
-	cfg, err := config.LocalConfig("pyetcd", 2)
+	cfg, err := config.LocalConfig("pyetcd", goNodes+1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	goCfg := *cfg
-	goCfg.Nodes = cfg.Nodes[:1]
-	goCfg.Membership = config.MembershipMesh
-	goCfg.Discovery = &config.DiscoveryConfig{Etcd: &config.EtcdConfig{Endpoints: []string{etcd.ClientURL}, LeaseTTL: 2 * time.Second}}
-	if err := goCfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	node := startGo(t, &goCfg, zap.NewNop())
-	pyName := cfg.Nodes[1].Name
+	pyName := cfg.Nodes[goNodes].Name
 	downs := make(chan *cluster.NodeDown, 8)
-	sub := node.System().EventStream.Subscribe(func(ev any) {
-		if d, ok := ev.(*cluster.NodeDown); ok && d.Node == pyName {
-			downs <- d
+	var nodes []*actor.Node
+	for i := range goNodes {
+		goCfg := *cfg
+		goCfg.Nodes = []config.NodeConfig{cfg.Nodes[i]}
+		goCfg.Membership = membership
+		goCfg.Discovery = &config.DiscoveryConfig{Etcd: &config.EtcdConfig{Endpoints: []string{etcd.ClientURL}, LeaseTTL: 2 * time.Second}}
+		if err := goCfg.Validate(); err != nil {
+			t.Fatal(err)
 		}
-	})
-	defer node.System().EventStream.Unsubscribe(sub)
-	conf := peerConfig(cfg, nil, 1, 0)
-	conf["peers"] = map[string]any{} // it learns the Go node from etcd
-	conf["membership"] = config.MembershipMesh
+		node := startGo(t, &goCfg, zap.NewNop())
+		sub := node.System().EventStream.Subscribe(func(ev any) {
+			if d, ok := ev.(*cluster.NodeDown); ok && d.Node == pyName {
+				downs <- d
+			}
+		})
+		defer node.System().EventStream.Unsubscribe(sub)
+		nodes = append(nodes, node)
+	}
+	node := nodes[0]
+	conf := peerConfig(cfg, nil, goNodes, 0)
+	conf["peers"] = map[string]any{} // it learns the Go nodes from etcd
+	conf["membership"], conf["mesh_only"] = membership, membership == config.MembershipGossip
 	conf["discovery"] = map[string]any{"etcd": map[string]any{
-		"endpoints": []string{etcd.ClientURL}, "prefix": goCfg.Discovery.Etcd.Prefix, "lease_ttl": 2}}
+		"endpoints": []string{etcd.ClientURL}, "prefix": config.DefaultEtcdConfig().Prefix, "lease_ttl": 2}}
 	p := runPeer(t, py, conf)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := node.WaitPeer(ctx, pyName); err != nil {
-		t.Fatalf("the Go node did not see the Python node up: %v", err)
+	for _, n := range nodes {
+		if err := n.WaitPeer(ctx, pyName); err != nil {
+			t.Fatalf("%s did not see the Python node up: %v", n.Name(), err)
+		}
 	}
 	p.do("wait", "ok wait")
 	// Go -> Python, inline and above the inline threshold (staging).
@@ -772,12 +793,14 @@ func TestPythonEtcd(t *testing.T) {
 	// Python -> Go.
 	p.do("request 5", "ok request")
 	p.do("big", "ok big")
-	// The Python node stops: deregistered, down at the Go node.
+	// The Python node stops: deregistered, down at every Go node.
 	p.do("quit", "stopped")
-	select {
-	case d := <-downs:
-		t.Logf("down: %s", d.Reason)
-	case <-ctx.Done():
-		t.Fatal("no NodeDown of the Python node at the Go node")
+	for range nodes {
+		select {
+		case d := <-downs:
+			t.Logf("down: %s", d.Reason)
+		case <-ctx.Done():
+			t.Fatal("no NodeDown of the Python node at a Go node")
+		}
 	}
 }

@@ -199,12 +199,15 @@ def check_node(n, gossips=True):
 
 
 def encode_node(n, leaving=False):
-    """The registration of n (name, address, data_address, devices; as
-    discovery/value.go's encodeNode writes it): JSON bytes."""
+    """The registration of n (name, address, data_address, devices and the
+    mesh_only mark; as discovery/value.go's encodeNode writes it): JSON
+    bytes."""
     r = {"name": n["name"], "address": n["address"], "data_address": n.get("data_address") or ""}
     if n.get("gossip_address"):
         r["gossip_address"] = n["gossip_address"]
     r["devices"] = list(n.get("devices") or []) or None
+    if n.get("mesh_only"):
+        r["mesh_only"] = True
     if leaving:
         r["leaving"] = True
     b = json.dumps(r, separators=(",", ":")).encode()
@@ -214,7 +217,7 @@ def encode_node(n, leaving=False):
     return b
 
 
-_FIELDS = ("name", "address", "data_address", "gossip_address", "devices", "leaving")
+_FIELDS = ("name", "address", "data_address", "gossip_address", "devices", "mesh_only", "leaving")
 
 
 def _bad_constant(s):
@@ -251,9 +254,9 @@ def decode_node(b):
             if f == "devices":
                 r.pop(f, None)  # null empties a list, as in Go
             continue  # and leaves the other fields as they are
-        if f == "leaving":
+        if f in ("leaving", "mesh_only"):
             if not isinstance(x, bool):
-                raise BadValue("value: leaving: not a boolean")
+                raise BadValue("value: %s: not a boolean" % f)
         elif f == "devices":
             if not isinstance(x, list) or not all(isinstance(d, str) for d in x):
                 raise BadValue("value: devices: not a list of strings")
@@ -270,11 +273,18 @@ def decode_node(b):
             parse_device(d)
         except BadValue as e:
             raise BadValue("devices[%d]: %s" % (i, e)) from None
+    if r.get("mesh_only"):
+        # A node that does not gossip (config's mesh_only) has no gossip address.
+        if n["gossip_address"]:
+            raise BadValue("gossip_address: set on a mesh_only node, which does not gossip")
+        n["mesh_only"] = True
+        return check_node(n, gossips=False), leaving
     return check_node(n), leaving
 
 
 def same_node(a, b):
-    return all(a.get(f) == b.get(f) for f in ("name", "address", "data_address", "gossip_address", "devices"))
+    return all(a.get(f) == b.get(f) for f in ("name", "address", "data_address", "gossip_address", "devices",
+                                              "mesh_only"))
 
 
 # -- etcd's JSON gateway -----------------------------------------------------

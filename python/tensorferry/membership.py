@@ -58,8 +58,9 @@ _GOSSIP_WHY = ("the Go nodes' gossip (hashicorp/memberlist) is encrypted with AE
                "derived from the secret, and Python's standard library has no AES")
 
 
-_NOT_WITH_DISCOVERY = ("mesh_only nodes are not supported with a discovery section under gossip "
-                       "membership (the Go config refuses them there too)")
+_MESH_ONLY = ("mark this node mesh_only: true in the cluster's config (its entry under nodes, without a "
+              "gossip_address) and pass mesh_only=True here: the Go nodes then keep a control connection "
+              "with heartbeats to it, and it dials every node")
 
 
 def check_membership(membership, discovery, nodes, mesh_only=False):
@@ -67,33 +68,25 @@ def check_membership(membership, discovery, nodes, mesh_only=False):
     the config's membership key (None or "" for auto, "mesh", "gossip")
     and discovery section (None, or the section) give for a cluster of
     nodes nodes (this one included), as config.MembershipMode resolves
-    it: the mesh, with or without discovery; or gossip without discovery
-    when this node's entry in the config is marked mesh_only (mesh_only
-    True), so that the Go nodes keep a mesh connection to it."""
+    it: the mesh, with or without discovery; or gossip, with or without
+    discovery, when this node's entry in the config is marked mesh_only
+    (mesh_only True), so that the Go nodes keep a mesh connection to it
+    (with discovery, the node registers the mark)."""
     if membership not in (None, "", "mesh", "gossip"):
         raise ValueError("tensorferry: membership %r: use 'mesh' or 'gossip' (or leave it out)" % (membership,))
     if discovery is not None:
-        if membership == "gossip":
-            raise ValueError("tensorferry: membership 'gossip' with a discovery section, and a Python node "
-                             "cannot join gossip (%s), and %s. Run the cluster with membership: mesh and the "
-                             "discovery section: every node registers in etcd and dials the nodes it "
-                             "finds there" % (_GOSSIP_WHY, _NOT_WITH_DISCOVERY))
-        if membership != "mesh":
-            raise ValueError("tensorferry: a discovery section with membership left out means gossip (as "
-                             "the Go config resolves it), and a Python node cannot join gossip (%s), and %s. "
-                             "Set membership: mesh in the cluster's config (and membership='mesh' here): "
-                             "every node registers in etcd and dials the nodes it finds there"
-                             % (_GOSSIP_WHY, _NOT_WITH_DISCOVERY))
-        return
-    mode = membership or ("mesh" if nodes <= AUTO_MESH_NODES else "gossip")
+        mode = membership or "gossip"  # a discovery section makes membership left out gossip
+    else:
+        mode = membership or ("mesh" if nodes <= AUTO_MESH_NODES else "gossip")
     if mode == "gossip" and not mesh_only:
-        why = "membership 'gossip'" if membership else (
-            "%d nodes, more than %d, make membership left out gossip" % (nodes, AUTO_MESH_NODES))
-        raise ValueError("tensorferry: %s, and a Python node cannot join gossip: %s. Mark this node "
-                         "mesh_only: true in the cluster's config (its entry under nodes, without a "
-                         "gossip_address) and pass mesh_only=True here: the Go nodes then keep a control "
-                         "connection with heartbeats to it, and it dials every node; or run the cluster "
-                         "with membership: mesh" % (why, _GOSSIP_WHY))
+        if membership:
+            why = "membership 'gossip'"
+        elif discovery is not None:
+            why = "a discovery section with membership left out means gossip (as the Go config resolves it)"
+        else:
+            why = "%d nodes, more than %d, make membership left out gossip" % (nodes, AUTO_MESH_NODES)
+        raise ValueError("tensorferry: %s, and a Python node cannot join gossip: %s. Either %s; or run the "
+                         "cluster with membership: mesh" % (why, _GOSSIP_WHY, _MESH_ONLY))
 
 
 class Refused(Exception):

@@ -36,9 +36,12 @@ the Go nodes' gossip is encrypted with AES-GCM. The node joins a gossip
 cluster (membership "gossip", or more than 16 nodes with membership left
 out) as a mesh-only member: its entry in the config says mesh_only: true,
 and Node() gets mesh_only=True; the Go nodes keep a mesh connection to it
-(membership.py). Node() raises ValueError, saying so, for a gossip config
-without mesh_only=True, and for one with a discovery section (membership
-"gossip", or left out with discovery, which Go resolves to gossip).
+(membership.py); with a discovery section it registers itself mesh_only
+(under any membership: it never gossips), so that the Go nodes that find
+it in etcd do the same. Node() raises
+ValueError, saying so, for a gossip config without mesh_only=True
+(membership "gossip", more than 16 nodes, or a discovery section with
+membership left out, which Go resolves to gossip).
 
 With tls (the cluster's tls block: cert_file, key_file, ca_file, data),
 control connections run over TLS 1.3 under the HMAC handshake, and data
@@ -656,7 +659,7 @@ class Node:
     and raises ValueError, saying why, for a config that runs gossip
     (membership.py), unless mesh_only (default False) says this node's
     entry in the config is marked mesh_only: then it joins a gossip
-    cluster without discovery as a mesh member of every node.
+    cluster, with or without discovery, as a mesh member of every node.
 
     discovery (default None) is the config's discovery section, a dict:
     {"etcd": {"endpoints": ["http://10.0.0.9:2379"], "prefix":
@@ -790,7 +793,11 @@ class Node:
         self.mesh.start()
         if self.discovery is not None:
             devices = [d["d"] for d in self.devices] or ["cpu"]
-            me = {"name": self.name, "address": self.address, "data_address": self.data_address, "devices": devices}
+            # Registered mesh_only, as a Python node never gossips: under
+            # gossip the Go nodes keep a mesh connection to it; under the
+            # mesh it changes nothing, and no gossip address is derived.
+            me = {"name": self.name, "address": self.address, "data_address": self.data_address, "devices": devices,
+                  "mesh_only": True}
             try:
                 self.discovery.start(me, self._discovered)
             except BaseException:

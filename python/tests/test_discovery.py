@@ -99,8 +99,9 @@ class EtcdTest(unittest.TestCase):
         b.wait_peer("a")
         self.exchange(a, b)
         reg = json.loads(self.etcd.get(self.key("a")))
+        # Registered mesh_only (a Python node never gossips): no gossip address.
         self.assertEqual(reg, {"name": "a", "address": a.address, "data_address": a.data_address,
-                               "devices": ["cpu"]})
+                               "devices": ["cpu"], "mesh_only": True})
         self.assertEqual(a.errors + b.errors, [])
         self.assertEqual(b.discovery.c.endpoint()[2], int(self.etcd.url.rsplit(":", 1)[1]))
 
@@ -310,10 +311,13 @@ class SettingsTest(unittest.TestCase):
     def test_membership(self):
         sec = {"etcd": {"endpoints": ["http://127.0.0.1:2379"]}}
         membership.check_membership("mesh", sec, 2)
-        with self.assertRaisesRegex(ValueError, "means gossip"):
+        with self.assertRaisesRegex(ValueError, "means gossip.*mesh_only: true"):
             membership.check_membership(None, sec, 2)
-        with self.assertRaisesRegex(ValueError, "'gossip' with a discovery section"):
+        with self.assertRaisesRegex(ValueError, "membership 'gossip'.*mesh_only: true"):
             membership.check_membership("gossip", sec, 2)
+        # A mesh_only node joins gossip with discovery (it registers the mark).
+        membership.check_membership("gossip", sec, 2, mesh_only=True)
+        membership.check_membership(None, sec, 2, mesh_only=True)
 
 
 class SelfNodeTest(unittest.TestCase):
@@ -328,6 +332,26 @@ class SelfNodeTest(unittest.TestCase):
         self.assertNotIn("gossip_address", got)
         self.assertEqual(got["data_address"], "127.0.0.1:34331")
         self.assertNotIn(b"gossip", disc.encode_node(got))
+
+    def test_mesh_only_mark(self):
+        # The mark as discovery/value.go writes and reads it (the Go side's
+        # golden value is the same string: discovery's TestDecodeNode).
+        n = {"name": "py", "address": "127.0.0.1:7001", "data_address": "127.0.0.1:7201",
+             "devices": ["cuda:1"], "mesh_only": True}
+        b = disc.encode_node(n, leaving=True)
+        self.assertEqual(b, b'{"name":"py","address":"127.0.0.1:7001","data_address":"127.0.0.1:7201",'
+                            b'"devices":["cuda:1"],"mesh_only":true,"leaving":true}')
+        got, leaving = disc.decode_node(b)
+        self.assertEqual((got, leaving), (n, True))
+        self.assertFalse(disc.same_node(got, dict(got, mesh_only=False)))
+        for b, want in ((b'{"name":"a","address":"h:1","mesh_only":1}', "mesh_only: not a boolean"),
+                        (b'{"name":"a","address":"h:1","gossip_address":"h:7","mesh_only":true}',
+                         "gossip_address: set on a mesh_only node")):
+            with self.subTest(b=b), self.assertRaisesRegex(disc.BadValue, want):
+                disc.decode_node(b)
+        # Absent or false: a gossiping node, with the default gossip port.
+        got, _ = disc.decode_node(b'{"name":"a","address":"h:1","mesh_only":false}')
+        self.assertEqual((got["gossip_address"], "mesh_only" in got), ("h:201", False))
 
 
 class DecodeTest(unittest.TestCase):
@@ -392,11 +416,13 @@ _devices = st.lists(st.sampled_from(["cpu", "pinned"] + ["cuda:%d" % i for i in 
 
 class PropertyTest(unittest.TestCase):
     @settings(max_examples=300, deadline=None)
-    @given(_names, _hosts, _ports, _devices, st.booleans())
-    def test_round_trip(self, name, host, port, devices, leaving):
+    @given(_names, _hosts, _ports, _devices, st.booleans(), st.booleans())
+    def test_round_trip(self, name, host, port, devices, leaving, mesh_only):
         n = {"name": name, "address": disc.join_host_port(host, port),
              "data_address": disc.join_host_port(host, port + 1 if port < 65335 else 1), "devices": devices}
-        want = disc.check_node(dict(n))
+        if mesh_only:
+            n["mesh_only"] = True
+        want = disc.check_node(dict(n), gossips=not mesh_only)
         got, lv = disc.decode_node(disc.encode_node(n, leaving))
         self.assertEqual(got, want)
         self.assertEqual(lv, leaving)
@@ -414,7 +440,7 @@ class PropertyTest(unittest.TestCase):
         except disc.BadValue:
             return
         self.assertIsInstance(leaving, bool)
-        self.assertEqual(disc.check_node(dict(n)), n)
+        self.assertEqual(disc.check_node(dict(n), gossips=not n.get("mesh_only")), n)
         disc.check_name(n["name"])
 
     @settings(max_examples=300, deadline=None)

@@ -272,7 +272,7 @@ class MeshTest(unittest.TestCase):
             ({"discovery": {"etcd": {"endpoints": ["http://127.0.0.1:2379"]}}},
              "discovery section with membership left out means gossip.*cannot join gossip.*membership: mesh"),
             ({"membership": "gossip", "discovery": {"etcd": {"endpoints": ["http://127.0.0.1:2379"]}}},
-             "membership 'gossip' with a discovery section.*cannot join gossip"),
+             "membership 'gossip'.*cannot join gossip.*mesh_only: true"),
             # mesh + discovery runs; its section is checked.
             ({"membership": "mesh", "discovery": {"etcd": {}}}, "endpoints: at least one endpoint"),
             ({"membership": "swim"}, "membership 'swim'"),
@@ -287,24 +287,21 @@ class MeshTest(unittest.TestCase):
             Node("c", SECRET, "py", "127.0.0.1:0", peers, ipc=False, reconnect_min=1.0, reconnect_max=0.5)
 
     def test_gossip_mesh_only(self):
-        # A node marked mesh_only joins a gossip cluster without discovery;
-        # an unmarked one is told to mark itself, with the key's name.
+        # A node marked mesh_only joins a gossip cluster, with or without
+        # discovery; an unmarked one is told to mark itself, with the key's
+        # name.
         disc = {"etcd": {"endpoints": ["http://127.0.0.1:2379"]}}
         check = membership.check_membership
         for args in (("gossip", None, 3), (None, None, 17), ("", None, 40), ("mesh", None, 3), (None, None, 3),
-                     ("mesh", disc, 3)):
+                     ("mesh", disc, 3), ("gossip", disc, 3), (None, disc, 3)):
             with self.subTest(args=args):
                 check(*args, mesh_only=True)
-        for args in (("gossip", None, 3), (None, None, 17)):
+        for args, want in ((("gossip", None, 3), "membership 'gossip'"), ((None, None, 17), "17 nodes"),
+                           (("gossip", disc, 3), "membership 'gossip'"),
+                           ((None, disc, 3), "discovery section with membership left out means gossip")):
             with self.subTest(args=args), self.assertRaisesRegex(
-                    ValueError, "cannot join gossip.*Mark this node mesh_only: true.*mesh_only=True"):
+                    ValueError, want + ".*cannot join gossip.*mark this node mesh_only: true.*mesh_only=True"):
                 check(*args)
-        # Not with discovery under gossip, marked or not.
-        for args, want in ((("gossip", disc, 3), "with a discovery section.*mesh_only nodes are not supported"),
-                           ((None, disc, 3), "left out means gossip.*mesh_only nodes are not supported")):
-            for mesh_only in (False, True):
-                with self.subTest(args=args, mesh_only=mesh_only), self.assertRaisesRegex(ValueError, want):
-                    check(*args, mesh_only=mesh_only)
         with self.assertRaisesRegex(ValueError, "membership 'swim'"):
             check("swim", None, 3, mesh_only=True)
         # Node passes it on.
